@@ -1,0 +1,133 @@
+"""From a Config and a run directory to a ready Trainer: data, tokenizer, model, optimizer,
+and the state of an earlier run when there is one to resume."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from mt import checkpoint
+from mt.config import Config, config_from_dict, diff_configs, save_config
+from mt.data.corpus import (Stats, drop_empty, encode_pairs, has_split, read_parallel,
+                            split_paths)
+from mt.data.download import download
+from mt.errors import MTError
+from mt.model import build_model
+from mt.schedule import build_optimizer
+from mt.tokenizer import Tokenizer
+from mt.trainer import Trainer, TrainState, Validation
+from mt.translator import pick_device
+
+# Keys that may change between a run and its resumption (longer training, other hardware).
+RESUMABLE = ("train.max_steps", "train.log_every", "train.valid_every", "train.save_every",
+             "train.patience", "train.device", "train.num_threads", "train.valid_beam", "decode")
+
+
+def ensure_data(cfg: Config, log) -> None:
+    d = cfg.data
+    for split in ("train", "valid"):
+        if has_split(d.dir, split, d.src_lang, d.tgt_lang):
+            continue
+        if d.dataset is None:
+            src, tgt = split_paths(d.dir, split, d.src_lang, d.tgt_lang)
+            raise MTError(f"no {split} data: {src} and {tgt} must exist; fetch a corpus with "
+                          f"`mt download` or set data.dir")
+        log(f"{d.dir} has no {split} split: downloading {d.dataset} ...")
+        download(d.dataset, Path(d.dir), config=d.dataset_config,
+                 langs=(d.src_lang, d.tgt_lang) if d.dataset != "synthetic" else None)
+        if not has_split(d.dir, split, d.src_lang, d.tgt_lang):
+            raise MTError(f"{d.dataset} gave no {split} split for {d.src_lang}-{d.tgt_lang}")
+
+
+def prepare_run_dir(cfg: Config, run_dir: Path, allow_config_change: bool) -> None:
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".write_test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise MTError(f"run directory {run_dir} is not writable ({e.strerror}); "
+                      f"choose another with --run-dir")
+    saved = run_dir / "config.yaml"
+    if saved.is_file() and not allow_config_change:
+        import yaml
+        old = config_from_dict(yaml.safe_load(saved.read_text()), str(saved))
+        changed = diff_configs(cfg, old, ignore=RESUMABLE)
+        if changed:
+            raise MTError(f"{run_dir} holds a run with a different config ({changed[0]}"
+                          f"{', ...' if len(changed) > 1 else ''}); use another --run-dir, or "
+                          f"pass --allow-config-change to continue it with the new config")
+    save_config(cfg, saved)
+
+
+def load_tokenizer(cfg: Config, run_dir: Path, src: list[str], tgt: list[str], log) -> Tokenizer:
+    tok = Tokenizer.load(run_dir)
+    if tok is None:
+        t = cfg.tokenizer
+        log(f"training {'joint' if t.joint else 'separate'} BPE (vocab {t.vocab_size}) ...")
+        tok = Tokenizer.train(src, tgt, vocab_size=t.vocab_size, joint=t.joint,
+                              character_coverage=t.character_coverage,
+                              max_sentences=t.max_sentences, seed=cfg.train.seed)
+        tok.save(run_dir)
+    return tok
+
+
+def amp_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    if precision == "auto":
+        if device.type != "cuda":
+            return None
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+
+
+def _resume(trainer: Trainer, path: Path, log) -> None:
+    ckpt = checkpoint.load(path)
+    trainer.model.load_state_dict(ckpt["model"])
+    trainer.optimizer.load_state_dict(ckpt["optimizer"])
+    trainer.scheduler.load_state_dict(ckpt["scheduler"])
+    trainer.scaler.load_state_dict(ckpt["scaler"])
+    trainer.state = TrainState(**ckpt["train_state"])
+    torch.set_rng_state(ckpt["rng"]["torch"])
+    if "cuda" in ckpt["rng"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(ckpt["rng"]["cuda"])
+    log(f"resuming from {path} at step {trainer.state.step}")
+
+
+def build_trainer(cfg: Config, run_dir: Path, allow_config_change: bool = False,
+                  log=print) -> Trainer:
+    prepare_run_dir(cfg, run_dir, allow_config_change)
+    ensure_data(cfg, log)
+    d, t = cfg.data, cfg.train
+    if t.num_threads:
+        torch.set_num_threads(t.num_threads)
+    torch.manual_seed(t.seed)
+    train_stats, valid_stats = Stats(), Stats()
+    src, tgt = drop_empty(*read_parallel(*split_paths(d.dir, "train", d.src_lang, d.tgt_lang)),
+                          train_stats)
+    vsrc, vtgt = drop_empty(*read_parallel(*split_paths(d.dir, "valid", d.src_lang, d.tgt_lang)),
+                            valid_stats)
+    if not src or not vsrc:
+        raise MTError(f"{d.dir}: the {'train' if not src else 'valid'} split has no non-empty pairs")
+    tokenizer = load_tokenizer(cfg, run_dir, src, tgt, log)
+    train_data = encode_pairs(src, tgt, tokenizer, d.max_len, train_stats)
+    valid_data = encode_pairs(vsrc, vtgt, tokenizer, cfg.model.max_positions, valid_stats)
+    log(train_stats.describe("train"))
+    log(valid_stats.describe("valid"))
+    if not len(train_data.src):
+        raise MTError(f"every training pair is longer than data.max_len={d.max_len}; raise it")
+
+    device = pick_device(t.device)
+    model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size).to(device)
+    log(f"model: {sum(p.numel() for p in model.parameters()):,} parameters on {device}")
+    optimizer, scheduler = build_optimizer(model.parameters(), t, cfg.model.d_model)
+    dtype = amp_dtype(t.precision, device)
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
+    trainer = Trainer(
+        model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
+        train_data=train_data,
+        validation=Validation(vsrc, vtgt, valid_data, t.valid_beam or cfg.decode.beam),
+        tokenizer=tokenizer, cfg=t, decode_cfg=cfg.decode, full_config=cfg.to_dict(),
+        run_dir=run_dir, device=device, amp_dtype=dtype, log=log)
+    if (run_dir / "last.pt").is_file():
+        _resume(trainer, run_dir / "last.pt", log)
+    return trainer

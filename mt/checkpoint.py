@@ -1,0 +1,82 @@
+"""Self-describing checkpoints: config, tokenizer, model/optimizer/scheduler/scaler state,
+train counters and RNG states in one file, written atomically and read without unpickling
+code (`weights_only=True`)."""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mt.errors import MTError
+
+FORMAT_VERSION = 1
+
+
+def bytes_to_tensor(b: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(b), dtype=torch.uint8).clone()
+
+
+def tensor_to_bytes(t: torch.Tensor) -> bytes:
+    return t.numpy().tobytes()
+
+
+def atomic_save(obj: Any, path: Path) -> None:
+    """Write to a temp file in the same folder, fsync, then rename over `path`: a crash at
+    any moment leaves either the old file or the new one, never a truncated mix."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def load(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise MTError(f"checkpoint {path} not found")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+        raise MTError(f"checkpoint {path} is corrupt or not an mt checkpoint ({reason}); "
+                      f"use another checkpoint (e.g. last.pt or best.pt)") from None
+    if not isinstance(ckpt, dict) or ckpt.get("format_version") != FORMAT_VERSION:
+        raise MTError(f"checkpoint {path} is not an mt checkpoint of format {FORMAT_VERSION}")
+    return ckpt
+
+
+def tokenizer_from(ckpt: dict):
+    from mt.tokenizer import Tokenizer
+    spm = ckpt["spm"]
+    return Tokenizer(tensor_to_bytes(spm["src"]),
+                     tensor_to_bytes(spm["tgt"]) if "tgt" in spm else None)
+
+
+def tokenizer_state(tokenizer) -> dict:
+    state = {"src": bytes_to_tensor(tokenizer.src_model)}
+    if not tokenizer.joint:
+        state["tgt"] = bytes_to_tensor(tokenizer.tgt_model)
+    return state
+
+
+def resolve(path: str | Path) -> Path:
+    """A checkpoint file, or a run directory (its best.pt, else last.pt)."""
+    path = Path(path)
+    if path.is_dir():
+        for name in ("best.pt", "last.pt"):
+            if (path / name).is_file():
+                return path / name
+        raise MTError(f"{path} holds no best.pt or last.pt: train first with mt train")
+    if not path.exists():
+        raise MTError(f"{path} not found: give a run directory or a checkpoint file")
+    return path

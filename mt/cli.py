@@ -1,0 +1,170 @@
+"""The `mt` command line. Commands parse flags and delegate; a user error (MTError) is one
+line on stderr and exit status 2, never a traceback."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from mt.errors import MTError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Train, run and score Transformer translation models.")
+
+
+def _err(msg: str) -> None:
+    typer.echo(msg, err=True)
+
+
+@app.command("download")
+def download_cmd(
+    name: str = typer.Argument(..., help="multi30k, wmt14, synthetic, or a hub dataset id"),
+    out: Path = typer.Option(..., "--out", "-o", help="folder to write {train,valid,test}.{lang}"),
+    from_dir: Optional[Path] = typer.Option(
+        None, "--from-dir", help="import local files (Multi30k raw layout, plain splits, or a "
+                                 "datasets save_to_disk folder) instead of the hub"),
+    config: Optional[str] = typer.Option(None, "--config", help="hub dataset config, e.g. de-en"),
+    src: Optional[str] = typer.Option(None, "--src", help="source language / column"),
+    tgt: Optional[str] = typer.Option(None, "--tgt", help="target language / column"),
+    force: bool = typer.Option(False, "--force", help="overwrite existing split files"),
+):
+    """Fetch a parallel corpus and write plain text splits.
+
+    Example: mt download multi30k --out data/multi30k
+    Offline:  mt download multi30k --from-dir ~/multi30k/data/task1/raw --out data/multi30k
+    """
+    from mt.data.download import download
+    if (src is None) != (tgt is None):
+        raise MTError("give both --src and --tgt, or neither")
+    counts = download(name, out, config=config, from_path=from_dir,
+                      langs=(src, tgt) if src else None, force=force)
+    for split, n in counts.items():
+        typer.echo(f"{split}: {n} pairs")
+    typer.echo(f"wrote {out}")
+
+
+@app.command("train")
+def train_cmd(
+    config: Path = typer.Argument(..., help="YAML config, e.g. configs/multi30k_de_en.yaml"),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="default: runs/<config name>"),
+    overrides: List[str] = typer.Option([], "--set", help="override a key: --set train.max_steps=500"),
+    allow_config_change: bool = typer.Option(
+        False, "--allow-config-change", help="continue a run dir that holds a different config"),
+):
+    """Train BPE and a Transformer; rerunning on the same run dir resumes from last.pt.
+
+    Example: mt train configs/multi30k_de_en.yaml --set data.dir=data/multi30k
+    """
+    from mt.build import build_trainer
+    from mt.config import load_config
+    cfg = load_config(config, overrides)
+    run_dir = run_dir or Path("runs") / config.stem
+    trainer = build_trainer(cfg, run_dir, allow_config_change, log=_err)
+    state = trainer.fit()
+    _err(f"done at step {state.step}; best valid BLEU {state.best_bleu:.2f}; "
+         f"checkpoints in {run_dir}")
+
+
+def _read_input(path: Optional[Path]) -> list[str]:
+    from mt.data.corpus import read_lines
+    if path is None or str(path) == "-":
+        data = sys.stdin.buffer.read()
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise MTError(f"stdin: invalid UTF-8 at byte {e.start}")
+        return text.splitlines()
+    return read_lines(path)
+
+
+def _write_output(path: Optional[Path], lines: list[str]) -> None:
+    text = "".join(line + "\n" for line in lines)
+    if path is None or str(path) == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        path.write_text(text, encoding="utf-8")
+
+
+@app.command("translate")
+def translate_cmd(
+    model: Path = typer.Argument(..., help="run directory (best.pt, else last.pt) or checkpoint"),
+    input: Optional[Path] = typer.Option(None, "--input", "-i", help="input file (default stdin)"),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="output file (default stdout)"),
+    beam: Optional[int] = typer.Option(None, "--beam", min=1, help="beam size (default: config)"),
+    greedy: bool = typer.Option(False, "--greedy", help="greedy search (= --beam 1)"),
+    length_penalty: Optional[float] = typer.Option(None, "--length-penalty", min=0.0),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda"),
+):
+    """Translate a file or stdin, one output line per input line.
+
+    Example: mt translate runs/multi30k_de_en -i test.de -o test.en --beam 5
+    """
+    from mt.translator import Translator
+    if device not in ("auto", "cpu", "cuda"):
+        raise MTError(f"--device {device!r}: use auto, cpu or cuda")
+    translator = Translator.from_checkpoint(model, device)
+    lines = _read_input(input)
+    _write_output(output, translator.translate(lines, beam=1 if greedy else beam,
+                                               length_penalty=length_penalty))
+
+
+@app.command("eval")
+def eval_cmd(
+    model: Optional[Path] = typer.Argument(None, help="run directory or checkpoint to translate --src"),
+    src: Optional[Path] = typer.Option(None, "--src", help="source file to translate"),
+    ref: Path = typer.Option(..., "--ref", help="reference translations (raw text)"),
+    hyp: Optional[Path] = typer.Option(None, "--hyp", help="score this file instead of translating"),
+    beam: Optional[int] = typer.Option(None, "--beam", min=1),
+    length_penalty: Optional[float] = typer.Option(None, "--length-penalty", min=0.0),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+    device: str = typer.Option("auto", "--device"),
+):
+    """Score with sacreBLEU (BLEU, chrF) against raw references, printing the signature.
+
+    Examples: mt eval runs/multi30k_de_en --src test.de --ref test.en
+              mt eval --hyp out.en --ref test.en
+    """
+    from mt.data.corpus import read_lines
+    from mt.metrics import score
+    if hyp is not None and model is not None:
+        raise MTError("give either --hyp FILE or a model with --src, not both")
+    if hyp is not None:
+        hyps = read_lines(hyp)
+    elif model is not None and src is not None:
+        from mt.translator import Translator
+        hyps = Translator.from_checkpoint(model, device).translate(
+            read_lines(src), beam=beam, length_penalty=length_penalty)
+    else:
+        raise MTError("nothing to score: pass --hyp FILE, or a model and --src FILE")
+    s = score(hyps, read_lines(ref))
+    if as_json:
+        typer.echo(json.dumps(s.to_dict()))
+    else:
+        typer.echo(f"BLEU = {s.bleu:.2f}  ({s.signature})")
+        typer.echo(f"chrF = {s.chrf:.2f}  ({s.chrf_signature})")
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=False)
+    except MTError as e:
+        _err(f"error: {e}")
+        sys.exit(2)
+    except KeyboardInterrupt:
+        _err("interrupted")
+        sys.exit(130)
+    except Exception as e:  # click usage errors come through here in non-standalone mode
+        import click
+        if isinstance(e, click.exceptions.ClickException):
+            e.show()
+            sys.exit(2)
+        if isinstance(e, click.exceptions.Exit):
+            sys.exit(e.exit_code)
+        if isinstance(e, click.exceptions.Abort):
+            _err("aborted")
+            sys.exit(1)
+        raise

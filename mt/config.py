@@ -1,0 +1,230 @@
+"""Typed, frozen, strict run configuration: YAML file + `--set a.b=value` overrides.
+
+Every section rejects unknown keys (naming the nearest valid one) and wrong types, so a
+typo can never silently fall back to a default.
+"""
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from mt.errors import MTError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class DataConfig(_Section):
+    dir: str = Field("data/multi30k", description="folder with {train,valid,test}.{lang}")
+    src_lang: str = "de"
+    tgt_lang: str = "en"
+    # Hub dataset to download into `dir` when it holds no corpus yet ("multi30k", "wmt14",
+    # "synthetic", or any hub id); None means the corpus must already be there.
+    dataset: str | None = None
+    dataset_config: str | None = None
+    max_len: int = Field(128, ge=1, description="pairs longer than this (subwords) are dropped")
+
+
+class TokenizerConfig(_Section):
+    vocab_size: int = Field(8000, ge=16)
+    joint: bool = True  # one BPE model for source and target (needed for tie_embeddings: all)
+    character_coverage: float = Field(1.0, gt=0.0, le=1.0)
+    max_sentences: int = Field(2_000_000, ge=1, description="sentences sampled to train BPE")
+
+
+class ModelConfig(_Section):
+    d_model: int = Field(256, ge=8)
+    n_heads: int = Field(4, ge=1)
+    enc_layers: int = Field(3, ge=1)
+    dec_layers: int = Field(3, ge=1)
+    d_ff: int = Field(1024, ge=1)
+    dropout: float = Field(0.1, ge=0.0, lt=1.0)
+    attn_dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    norm: Literal["post", "pre"] = "post"
+    # none: three matrices; decoder: target embedding = output projection (Press & Wolf 2017);
+    # all: source, target and output share one matrix (needs tokenizer.joint).
+    tie_embeddings: Literal["none", "decoder", "all"] = "all"
+    max_positions: int = Field(1024, ge=8)
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> "ModelConfig":
+        if self.d_model % self.n_heads:
+            raise ValueError(
+                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})"
+            )
+        return self
+
+
+class TrainConfig(_Section):
+    max_steps: int = Field(20000, ge=1, description="optimizer updates")
+    max_tokens: int = Field(4096, ge=16, description="source+target tokens per batch, padding incl.")
+    accum_steps: int = Field(1, ge=1, description="batches accumulated into one update")
+    lr_factor: float = Field(1.0, gt=0.0)
+    warmup: int = Field(4000, ge=1)
+    adam_beta1: float = Field(0.9, ge=0.0, lt=1.0)
+    adam_beta2: float = Field(0.98, ge=0.0, lt=1.0)
+    adam_eps: float = Field(1e-9, gt=0.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    label_smoothing: float = Field(0.1, ge=0.0, lt=1.0)
+    clip_norm: float = Field(1.0, ge=0.0, description="0 disables clipping")
+    log_every: int = Field(100, ge=1)
+    valid_every: int = Field(1000, ge=1)
+    save_every: int = Field(1000, ge=1)
+    patience: int = Field(0, ge=0, description="stop after this many validations without a "
+                                               "better BLEU; 0 = never stop early")
+    valid_beam: int = Field(0, ge=0, description="beam for validation BLEU; 0 = decode.beam")
+    seed: int = 1234
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    num_threads: int = Field(0, ge=0, description="CPU threads; 0 = torch default")
+
+
+class DecodeConfig(_Section):
+    beam: int = Field(5, ge=1)
+    length_penalty: float = Field(1.0, ge=0.0)
+    max_len_a: float = Field(1.5, ge=0.0, description="max output length = a * src_len + b")
+    max_len_b: int = Field(10, ge=1)
+    max_tokens: int = Field(4000, ge=16, description="source tokens per translation batch")
+
+
+class Config(_Section):
+    data: DataConfig = DataConfig()
+    tokenizer: TokenizerConfig = TokenizerConfig()
+    model: ModelConfig = ModelConfig()
+    train: TrainConfig = TrainConfig()
+    decode: DecodeConfig = DecodeConfig()
+
+    @model_validator(mode="after")
+    def _tie_needs_joint(self) -> "Config":
+        if self.model.tie_embeddings == "all" and not self.tokenizer.joint:
+            raise ValueError("model.tie_embeddings: all needs tokenizer.joint: true "
+                             "(or set model.tie_embeddings: decoder)")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="python")
+
+
+def _section_class(loc: tuple) -> type[BaseModel] | None:
+    cls: type[BaseModel] = Config
+    for part in loc:
+        field = cls.model_fields.get(str(part))
+        if field is None or not (isinstance(field.annotation, type)
+                                 and issubclass(field.annotation, BaseModel)):
+            return cls if part == loc[-1] else None
+        cls = field.annotation
+    return cls
+
+
+def _describe(err: dict) -> str:
+    loc = tuple(str(p) for p in err["loc"])
+    key = ".".join(loc) or "(top level)"
+    if err["type"] == "extra_forbidden":
+        parent = _section_class(loc)
+        hint = ""
+        if parent is not None:
+            close = difflib.get_close_matches(loc[-1], list(parent.model_fields), n=1)
+            valid = ", ".join(parent.model_fields)
+            hint = f" (did you mean '{close[0]}'?)" if close else f" (valid keys: {valid})"
+        return f"{key}: unknown key{hint}"
+    msg = err["msg"]
+    if err["type"] == "value_error":
+        msg = msg.removeprefix("Value error, ")
+        return msg if not loc else f"{key}: {msg}"
+    return f"{key}: {msg} (got {err.get('input')!r})"
+
+
+def validate(raw: dict[str, Any], source: str) -> Config:
+    if not isinstance(raw, dict):
+        raise MTError(f"{source}: the config must be a YAML mapping of sections "
+                      f"(data, tokenizer, model, train, decode)")
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as e:
+        first = _describe(e.errors()[0])
+        more = len(e.errors()) - 1
+        raise MTError(f"{source}: {first}" + (f" (and {more} more problem(s))" if more else ""))
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    if "=" not in text:
+        raise MTError(f"--set {text!r}: expected KEY=VALUE, e.g. --set train.max_steps=1000")
+    key, value = text.split("=", 1)
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise MTError(f"--set {text!r}: the key must be a dotted path like model.d_model")
+    return parts, _parse_value(value.strip())
+
+
+def _parse_value(text: str) -> Any:
+    # Not yaml.safe_load: YAML 1.1 reads `no`/`on` as booleans, which breaks language codes.
+    lowered = text.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered in ("null", "none", "~", ""):
+        return None
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    raw = _deep_copy(raw)
+    for text in overrides:
+        parts, value = parse_override(text)
+        node = raw
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise MTError(f"--set {text!r}: {part} is a value, not a section")
+            node = child
+        node[parts[-1]] = value
+    return raw
+
+
+def _deep_copy(d: Any) -> Any:
+    return {k: _deep_copy(v) for k, v in d.items()} if isinstance(d, dict) else d
+
+
+def load_config(path: str | Path, overrides: list[str] = ()) -> Config:
+    path = Path(path)
+    if not path.is_file():
+        raise MTError(f"config file {path} not found: pass the path to a YAML config "
+                      f"(see configs/)")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise MTError(f"{path}: not valid YAML ({str(e).splitlines()[0]})")
+    raw = {} if raw is None else raw
+    if not isinstance(raw, dict):
+        return validate(raw, str(path))
+    cfg = validate(raw, str(path))  # file errors are reported against the file
+    return validate(apply_overrides(raw, list(overrides)), "--set") if overrides else cfg
+
+
+def config_from_dict(raw: dict[str, Any], source: str = "checkpoint") -> Config:
+    return validate(raw, source)
+
+
+def save_config(cfg: Config, path: Path) -> None:
+    path.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False), encoding="utf-8")
+
+
+def diff_configs(a: Config, b: Config, ignore: tuple[str, ...] = ()) -> list[str]:
+    """Dotted keys whose values differ between two configs (sections in `ignore` skipped)."""
+    out = []
+    da, db = a.to_dict(), b.to_dict()
+    for section, values in da.items():
+        for key, value in values.items():
+            name = f"{section}.{key}"
+            if name not in ignore and section not in ignore and db[section][key] != value:
+                out.append(f"{name}: {db[section][key]!r} -> {value!r}")
+    return out

@@ -1,0 +1,90 @@
+"""Length-bucketed batches of about `max_tokens` (padding included) and their tensors."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from mt.data.corpus import ParallelData, TokenArray
+from mt.tokenizer import BOS, EOS, PAD
+
+
+def token_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int,
+                  seed: int | None) -> list[np.ndarray]:
+    """Group sentence indices into batches whose padded size stays under `max_tokens`.
+
+    Sorting by length before cutting keeps padding low; with a seed, ties are broken randomly
+    and the batch order is shuffled, so each epoch differs yet is reproducible from the seed.
+    """
+    n = len(src_lens)
+    rng = np.random.default_rng(seed) if seed is not None else None
+    tie = rng.permutation(n) if rng is not None else np.arange(n)
+    order = np.lexsort((tie, tgt_lens, src_lens))
+    batches, start, max_s, max_t = [], 0, 0, 0
+    for pos, idx in enumerate(order):
+        s, t = max(max_s, src_lens[idx]), max(max_t, tgt_lens[idx])
+        if pos > start and (pos - start + 1) * (s + t) > max_tokens:
+            batches.append(order[start:pos])
+            start, s, t = pos, src_lens[idx], tgt_lens[idx]
+        max_s, max_t = s, t
+    if start < n:
+        batches.append(order[start:])
+    if rng is not None:
+        rng.shuffle(batches)
+    return batches
+
+
+@dataclass
+class Batch:
+    src: torch.Tensor          # (B, S) source ids + EOS, right-padded
+    tgt_in: torch.Tensor       # (B, T) BOS + target
+    tgt_out: torch.Tensor      # (B, T) target + EOS
+    n_tokens: int              # target tokens that count in the loss (EOS included)
+
+    def to(self, device: torch.device) -> "Batch":
+        nb = device.type == "cuda"
+        return Batch(self.src.to(device, non_blocking=nb), self.tgt_in.to(device, non_blocking=nb),
+                     self.tgt_out.to(device, non_blocking=nb), self.n_tokens)
+
+    @property
+    def src_pad_mask(self) -> torch.Tensor:
+        return self.src == PAD
+
+
+def pad_sources(seqs: list[np.ndarray]) -> torch.Tensor:
+    """(B, S) int64 tensor: each sequence + EOS, right-padded with PAD."""
+    out = np.full((len(seqs), max(len(s) for s in seqs) + 1), PAD, dtype=np.int64)
+    for i, s in enumerate(seqs):
+        out[i, :len(s)] = s
+        out[i, len(s)] = EOS
+    return torch.from_numpy(out)
+
+
+def collate(data: ParallelData, indices: np.ndarray, pin: bool = False) -> Batch:
+    src = pad_sources([data.src[i] for i in indices])
+    tgts = [data.tgt[i] for i in indices]
+    width = max(len(t) for t in tgts) + 1
+    tgt_in = np.full((len(tgts), width), PAD, dtype=np.int64)
+    tgt_out = np.full((len(tgts), width), PAD, dtype=np.int64)
+    for i, t in enumerate(tgts):
+        tgt_in[i, 0] = BOS
+        tgt_in[i, 1:len(t) + 1] = t
+        tgt_out[i, :len(t)] = t
+        tgt_out[i, len(t)] = EOS
+    tensors = [src, torch.from_numpy(tgt_in), torch.from_numpy(tgt_out)]
+    if pin:
+        tensors = [t.pin_memory() for t in tensors]
+    return Batch(*tensors, n_tokens=sum(len(t) + 1 for t in tgts))
+
+
+def epoch_batches(data: ParallelData, max_tokens: int, seed: int, epoch: int) -> list[np.ndarray]:
+    # +1 on each side for EOS / BOS, the lengths the tensors will actually have.
+    return token_batches(data.src.lengths + 1, data.tgt.lengths + 1, max_tokens,
+                         seed=seed * 100_003 + epoch)
+
+
+def padding_fraction(arr: TokenArray, batches: list[np.ndarray]) -> float:
+    real = sum(int(arr.lengths[b].sum()) for b in batches)
+    padded = sum(len(b) * int(arr.lengths[b].max()) for b in batches)
+    return 1.0 - real / max(padded, 1)

@@ -1,0 +1,3 @@
+from mt.model.transformer import Transformer, build_model, reorder_cache
+
+__all__ = ["Transformer", "build_model", "reorder_cache"]

@@ -1,0 +1,77 @@
+"""Multi-head scaled dot-product attention (Vaswani et al. 2017, sec. 3.2) on top of
+`F.scaled_dot_product_attention`, with a key/value cache for incremental decoding."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class MultiHeadAttention(nn.Module):
+    def __init__(self, d_model: int, n_heads: int, dropout: float, self_attention: bool):
+        super().__init__()
+        self.n_heads, self.d_head = n_heads, d_model // n_heads
+        self.self_attention = self_attention
+        self.dropout = dropout
+        if self_attention:
+            self.qkv = nn.Linear(d_model, 3 * d_model)  # one fused matmul for Q, K and V
+        else:
+            self.q = nn.Linear(d_model, d_model)
+            self.kv = nn.Linear(d_model, 2 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, T, Dh)
+
+    def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None,
+                attn_mask: torch.Tensor | None = None, is_causal: bool = False,
+                cache: dict | None = None, need_weights: bool = False):
+        """x: (B, T, D) queries. memory: (B, S, D) for cross-attention.
+        attn_mask: bool, broadcastable to (B, H, T, S), True = may attend.
+        cache: dict updated in place; self-attention appends this step's keys/values,
+        cross-attention computes the memory's keys/values once and reuses them.
+        """
+        if self.self_attention:
+            q, k, v = self._heads_split(self.qkv(x), 3)
+            if cache is not None:
+                if "k" in cache:
+                    k = torch.cat([cache["k"], k], dim=2)  # (B, H, t, Dh)
+                    v = torch.cat([cache["v"], v], dim=2)
+                cache["k"], cache["v"] = k, v
+        else:
+            q = self._heads(self.q(x))
+            if cache is not None and "k" in cache:
+                k, v = cache["k"], cache["v"]
+            else:
+                k, v = self._heads_split(self.kv(memory), 2)
+                if cache is not None:
+                    cache["k"], cache["v"] = k, v
+        if need_weights:
+            ctx, weights = _attention_with_weights(q, k, v, attn_mask, is_causal)
+        else:
+            ctx = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+                dropout_p=self.dropout if self.training else 0.0)
+            weights = None
+        b, h, t, dh = ctx.shape
+        out = self.out(ctx.transpose(1, 2).reshape(b, t, h * dh))  # (B, T, D)
+        return (out, weights) if need_weights else out
+
+    def _heads_split(self, x: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:
+        b, t, _ = x.shape
+        # (B, T, n*D) -> n x (B, H, T, Dh)
+        return x.view(b, t, n, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4).unbind(0)
+
+
+def _attention_with_weights(q, k, v, attn_mask, is_causal):
+    """The explicit softmax(QK^T/sqrt(d))V, for when the weights themselves are wanted."""
+    scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5  # (B, H, T, S)
+    if is_causal:
+        t, s = scores.shape[-2:]
+        causal = torch.ones(t, s, dtype=torch.bool, device=q.device).tril()
+        attn_mask = causal if attn_mask is None else attn_mask & causal
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf"))
+    weights = scores.softmax(-1)
+    return weights @ v, weights

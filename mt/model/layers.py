@@ -1,0 +1,80 @@
+"""Encoder and decoder blocks: sublayers wrapped in residual connections and LayerNorm,
+post-LN as in Vaswani et al. (2017) or pre-LN as in Xiong et al. (2020)."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from mt.model.attention import MultiHeadAttention
+
+
+class FeedForward(nn.Module):
+    def __init__(self, d_model: int, d_ff: int, dropout: float):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(d_model, d_ff), nn.ReLU(), nn.Dropout(dropout),
+                                 nn.Linear(d_ff, d_model))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class Residual(nn.Module):
+    """x + dropout(f(x)) with LayerNorm after (post) or before f (pre)."""
+
+    def __init__(self, d_model: int, dropout: float, pre_norm: bool):
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.pre_norm = pre_norm
+
+    def forward(self, x: torch.Tensor, f) -> torch.Tensor:
+        if self.pre_norm:
+            return x + self.dropout(f(self.norm(x)))
+        return self.norm(x + self.dropout(f(x)))
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, d_model, n_heads, d_ff, dropout, attn_dropout, pre_norm):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, n_heads, attn_dropout, self_attention=True)
+        self.ffn = FeedForward(d_model, d_ff, dropout)
+        self.res1 = Residual(d_model, dropout, pre_norm)
+        self.res2 = Residual(d_model, dropout, pre_norm)
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor) -> torch.Tensor:
+        x = self.res1(x, lambda h: self.self_attn(h, attn_mask=attn_mask))
+        return self.res2(x, self.ffn)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, d_model, n_heads, d_ff, dropout, attn_dropout, pre_norm):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, n_heads, attn_dropout, self_attention=True)
+        self.cross_attn = MultiHeadAttention(d_model, n_heads, attn_dropout, self_attention=False)
+        self.ffn = FeedForward(d_model, d_ff, dropout)
+        self.res1 = Residual(d_model, dropout, pre_norm)
+        self.res2 = Residual(d_model, dropout, pre_norm)
+        self.res3 = Residual(d_model, dropout, pre_norm)
+
+    def forward(self, x, memory, memory_mask, cache: dict | None = None, weights: list | None = None):
+        """x: (B, T, D); memory: (B, S, D); memory_mask: (B, 1, 1, S) True = may attend.
+        With a cache, x holds only the newest position and the past comes from the cache.
+        If `weights` is a list, this layer's cross-attention weights (B, H, T, S) go into it.
+        """
+        self_cache = cache.setdefault("self", {}) if cache is not None else None
+        cross_cache = cache.setdefault("cross", {}) if cache is not None else None
+        # Training sees the whole target at once and needs the causal mask; a cached step
+        # holds one query that may see every cached key.
+        causal = cache is None
+        x = self.res1(x, lambda h: self.self_attn(h, is_causal=causal, cache=self_cache))
+
+        def cross(h):
+            if weights is None:
+                return self.cross_attn(h, memory, attn_mask=memory_mask, cache=cross_cache)
+            out, w = self.cross_attn(h, memory, attn_mask=memory_mask, cache=cross_cache,
+                                     need_weights=True)
+            weights.append(w)
+            return out
+
+        x = self.res2(x, cross)
+        return self.res3(x, self.ffn)

@@ -1,0 +1,125 @@
+"""Batched greedy and beam search over a Transformer with a key/value cache.
+
+Both loops drop finished sentences from the batch (and from the cache), so the work per step
+shrinks as sentences end. Beam search with beam 1 returns exactly what greedy returns.
+"""
+from __future__ import annotations
+
+import torch
+
+from mt.model.transformer import Transformer, reorder_cache
+from mt.tokenizer import BOS, EOS
+
+
+def max_lengths(src_pad_mask: torch.Tensor, a: float, b: int, limit: int) -> torch.Tensor:
+    """Per sentence: at most a * src_len + b output tokens (EOS included), within `limit`."""
+    src_len = (~src_pad_mask).sum(1)
+    return (src_len.float() * a + b).long().clamp(1, limit)
+
+
+def _step_lprobs(model, tokens, memory, src_pad_mask, cache, step, uncached_prefix):
+    if uncached_prefix is None:
+        h = model.decode(tokens, memory, src_pad_mask, cache=cache, start=step)
+    else:  # reference path: recompute the whole prefix every step
+        h = model.decode(uncached_prefix, memory, src_pad_mask)[:, -1:]
+    return torch.log_softmax(model.project(h[:, -1]).float(), dim=-1)  # (N, V)
+
+
+@torch.no_grad()
+def greedy(model: Transformer, src: torch.Tensor, src_pad_mask: torch.Tensor,
+           max_len_a: float = 1.5, max_len_b: int = 10, use_cache: bool = True) -> list[list[int]]:
+    """src: (B, S). Returns B token-id lists (without BOS/EOS)."""
+    b = src.shape[0]
+    memory = model.encode(src, src_pad_mask)
+    limits = max_lengths(src_pad_mask, max_len_a, max_len_b, model.max_positions - 1)
+    alive = torch.arange(b, device=src.device)             # original row of each live row
+    out = torch.full((b, int(limits.max())), EOS, dtype=torch.long, device=src.device)
+    tokens = torch.full((b, 1), BOS, dtype=torch.long, device=src.device)
+    prefix = tokens
+    cache = model.new_cache() if use_cache else None
+    for step in range(int(limits.max())):
+        lprobs = _step_lprobs(model, tokens, memory, src_pad_mask, cache, step,
+                              None if use_cache else prefix)
+        lprobs[step + 1 >= limits[alive], :] = -float("inf")
+        lprobs[step + 1 >= limits[alive], EOS] = 0.0          # out of room: must end here
+        nxt = lprobs.argmax(-1)                                # (N,)
+        out[alive, step] = nxt
+        going = nxt != EOS
+        if not going.any():
+            break
+        if not going.all():                                    # shrink the batch
+            keep = going.nonzero().squeeze(1)
+            alive, nxt, memory = alive[keep], nxt[keep], memory[keep]
+            src_pad_mask, prefix = src_pad_mask[keep], prefix[keep]
+            if cache is not None:
+                reorder_cache(cache, keep)
+        tokens = nxt[:, None]
+        prefix = torch.cat([prefix, tokens], dim=1)
+    return [_until_eos(row) for row in out.tolist()]
+
+
+def _until_eos(ids: list[int]) -> list[int]:
+    return ids[: ids.index(EOS)] if EOS in ids else ids
+
+
+@torch.no_grad()
+def beam_search(model: Transformer, src: torch.Tensor, src_pad_mask: torch.Tensor, beam: int,
+                length_penalty: float = 1.0, max_len_a: float = 1.5, max_len_b: int = 10,
+                use_cache: bool = True) -> list[list[int]]:
+    """Keeps `beam` live hypotheses per sentence. Each step takes the top 2*beam extensions;
+    those ending in EOS among the top `beam` are finished, with score logp / len^length_penalty
+    (len counts EOS), and the best `beam` others stay live. A sentence is done once it has
+    `beam` finished hypotheses or reaches its length limit; done sentences leave the batch."""
+    b, k, dev = src.shape[0], beam, src.device
+    memory = model.encode(src, src_pad_mask).repeat_interleave(k, 0)   # (B*K, S, D)
+    pad_mask = src_pad_mask.repeat_interleave(k, 0)
+    limits = max_lengths(src_pad_mask, max_len_a, max_len_b, model.max_positions - 1)
+    scores = torch.full((b, k), -float("inf"), device=dev)
+    scores[:, 0] = 0.0                                   # only one live hypothesis at first
+    hyps = torch.full((b * k, 1), BOS, dtype=torch.long, device=dev)  # with BOS
+    alive = torch.arange(b, device=dev)
+    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(b)]
+    cache = model.new_cache() if use_cache else None
+    for step in range(int(limits.max())):
+        n = len(alive)
+        lprobs = _step_lprobs(model, hyps[:, -1:], memory, pad_mask, cache, step,
+                              None if use_cache else hyps)
+        v = lprobs.shape[-1]
+        at_limit = (step + 1 >= limits[alive]).repeat_interleave(k)
+        lprobs[at_limit, :] = -float("inf")
+        lprobs[at_limit, EOS] = 0.0
+        cand = (scores[:, :, None] + lprobs.view(n, k, v)).view(n, k * v)
+        top_scores, top_idx = cand.topk(min(2 * k, k * v), dim=1)      # (n, 2K)
+        top_beam, top_tok = top_idx // v, top_idx % v
+        is_eos = top_tok == EOS
+        # Finish the EOS candidates among the top K (as fairseq does).
+        fin_rows, fin_cols = (is_eos[:, :k] & (top_scores[:, :k] > -float("inf"))).nonzero(as_tuple=True)
+        for r, c in zip(fin_rows.tolist(), fin_cols.tolist()):
+            sent = int(alive[r])
+            if len(finished[sent]) < k:
+                row = int(r * k + top_beam[r, c])
+                ids = hyps[row, 1:].tolist()
+                score = float(top_scores[r, c]) / (len(ids) + 1) ** length_penalty
+                finished[sent].append((score, ids))
+        # The best K non-EOS candidates stay live (there are always at least K of 2K).
+        live_rank = torch.where(is_eos, float("inf"), torch.arange(top_tok.shape[1], device=dev,
+                                                                    dtype=torch.float))
+        sel = live_rank.argsort(dim=1)[:, :k]                          # (n, K)
+        scores = top_scores.gather(1, sel)
+        src_rows = (torch.arange(n, device=dev)[:, None] * k + top_beam.gather(1, sel)).view(-1)
+        new_tok = top_tok.gather(1, sel).view(-1, 1)
+        hyps = torch.cat([hyps.index_select(0, src_rows), new_tok], dim=1)
+        done = torch.tensor([len(finished[int(s)]) >= k for s in alive.tolist()], device=dev)
+        done |= step + 1 >= limits[alive]
+        if done.all():
+            break
+        if cache is not None:
+            reorder_cache(cache, src_rows, cross=False)
+        if done.any():                                                  # shrink the batch
+            keep_sent = (~done).nonzero().squeeze(1)
+            keep_rows = (keep_sent[:, None] * k + torch.arange(k, device=dev)).view(-1)
+            alive, scores = alive[keep_sent], scores[keep_sent]
+            hyps, memory, pad_mask = hyps[keep_rows], memory[keep_rows], pad_mask[keep_rows]
+            if cache is not None:
+                reorder_cache(cache, keep_rows)
+    return [max(f)[1] if f else [] for f in finished]

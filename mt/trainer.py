@@ -1,0 +1,210 @@
+"""The training loop: one optimizer update per `step`, validation and checkpoints around it.
+
+`Trainer` takes explicit objects; `build_trainer` (in mt.build) reads the config and makes them.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from tqdm import tqdm
+
+from mt import checkpoint
+from mt.data.batching import Batch, collate, epoch_batches
+from mt.data.corpus import ParallelData
+from mt.loss import label_smoothed_nll
+from mt.metrics import score
+from mt.tokenizer import PAD
+from mt.translator import Translator
+
+
+@dataclass
+class TrainState:
+    step: int = 0                 # optimizer updates done
+    epoch: int = 0
+    batch_in_epoch: int = 0       # batches of `epoch` already consumed (exact resume)
+    best_bleu: float = -1.0
+    bad_validations: int = 0      # validations since the best one (early stopping)
+    train_seconds: float = 0.0
+
+    def state_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Validation:
+    src: list[str]                # raw source lines
+    refs: list[str]               # raw, untouched references
+    data: ParallelData            # the same pairs as token ids, for the loss
+    beam: int
+
+
+@dataclass
+class LogWindow:
+    loss: list = field(default_factory=list)
+    nll: list = field(default_factory=list)
+    tokens: int = 0
+    start: float = field(default_factory=time.perf_counter)
+
+
+class Trainer:
+    def __init__(self, *, model, optimizer, scheduler, scaler, train_data: ParallelData,
+                 validation: Validation, tokenizer, cfg, decode_cfg, full_config: dict,
+                 run_dir: Path, device: torch.device, amp_dtype: torch.dtype | None,
+                 state: TrainState | None = None, log=print):
+        self.model, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler
+        self.train_data, self.validation, self.tokenizer = train_data, validation, tokenizer
+        self.cfg, self.decode_cfg, self.full_config = cfg, decode_cfg, full_config
+        self.run_dir, self.device, self.amp_dtype = run_dir, device, amp_dtype
+        self.state = state or TrainState()
+        self.log = log
+        self._window = LogWindow()
+
+    # -- data -----------------------------------------------------------------------------
+    def _batches(self) -> Iterator[Batch]:
+        """Batches from the saved (epoch, position) on; a new shuffle every epoch."""
+        pin = self.device.type == "cuda"
+        while True:
+            order = epoch_batches(self.train_data, self.cfg.max_tokens, self.cfg.seed,
+                                  self.state.epoch)
+            while self.state.batch_in_epoch < len(order):
+                indices = order[self.state.batch_in_epoch]
+                self.state.batch_in_epoch += 1
+                yield collate(self.train_data, indices, pin=pin).to(self.device)
+            self.state.epoch += 1
+            self.state.batch_in_epoch = 0
+
+    # -- one update -----------------------------------------------------------------------
+    def _loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        keep = batch.tgt_out != PAD
+        with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32,
+                            enabled=self.amp_dtype is not None):
+            logits = self.model(batch.src, batch.tgt_in, batch.src_pad_mask, keep=keep)  # (N, V)
+        lprobs = torch.log_softmax(logits.float(), dim=-1)
+        loss, nll, _ = label_smoothed_nll(lprobs, batch.tgt_out[keep],
+                                          self.cfg.label_smoothing, PAD)
+        return loss, nll
+
+    def train_step(self, batches: list[Batch]) -> None:
+        """One optimizer update from `batches` (gradient accumulation), normalised by the
+        total number of target tokens so accumulation equals one big batch."""
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        n_tokens = sum(b.n_tokens for b in batches)
+        for batch in batches:
+            loss, nll = self._loss(batch)
+            self.scaler.scale(loss / n_tokens).backward()
+            self._window.loss.append(loss.detach())
+            self._window.nll.append(nll.detach())
+        self._window.tokens += n_tokens
+        if self.cfg.clip_norm > 0:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_norm)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.scheduler.step()
+        self.state.step += 1
+
+    # -- logging, validation, checkpoints -------------------------------------------------
+    def _write_log(self, record: dict) -> None:
+        with open(self.run_dir / "train_log.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def log_train(self) -> dict:
+        w = self._window
+        elapsed = time.perf_counter() - w.start
+        loss = float(torch.stack(w.loss).sum()) / w.tokens   # the only host sync per window
+        nll = float(torch.stack(w.nll).sum()) / w.tokens
+        record = {"step": self.state.step, "loss": round(loss, 4), "nll": round(nll, 4),
+                  "ppl": round(math.exp(min(nll, 50)), 2),
+                  "lr": self.scheduler.get_last_lr()[0], "tok_s": round(w.tokens / elapsed, 1),
+                  "epoch": self.state.epoch}
+        self._write_log(record)
+        self._window = LogWindow()
+        return record
+
+    @torch.no_grad()
+    def validate(self) -> dict:
+        self.model.eval()
+        v = self.validation
+        loss_sum = nll_sum = 0.0
+        n = 0
+        for indices in epoch_batches(v.data, self.cfg.max_tokens, 0, 0):
+            batch = collate(v.data, indices).to(self.device)
+            loss, nll = self._loss(batch)
+            loss_sum, nll_sum, n = loss_sum + float(loss), nll_sum + float(nll), n + batch.n_tokens
+        translator = Translator(self.model, self.tokenizer, self.decode_cfg, self.device)
+        hyps = translator.translate(v.src, beam=v.beam)
+        s = score(hyps, v.refs)
+        record = {"step": self.state.step, "valid_loss": round(loss_sum / n, 4),
+                  "valid_nll": round(nll_sum / n, 4),
+                  "valid_ppl": round(math.exp(min(nll_sum / n, 50)), 2),
+                  "valid_bleu": round(s.bleu, 2), "valid_chrf": round(s.chrf, 2)}
+        if s.bleu > self.state.best_bleu:
+            self.state.best_bleu, self.state.bad_validations = s.bleu, 0
+            self.save("best.pt")
+            record["best"] = True
+        else:
+            self.state.bad_validations += 1
+        self._write_log(record)
+        return record
+
+    def checkpoint_dict(self) -> dict:
+        return {
+            "format_version": checkpoint.FORMAT_VERSION,
+            "config": self.full_config,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "train_state": self.state.state_dict(),
+            "rng": {"torch": torch.get_rng_state(),
+                    **({"cuda": torch.cuda.get_rng_state_all()} if torch.cuda.is_available() else {})},
+            "spm": checkpoint.tokenizer_state(self.tokenizer),
+        }
+
+    def save(self, name: str) -> None:
+        checkpoint.atomic_save(self.checkpoint_dict(), self.run_dir / name)
+
+    # -- the loop -------------------------------------------------------------------------
+    def _should_stop_early(self) -> bool:
+        return self.cfg.patience > 0 and self.state.bad_validations >= self.cfg.patience
+
+    def fit(self) -> TrainState:
+        cfg, st = self.cfg, self.state
+        batches = self._batches()
+        bar = tqdm(total=cfg.max_steps, initial=st.step, desc="train", dynamic_ncols=True,
+                   mininterval=1.0)
+        last_valid = -1
+        t0 = time.perf_counter() - st.train_seconds
+        while st.step < cfg.max_steps:
+            self.train_step([next(batches) for _ in range(cfg.accum_steps)])
+            st.train_seconds = time.perf_counter() - t0
+            bar.update(1)
+            final = st.step == cfg.max_steps
+            if st.step % cfg.log_every == 0 or final:
+                rec = self.log_train()
+                bar.set_postfix(loss=rec["loss"], lr=f"{rec['lr']:.2e}", tok_s=rec["tok_s"])
+            if st.step % cfg.valid_every == 0 or final:
+                rec = self.validate()
+                last_valid = st.step
+                bar.write(f"step {st.step}: valid loss {rec['valid_loss']} "
+                          f"ppl {rec['valid_ppl']} BLEU {rec['valid_bleu']} chrF {rec['valid_chrf']}"
+                          + (" (best)" if rec.get("best") else ""))
+            if st.step % cfg.save_every == 0:
+                self.save("last.pt")
+            if self._should_stop_early():
+                bar.write(f"early stop: no better validation BLEU in {cfg.patience} validations")
+                break
+        bar.close()
+        if self._window.loss:
+            self.log_train()
+        if last_valid != st.step and st.best_bleu < 0:
+            self.validate()
+        self.save("last.pt")
+        return st
