@@ -2,6 +2,7 @@
 line on stderr and exit status 2, never a traceback."""
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from pathlib import Path
@@ -19,7 +20,21 @@ def _err(msg: str) -> None:
     typer.echo(msg, err=True)
 
 
-@app.command("download")
+def command(name: str):
+    """Register a command whose MTError becomes one line on stderr and exit status 2."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def run(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except MTError as e:
+                _err(f"error: {e}")
+                raise typer.Exit(2)
+        return app.command(name)(run)
+    return wrap
+
+
+@command("download")
 def download_cmd(
     name: str = typer.Argument(..., help="multi30k, wmt14, synthetic, or a hub dataset id"),
     out: Path = typer.Option(..., "--out", "-o", help="folder to write {train,valid,test}.{lang}"),
@@ -46,11 +61,13 @@ def download_cmd(
     typer.echo(f"wrote {out}")
 
 
-@app.command("train")
+@command("train")
 def train_cmd(
     config: Path = typer.Argument(..., help="YAML config, e.g. configs/multi30k_de_en.yaml"),
     run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="default: runs/<config name>"),
     overrides: List[str] = typer.Option([], "--set", help="override a key: --set train.max_steps=500"),
+    more: Optional[List[str]] = typer.Argument(None, help="more KEY=VALUE overrides after --set",
+                                               show_default=False),
     allow_config_change: bool = typer.Option(
         False, "--allow-config-change", help="continue a run dir that holds a different config"),
 ):
@@ -60,7 +77,7 @@ def train_cmd(
     """
     from mt.build import build_trainer
     from mt.config import load_config
-    cfg = load_config(config, overrides)
+    cfg = load_config(config, list(overrides) + list(more or []))
     run_dir = run_dir or Path("runs") / config.stem
     trainer = build_trainer(cfg, run_dir, allow_config_change, log=_err)
     state = trainer.fit()
@@ -89,7 +106,7 @@ def _write_output(path: Optional[Path], lines: list[str]) -> None:
         path.write_text(text, encoding="utf-8")
 
 
-@app.command("translate")
+@command("translate")
 def translate_cmd(
     model: Path = typer.Argument(..., help="run directory (best.pt, else last.pt) or checkpoint"),
     input: Optional[Path] = typer.Option(None, "--input", "-i", help="input file (default stdin)"),
@@ -112,7 +129,7 @@ def translate_cmd(
                                                length_penalty=length_penalty))
 
 
-@app.command("eval")
+@command("eval")
 def eval_cmd(
     model: Optional[Path] = typer.Argument(None, help="run directory or checkpoint to translate --src"),
     src: Optional[Path] = typer.Option(None, "--src", help="source file to translate"),
@@ -150,21 +167,7 @@ def eval_cmd(
 
 def main() -> None:
     try:
-        app(standalone_mode=False)
-    except MTError as e:
-        _err(f"error: {e}")
-        sys.exit(2)
+        app()
     except KeyboardInterrupt:
         _err("interrupted")
         sys.exit(130)
-    except Exception as e:  # click usage errors come through here in non-standalone mode
-        import click
-        if isinstance(e, click.exceptions.ClickException):
-            e.show()
-            sys.exit(2)
-        if isinstance(e, click.exceptions.Exit):
-            sys.exit(e.exit_code)
-        if isinstance(e, click.exceptions.Abort):
-            _err("aborted")
-            sys.exit(1)
-        raise

@@ -22,7 +22,7 @@ HUB_ALIASES = {
 }
 _SPLIT_NAMES = {"train": "train", "validation": "valid", "valid": "valid", "val": "valid",
                 "dev": "valid", "test": "test", "test_2016_flickr": "test"}
-_FILE = re.compile(r"^(?P<split>.+)\.(?P<lang>[A-Za-z_-]{2,8})(?:\.gz)?$")
+_FILE = re.compile(r"^(?P<split>[^.]+)\.(?P<lang>[A-Za-z_-]{2,8})(?:\.gz)?$")
 
 
 def _one_line(text: Any) -> str:

@@ -1,0 +1,39 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ["HF_HUB_OFFLINE"] = "1"       # the hub is unreachable here; fail fast, not after retries
+os.environ["HF_DATASETS_OFFLINE"] = "1"
+
+ROOT = Path(__file__).resolve().parents[1]
+MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
+
+
+def run_mt(*args, cwd=None, input=None, timeout=600):
+    """Run the real CLI in a subprocess; returns CompletedProcess (text)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "mt", *map(str, args)], cwd=cwd or ROOT,
+                          input=input, capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def assert_user_error(proc, *needles):
+    """Exit status 2, no traceback, and a message naming the problem."""
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    for n in needles:
+        assert n in proc.stderr, (n, proc.stderr)
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory):
+    """A tiny model trained briefly on the synthetic task (shared by CLI tests)."""
+    base = tmp_path_factory.mktemp("tiny")
+    run = base / "run"
+    proc = run_mt("train", ROOT / "configs/tiny.yaml", "--run-dir", run,
+                  "--set", f"data.dir={base / 'data'}", "train.max_steps=60",
+                  "train.valid_every=60", "train.save_every=60", "train.log_every=20")
+    assert proc.returncode == 0, proc.stderr
+    return run

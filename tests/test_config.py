@@ -1,0 +1,83 @@
+import pytest
+
+from mt.config import apply_overrides, load_config, validate
+from mt.errors import MTError
+from tests.conftest import ROOT, assert_user_error, run_mt
+
+
+def test_shipped_configs_validate():
+    for name in ("tiny", "multi30k_de_en", "multi30k_en_de", "wmt14_en_de_base"):
+        cfg = load_config(ROOT / "configs" / f"{name}.yaml")
+        assert cfg.model.d_model % cfg.model.n_heads == 0
+
+
+def test_base_config_is_the_paper_base_model():
+    m = load_config(ROOT / "configs/wmt14_en_de_base.yaml").model
+    assert (m.enc_layers, m.dec_layers, m.d_model, m.n_heads, m.d_ff, m.dropout) == \
+        (6, 6, 512, 8, 2048, 0.1)
+
+
+def test_unknown_key_names_nearest_valid_key():
+    with pytest.raises(MTError, match=r"model\.d_modle: unknown key \(did you mean 'd_model'\?\)"):
+        validate({"model": {"d_modle": 512}}, "x.yaml")
+    with pytest.raises(MTError, match=r"trian: unknown key \(did you mean 'train'\?\)"):
+        validate({"trian": {}}, "x.yaml")
+
+
+def test_wrong_type_names_key():
+    with pytest.raises(MTError, match=r"train\.max_steps"):
+        validate({"train": {"max_steps": "many"}}, "x.yaml")
+    with pytest.raises(MTError, match=r"tokenizer\.joint"):
+        validate({"tokenizer": {"joint": "yes"}}, "x.yaml")
+
+
+@pytest.mark.parametrize("raw,key", [
+    ({"model": {"d_model": 100, "n_heads": 3}}, "divisible"),
+    ({"train": {"warmup": 0}}, "train.warmup"),
+    ({"model": {"dropout": 1.0}}, "model.dropout"),
+    ({"decode": {"beam": 0}}, "decode.beam"),
+    ({"train": {"device": "tpu"}}, "train.device"),
+])
+def test_impossible_values(raw, key):
+    with pytest.raises(MTError, match=key):
+        validate(raw, "x.yaml")
+
+
+def test_config_is_frozen():
+    cfg = validate({}, "x")
+    with pytest.raises(Exception):
+        cfg.train.max_steps = 3
+
+
+def test_set_overrides_by_dotted_path(tmp_path):
+    cfg = load_config(ROOT / "configs/tiny.yaml",
+                      ["train.max_steps=7", "data.dir=/x/y", "data.src_lang=no", "model.dropout=0.25"])
+    assert cfg.train.max_steps == 7 and cfg.data.dir == "/x/y"
+    assert cfg.data.src_lang == "no"        # not YAML's boolean `no`
+    assert cfg.model.dropout == 0.25
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("train.max_stepz=5", "did you mean 'max_steps'"),
+    ("train.max_steps=abc", "train.max_steps"),
+    ("max_steps", "KEY=VALUE"),
+    ("train.max_steps.x=1", "train.max_steps"),
+])
+def test_bad_set_is_rejected(override, needle):
+    with pytest.raises(MTError, match=needle.replace(".", r"\.").replace("'", "'")):
+        load_config(ROOT / "configs/tiny.yaml", [override])
+
+
+def test_apply_overrides_does_not_mutate_input():
+    raw = {"train": {"max_steps": 1}}
+    apply_overrides(raw, ["train.max_steps=2"])
+    assert raw == {"train": {"max_steps": 1}}
+
+
+def test_cli_config_errors_exit_2_without_traceback(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  d_modle: 4\n")
+    assert_user_error(run_mt("train", bad, "--run-dir", tmp_path / "r"), "did you mean 'd_model'")
+    assert_user_error(run_mt("train", tmp_path / "missing.yaml"), "not found")
+    assert_user_error(run_mt("train", ROOT / "configs/tiny.yaml", "--run-dir", tmp_path / "r",
+                             "--set", "train.warmup=0"), "train.warmup")

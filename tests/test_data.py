@@ -1,0 +1,144 @@
+import gzip
+import time
+
+import numpy as np
+import pytest
+
+from mt.data.batching import collate, token_batches
+from mt.data.corpus import Stats, drop_empty, encode_pairs, read_lines, read_parallel
+from mt.data.download import download, from_datasets
+from mt.errors import MTError
+from mt.tokenizer import BOS, EOS, PAD, Tokenizer
+from tests.conftest import MULTI30K, assert_user_error, run_mt
+
+
+def _write_gz(path, lines):
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        f.write("".join(x + "\n" for x in lines))
+
+
+def test_import_multi30k_raw_layout(tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for split, n in (("train", 5), ("val", 3), ("test_2016_flickr", 2)):
+        _write_gz(raw / f"{split}.en.gz", [f"{split} en {i}" for i in range(n)])
+        _write_gz(raw / f"{split}.de.gz", [f"{split} de {i}" for i in range(n)])
+    _write_gz(raw / "test_2017_flickr.en.gz", ["other test set"])   # not test_2016: ignored
+    counts = download("multi30k", tmp_path / "out", from_path=raw)
+    assert counts == {"train": 5, "valid": 3, "test": 2}
+    assert read_lines(tmp_path / "out/valid.de") == [f"val de {i}" for i in range(3)]
+    assert read_lines(tmp_path / "out/test.en") == ["test_2016_flickr en 0", "test_2016_flickr en 1"]
+
+
+@pytest.mark.skipif(not MULTI30K.is_dir(), reason="real Multi30k not found at ../shared/data/multi30k")
+def test_import_real_multi30k(tmp_path):
+    proc = run_mt("download", "multi30k", "--from-dir", MULTI30K, "--out", tmp_path / "m")
+    assert proc.returncode == 0, proc.stderr
+    assert len(read_lines(tmp_path / "m/train.de")) == 29000
+    assert len(read_lines(tmp_path / "m/valid.en")) == 1014
+    assert len(read_lines(tmp_path / "m/test.en")) == 1000
+
+
+def test_import_plain_splits_and_refuse_overwrite(tmp_path):
+    src = tmp_path / "plain"
+    src.mkdir()
+    for split in ("train", "dev", "test"):
+        (src / f"{split}.fr").write_text("a\nb\n")
+        (src / f"{split}.en").write_text("x\ny\n")
+    assert download("local", tmp_path / "o", from_path=src) == {"train": 2, "valid": 2, "test": 2}
+    before = (tmp_path / "o/train.fr").read_text()
+    with pytest.raises(MTError, match="already exists; pass --force"):
+        download("local", tmp_path / "o", from_path=src)
+    assert (tmp_path / "o/train.fr").read_text() == before
+
+
+def test_import_local_datasets_objects(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    # multi30k style: one column per language
+    dd = datasets.DatasetDict({
+        "train": datasets.Dataset.from_dict({"en": ["a b", "c\nd"], "de": ["A B", "C D"]}),
+        "validation": datasets.Dataset.from_dict({"en": ["e"], "de": ["E"]}),
+    })
+    splits = from_datasets(dd)
+    assert splits["valid"] == {"en": ["e"], "de": ["E"]}
+    # wmt style: a translation column of dicts, round-tripped through save_to_disk
+    wmt = datasets.DatasetDict({
+        "train": datasets.Dataset.from_dict({"translation": [{"de": "Hallo", "en": "Hello"},
+                                                             {"de": "Welt", "en": "World"}]}),
+        "test": datasets.Dataset.from_dict({"translation": [{"de": "Ja", "en": "Yes"}]}),
+    })
+    wmt.save_to_disk(str(tmp_path / "wmt"))
+    counts = download("wmt14", tmp_path / "out", from_path=tmp_path / "wmt", langs=("en", "de"))
+    assert counts == {"train": 2, "test": 1}
+    assert read_lines(tmp_path / "out/train.de") == ["Hallo", "Welt"]
+    # an embedded newline must not shift later lines
+    from mt.data.download import write_splits
+    write_splits(splits, tmp_path / "out2", force=False)
+    assert read_lines(tmp_path / "out2/train.en") == ["a b", "c d"]
+
+
+def test_hub_failure_points_to_from_dir(tmp_path):
+    t0 = time.time()
+    proc = run_mt("download", "multi30k", "--out", tmp_path / "o")
+    assert_user_error(proc, "--from-dir", "bentrevett/multi30k")
+    assert time.time() - t0 < 60
+
+
+def test_mismatched_line_counts_name_both_files(tmp_path):
+    (tmp_path / "a.de").write_text("1\n2\n3\n")
+    (tmp_path / "a.en").write_text("1\n2\n")
+    with pytest.raises(MTError, match=r"a\.de has 3 lines but .*a\.en has 2"):
+        read_parallel(tmp_path / "a.de", tmp_path / "a.en")
+
+
+def test_invalid_utf8_names_file_and_line(tmp_path):
+    (tmp_path / "bad.de").write_bytes("gut\nschön\n".encode() + b"\xff\xfe kaputt\n")
+    with pytest.raises(MTError, match=r"bad\.de:3: invalid UTF-8"):
+        read_lines(tmp_path / "bad.de")
+
+
+def test_empty_and_overlong_pairs_are_dropped_and_counted(tmp_path):
+    src = ["a b", "", "c", "x " * 50, "d\x07e"]
+    tgt = ["A B", "B", "   ", "X", "D E"]
+    stats = Stats()
+    s, t = drop_empty(src, tgt, stats)
+    assert (stats.total, stats.empty) == (5, 2)
+    assert s[-1] == "d e"                          # control character removed
+    tok = Tokenizer.train(s * 20, t * 20, vocab_size=40, joint=True, character_coverage=1.0,
+                          max_sentences=1000, seed=0)
+    data = encode_pairs(s, t, tok, max_len=10, stats=stats)
+    assert stats.too_long == 1 and stats.kept == 2 and len(data.src) == 2
+    assert "2 of 5 pairs kept (2 empty, 1 longer" in stats.describe("train")
+
+
+def test_cli_reports_corpus_problem_without_traceback(tmp_path):
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "train.src").write_text("a\nb\n")
+    (d / "train.tgt").write_text("a\n")
+    (d / "valid.src").write_text("a\n")
+    (d / "valid.tgt").write_text("a\n")
+    proc = run_mt("train", "configs/tiny.yaml", "--run-dir", tmp_path / "r",
+                  "--set", f"data.dir={d}", "data.dataset=null")
+    assert_user_error(proc, "train.src has 2 lines", "train.tgt has 1")
+
+
+def test_batches_respect_max_tokens_and_cover_everything():
+    rng = np.random.default_rng(0)
+    src_lens, tgt_lens = rng.integers(1, 40, 500), rng.integers(1, 40, 500)
+    batches = token_batches(src_lens, tgt_lens, max_tokens=300, seed=3)
+    assert sorted(np.concatenate(batches).tolist()) == list(range(500))
+    for b in batches:
+        assert len(b) == 1 or len(b) * (src_lens[b].max() + tgt_lens[b].max()) <= 300
+    again = token_batches(src_lens, tgt_lens, max_tokens=300, seed=3)
+    assert all((a == b).all() for a, b in zip(batches, again))
+
+
+def test_collate_teacher_forcing_shift():
+    from mt.data.corpus import ParallelData, TokenArray
+    data = ParallelData(TokenArray([[5, 6], [7]]), TokenArray([[8, 9, 10], [11]]), Stats())
+    b = collate(data, np.array([0, 1]))
+    assert b.src.tolist() == [[5, 6, EOS], [7, EOS, PAD]]
+    assert b.tgt_in.tolist() == [[BOS, 8, 9, 10], [BOS, 11, PAD, PAD]]
+    assert b.tgt_out.tolist() == [[8, 9, 10, EOS], [11, EOS, PAD, PAD]]
+    assert b.n_tokens == 6
