@@ -54,8 +54,9 @@ def prepare_run_dir(cfg: Config, run_dir: Path, allow_config_change: bool) -> No
         old = config_from_dict(yaml.safe_load(saved.read_text()), str(saved))
         changed = diff_configs(cfg, old, ignore=RESUMABLE)
         if changed:
-            raise MTError(f"{run_dir} holds a run with a different config ({changed[0]}"
-                          f"{', ...' if len(changed) > 1 else ''}); use another --run-dir, or "
+            raise MTError(f"{run_dir} holds a run with a different config "
+                          f"({'; '.join(changed[:3])}{'; ...' if len(changed) > 3 else ''}); "
+                          f"use another --run-dir, or "
                           f"pass --allow-config-change to continue it with the new config")
     save_config(cfg, saved)
 

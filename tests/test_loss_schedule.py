@@ -1,0 +1,78 @@
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mt.loss import label_smoothed_nll
+from mt.schedule import noam
+
+PAD = 0
+
+
+def _inputs(n=12, v=9, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    lprobs = torch.log_softmax(torch.randn(n, v, generator=g), -1)
+    target = torch.randint(1, v, (n,), generator=g)
+    target[[2, 7]] = PAD
+    return lprobs, target
+
+
+def test_eps_zero_is_plain_nll():
+    lprobs, target = _inputs()
+    loss, nll, n = label_smoothed_nll(lprobs, target, 0.0, PAD)
+    expected = F.nll_loss(lprobs, target, ignore_index=PAD, reduction="sum")
+    torch.testing.assert_close(loss, expected)
+    torch.testing.assert_close(nll, expected)
+    assert int(n) == 10
+
+
+def test_smoothed_loss_is_cross_entropy_with_the_smoothed_distribution():
+    lprobs, target = _inputs()
+    eps, v = 0.1, lprobs.shape[1]
+    q = torch.full_like(lprobs, eps / (v - 1))
+    q.scatter_(1, target[:, None], 1 - eps)
+    keep = target != PAD
+    expected = -(q * lprobs).sum(1)[keep].sum()
+    loss, nll, _ = label_smoothed_nll(lprobs, target, eps, PAD)
+    torch.testing.assert_close(loss, expected)
+    torch.testing.assert_close(nll, F.nll_loss(lprobs, target, ignore_index=PAD, reduction="sum"))
+
+
+def test_padding_counts_for_nothing():
+    lprobs, target = _inputs()
+    loss_all, _, _ = label_smoothed_nll(lprobs, target, 0.1, PAD)
+    keep = target != PAD
+    loss_kept, _, _ = label_smoothed_nll(lprobs[keep], target[keep], 0.1, PAD)
+    torch.testing.assert_close(loss_all, loss_kept)
+
+
+@pytest.mark.parametrize("step,expected", [
+    (1, 512 ** -0.5 * 4000 ** -1.5),
+    (4000, 512 ** -0.5 * 4000 ** -0.5),       # the peak, at the end of warm-up
+    (16000, 512 ** -0.5 * 16000 ** -0.5),     # inverse square-root decay
+])
+def test_noam_known_values(step, expected):
+    assert noam(step, 512, 4000) == pytest.approx(expected)
+
+
+def test_noam_shape_and_factor():
+    lrs = [noam(s, 256, 100, 2.0) for s in range(1, 400)]
+    assert max(lrs) == lrs[99]                                   # peak at step == warmup
+    assert all(a < b for a, b in zip(lrs[:99], lrs[1:100]))      # linear warm-up
+    assert all(a > b for a, b in zip(lrs[100:], lrs[101:]))      # then decays
+    assert lrs[99] == pytest.approx(2.0 * 256 ** -0.5 * 100 ** -0.5)
+    assert noam(50, 256, 100) == pytest.approx(math.sqrt(1 / 256) * 50 * 100 ** -1.5)
+
+
+def test_scheduler_gives_noam_of_the_update_number():
+    from types import SimpleNamespace
+    from mt.schedule import build_optimizer
+    cfg = SimpleNamespace(adam_beta1=0.9, adam_beta2=0.98, adam_eps=1e-9, weight_decay=0.0,
+                          warmup=10, lr_factor=1.0)
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt, sched = build_optimizer([p], cfg, 64)
+    for update in range(1, 25):
+        assert opt.param_groups[0]["lr"] == pytest.approx(noam(update, 64, 10))
+        opt.step()
+        sched.step()

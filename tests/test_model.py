@@ -1,0 +1,122 @@
+import pytest
+import torch
+
+from mt.model import Transformer
+from mt.search import beam_search, greedy
+from mt.tokenizer import EOS, PAD
+
+V = 40
+
+
+def make_model(pre_norm=False, tie="all", seed=0):
+    torch.manual_seed(seed)
+    return Transformer(src_vocab=V, tgt_vocab=V, d_model=32, n_heads=4, enc_layers=2,
+                       dec_layers=2, d_ff=64, dropout=0.1, attn_dropout=0.1, pre_norm=pre_norm,
+                       tie_embeddings=tie, max_positions=64).eval()
+
+
+def make_src(lengths, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    src = torch.full((len(lengths), max(lengths)), PAD)
+    for i, n in enumerate(lengths):
+        src[i, :n - 1] = torch.randint(4, V, (n - 1,), generator=g)
+        src[i, n - 1] = EOS
+    return src
+
+
+@pytest.mark.parametrize("pre_norm", [False, True])
+def test_causal_mask_hides_the_future(pre_norm):
+    model = make_model(pre_norm)
+    src = make_src([6, 6])
+    tgt = torch.randint(4, V, (2, 8))
+    out = model(src, tgt, src == PAD)
+    changed = tgt.clone()
+    changed[:, 5:] = torch.randint(4, V, (2, 3))
+    out2 = model(src, changed, src == PAD)
+    torch.testing.assert_close(out[:, :5], out2[:, :5])        # positions before the change
+    assert not torch.allclose(out[:, 5:], out2[:, 5:])
+
+
+def test_padding_does_not_change_outputs():
+    """A padded batch gives each sentence the same logits as running it alone."""
+    model = make_model()
+    src = make_src([7, 3, 5])
+    tgt = torch.randint(4, V, (3, 6))
+    batched = model(src, tgt, src == PAD)
+    for i, n in enumerate([7, 3, 5]):
+        alone = model(src[i:i + 1, :n], tgt[i:i + 1], src[i:i + 1, :n] == PAD)
+        torch.testing.assert_close(batched[i:i + 1], alone, atol=1e-5, rtol=1e-5)
+    # and target padding does not change earlier target positions
+    tgt_padded = torch.cat([tgt[:, :4], torch.full((3, 2), PAD)], 1)
+    torch.testing.assert_close(model(src, tgt_padded, src == PAD)[:, :4], batched[:, :4])
+
+
+def test_keep_mask_projects_only_kept_positions():
+    model = make_model()
+    src, tgt = make_src([5, 4]), torch.randint(4, V, (2, 6))
+    keep = torch.rand(2, 6) > 0.3
+    torch.testing.assert_close(model(src, tgt, src == PAD, keep=keep), model(src, tgt, src == PAD)[keep])
+
+
+@pytest.mark.parametrize("pre_norm,tie", [(False, "all"), (True, "none"), (False, "decoder")])
+def test_cached_decoding_equals_uncached(pre_norm, tie):
+    model = make_model(pre_norm, tie)
+    src = make_src([6, 4, 8])
+    mask = src == PAD
+    memory = model.encode(src, mask)
+    tgt = torch.randint(4, V, (3, 7))
+    full = model.project(model.decode(tgt, memory, mask))             # (B, T, V)
+    cache = model.new_cache()
+    steps = [model.project(model.decode(tgt[:, t:t + 1], memory, mask, cache=cache, start=t))
+             for t in range(tgt.shape[1])]
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
+    for b in (1, 4):  # the search loops give the same hypotheses with and without the cache
+        assert beam_search(model, src, mask, b) == beam_search(model, src, mask, b, use_cache=False)
+    assert greedy(model, src, mask) == greedy(model, src, mask, use_cache=False)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_beam_one_equals_greedy(seed):
+    model = make_model(seed=seed)
+    src = make_src([9, 3, 6, 6, 2], seed=seed)
+    mask = src == PAD
+    assert beam_search(model, src, mask, beam=1) == greedy(model, src, mask)
+
+
+def test_search_respects_max_length_and_batch_independence():
+    model = make_model()
+    src = make_src([5, 9, 3])
+    mask = src == PAD
+    out = beam_search(model, src, mask, beam=3, max_len_a=1.0, max_len_b=2)
+    for hyp, n in zip(out, [5, 9, 3]):
+        assert len(hyp) + 1 <= n + 2                      # EOS included in the limit
+        assert EOS not in hyp
+    alone = [beam_search(model, src[i:i + 1, :n], mask[i:i + 1, :n], beam=3, max_len_a=1.0,
+                         max_len_b=2)[0] for i, n in enumerate([5, 9, 3])]
+    assert out == alone
+
+
+def test_beam_finds_at_least_the_greedy_score():
+    model = make_model(seed=3)
+    src = make_src([6, 6, 6, 6], seed=5)
+    mask = src == PAD
+
+    @torch.no_grad()
+    def logp(i, hyp):
+        tgt = torch.tensor([[2] + hyp])
+        lp = torch.log_softmax(model(src[i:i + 1], tgt, mask[i:i + 1]), -1)[0]
+        ids = hyp + [EOS]
+        return float(sum(lp[t, ids[t]] for t in range(len(ids))))
+
+    g = greedy(model, src, mask, max_len_a=0, max_len_b=12)
+    b = beam_search(model, src, mask, beam=8, length_penalty=0.0, max_len_a=0, max_len_b=12)
+    for i in range(4):
+        assert logp(i, b[i]) >= logp(i, g[i]) - 1e-4
+
+
+def test_tied_embeddings_share_one_matrix():
+    m = make_model(tie="all")
+    assert m.src_embed.weight is m.tgt_embed.weight and m.output is None
+    n_all = sum(p.numel() for p in m.parameters())
+    n_none = sum(p.numel() for p in make_model(tie="none").parameters())
+    assert n_none - n_all == 2 * V * 32
