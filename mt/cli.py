@@ -81,8 +81,8 @@ def train_cmd(
     run_dir = run_dir or Path("runs") / config.stem
     trainer = build_trainer(cfg, run_dir, allow_config_change, log=_err)
     state = trainer.fit()
-    _err(f"done at step {state.step}; best valid BLEU {state.best_bleu:.2f}; "
-         f"checkpoints in {run_dir}")
+    best = f"best valid BLEU {state.best_bleu:.2f}" if state.best_bleu >= 0 else "not validated yet"
+    _err(f"stopped at step {state.step}; {best}; checkpoints in {run_dir}")
 
 
 def _read_input(path: Optional[Path]) -> list[str]:

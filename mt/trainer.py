@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import json
 import math
+import signal
+import sys
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -175,7 +178,31 @@ class Trainer:
     def _should_stop_early(self) -> bool:
         return self.cfg.patience > 0 and self.state.bad_validations >= self.cfg.patience
 
+    @contextmanager
+    def _stop_on_signal(self):
+        """SIGINT/SIGTERM ask the loop to stop after the current update (and save);
+        a second Ctrl-C falls back to the default handler and stops at once."""
+        self.stop_requested = None
+
+        def handler(signum, frame):
+            self.stop_requested = signal.Signals(signum).name
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+        try:
+            old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        except ValueError:  # not the main thread: no signal handling
+            old = {}
+        try:
+            yield
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+
     def fit(self) -> TrainState:
+        with self._stop_on_signal():
+            return self._fit()
+
+    def _fit(self) -> TrainState:
         cfg, st = self.cfg, self.state
         batches = self._batches()
         bar = tqdm(total=cfg.max_steps, initial=st.step, desc="train", dynamic_ncols=True,
@@ -193,18 +220,23 @@ class Trainer:
             if st.step % cfg.valid_every == 0 or final:
                 rec = self.validate()
                 last_valid = st.step
-                bar.write(f"step {st.step}: valid loss {rec['valid_loss']} "
+                tqdm.write(f"step {st.step}: valid loss {rec['valid_loss']} "
                           f"ppl {rec['valid_ppl']} BLEU {rec['valid_bleu']} chrF {rec['valid_chrf']}"
-                          + (" (best)" if rec.get("best") else ""))
+                          + (" (best)" if rec.get("best") else ""), file=sys.stderr)
             if st.step % cfg.save_every == 0:
                 self.save("last.pt")
             if self._should_stop_early():
-                bar.write(f"early stop: no better validation BLEU in {cfg.patience} validations")
+                tqdm.write(f"early stop: no better validation BLEU in {cfg.patience} validations",
+                           file=sys.stderr)
+                break
+            if self.stop_requested:
+                tqdm.write(f"{self.stop_requested} at step {st.step}: saving last.pt; run the "
+                          f"same command again to resume", file=sys.stderr)
                 break
         bar.close()
         if self._window.loss:
             self.log_train()
-        if last_valid != st.step and st.best_bleu < 0:
+        if last_valid != st.step and st.best_bleu < 0 and not self.stop_requested:
             self.validate()
         self.save("last.pt")
         return st

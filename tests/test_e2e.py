@@ -54,3 +54,28 @@ def test_multi30k_validation_bleu_rises(tmp_path):
     log = [json.loads(x) for x in (tmp_path / "r/train_log.jsonl").read_text().splitlines()]
     bleu = [r["valid_bleu"] for r in log if "valid_bleu" in r]
     assert len(bleu) == 2 and bleu[1] > bleu[0] and bleu[1] > 5
+
+
+def test_sigint_saves_last_and_exits_0(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mt", "train", str(ROOT / "configs/tiny.yaml"), "--run-dir",
+         str(tmp_path / "r"), "--set", f"data.dir={tmp_path / 'd'}", "train.max_steps=100000",
+         "train.log_every=5", "train.valid_every=100000"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    log = tmp_path / "r/train_log.jsonl"
+    deadline = time.time() + 300
+    while not (log.exists() and log.read_text().strip()) and time.time() < deadline:
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "SIGINT at step" in err and "resume" in err and "Traceback" not in err
+    from mt import checkpoint
+    step = checkpoint.load(tmp_path / "r/last.pt")["train_state"]["step"]
+    assert 5 <= step < 100000
