@@ -80,3 +80,33 @@ def resolve(path: str | Path) -> Path:
     if not path.exists():
         raise MTError(f"{path} not found: give a run directory or a checkpoint file")
     return path
+
+
+def snapshots(run_dir: Path) -> list[Path]:
+    """The periodic model snapshots step_N.pt of a run, oldest first."""
+    found = [(int(p.stem.split("_")[1]), p) for p in Path(run_dir).glob("step_*.pt")
+             if p.stem.split("_")[1].isdigit()]
+    return [p for _, p in sorted(found)]
+
+
+def average(paths: list[Path]) -> dict:
+    """Element-wise mean of the model weights of `paths` (Vaswani et al. 2017 average the last
+    5 or 20 checkpoints); config, tokenizer and counters come from the last one."""
+    if not paths:
+        raise MTError("no checkpoints to average")
+    ckpts = [load(p) for p in paths]
+    last = ckpts[-1]
+    for p, c in zip(paths, ckpts):
+        if c["config"]["model"] != last["config"]["model"] or c["model"].keys() != last["model"].keys():
+            raise MTError(f"{p} has a different model than {paths[-1]}: only checkpoints of one "
+                          f"run can be averaged")
+    avg = {}
+    for key, value in last["model"].items():
+        if value.is_floating_point():
+            total = sum(c["model"][key].double() for c in ckpts)
+            avg[key] = (total / len(ckpts)).to(value.dtype)
+        else:
+            avg[key] = value
+    return {"format_version": FORMAT_VERSION, "config": last["config"], "model": avg,
+            "spm": last["spm"], "train_state": last.get("train_state", {}),
+            "averaged_from": [Path(p).name for p in paths]}

@@ -165,6 +165,40 @@ def eval_cmd(
         typer.echo(f"chrF = {s.chrf:.2f}  ({s.chrf_signature})")
 
 
+@command("average")
+def average_cmd(
+    run_dir: Path = typer.Argument(..., help="run directory holding step_N.pt snapshots"),
+    last: int = typer.Option(5, "--last", min=1, help="average the last N snapshots"),
+    output: Path = typer.Option(..., "--output", "-o", help="averaged checkpoint to write"),
+    force: bool = typer.Option(False, "--force", help="overwrite --output if it exists"),
+):
+    """Average the weights of a run's last N checkpoints into one checkpoint.
+
+    Example: mt average runs/multi30k_de_en --last 5 -o runs/multi30k_de_en/avg5.pt
+    """
+    from mt import checkpoint
+    paths = checkpoint.snapshots(run_dir)[-last:]
+    if len(paths) < last:
+        raise MTError(f"{run_dir} has {len(paths)} step_N.pt snapshot(s), fewer than --last {last}")
+    if output.exists() and not force:
+        raise MTError(f"{output} already exists; pass --force to overwrite it")
+    checkpoint.atomic_save(checkpoint.average(paths), output)
+    typer.echo(f"averaged {', '.join(p.name for p in paths)} -> {output}")
+
+
+@command("plot")
+def plot_cmd(
+    run_dir: Path = typer.Argument(..., help="run directory with train_log.jsonl"),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="default RUN_DIR/training.png"),
+):
+    """Draw the training curve (training/validation loss, validation BLEU) as a PNG.
+
+    Example: mt plot runs/multi30k_de_en
+    """
+    from mt.plot import plot_run
+    typer.echo(f"wrote {plot_run(run_dir, output)}")
+
+
 def main() -> None:
     try:
         app()

@@ -75,6 +75,9 @@ class TrainConfig(_Section):
     log_every: int = Field(100, ge=1)
     valid_every: int = Field(1000, ge=1)
     save_every: int = Field(1000, ge=1)
+    keep_checkpoints: int = Field(5, ge=0, description="step_N.pt model snapshots kept")
+    average_last: int = Field(0, ge=0, description="at the end, average this many last "
+                                                   "snapshots; kept as best.pt if better")
     patience: int = Field(0, ge=0, description="stop after this many validations without a "
                                                "better BLEU; 0 = never stop early")
     valid_beam: int = Field(0, ge=0, description="beam for validation BLEU; 0 = decode.beam")
@@ -82,6 +85,14 @@ class TrainConfig(_Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     num_threads: int = Field(0, ge=0, description="CPU threads; 0 = torch default")
+
+
+    @model_validator(mode="after")
+    def _average_needs_snapshots(self) -> "TrainConfig":
+        if self.average_last > self.keep_checkpoints:
+            raise ValueError(f"average_last ({self.average_last}) needs keep_checkpoints >= "
+                             f"{self.average_last} (it is {self.keep_checkpoints})")
+        return self
 
 
 class DecodeConfig(_Section):

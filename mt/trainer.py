@@ -174,6 +174,50 @@ class Trainer:
     def save(self, name: str) -> None:
         checkpoint.atomic_save(self.checkpoint_dict(), self.run_dir / name)
 
+    def save_snapshot(self) -> None:
+        """step_N.pt: the model alone (for averaging), keeping the last `keep_checkpoints`."""
+        if self.cfg.keep_checkpoints == 0:
+            return
+        full = self.checkpoint_dict()
+        snap = {k: full[k] for k in ("format_version", "config", "model", "spm", "train_state")}
+        checkpoint.atomic_save(snap, self.run_dir / f"step_{self.state.step}.pt")
+        for old in checkpoint.snapshots(self.run_dir)[:-self.cfg.keep_checkpoints]:
+            old.unlink()
+
+    def average_snapshots(self) -> dict | None:
+        """Average the last `average_last` snapshots into averaged.pt, validate it, and make
+        it best.pt when its validation BLEU beats the best single checkpoint."""
+        paths = checkpoint.snapshots(self.run_dir)[-self.cfg.average_last:]
+        if self.cfg.average_last < 2 or len(paths) < 2:
+            return None
+        averaged = checkpoint.average(paths)
+        checkpoint.atomic_save(averaged, self.run_dir / "averaged.pt")
+        current = {k: v.clone() for k, v in self.model.state_dict().items()}
+        self.model.load_state_dict(averaged["model"])
+        try:
+            self.model.eval()
+            hyps = Translator(self.model, self.tokenizer, self.decode_cfg, self.device).translate(
+                self.validation.src, beam=self.validation.beam)
+            s = score(hyps, self.validation.refs)
+        finally:
+            self.model.load_state_dict(current)
+        record = {"step": self.state.step, "averaged": len(paths), "valid_bleu": round(s.bleu, 2),
+                  "valid_chrf": round(s.chrf, 2)}
+        if s.bleu > self.state.best_bleu:
+            self.state.best_bleu = s.bleu
+            averaged["train_state"] = self.state.state_dict()
+            checkpoint.atomic_save(averaged, self.run_dir / "best.pt")
+            record["best"] = True
+        self._write_log(record)
+        return record
+
+    def plot(self) -> None:
+        from mt.plot import plot_run
+        try:
+            plot_run(self.run_dir)
+        except Exception as e:  # a picture must never stop training
+            tqdm.write(f"warning: could not draw training.png ({e})", file=sys.stderr)
+
     # -- the loop -------------------------------------------------------------------------
     def _should_stop_early(self) -> bool:
         return self.cfg.patience > 0 and self.state.bad_validations >= self.cfg.patience
@@ -220,11 +264,13 @@ class Trainer:
             if st.step % cfg.valid_every == 0 or final:
                 rec = self.validate()
                 last_valid = st.step
+                self.plot()
                 tqdm.write(f"step {st.step}: valid loss {rec['valid_loss']} "
                           f"ppl {rec['valid_ppl']} BLEU {rec['valid_bleu']} chrF {rec['valid_chrf']}"
                           + (" (best)" if rec.get("best") else ""), file=sys.stderr)
             if st.step % cfg.save_every == 0:
                 self.save("last.pt")
+                self.save_snapshot()
             if self._should_stop_early():
                 tqdm.write(f"early stop: no better validation BLEU in {cfg.patience} validations",
                            file=sys.stderr)
@@ -239,4 +285,13 @@ class Trainer:
         if last_valid != st.step and st.best_bleu < 0 and not self.stop_requested:
             self.validate()
         self.save("last.pt")
+        if not self.stop_requested and self.cfg.average_last:
+            if not checkpoint.snapshots(self.run_dir)[-1:] == [self.run_dir / f"step_{st.step}.pt"]:
+                self.save_snapshot()
+            rec = self.average_snapshots()
+            if rec:
+                tqdm.write(f"average of the last {rec['averaged']} snapshots: valid BLEU "
+                           f"{rec['valid_bleu']}" + (" (best)" if rec.get("best") else ""),
+                           file=sys.stderr)
+        self.plot()
         return st

@@ -34,6 +34,6 @@ def tiny_run(tmp_path_factory):
     run = base / "run"
     proc = run_mt("train", ROOT / "configs/tiny.yaml", "--run-dir", run,
                   "--set", f"data.dir={base / 'data'}", "train.max_steps=60",
-                  "train.valid_every=60", "train.save_every=60", "train.log_every=20")
+                  "train.valid_every=60", "train.save_every=30", "train.log_every=20")
     assert proc.returncode == 0, proc.stderr
     return run

@@ -1,0 +1,54 @@
+import json
+
+import torch
+
+from mt import checkpoint
+from mt.translator import Translator
+from tests.conftest import ROOT, assert_user_error, run_mt
+
+
+def test_averaging_identical_checkpoints_is_identity(tiny_run, tmp_path):
+    path = tiny_run / "last.pt"
+    avg = checkpoint.average([path, path, path])
+    orig = checkpoint.load(path)
+    for k, v in orig["model"].items():
+        torch.testing.assert_close(avg["model"][k], v, rtol=0, atol=1e-7)
+        assert avg["model"][k].dtype == v.dtype
+
+
+def test_averaged_checkpoint_loads_and_translates(tiny_run, tmp_path):
+    snaps = checkpoint.snapshots(tiny_run)
+    assert snaps, "training keeps step_N.pt snapshots"
+    proc = run_mt("average", tiny_run, "--last", "1", "-o", tmp_path / "avg.pt")
+    assert proc.returncode == 0, proc.stderr
+    a = checkpoint.average([snaps[-1], tiny_run / "last.pt"])
+    checkpoint.atomic_save(a, tmp_path / "avg2.pt")
+    out = Translator.from_checkpoint(tmp_path / "avg2.pt", "cpu").translate(["lo ka", "", "mi"])
+    assert len(out) == 3 and out[1] == ""
+    assert_user_error(run_mt("average", tiny_run, "--last", "99", "-o", tmp_path / "x.pt"),
+                      "fewer than --last 99")
+    assert_user_error(run_mt("average", tiny_run, "--last", "1", "-o", tmp_path / "avg.pt"),
+                      "already exists")
+
+
+def test_early_stopping_after_patience_validations(tmp_path):
+    # With a vanishing learning rate the model never changes, so BLEU never improves after
+    # the first validation: patience 2 stops at the third validation.
+    proc = run_mt("train", ROOT / "configs/tiny.yaml", "--run-dir", tmp_path / "r", "--set",
+                  f"data.dir={tmp_path / 'd'}", "train.lr_factor=1e-12", "train.max_steps=1000",
+                  "train.valid_every=5", "train.patience=2", "train.valid_beam=1",
+                  "train.log_every=5", "decode.max_len_b=2")
+    assert proc.returncode == 0, proc.stderr
+    assert "early stop" in proc.stderr
+    log = [json.loads(x) for x in (tmp_path / "r/train_log.jsonl").read_text().splitlines()]
+    valids = [r for r in log if "valid_bleu" in r]
+    assert [r["step"] for r in valids] == [5, 10, 15]
+    assert checkpoint.load(tmp_path / "r/last.pt")["train_state"]["step"] == 15
+    assert (tmp_path / "r/training.png").stat().st_size > 0
+
+
+def test_plot_command_redraws(tiny_run, tmp_path):
+    proc = run_mt("plot", tiny_run, "-o", tmp_path / "c.png")
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
+    assert_user_error(run_mt("plot", tmp_path), "train_log.jsonl")
