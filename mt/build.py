@@ -91,7 +91,19 @@ def _resume(trainer: Trainer, path: Path, log) -> None:
     torch.set_rng_state(ckpt["rng"]["torch"])
     if "cuda" in ckpt["rng"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(ckpt["rng"]["cuda"])
+    _truncate_log(trainer.run_dir / "train_log.jsonl", trainer.state.step)
     log(f"resuming from {path} at step {trainer.state.step}")
+
+
+def _truncate_log(path: Path, step: int) -> None:
+    """Drop log records written after the checkpoint (by a run killed later): the resumed
+    run writes them again."""
+    import json
+    if path.is_file():
+        lines = path.read_text(encoding="utf-8").splitlines()
+        kept = [x for x in lines if x.strip() and json.loads(x).get("step", 0) <= step]
+        if len(kept) != len(lines):
+            path.write_text("".join(x + "\n" for x in kept), encoding="utf-8")
 
 
 def build_trainer(cfg: Config, run_dir: Path, allow_config_change: bool = False,
