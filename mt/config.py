@@ -81,6 +81,8 @@ class TrainConfig(_Section):
     patience: int = Field(0, ge=0, description="stop after this many validations without a "
                                                "better BLEU; 0 = never stop early")
     valid_beam: int = Field(0, ge=0, description="beam for validation BLEU; 0 = decode.beam")
+    max_nonfinite: int = Field(5, ge=1, description="stop after this many NaN/inf losses "
+                                                    "in a row (each such update is skipped)")
     seed: int = 1234
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"

@@ -20,6 +20,7 @@ from tqdm import tqdm
 from mt import checkpoint
 from mt.data.batching import Batch, collate, epoch_batches
 from mt.data.corpus import ParallelData
+from mt.errors import MTError
 from mt.loss import label_smoothed_nll
 from mt.metrics import score
 from mt.tokenizer import PAD
@@ -34,6 +35,7 @@ class TrainState:
     best_bleu: float = -1.0
     bad_validations: int = 0      # validations since the best one (early stopping)
     train_seconds: float = 0.0
+    nonfinite_in_a_row: int = 0
 
     def state_dict(self) -> dict:
         return asdict(self)
@@ -93,17 +95,30 @@ class Trainer:
                                           self.cfg.label_smoothing, PAD)
         return loss, nll
 
-    def train_step(self, batches: list[Batch]) -> None:
+    def train_step(self, batches: list[Batch]) -> bool:
         """One optimizer update from `batches` (gradient accumulation), normalised by the
-        total number of target tokens so accumulation equals one big batch."""
+        total number of target tokens so accumulation equals one big batch.
+        Returns False, changing nothing, when the loss is not finite."""
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         n_tokens = sum(b.n_tokens for b in batches)
+        losses, nlls = [], []
         for batch in batches:
             loss, nll = self._loss(batch)
             self.scaler.scale(loss / n_tokens).backward()
-            self._window.loss.append(loss.detach())
-            self._window.nll.append(nll.detach())
+            losses.append(loss.detach())
+            nlls.append(nll.detach())
+        # The one host sync per update: an update from a NaN/inf loss would poison the weights
+        # and Adam's moments. (fp16 gradient overflow is the GradScaler's business.)
+        if not bool(torch.isfinite(torch.stack(losses).sum())):
+            self.optimizer.zero_grad(set_to_none=True)
+            self.state.nonfinite_in_a_row += 1
+            self._write_log({"step": self.state.step, "skipped": "non-finite loss",
+                             "in_a_row": self.state.nonfinite_in_a_row})
+            return False
+        self.state.nonfinite_in_a_row = 0
+        self._window.loss += losses
+        self._window.nll += nlls
         self._window.tokens += n_tokens
         if self.cfg.clip_norm > 0:
             self.scaler.unscale_(self.optimizer)
@@ -112,6 +127,7 @@ class Trainer:
         self.scaler.update()
         self.scheduler.step()
         self.state.step += 1
+        return True
 
     # -- logging, validation, checkpoints -------------------------------------------------
     def _write_log(self, record: dict) -> None:
@@ -254,7 +270,13 @@ class Trainer:
         last_valid = -1
         t0 = time.perf_counter() - st.train_seconds
         while st.step < cfg.max_steps:
-            self.train_step([next(batches) for _ in range(cfg.accum_steps)])
+            if not self.train_step([next(batches) for _ in range(cfg.accum_steps)]):
+                if st.nonfinite_in_a_row >= cfg.max_nonfinite:
+                    raise MTError(
+                        f"the loss was NaN/inf for {st.nonfinite_in_a_row} updates in a row at "
+                        f"step {st.step}; training stopped, the last good checkpoint is kept "
+                        f"(last.pt); lower train.lr_factor or raise train.warmup")
+                continue
             st.train_seconds = time.perf_counter() - t0
             bar.update(1)
             final = st.step == cfg.max_steps

@@ -1,0 +1,72 @@
+import pytest
+import torch
+
+from mt import checkpoint
+from mt.build import build_trainer
+from mt.config import load_config
+from mt.errors import MTError
+from tests.conftest import ROOT
+
+
+def _trainer(tmp_path, *overrides):
+    cfg = load_config(ROOT / "configs/tiny.yaml", [f"data.dir={tmp_path / 'd'}",
+                                                    "train.log_every=2", *overrides])
+    return build_trainer(cfg, tmp_path / "run", log=lambda *_: None)
+
+
+def _poison(trainer, bad_calls):
+    """Make the model's output NaN on the given forward calls (1-based)."""
+    real, calls = trainer.model.forward, [0]
+
+    def forward(*a, **k):
+        calls[0] += 1
+        out = real(*a, **k)
+        return out * float("nan") if calls[0] in bad_calls else out
+    trainer.model.forward = forward
+
+
+def test_nonfinite_update_is_skipped_and_logged(tmp_path):
+    t = _trainer(tmp_path, "train.max_steps=4", "train.valid_every=100")
+    _poison(t, {2})
+    before = {k: v.clone() for k, v in t.model.state_dict().items()}
+    t.train_step([next(t._batches())])
+    assert t.state.step == 1
+    after_one = {k: v.clone() for k, v in t.model.state_dict().items()}
+    assert t.train_step([next(t._batches())]) is False
+    assert t.state.step == 1                                    # not counted as an update
+    assert all(torch.equal(after_one[k], v) for k, v in t.model.state_dict().items())
+    assert not all(torch.equal(before[k], v) for k, v in after_one.items())
+    t.fit()
+    assert t.state.step == 4
+    log = (tmp_path / "run/train_log.jsonl").read_text()
+    assert '"skipped": "non-finite loss"' in log and "NaN" not in log
+
+
+def test_training_stops_after_k_nonfinite_in_a_row(tmp_path):
+    t = _trainer(tmp_path, "train.max_steps=20", "train.save_every=5", "train.valid_every=100",
+                 "train.max_nonfinite=3")
+    _poison(t, set(range(8, 100)))
+    with pytest.raises(MTError, match="NaN/inf for 3 updates in a row at step 7"):
+        t.fit()
+    good = checkpoint.load(tmp_path / "run/last.pt")
+    assert good["train_state"]["step"] == 5
+    assert all(torch.isfinite(v).all() for v in good["model"].values() if v.is_floating_point())
+
+
+def test_gradient_accumulation_equals_one_big_batch(tmp_path):
+    """Two batches accumulated into one update == one update on their union (dropout off)."""
+    import numpy as np
+
+    from mt.data.batching import collate
+    t = _trainer(tmp_path, "model.dropout=0.0")
+    idx_a, idx_b = list(range(0, 16)), list(range(16, 32))
+    state0 = {k: v.clone() for k, v in t.model.state_dict().items()}
+    opt0 = t.optimizer.state_dict()
+    t.train_step([collate(t.train_data, np.array(idx_a)), collate(t.train_data, np.array(idx_b))])
+    accumulated = {k: v.clone() for k, v in t.model.state_dict().items()}
+    t2 = _trainer(tmp_path / "2", "model.dropout=0.0")
+    t2.model.load_state_dict(state0)
+    t2.optimizer.load_state_dict(opt0)
+    t2.train_step([collate(t2.train_data, np.array(idx_a + idx_b))])
+    for k, v in t2.model.state_dict().items():
+        torch.testing.assert_close(v, accumulated[k], atol=2e-6, rtol=1e-5)
