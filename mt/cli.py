@@ -139,6 +139,9 @@ def eval_cmd(
     length_penalty: Optional[float] = typer.Option(None, "--length-penalty", min=0.0),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     device: str = typer.Option("auto", "--device"),
+    moses_lang: Optional[str] = typer.Option(
+        None, "--lc-tok", help="also report lowercased Moses-tokenized BLEU for this target "
+                               "language (the Multi30k papers' metric), e.g. --lc-tok en"),
 ):
     """Score with sacreBLEU (BLEU, chrF) against raw references, printing the signature.
 
@@ -157,12 +160,19 @@ def eval_cmd(
             read_lines(src), beam=beam, length_penalty=length_penalty)
     else:
         raise MTError("nothing to score: pass --hyp FILE, or a model and --src FILE")
-    s = score(hyps, read_lines(ref))
+    refs = read_lines(ref)
+    s = score(hyps, refs)
+    result = s.to_dict()
+    if moses_lang:
+        from mt.metrics import lc_tok_bleu
+        result["bleu_lc_tok"] = round(lc_tok_bleu(hyps, refs, moses_lang), 2)
     if as_json:
-        typer.echo(json.dumps(s.to_dict()))
-    else:
-        typer.echo(f"BLEU = {s.bleu:.2f}  ({s.signature})")
-        typer.echo(f"chrF = {s.chrf:.2f}  ({s.chrf_signature})")
+        typer.echo(json.dumps(result))
+        return
+    typer.echo(f"BLEU = {s.bleu:.2f}  ({s.signature})")
+    typer.echo(f"chrF = {s.chrf:.2f}  ({s.chrf_signature})")
+    if moses_lang:
+        typer.echo(f"BLEU (lowercased, Moses-tokenized, {moses_lang}) = {result['bleu_lc_tok']:.2f}")
 
 
 @command("average")

@@ -1,4 +1,5 @@
 import json
+import pytest
 
 from mt.data.corpus import read_lines
 from mt.data.synthetic import generate
@@ -61,3 +62,17 @@ def test_rerun_refuses_a_different_config(tiny_run):
                              "--set", f"data.dir={data_dir}", "model.d_model=32"),
                       "different config", "model.d_model: 64 -> 32")
     assert (tiny_run / "last.pt").read_bytes() == before
+
+
+def test_lowercased_tokenized_bleu_ignores_case_and_tokenization(tmp_path):
+    from mt.metrics import lc_tok_bleu, moses_lc_tokenize
+    assert moses_lc_tokenize(['A man\'s "hat", isn\'t it?'], "en") == \
+        ["a man &apos;s &quot; hat , &quot; isn &apos;t it ?"]
+    refs = ["A dog runs, in the snow.", "Two men play football."]
+    hyps = ["a dog runs , in the snow .", "two men play football ."]
+    assert lc_tok_bleu(hyps, refs, "en") == pytest.approx(100.0)
+    (tmp_path / "h").write_text("\n".join(hyps) + "\n")
+    (tmp_path / "r").write_text("\n".join(refs) + "\n")
+    proc = run_mt("eval", "--hyp", tmp_path / "h", "--ref", tmp_path / "r", "--lc-tok", "en", "--json")
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert res["bleu_lc_tok"] == 100.0 and res["bleu"] < 100.0
