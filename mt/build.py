@@ -59,6 +59,29 @@ def prepare_run_dir(cfg: Config, run_dir: Path, allow_config_change: bool) -> No
                           f"use another --run-dir, or "
                           f"pass --allow-config-change to continue it with the new config")
     save_config(cfg, saved)
+    for stale in run_dir.glob(".*.tmp"):     # left by a save that was killed half-way
+        stale.unlink()
+    write_run_info(run_dir)
+
+
+def write_run_info(run_dir: Path) -> None:
+    """What produced this run: versions, git commit, device (for reproducing it)."""
+    import json
+    import platform
+    import subprocess
+    import sys
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).parent, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    import mt
+    info = {"mt_version": mt.__version__, "git_commit": commit, "torch": torch.__version__,
+            "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+            "python": sys.version.split()[0], "platform": platform.platform(),
+            "argv": sys.argv}
+    (run_dir / "run_info.json").write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
 
 
 def load_tokenizer(cfg: Config, run_dir: Path, src: list[str], tgt: list[str], log) -> Tokenizer:
@@ -81,8 +104,7 @@ def amp_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
 
 
-def _resume(trainer: Trainer, path: Path, log) -> None:
-    ckpt = checkpoint.load(path)
+def _resume(trainer: Trainer, ckpt: dict, path: Path, log) -> None:
     trainer.model.load_state_dict(ckpt["model"])
     trainer.optimizer.load_state_dict(ckpt["optimizer"])
     trainer.scheduler.load_state_dict(ckpt["scheduler"])
@@ -141,6 +163,10 @@ def build_trainer(cfg: Config, run_dir: Path, allow_config_change: bool = False,
         validation=Validation(vsrc, vtgt, valid_data, t.valid_beam or cfg.decode.beam),
         tokenizer=tokenizer, cfg=t, decode_cfg=cfg.decode, full_config=cfg.to_dict(),
         run_dir=run_dir, device=device, amp_dtype=dtype, log=log)
-    if (run_dir / "last.pt").is_file():
-        _resume(trainer, run_dir / "last.pt", log)
+    found = checkpoint.load_for_resume(run_dir / "last.pt", log)
+    if found is not None:
+        _resume(trainer, *found, log)
+    elif (run_dir / "last.pt").exists() or checkpoint.previous(run_dir / "last.pt").exists():
+        raise MTError(f"no readable last.pt in {run_dir} to resume from; move the damaged "
+                      f"files away to start over")
     return trainer

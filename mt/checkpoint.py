@@ -23,9 +23,10 @@ def tensor_to_bytes(t: torch.Tensor) -> bytes:
     return t.numpy().tobytes()
 
 
-def atomic_save(obj: Any, path: Path) -> None:
+def atomic_save(obj: Any, path: Path, keep_previous: bool = False) -> None:
     """Write to a temp file in the same folder, fsync, then rename over `path`: a crash at
-    any moment leaves either the old file or the new one, never a truncated mix."""
+    any moment leaves either the old file or the new one, never a truncated mix. With
+    `keep_previous`, the old file is kept as `<name>.prev` (a fallback for resuming)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -33,11 +34,29 @@ def atomic_save(obj: Any, path: Path) -> None:
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
+        if keep_previous and path.exists():
+            os.replace(path, previous(path))
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def previous(path: Path) -> Path:
+    return path.with_name(path.name + ".prev")
+
+
+def load_for_resume(path: Path, warn) -> tuple[dict, Path] | None:
+    """last.pt, or its previous version when last.pt is damaged or missing (with a warning)."""
+    for candidate in (path, previous(path)):
+        if not candidate.is_file():
+            continue
+        try:
+            return load(candidate), candidate
+        except MTError as e:
+            warn(f"warning: {e}; trying the previous checkpoint")
+    return None
 
 
 def load(path: str | Path) -> dict:

@@ -36,6 +36,7 @@ class TrainState:
     bad_validations: int = 0      # validations since the best one (early stopping)
     train_seconds: float = 0.0
     nonfinite_in_a_row: int = 0
+    oom_skipped: int = 0          # batches dropped after running out of memory
 
     def state_dict(self) -> dict:
         return asdict(self)
@@ -103,11 +104,22 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         n_tokens = sum(b.n_tokens for b in batches)
         losses, nlls = [], []
-        for batch in batches:
-            loss, nll = self._loss(batch)
-            self.scaler.scale(loss / n_tokens).backward()
-            losses.append(loss.detach())
-            nlls.append(nll.detach())
+        try:
+            for batch in batches:
+                loss, nll = self._loss(batch)
+                self.scaler.scale(loss / n_tokens).backward()
+                losses.append(loss.detach())
+                nlls.append(nll.detach())
+        except torch.OutOfMemoryError:
+            # One unusually large batch should not end a long run: drop it and go on.
+            del losses, nlls
+            self.optimizer.zero_grad(set_to_none=True)
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            self.state.oom_skipped += 1
+            self._write_log({"step": self.state.step, "skipped": "out of memory",
+                             "src_shape": list(batches[0].src.shape)})
+            return False
         # The one host sync per update: an update from a NaN/inf loss would poison the weights
         # and Adam's moments. (fp16 gradient overflow is the GradScaler's business.)
         if not bool(torch.isfinite(torch.stack(losses).sum())):
@@ -188,7 +200,8 @@ class Trainer:
         }
 
     def save(self, name: str) -> None:
-        checkpoint.atomic_save(self.checkpoint_dict(), self.run_dir / name)
+        checkpoint.atomic_save(self.checkpoint_dict(), self.run_dir / name,
+                               keep_previous=name == "last.pt")
 
     def save_snapshot(self) -> None:
         """step_N.pt: the model alone (for averaging), keeping the last `keep_checkpoints`."""
@@ -267,7 +280,7 @@ class Trainer:
         batches = self._batches()
         bar = tqdm(total=cfg.max_steps, initial=st.step, desc="train", dynamic_ncols=True,
                    mininterval=1.0)
-        last_valid = -1
+        last_valid = last_save = -1
         t0 = time.perf_counter() - st.train_seconds
         while st.step < cfg.max_steps:
             if not self.train_step([next(batches) for _ in range(cfg.accum_steps)]):
@@ -293,6 +306,7 @@ class Trainer:
             if st.step % cfg.save_every == 0:
                 self.save("last.pt")
                 self.save_snapshot()
+                last_save = st.step
             if self._should_stop_early():
                 tqdm.write(f"early stop: no better validation BLEU in {cfg.patience} validations",
                            file=sys.stderr)
@@ -306,7 +320,9 @@ class Trainer:
             self.log_train()
         if last_valid != st.step and st.best_bleu < 0 and not self.stop_requested:
             self.validate()
-        self.save("last.pt")
+            last_save = -1
+        if last_save != st.step:  # not twice in a row: last.pt.prev stays an older state
+            self.save("last.pt")
         if not self.stop_requested and self.cfg.average_last:
             if not checkpoint.snapshots(self.run_dir)[-1:] == [self.run_dir / f"step_{st.step}.pt"]:
                 self.save_snapshot()
@@ -316,4 +332,7 @@ class Trainer:
                            f"{rec['valid_bleu']}" + (" (best)" if rec.get("best") else ""),
                            file=sys.stderr)
         self.plot()
+        if st.oom_skipped:
+            tqdm.write(f"warning: {st.oom_skipped} batch(es) were skipped after running out of "
+                       f"memory; lower train.max_tokens to use them", file=sys.stderr)
         return st

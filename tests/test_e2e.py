@@ -106,3 +106,55 @@ def test_resumed_training_equals_uninterrupted(tmp_path):
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     assert a["train_state"]["epoch"] == b["train_state"]["epoch"]
     assert a["train_state"]["batch_in_epoch"] == b["train_state"]["batch_in_epoch"]
+
+
+def _train_args(tmp_path, run, steps):
+    return ["train", ROOT / "configs/tiny.yaml", "--run-dir", tmp_path / run, "--set",
+            f"data.dir={tmp_path / 'd'}", "train.log_every=5", "train.valid_every=20",
+            "train.save_every=20", "model.dropout=0.1", "train.valid_beam=1",
+            f"train.max_steps={steps}"]
+
+
+def _last_weights(path):
+    from mt import checkpoint
+    return checkpoint.load(path)["model"]
+
+
+def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
+    import os
+    import subprocess
+    import sys
+    import time
+
+    import torch
+    assert run_mt(*_train_args(tmp_path, "straight", 60)).returncode == 0
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-m", "mt", *map(str, _train_args(tmp_path, "k", 60))],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    deadline = time.time() + 300
+    while not (tmp_path / "k/last.pt").exists() and time.time() < deadline:
+        time.sleep(0.01)
+    proc.kill()                                                   # SIGKILL: no chance to save
+    proc.wait()
+    proc = run_mt(*_train_args(tmp_path, "k", 60))
+    assert proc.returncode == 0, proc.stderr
+    a, b = _last_weights(tmp_path / "straight/last.pt"), _last_weights(tmp_path / "k/last.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    logs = [[(r["step"], r["loss"]) for r in map(json.loads, (tmp_path / d / "train_log.jsonl")
+                                                  .read_text().splitlines()) if "loss" in r]
+            for d in ("straight", "k")]
+    assert logs[0] == logs[1]
+    src = tmp_path / "d/test.src"
+    outs = [run_mt("translate", tmp_path / d / "last.pt", "-i", src).stdout for d in ("straight", "k")]
+    assert outs[0] == outs[1] and outs[0]
+
+
+def test_corrupt_last_checkpoint_falls_back_to_previous(tmp_path):
+    assert run_mt(*_train_args(tmp_path, "r", 40)).returncode == 0
+    last = tmp_path / "r/last.pt"
+    last.write_bytes(last.read_bytes()[:1000])                    # a torn write
+    proc = run_mt(*_train_args(tmp_path, "r", 50))
+    assert proc.returncode == 0, proc.stderr
+    assert "warning:" in proc.stderr and "last.pt.prev at step 20" in proc.stderr
+    from mt import checkpoint
+    assert checkpoint.load(last)["train_state"]["step"] == 50

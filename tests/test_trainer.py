@@ -70,3 +70,32 @@ def test_gradient_accumulation_equals_one_big_batch(tmp_path):
     t2.train_step([collate(t2.train_data, np.array(idx_a + idx_b))])
     for k, v in t2.model.state_dict().items():
         torch.testing.assert_close(v, accumulated[k], atol=2e-6, rtol=1e-5)
+
+
+def test_out_of_memory_batch_is_skipped_and_counted(tmp_path):
+    t = _trainer(tmp_path, "train.max_steps=3", "train.valid_every=100")
+    real, calls = t.model.forward, [0]
+
+    def forward(*a, **k):
+        calls[0] += 1
+        if calls[0] == 2:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(*a, **k)
+    t.model.forward = forward
+    state = t.fit()
+    assert state.step == 3 and state.oom_skipped == 1
+    assert '"skipped": "out of memory"' in (tmp_path / "run/train_log.jsonl").read_text()
+
+
+def test_run_dir_records_versions_and_commit(tmp_path):
+    import json
+    _trainer(tmp_path, "train.max_steps=1")
+    info = json.loads((tmp_path / "run/run_info.json").read_text())
+    assert info["torch"] == torch.__version__ and "git_commit" in info
+    assert (tmp_path / "run/config.yaml").is_file()
+
+
+def test_unwritable_run_dir_is_reported_before_training(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(MTError, match="not writable"):
+        _trainer(tmp_path / "file")
