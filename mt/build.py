@@ -11,6 +11,7 @@ from mt.config import Config, config_from_dict, diff_configs, save_config
 from mt.data.corpus import (Stats, drop_empty, encode_pairs, has_split, read_parallel,
                             split_paths)
 from mt.data.download import download
+from mt.distributed import setup
 from mt.errors import MTError
 from mt.model import build_model
 from mt.schedule import build_optimizer
@@ -39,7 +40,12 @@ def ensure_data(cfg: Config, log) -> None:
             raise MTError(f"{d.dataset} gave no {split} split for {d.src_lang}-{d.tgt_lang}")
 
 
-def prepare_run_dir(cfg: Config, run_dir: Path, allow_config_change: bool) -> None:
+def prepare_run_dir(cfg: Config, run_dir: Path, allow_config_change: bool,
+                    is_main: bool = True) -> None:
+    """Check the run directory (every rank: all must fail together); rank 0 writes to it."""
+    if not is_main:
+        _refuse_changed_config(cfg, run_dir, allow_config_change)
+        return
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         probe = run_dir / ".write_test"
@@ -48,6 +54,14 @@ def prepare_run_dir(cfg: Config, run_dir: Path, allow_config_change: bool) -> No
     except OSError as e:
         raise MTError(f"run directory {run_dir} is not writable ({e.strerror}); "
                       f"choose another with --run-dir")
+    _refuse_changed_config(cfg, run_dir, allow_config_change)
+    save_config(cfg, run_dir / "config.yaml")
+    for stale in run_dir.glob(".*.tmp"):     # left by a save that was killed half-way
+        stale.unlink()
+    write_run_info(run_dir)
+
+
+def _refuse_changed_config(cfg: Config, run_dir: Path, allow_config_change: bool) -> None:
     saved = run_dir / "config.yaml"
     if saved.is_file() and not allow_config_change:
         import yaml
@@ -58,10 +72,10 @@ def prepare_run_dir(cfg: Config, run_dir: Path, allow_config_change: bool) -> No
                           f"({'; '.join(changed[:3])}{'; ...' if len(changed) > 3 else ''}); "
                           f"use another --run-dir, or "
                           f"pass --allow-config-change to continue it with the new config")
-    save_config(cfg, saved)
-    for stale in run_dir.glob(".*.tmp"):     # left by a save that was killed half-way
-        stale.unlink()
-    write_run_info(run_dir)
+
+
+def _quiet(*_args) -> None:
+    pass
 
 
 def write_run_info(run_dir: Path) -> None:
@@ -130,9 +144,14 @@ def _truncate_log(path: Path, step: int) -> None:
 
 def build_trainer(cfg: Config, run_dir: Path, allow_config_change: bool = False,
                   log=print) -> Trainer:
-    prepare_run_dir(cfg, run_dir, allow_config_change)
-    ensure_data(cfg, log)
     d, t = cfg.data, cfg.train
+    dist, device_name = setup(t.device)
+    if not dist.is_main:
+        log = _quiet
+    prepare_run_dir(cfg, run_dir, allow_config_change, dist.is_main)
+    if dist.is_main:          # one rank downloads and trains BPE; the others wait, then read
+        ensure_data(cfg, log)
+    dist.barrier()
     if t.num_threads:
         torch.set_num_threads(t.num_threads)
     torch.manual_seed(t.seed)
@@ -143,6 +162,9 @@ def build_trainer(cfg: Config, run_dir: Path, allow_config_change: bool = False,
                             valid_stats)
     if not src or not vsrc:
         raise MTError(f"{d.dir}: the {'train' if not src else 'valid'} split has no non-empty pairs")
+    if dist.is_main:
+        load_tokenizer(cfg, run_dir, src, tgt, log)
+    dist.barrier()
     tokenizer = load_tokenizer(cfg, run_dir, src, tgt, log)
     train_data = encode_pairs(src, tgt, tokenizer, d.max_len, train_stats)
     valid_data = encode_pairs(vsrc, vtgt, tokenizer, cfg.model.max_positions, valid_stats)
@@ -151,9 +173,11 @@ def build_trainer(cfg: Config, run_dir: Path, allow_config_change: bool = False,
     if not len(train_data.src):
         raise MTError(f"every training pair is longer than data.max_len={d.max_len}; raise it")
 
-    device = pick_device(t.device)
+    device = pick_device(device_name)
     model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size).to(device)
-    log(f"model: {sum(p.numel() for p in model.parameters()):,} parameters on {device}")
+    torch.manual_seed(t.seed + dist.rank)   # same initial weights everywhere, own dropout masks
+    log(f"model: {sum(p.numel() for p in model.parameters()):,} parameters on {device}"
+        + (f" x {dist.world} ranks" if dist.enabled else ""))
     optimizer, scheduler = build_optimizer(model.parameters(), t, cfg.model.d_model)
     dtype = amp_dtype(t.precision, device)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
@@ -162,7 +186,7 @@ def build_trainer(cfg: Config, run_dir: Path, allow_config_change: bool = False,
         train_data=train_data,
         validation=Validation(vsrc, vtgt, valid_data, t.valid_beam or cfg.decode.beam),
         tokenizer=tokenizer, cfg=t, decode_cfg=cfg.decode, full_config=cfg.to_dict(),
-        run_dir=run_dir, device=device, amp_dtype=dtype, log=log)
+        run_dir=run_dir, device=device, amp_dtype=dtype, log=log, dist=dist)
     found = checkpoint.load_for_resume(run_dir / "last.pt", log)
     if found is not None:
         _resume(trainer, *found, log)

@@ -77,10 +77,16 @@ def train_cmd(
     """
     from mt.build import build_trainer
     from mt.config import load_config
+    from mt.distributed import teardown
     cfg = load_config(config, list(overrides) + list(more or []))
     run_dir = run_dir or Path("runs") / config.stem
     trainer = build_trainer(cfg, run_dir, allow_config_change, log=_err)
-    state = trainer.fit()
+    try:
+        state = trainer.fit()
+    finally:
+        teardown(trainer.dist)
+    if not trainer.dist.is_main:
+        return
     best = f"best valid BLEU {state.best_bleu:.2f}" if state.best_bleu >= 0 else "not validated yet"
     _err(f"stopped at step {state.step}; {best}; checkpoints in {run_dir}")
 

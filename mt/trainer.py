@@ -9,17 +9,20 @@ import math
 import signal
 import sys
 import time
+import contextlib
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterator
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from mt import checkpoint
 from mt.data.batching import Batch, collate, epoch_batches
 from mt.data.corpus import ParallelData
+from mt.distributed import Dist
 from mt.errors import MTError
 from mt.loss import label_smoothed_nll
 from mt.metrics import score
@@ -62,8 +65,14 @@ class Trainer:
     def __init__(self, *, model, optimizer, scheduler, scaler, train_data: ParallelData,
                  validation: Validation, tokenizer, cfg, decode_cfg, full_config: dict,
                  run_dir: Path, device: torch.device, amp_dtype: torch.dtype | None,
-                 state: TrainState | None = None, log=print):
+                 state: TrainState | None = None, log=print, dist: Dist = Dist()):
         self.model, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler
+        self.dist = dist
+        # DDP averages gradients across ranks during backward; `model` stays the plain module
+        # that is validated and saved.
+        self.train_model = (DistributedDataParallel(model, device_ids=[device.index]
+                                                    if device.type == "cuda" else None)
+                            if dist.enabled else model)
         self.train_data, self.validation, self.tokenizer = train_data, validation, tokenizer
         self.cfg, self.decode_cfg, self.full_config = cfg, decode_cfg, full_config
         self.run_dir, self.device, self.amp_dtype = run_dir, device, amp_dtype
@@ -73,24 +82,29 @@ class Trainer:
 
     # -- data -----------------------------------------------------------------------------
     def _batches(self) -> Iterator[Batch]:
-        """Batches from the saved (epoch, position) on; a new shuffle every epoch."""
+        """Batches from the saved (epoch, position) on; a new shuffle every epoch. With N
+        ranks, every rank walks the same global order and takes every N-th batch, so the
+        position (and resuming) does not depend on the number of ranks."""
         pin = self.device.type == "cuda"
+        world, rank = self.dist.world, self.dist.rank
         while True:
             order = epoch_batches(self.train_data, self.cfg.max_tokens, self.cfg.seed,
                                   self.state.epoch)
-            while self.state.batch_in_epoch < len(order):
-                indices = order[self.state.batch_in_epoch]
-                self.state.batch_in_epoch += 1
+            usable = len(order) - len(order) % world   # every rank gets as many batches
+            while self.state.batch_in_epoch < usable:
+                indices = order[self.state.batch_in_epoch + rank]
+                self.state.batch_in_epoch += world
                 yield collate(self.train_data, indices, pin=pin).to(self.device)
             self.state.epoch += 1
             self.state.batch_in_epoch = 0
 
     # -- one update -----------------------------------------------------------------------
-    def _loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    def _loss(self, batch: Batch, model=None) -> tuple[torch.Tensor, torch.Tensor]:
         keep = batch.tgt_out != PAD
+        model = model or self.model
         with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32,
                             enabled=self.amp_dtype is not None):
-            logits = self.model(batch.src, batch.tgt_in, batch.src_pad_mask, keep=keep)  # (N, V)
+            logits = model(batch.src, batch.tgt_in, batch.src_pad_mask, keep=keep)  # (N, V)
         lprobs = torch.log_softmax(logits.float(), dim=-1)
         loss, nll, _ = label_smoothed_nll(lprobs, batch.tgt_out[keep],
                                           self.cfg.label_smoothing, PAD)
@@ -103,11 +117,19 @@ class Trainer:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         n_tokens = sum(b.n_tokens for b in batches)
+        # Normalise by the target tokens of all ranks: DDP's gradient mean times world size
+        # then equals the gradient of one big batch.
+        n_total = int(self.dist.sum(torch.tensor(n_tokens))) if self.dist.enabled else n_tokens
+        scale = self.dist.world / n_total
         losses, nlls = [], []
         try:
-            for batch in batches:
-                loss, nll = self._loss(batch)
-                self.scaler.scale(loss / n_tokens).backward()
+            for i, batch in enumerate(batches):
+                last = i == len(batches) - 1
+                sync = contextlib.nullcontext() if last or not self.dist.enabled \
+                    else self.train_model.no_sync()       # all-reduce once per update
+                with sync:
+                    loss, nll = self._loss(batch, self.train_model)
+                    self.scaler.scale(loss * scale).backward()
                 losses.append(loss.detach())
                 nlls.append(nll.detach())
         except torch.OutOfMemoryError:
@@ -122,7 +144,7 @@ class Trainer:
             return False
         # The one host sync per update: an update from a NaN/inf loss would poison the weights
         # and Adam's moments. (fp16 gradient overflow is the GradScaler's business.)
-        if not bool(torch.isfinite(torch.stack(losses).sum())):
+        if not bool(torch.isfinite(self.dist.sum(torch.stack(losses).sum()))):
             self.optimizer.zero_grad(set_to_none=True)
             self.state.nonfinite_in_a_row += 1
             self._write_log({"step": self.state.step, "skipped": "non-finite loss",
@@ -143,17 +165,21 @@ class Trainer:
 
     # -- logging, validation, checkpoints -------------------------------------------------
     def _write_log(self, record: dict) -> None:
+        if not self.dist.is_main:
+            return
         with open(self.run_dir / "train_log.jsonl", "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
 
     def log_train(self) -> dict:
         w = self._window
         elapsed = time.perf_counter() - w.start
-        loss = float(torch.stack(w.loss).sum()) / w.tokens   # the only host sync per window
-        nll = float(torch.stack(w.nll).sum()) / w.tokens
+        sums = self.dist.sum(torch.stack([torch.stack(w.loss).sum(), torch.stack(w.nll).sum(),
+                                          torch.tensor(float(w.tokens), device=w.loss[0].device)]))
+        loss_sum, nll_sum, tokens = sums.tolist()   # the only host sync per log window
+        loss, nll = loss_sum / tokens, nll_sum / tokens
         record = {"step": self.state.step, "loss": round(loss, 4), "nll": round(nll, 4),
                   "ppl": round(math.exp(min(nll, 50)), 2),
-                  "lr": self.scheduler.get_last_lr()[0], "tok_s": round(w.tokens / elapsed, 1),
+                  "lr": self.scheduler.get_last_lr()[0], "tok_s": round(tokens / elapsed, 1),
                   "epoch": self.state.epoch}
         self._write_log(record)
         self._window = LogWindow()
@@ -200,12 +226,14 @@ class Trainer:
         }
 
     def save(self, name: str) -> None:
+        if not self.dist.is_main:
+            return
         checkpoint.atomic_save(self.checkpoint_dict(), self.run_dir / name,
                                keep_previous=name == "last.pt")
 
     def save_snapshot(self) -> None:
         """step_N.pt: the model alone (for averaging), keeping the last `keep_checkpoints`."""
-        if self.cfg.keep_checkpoints == 0:
+        if self.cfg.keep_checkpoints == 0 or not self.dist.is_main:
             return
         full = self.checkpoint_dict()
         snap = {k: full[k] for k in ("format_version", "config", "model", "spm", "train_state")}
@@ -241,11 +269,13 @@ class Trainer:
         return record
 
     def plot(self) -> None:
+        if not self.dist.is_main:
+            return
         from mt.plot import plot_run
         try:
             plot_run(self.run_dir)
         except Exception as e:  # a picture must never stop training
-            tqdm.write(f"warning: could not draw training.png ({e})", file=sys.stderr)
+            self._say(f"warning: could not draw training.png ({e})")
 
     # -- the loop -------------------------------------------------------------------------
     def _should_stop_early(self) -> bool:
@@ -279,8 +309,8 @@ class Trainer:
         cfg, st = self.cfg, self.state
         batches = self._batches()
         bar = tqdm(total=cfg.max_steps, initial=st.step, desc="train", dynamic_ncols=True,
-                   mininterval=1.0)
-        last_valid = last_save = -1
+                   mininterval=1.0, disable=not self.dist.is_main)
+        self._last_valid = self._last_save = -1
         t0 = time.perf_counter() - st.train_seconds
         while st.step < cfg.max_steps:
             if not self.train_step([next(batches) for _ in range(cfg.accum_steps)]):
@@ -292,47 +322,64 @@ class Trainer:
                 continue
             st.train_seconds = time.perf_counter() - t0
             bar.update(1)
-            final = st.step == cfg.max_steps
-            if st.step % cfg.log_every == 0 or final:
-                rec = self.log_train()
-                bar.set_postfix(loss=rec["loss"], lr=f"{rec['lr']:.2e}", tok_s=rec["tok_s"])
-            if st.step % cfg.valid_every == 0 or final:
-                rec = self.validate()
-                last_valid = st.step
-                self.plot()
-                tqdm.write(f"step {st.step}: valid loss {rec['valid_loss']} "
-                          f"ppl {rec['valid_ppl']} BLEU {rec['valid_bleu']} chrF {rec['valid_chrf']}"
-                          + (" (best)" if rec.get("best") else ""), file=sys.stderr)
-            if st.step % cfg.save_every == 0:
-                self.save("last.pt")
-                self.save_snapshot()
-                last_save = st.step
-            if self._should_stop_early():
-                tqdm.write(f"early stop: no better validation BLEU in {cfg.patience} validations",
-                           file=sys.stderr)
-                break
-            if self.stop_requested:
-                tqdm.write(f"{self.stop_requested} at step {st.step}: saving last.pt; run the "
-                          f"same command again to resume", file=sys.stderr)
+            if self._after_step(bar):
                 break
         bar.close()
+        self._finish()
+        return st
+
+    def _after_step(self, bar) -> bool:
+        """Log, validate and save on schedule; True when training should stop now."""
+        cfg, st = self.cfg, self.state
+        final = st.step == cfg.max_steps
+        if st.step % cfg.log_every == 0 or final:
+            rec = self.log_train()
+            bar.set_postfix(loss=rec["loss"], lr=f"{rec['lr']:.2e}", tok_s=rec["tok_s"])
+        if (st.step % cfg.valid_every == 0 or final) and self.dist.is_main:
+            rec = self.validate()
+            self._last_valid = st.step
+            self.plot()
+            self._say(f"step {st.step}: valid loss {rec['valid_loss']} ppl {rec['valid_ppl']} "
+                      f"BLEU {rec['valid_bleu']} chrF {rec['valid_chrf']}"
+                      + (" (best)" if rec.get("best") else ""))
+        if st.step % cfg.save_every == 0:
+            self.save("last.pt")
+            self.save_snapshot()
+            self._last_save = st.step
+        early = self.dist.is_main and self._should_stop_early()
+        if self.dist.any(early or bool(self.stop_requested), self.device):  # all ranks agree
+            if early:
+                self._say(f"early stop: no better validation BLEU in {cfg.patience} validations")
+            else:
+                self._say(f"{self.stop_requested or 'stop'} at step {st.step}: saving last.pt; "
+                          f"run the same command again to resume")
+                self.stop_requested = self.stop_requested or "stop"
+            return True
+        return False
+
+    def _finish(self) -> None:
+        st = self.state
         if self._window.loss:
             self.log_train()
-        if last_valid != st.step and st.best_bleu < 0 and not self.stop_requested:
+        if not self.dist.is_main:
+            return
+        if self._last_valid != st.step and st.best_bleu < 0 and not self.stop_requested:
             self.validate()
-            last_save = -1
-        if last_save != st.step:  # not twice in a row: last.pt.prev stays an older state
+            self._last_save = -1
+        if self._last_save != st.step:  # not twice in a row: last.pt.prev stays an older state
             self.save("last.pt")
         if not self.stop_requested and self.cfg.average_last:
-            if not checkpoint.snapshots(self.run_dir)[-1:] == [self.run_dir / f"step_{st.step}.pt"]:
+            if checkpoint.snapshots(self.run_dir)[-1:] != [self.run_dir / f"step_{st.step}.pt"]:
                 self.save_snapshot()
             rec = self.average_snapshots()
             if rec:
-                tqdm.write(f"average of the last {rec['averaged']} snapshots: valid BLEU "
-                           f"{rec['valid_bleu']}" + (" (best)" if rec.get("best") else ""),
-                           file=sys.stderr)
+                self._say(f"average of the last {rec['averaged']} snapshots: valid BLEU "
+                          f"{rec['valid_bleu']}" + (" (best)" if rec.get("best") else ""))
         self.plot()
         if st.oom_skipped:
-            tqdm.write(f"warning: {st.oom_skipped} batch(es) were skipped after running out of "
-                       f"memory; lower train.max_tokens to use them", file=sys.stderr)
-        return st
+            self._say(f"warning: {st.oom_skipped} batch(es) were skipped after running out of "
+                      f"memory; lower train.max_tokens to use them")
+
+    def _say(self, msg: str) -> None:
+        if self.dist.is_main:
+            tqdm.write(msg, file=sys.stderr)

@@ -17,7 +17,7 @@ from mt.tokenizer import PAD
 
 
 def pick_device(name: str) -> torch.device:
-    if name == "cuda" and not torch.cuda.is_available():
+    if name.startswith("cuda") and not torch.cuda.is_available():
         from mt.errors import MTError
         raise MTError("train.device is cuda but no CUDA GPU is visible; use device: auto or cpu")
     if name == "auto":
