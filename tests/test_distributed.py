@@ -1,0 +1,82 @@
+"""Data-parallel training on CPU with the gloo backend."""
+import os
+import shutil
+import socket
+
+import numpy as np
+import torch
+import torch.multiprocessing as mp
+
+from mt.build import build_trainer
+from mt.config import load_config
+from mt.data.batching import collate
+from mt.data.download import download
+from tests.conftest import ROOT
+
+HALVES = (list(range(0, 24)), list(range(24, 48)))
+
+
+def _cfg(data_dir):
+    # Adam with a large epsilon moves each weight in proportion to its gradient, so float
+    # rounding in near-zero gradients cannot flip an update's sign and the check can be tight.
+    return load_config(ROOT / "configs/tiny.yaml", [f"data.dir={data_dir}", "model.dropout=0.0",
+                                                    "train.adam_eps=1.0", "train.lr_factor=100"])
+
+
+def _worker(rank, world, port, data_dir, run_dir, out):
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    t = build_trainer(_cfg(data_dir), run_dir, log=lambda *_: None)
+    for _ in range(3):
+        t.train_step([collate(t.train_data, np.array(HALVES[rank]))])
+    if rank == 0:
+        torch.save(t.model.state_dict(), out)
+    torch.distributed.destroy_process_group()
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_ranks_with_batch_b_equal_one_rank_with_2b(tmp_path):
+    data = tmp_path / "data"
+    download("synthetic", data)
+    single = build_trainer(_cfg(data), tmp_path / "single", log=lambda *_: None)
+    (tmp_path / "ddp").mkdir()
+    shutil.copy(tmp_path / "single/spm.model", tmp_path / "ddp/spm.model")   # same BPE
+    mp.spawn(_worker, args=(2, _free_port(), data, tmp_path / "ddp", tmp_path / "ddp.pt"),
+             nprocs=2, join=True)
+    before = {k: v.clone() for k, v in single.model.state_dict().items()}
+    for _ in range(3):
+        single.train_step([collate(single.train_data, np.array(HALVES[0] + HALVES[1]))])
+    ddp = torch.load(tmp_path / "ddp.pt")
+    moved = max(float((v - before[k]).abs().max()) for k, v in single.model.state_dict().items())
+    assert moved > 1e-3
+    for k, v in single.model.state_dict().items():
+        torch.testing.assert_close(ddp[k], v, atol=1e-6, rtol=1e-5)
+
+
+def test_torchrun_two_processes_train_and_resume(tmp_path):
+    import json
+    import subprocess
+    import sys
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--master_port", str(_free_port()), "-m", "mt", "train", str(ROOT / "configs/tiny.yaml"),
+           "--run-dir", str(tmp_path / "r"), "--set", f"data.dir={tmp_path / 'd'}",
+           "train.log_every=10", "train.valid_every=20", "train.save_every=20"]
+    proc = subprocess.run(cmd + ["train.max_steps=20"], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = subprocess.run(cmd + ["train.max_steps=30"], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "resuming from" in proc.stderr
+    log = [json.loads(x) for x in (tmp_path / "r/train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log if "loss" in r] == [10, 20, 30]   # one writer: rank 0
+    from mt import checkpoint
+    st = checkpoint.load(tmp_path / "r/last.pt")["train_state"]
+    assert st["step"] == 30 and st["batch_in_epoch"] % 2 == 0
