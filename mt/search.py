@@ -27,8 +27,10 @@ def _step_lprobs(model, tokens, memory, src_pad_mask, cache, step, uncached_pref
 
 @torch.no_grad()
 def greedy(model: Transformer, src: torch.Tensor, src_pad_mask: torch.Tensor,
-           max_len_a: float = 1.5, max_len_b: int = 10, use_cache: bool = True) -> list[list[int]]:
-    """src: (B, S). Returns B token-id lists (without BOS/EOS)."""
+           max_len_a: float = 1.5, max_len_b: int = 10, use_cache: bool = True,
+           min_len: int = 0) -> list[list[int]]:
+    """src: (B, S). Returns B token-id lists (without BOS/EOS). EOS is not allowed before
+    `min_len` tokens (benchmarks use it to force equal output lengths)."""
     b = src.shape[0]
     memory = model.encode(src, src_pad_mask)
     limits = max_lengths(src_pad_mask, max_len_a, max_len_b, model.max_positions - 1)
@@ -40,6 +42,8 @@ def greedy(model: Transformer, src: torch.Tensor, src_pad_mask: torch.Tensor,
     for step in range(int(limits.max())):
         lprobs = _step_lprobs(model, tokens, memory, src_pad_mask, cache, step,
                               None if use_cache else prefix)
+        if step < min_len:
+            lprobs[:, EOS] = -float("inf")
         lprobs[step + 1 >= limits[alive], :] = -float("inf")
         lprobs[step + 1 >= limits[alive], EOS] = 0.0          # out of room: must end here
         nxt = lprobs.argmax(-1)                                # (N,)
@@ -65,7 +69,7 @@ def _until_eos(ids: list[int]) -> list[int]:
 @torch.no_grad()
 def beam_search(model: Transformer, src: torch.Tensor, src_pad_mask: torch.Tensor, beam: int,
                 length_penalty: float = 1.0, max_len_a: float = 1.5, max_len_b: int = 10,
-                use_cache: bool = True) -> list[list[int]]:
+                use_cache: bool = True, min_len: int = 0) -> list[list[int]]:
     """Keeps `beam` live hypotheses per sentence. Each step takes the top 2*beam extensions;
     those ending in EOS among the top `beam` are finished, with score logp / len^length_penalty
     (len counts EOS), and the best `beam` others stay live. A sentence is done once it has
@@ -85,6 +89,8 @@ def beam_search(model: Transformer, src: torch.Tensor, src_pad_mask: torch.Tenso
         lprobs = _step_lprobs(model, hyps[:, -1:], memory, pad_mask, cache, step,
                               None if use_cache else hyps)
         v = lprobs.shape[-1]
+        if step < min_len:
+            lprobs[:, EOS] = -float("inf")
         at_limit = (step + 1 >= limits[alive]).repeat_interleave(k)
         lprobs[at_limit, :] = -float("inf")
         lprobs[at_limit, EOS] = 0.0

@@ -1,0 +1,104 @@
+"""Beam-5 decoding speed: mt's batched beam search with its key/value cache against (a) the
+same model and search without the cache and (b) Hugging Face `generate` on a MarianMTModel of
+the same size. All decode exactly --steps output tokens per sentence (EOS is suppressed until
+then), so every contender does the same work.
+
+    python scripts/bench_decode.py --data-dir data/multi30k [--sentences 1000] [--json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mt.data.batching import pad_sources                     # noqa: E402
+from mt.data.corpus import read_lines                        # noqa: E402
+from mt.model import Transformer                             # noqa: E402
+from mt.search import beam_search                            # noqa: E402
+from mt.tokenizer import BOS, EOS, PAD, Tokenizer            # noqa: E402
+
+
+def batches_of(ids: list[np.ndarray], size: int):
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))   # as mt translate does
+    for i in range(0, len(order), size):
+        yield pad_sources([ids[j] for j in order[i:i + size]])
+
+
+def time_ours(model, ids, args, use_cache: bool) -> float:
+    t0 = time.perf_counter()
+    for src in batches_of(ids, args.batch_size):
+        out = beam_search(model, src, src == PAD, args.beam, max_len_a=0, max_len_b=args.steps,
+                          min_len=args.steps - 1, use_cache=use_cache)
+        assert all(len(h) == args.steps - 1 for h in out)
+    return time.perf_counter() - t0
+
+
+def time_hf(ids, vocab, args) -> float:
+    from transformers import MarianConfig, MarianMTModel
+    cfg = MarianConfig(vocab_size=vocab, d_model=256, encoder_layers=3, decoder_layers=3,
+                       encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=1024,
+                       decoder_ffn_dim=1024, activation_function="relu", max_position_embeddings=256,
+                       pad_token_id=PAD, eos_token_id=EOS, decoder_start_token_id=BOS,
+                       forced_eos_token_id=None, share_encoder_decoder_embeddings=True)
+    model = MarianMTModel(cfg).eval()
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        for src in batches_of(ids, args.batch_size):
+            out = model.generate(input_ids=src, attention_mask=src != PAD, num_beams=args.beam,
+                                 min_new_tokens=args.steps, max_new_tokens=args.steps,
+                                 do_sample=False, early_stopping=False)
+            assert out.shape[1] == args.steps + 1                     # + decoder start token
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data-dir", type=Path, required=True, help="folder with test.SRC and train.*")
+    ap.add_argument("--src", default="de")
+    ap.add_argument("--tgt", default="en")
+    ap.add_argument("--sentences", type=int, default=1000)
+    ap.add_argument("--batch-size", type=int, default=50)
+    ap.add_argument("--beam", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=30, help="output tokens per sentence")
+    ap.add_argument("--skip-nocache", action="store_true")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    d = args.data_dir
+    tok = Tokenizer.train(read_lines(d / f"train.{args.src}")[:10000],
+                          read_lines(d / f"train.{args.tgt}")[:10000], vocab_size=8000,
+                          joint=True, character_coverage=1.0, max_sentences=20000, seed=0)
+    lines = read_lines(d / f"test.{args.src}")[: args.sentences]
+    ids = [np.asarray(x, dtype=np.int64) for x in tok.encode_src(lines)]
+    torch.manual_seed(0)
+    model = Transformer(src_vocab=tok.src_vocab_size, tgt_vocab=tok.tgt_vocab_size, d_model=256,
+                        n_heads=4, enc_layers=3, dec_layers=3, d_ff=1024, dropout=0.1,
+                        attn_dropout=0.0, pre_norm=False, tie_embeddings="all",
+                        max_positions=256).eval()
+    n = len(lines)
+    print(f"{n} sentences, beam {args.beam}, batches of {args.batch_size}, {args.steps} output "
+          f"tokens each, {torch.get_num_threads()} threads")
+    ours = time_ours(model, ids, args, use_cache=True)
+    print(f"mt (KV cache)      {ours:7.1f} s  {n / ours:7.1f} sent/s")
+    hf = time_hf(ids, tok.tgt_vocab_size, args)
+    print(f"HF Marian generate {hf:7.1f} s  {n / hf:7.1f} sent/s")
+    result = {"sentences": n, "ours_s": round(ours, 2), "ours_sent_s": round(n / ours, 2),
+              "hf_s": round(hf, 2), "ratio_hf": round(hf / ours, 2)}
+    if not args.skip_nocache:
+        nocache = time_ours(model, ids, args, use_cache=False)
+        print(f"mt without cache   {nocache:7.1f} s  {n / nocache:7.1f} sent/s")
+        result.update(nocache_s=round(nocache, 2), ratio_nocache=round(nocache / ours, 2))
+    print(f"speed-up over no cache: {result.get('ratio_nocache', float('nan')):.2f}x   "
+          f"over HF generate: {result['ratio_hf']:.2f}x")
+    if args.json:
+        print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

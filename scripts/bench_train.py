@@ -1,0 +1,244 @@
+"""Training throughput of mt's model and train step against two references, same batches:
+(a) a plain loop around torch.nn.Transformer, (b) Hugging Face MarianMTModel from scratch.
+
+    python scripts/bench_train.py [--size small|base|both] [--steps N] [--json]
+
+Each contender runs in its own subprocess so that its peak RSS is its own. Prints target
+tokens/s, peak memory, the ratios ours/reference, this machine's fp32 matmul FLOP/s and the
+FLOP utilization of the useful (non-padding) training FLOPs. With --json the last line is a JSON
+object (small size).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+SIZES = {
+    "small": dict(layers=3, d_model=256, heads=4, d_ff=1024, vocab=8000, max_tokens=8192),
+    "base": dict(layers=6, d_model=512, heads=8, d_ff=2048, vocab=8000, max_tokens=8192),
+}
+PAD, BOS, EOS = 0, 2, 3
+
+
+def make_batches(size: dict, n_batches: int, seed: int = 0):
+    """Multi30k-like sentence lengths (src ~ 14, tgt ~ 13 subwords), bucketed into batches of
+    about max_tokens (source + target, padding included: about 4k target tokens)."""
+    from mt.data.batching import token_batches
+    rng = np.random.default_rng(seed)
+    n = 40_000
+    src_len = np.clip(rng.normal(14, 5, n).round(), 3, 60).astype(int)
+    tgt_len = np.clip((src_len * rng.normal(1.0, 0.15, n)).round(), 3, 60).astype(int)
+    order = token_batches(src_len + 1, tgt_len + 1, size["max_tokens"], seed=seed)[:n_batches]
+    batches = []
+    for idx in order:
+        s, t = src_len[idx], tgt_len[idx]
+        src = torch.full((len(idx), s.max() + 1), PAD)
+        tgt_in = torch.full((len(idx), t.max() + 1), PAD)
+        tgt_out = torch.full((len(idx), t.max() + 1), PAD)
+        for i in range(len(idx)):
+            src[i, :s[i]] = torch.from_numpy(rng.integers(4, size["vocab"], s[i]))
+            src[i, s[i]] = EOS
+            words = torch.from_numpy(rng.integers(4, size["vocab"], t[i]))
+            tgt_in[i, 0], tgt_in[i, 1:t[i] + 1] = BOS, words
+            tgt_out[i, :t[i]], tgt_out[i, t[i]] = words, EOS
+        batches.append((src, tgt_in, tgt_out))
+    return batches
+
+
+def useful_flops(batch, size: dict) -> float:
+    """Training FLOPs (forward x 3) on real tokens only: matmuls 2*m*n*k, attention scores and
+    weighted sums over real keys, output projection on real target positions."""
+    src, _, tgt_out = batch
+    d, ff, L, V = size["d_model"], size["d_ff"], size["layers"], size["vocab"]
+    s_len = (src != PAD).sum(1).double()
+    t_len = (tgt_out != PAD).sum(1).double()
+    enc = s_len * L * (2 * (4 * d * d + 2 * d * ff) + 4 * s_len * d)
+    dec = t_len * L * (2 * (4 * d * d + 2 * d * d + 2 * d * ff) + 4 * t_len * d / 2 + 4 * s_len * d)
+    dec += s_len * L * 2 * 2 * d * d                      # cross-attention K,V of the memory
+    out = t_len * 2 * d * V
+    return float(3 * (enc + dec + out).sum())
+
+
+def matmul_peak(n: int = 2048, reps: int = 20) -> float:
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    for _ in range(3):
+        a @ b
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    return 2 * n ** 3 * reps / (time.perf_counter() - t0)
+
+
+# -- the three contenders: each returns a step(batch) closure --------------------------------
+def ours(size):
+    from mt.loss import label_smoothed_nll
+    from mt.model import Transformer
+    model = Transformer(src_vocab=size["vocab"], tgt_vocab=size["vocab"], d_model=size["d_model"],
+                        n_heads=size["heads"], enc_layers=size["layers"], dec_layers=size["layers"],
+                        d_ff=size["d_ff"], dropout=0.1, attn_dropout=0.0, pre_norm=False,
+                        tie_embeddings="all", max_positions=256)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+
+    def step(batch):
+        src, tgt_in, tgt_out = batch
+        keep = tgt_out != PAD
+        logits = model(src, tgt_in, src == PAD, keep=keep)
+        loss, _, _ = label_smoothed_nll(torch.log_softmax(logits.float(), -1), tgt_out[keep], 0.1, PAD)
+        opt.zero_grad(set_to_none=True)
+        (loss / keep.sum()).backward()
+        opt.step()
+    return model, step
+
+
+class _TorchRef(torch.nn.Module):
+    def __init__(self, size):
+        super().__init__()
+        d = size["d_model"]
+        self.d = d
+        self.embed = torch.nn.Embedding(size["vocab"], d, padding_idx=PAD)
+        from mt.model.transformer import sinusoidal_table
+        self.register_buffer("pe", sinusoidal_table(256, d))
+        self.core = torch.nn.Transformer(d, size["heads"], size["layers"], size["layers"],
+                                         size["d_ff"], dropout=0.1, batch_first=True)
+        self.out = torch.nn.Linear(d, size["vocab"], bias=False)
+        self.out.weight = self.embed.weight
+
+    def forward(self, src, tgt_in):
+        e = lambda x: self.embed(x) * math.sqrt(self.d) + self.pe[: x.shape[1]]
+        causal = self.core.generate_square_subsequent_mask(tgt_in.shape[1])
+        h = self.core(e(src), e(tgt_in), tgt_mask=causal, src_key_padding_mask=src == PAD,
+                      tgt_key_padding_mask=tgt_in == PAD, memory_key_padding_mask=src == PAD)
+        return self.out(h)
+
+
+def torch_ref(size):
+    model = _TorchRef(size)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+
+    def step(batch):
+        src, tgt_in, tgt_out = batch
+        logits = model(src, tgt_in)
+        loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), tgt_out.view(-1),
+                               ignore_index=PAD, label_smoothing=0.1)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return model, step
+
+
+def hf_marian(size):
+    from transformers import MarianConfig, MarianMTModel
+    cfg = MarianConfig(vocab_size=size["vocab"], d_model=size["d_model"],
+                       encoder_layers=size["layers"], decoder_layers=size["layers"],
+                       encoder_attention_heads=size["heads"], decoder_attention_heads=size["heads"],
+                       encoder_ffn_dim=size["d_ff"], decoder_ffn_dim=size["d_ff"], dropout=0.1,
+                       attention_dropout=0.0, activation_function="relu", max_position_embeddings=256,
+                       pad_token_id=PAD, eos_token_id=EOS, decoder_start_token_id=BOS,
+                       scale_embedding=True, share_encoder_decoder_embeddings=True)
+    model = MarianMTModel(cfg)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+
+    def step(batch):
+        src, tgt_in, tgt_out = batch
+        out = model(input_ids=src, attention_mask=src != PAD, decoder_input_ids=tgt_in,
+                    decoder_attention_mask=tgt_in != PAD)
+        logits = out.logits
+        loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), tgt_out.view(-1),
+                               ignore_index=PAD, label_smoothing=0.1)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return model, step
+
+
+CONTENDERS = {"ours": ours, "torch": torch_ref, "hf": hf_marian}
+
+
+def run_one(name: str, size_name: str, steps: int, warmup: int) -> dict:
+    """Runs in a fresh subprocess: (tokens/s, peak RSS MB, useful FLOP/s)."""
+    torch.manual_seed(0)
+    size = SIZES[size_name]
+    batches = make_batches(size, warmup + steps)
+    model, step = CONTENDERS[name](size)
+    model.train()
+    for b in batches[:warmup]:
+        step(b)
+    tokens = sum(int((b[2] != PAD).sum()) for b in batches[warmup:])
+    flops = sum(useful_flops(b, size) for b in batches[warmup:])
+    t0 = time.perf_counter()
+    for b in batches[warmup:]:
+        step(b)
+    sec = time.perf_counter() - t0
+    padded = sum(b[2].numel() for b in batches[warmup:])
+    return {"tok_s": tokens / sec, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "flop_s": flops / sec, "padding": 1 - tokens / padded,
+            "params": sum(p.numel() for p in model.parameters())}
+
+
+def measure(size_name: str, steps: int, warmup: int) -> dict:
+    res = {}
+    for name in CONTENDERS:
+        proc = subprocess.run([sys.executable, __file__, "--worker", name, "--size", size_name,
+                               "--steps", str(steps), "--warmup", str(warmup)],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"{name} failed:\n{proc.stderr[-3000:]}")
+        res[name] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", choices=["small", "base", "both"], default="both")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--worker", choices=list(CONTENDERS), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        print(json.dumps(run_one(args.worker, args.size, args.steps, args.warmup)))
+        return
+    peak = matmul_peak()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, fp32 matmul peak "
+          f"{peak / 1e9:.1f} GFLOP/s")
+    summary = {}
+    for size_name in (["small", "base"] if args.size == "both" else [args.size]):
+        res = measure(size_name, args.steps, args.warmup)
+        o, r, h = res["ours"], res["torch"], res["hf"]
+        print(f"\n[{size_name}] {o['params'] / 1e6:.1f}M params, padding {o['padding']:.1%} of target positions")
+        print(f"{'':12}{'tgt tok/s':>12}{'peak RSS MB':>14}{'useful GFLOP/s':>16}")
+        for name, label in (("ours", "mt"), ("torch", "nn.Transformer"), ("hf", "HF Marian")):
+            x = res[name]
+            print(f"{label:14}{x['tok_s']:>10.0f}{x['peak_rss_mb']:>14.0f}{x['flop_s'] / 1e9:>16.1f}")
+        print(f"ratio mt / nn.Transformer: {o['tok_s'] / r['tok_s']:.2f}x   "
+              f"mt / HF Marian: {o['tok_s'] / h['tok_s']:.2f}x   "
+              f"FLOP utilization: {o['flop_s'] / peak:.1%}")
+        if size_name == "small" or args.size != "both":
+            summary = {"size": size_name, "ours_tok_s": round(o["tok_s"], 1),
+                       "ref_tok_s": round(r["tok_s"], 1), "hf_tok_s": round(h["tok_s"], 1),
+                       "ratio_ref": round(o["tok_s"] / r["tok_s"], 3),
+                       "ratio_hf": round(o["tok_s"] / h["tok_s"], 3),
+                       "flop_utilization": round(o["flop_s"] / peak, 3),
+                       "matmul_gflop_s": round(peak / 1e9, 1),
+                       "ours_peak_rss_mb": round(o["peak_rss_mb"]),
+                       "ref_peak_rss_mb": round(r["peak_rss_mb"]),
+                       "hf_peak_rss_mb": round(h["peak_rss_mb"]),
+                       "padding": round(o["padding"], 3)}
+    if args.json:
+        print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
