@@ -94,6 +94,16 @@ class TokenArray:
         self.data = np.fromiter((t for s in seqs for t in s), dtype=np.int32,
                                 count=int(self.offsets[-1]))
 
+    @classmethod
+    def concat(cls, parts: list["TokenArray"]) -> "TokenArray":
+        out = cls([])
+        if parts:
+            out.lengths = np.concatenate([p.lengths for p in parts])
+            out.data = np.concatenate([p.data for p in parts])
+            out.offsets = np.zeros(len(out.lengths) + 1, dtype=np.int64)
+            np.cumsum(out.lengths, out=out.offsets[1:])
+        return out
+
     def __len__(self) -> int:
         return len(self.lengths)
 
@@ -109,11 +119,18 @@ class ParallelData:
 
 
 def encode_pairs(src: list[str], tgt: list[str], tokenizer, max_len: int,
-                 stats: Stats) -> ParallelData:
-    """Tokenize and drop pairs whose either side exceeds `max_len` subwords (+EOS/BOS)."""
-    src_ids, tgt_ids = tokenizer.encode_src(src), tokenizer.encode_tgt(tgt)
-    keep = [i for i in range(len(src_ids))
-            if len(src_ids[i]) + 1 <= max_len and len(tgt_ids[i]) + 1 <= max_len]
-    stats.too_long = len(src_ids) - len(keep)
-    return ParallelData(TokenArray([src_ids[i] for i in keep]),
-                        TokenArray([tgt_ids[i] for i in keep]), stats)
+                 stats: Stats, chunk: int = 20_000) -> ParallelData:
+    """Tokenize and drop pairs whose either side exceeds `max_len` subwords (+EOS/BOS).
+    Works in chunks so that only one chunk ever exists as Python lists of ints (which cost
+    ~36 bytes per token); the result is int32 arrays (4 bytes per token)."""
+    src_parts, tgt_parts = [], []
+    stats.too_long = 0
+    for start in range(0, len(src), chunk):
+        src_ids = tokenizer.encode_src(src[start:start + chunk])
+        tgt_ids = tokenizer.encode_tgt(tgt[start:start + chunk])
+        keep = [i for i in range(len(src_ids))
+                if len(src_ids[i]) + 1 <= max_len and len(tgt_ids[i]) + 1 <= max_len]
+        stats.too_long += len(src_ids) - len(keep)
+        src_parts.append(TokenArray([src_ids[i] for i in keep]))
+        tgt_parts.append(TokenArray([tgt_ids[i] for i in keep]))
+    return ParallelData(TokenArray.concat(src_parts), TokenArray.concat(tgt_parts), stats)
