@@ -121,6 +121,9 @@ def translate_cmd(
     greedy: bool = typer.Option(False, "--greedy", help="greedy search (= --beam 1)"),
     length_penalty: Optional[float] = typer.Option(None, "--length-penalty", min=0.0),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda"),
+    print_alignment: bool = typer.Option(
+        False, "--print-alignment", help="append TAB and source-target subword links (s-t, "
+                                         "0-based) from the last layer's cross-attention"),
 ):
     """Translate a file or stdin, one output line per input line.
 
@@ -131,8 +134,8 @@ def translate_cmd(
         raise MTError(f"--device {device!r}: use auto, cpu or cuda")
     translator = Translator.from_checkpoint(model, device)
     lines = _read_input(input)
-    _write_output(output, translator.translate(lines, beam=1 if greedy else beam,
-                                               length_penalty=length_penalty))
+    run = translator.translate_with_alignment if print_alignment else translator.translate
+    _write_output(output, run(lines, beam=1 if greedy else beam, length_penalty=length_penalty))
 
 
 @command("eval")
@@ -179,6 +182,37 @@ def eval_cmd(
     typer.echo(f"chrF = {s.chrf:.2f}  ({s.chrf_signature})")
     if moses_lang:
         typer.echo(f"BLEU (lowercased, Moses-tokenized, {moses_lang}) = {result['bleu_lc_tok']:.2f}")
+
+
+@command("attention")
+def attention_cmd(
+    model: Path = typer.Argument(..., help="run directory or checkpoint"),
+    sentence: str = typer.Argument(..., help="the source sentence to translate"),
+    output: Path = typer.Option(Path("attention.png"), "--output", "-o", help="PNG to write"),
+    layer: Optional[int] = typer.Option(None, "--layer", min=1, help="one decoder layer (1-based); "
+                                        "default: the mean over layers"),
+    head: Optional[int] = typer.Option(None, "--head", min=1, help="one head (1-based); default: mean"),
+    grid: bool = typer.Option(False, "--grid", help="one panel per layer and head"),
+    beam: Optional[int] = typer.Option(None, "--beam", min=1),
+    device: str = typer.Option("auto", "--device"),
+):
+    """Translate one sentence and draw the cross-attention (source x output subwords).
+
+    Example: mt attention runs/multi30k_de_en "Ein Hund rennt durch den Schnee." -o attn.png
+    """
+    from mt.alignment import plot_attention
+    from mt.translator import Translator
+    translator = Translator.from_checkpoint(model, device)
+    text, weights, src_labels, tgt_labels = translator.attention(sentence, beam)
+    n_layers, n_heads = weights.shape[:2]
+    if layer is not None and layer > n_layers:
+        raise MTError(f"--layer {layer}: the decoder has {n_layers} layers")
+    if head is not None and head > n_heads:
+        raise MTError(f"--head {head}: the model has {n_heads} heads")
+    plot_attention(weights, src_labels, tgt_labels, output, layer, head, grid,
+                   title=f"{sentence}\n-> {text}")
+    typer.echo(text)
+    typer.echo(f"wrote {output}")
 
 
 @command("average")

@@ -40,9 +40,10 @@ class Translator:
         dev = pick_device(device)
         return cls(model.to(dev).eval(), tokenizer, cfg.decode, dev)
 
-    def translate(self, lines: list[str], beam: int | None = None,
-                  length_penalty: float | None = None, use_cache: bool = True) -> list[str]:
-        """One output per input line, in input order; empty lines give empty outputs."""
+    def search(self, lines: list[str], beam: int | None = None,
+               length_penalty: float | None = None,
+               use_cache: bool = True) -> list[tuple[list[int], list[int]] | None]:
+        """Per input line: (source ids, output ids), or None for an empty line; input order."""
         beam = beam or self.cfg.beam
         lp = self.cfg.length_penalty if length_penalty is None else length_penalty
         texts = [" ".join(line.split()) for line in lines]
@@ -53,12 +54,12 @@ class Translator:
         if n_long:
             print(f"warning: {n_long} input line(s) longer than {limit} subwords were truncated",
                   file=sys.stderr)
-        ids = [np.asarray(x[:limit], dtype=np.int64) for x in ids]
-        out = [""] * len(lines)
+        ids = [x[:limit] for x in ids]
+        out: list[tuple[list[int], list[int]] | None] = [None] * len(lines)
         lens = np.array([len(x) + 1 for x in ids], dtype=np.int64)
         # Sorted by length (no shuffling) so each batch has little padding.
         for batch in token_batches(lens, np.zeros_like(lens), self.cfg.max_tokens, seed=None):
-            src = pad_sources([ids[i] for i in batch]).to(self.device)
+            src = pad_sources([np.asarray(ids[i], dtype=np.int64) for i in batch]).to(self.device)
             mask = src == PAD
             with torch.autocast(self.device.type, dtype=torch.bfloat16,
                                 enabled=self.device.type == "cuda"):
@@ -68,6 +69,41 @@ class Translator:
                 else:
                     hyps = beam_search(self.model, src, mask, beam, lp, self.cfg.max_len_a,
                                        self.cfg.max_len_b, use_cache=use_cache)
-            for i, text in zip(batch, self.tokenizer.decode_tgt(hyps)):
-                out[todo[i]] = text
+            for i, hyp in zip(batch, hyps):
+                out[todo[i]] = (ids[i], hyp)
         return out
+
+    def translate(self, lines: list[str], beam: int | None = None,
+                  length_penalty: float | None = None, use_cache: bool = True) -> list[str]:
+        """One output per input line, in input order; empty lines give empty outputs."""
+        found = self.search(lines, beam, length_penalty, use_cache)
+        hyps = self.tokenizer.decode_tgt([f[1] for f in found if f is not None])
+        it = iter(hyps)
+        return [next(it) if f is not None else "" for f in found]
+
+    def translate_with_alignment(self, lines: list[str], beam: int | None = None,
+                                 length_penalty: float | None = None) -> list[str]:
+        """"translation<TAB>s-t s-t ...": 0-based source-subword to output-subword links."""
+        from mt.alignment import cross_attention, format_alignment, hard_alignment
+        out = []
+        for found in self.search(lines, beam, length_penalty):
+            if found is None:
+                out.append("\t")
+                continue
+            weights = cross_attention(self.model, found[0], found[1], self.device)
+            text = self.tokenizer.decode_tgt([found[1]])[0]
+            out.append(f"{text}\t{format_alignment(hard_alignment(weights))}")
+        return out
+
+    def attention(self, line: str, beam: int | None = None):
+        """(translation, weights (L, H, T, S), source labels, output labels) for one sentence."""
+        from mt.alignment import cross_attention
+        found = self.search([line], beam)[0]
+        if found is None:
+            from mt.errors import MTError
+            raise MTError("the sentence is empty: give some text to translate")
+        src_ids, hyp = found
+        weights = cross_attention(self.model, src_ids, hyp, self.device)
+        src_labels = [self.tokenizer.src.IdToPiece(i) for i in src_ids] + ["</s>"]
+        tgt_labels = self.tokenizer.tgt_pieces_of(hyp) + ["</s>"]
+        return self.tokenizer.decode_tgt([hyp])[0], weights, src_labels, tgt_labels

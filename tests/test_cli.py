@@ -1,4 +1,5 @@
 import json
+import numpy as np
 import pytest
 
 from mt.data.corpus import read_lines
@@ -76,3 +77,26 @@ def test_lowercased_tokenized_bleu_ignores_case_and_tokenization(tmp_path):
     proc = run_mt("eval", "--hyp", tmp_path / "h", "--ref", tmp_path / "r", "--lc-tok", "en", "--json")
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert res["bleu_lc_tok"] == 100.0 and res["bleu"] < 100.0
+
+
+def test_alignment_and_attention_picture(tiny_run, tmp_path):
+    from mt.alignment import cross_attention, hard_alignment
+    tr = Translator.from_checkpoint(tiny_run, "cpu")
+    lines = ["lo ka mi", "", "tu re"]
+    proc = run_mt("translate", tiny_run, "--print-alignment", input="\n".join(lines) + "\n")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout.split("\n")[:-1]
+    assert len(out) == 3 and out[1] == "\t"
+    assert [o.split("\t")[0] for o in out] == tr.translate(lines)
+    src_ids, hyp = tr.search(["lo ka mi"])[0]
+    w = cross_attention(tr.model, src_ids, hyp, tr.device)
+    assert w.shape[2:] == (len(hyp) + 1, len(src_ids) + 1)
+    np.testing.assert_allclose(w.sum(-1), 1.0, rtol=1e-5)          # rows are distributions
+    pairs = hard_alignment(w)
+    assert len(pairs) == len(hyp) and all(0 <= s < len(src_ids) for s, _ in pairs)
+    assert out[0].split("\t")[1] == " ".join(f"{s}-{t}" for s, t in pairs)
+    proc = run_mt("attention", tiny_run, "lo ka mi", "-o", tmp_path / "a.png", "--grid")
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "a.png").read_bytes()[:4] == b"\x89PNG"
+    assert_user_error(run_mt("attention", tiny_run, "lo", "--layer", "9", "-o", tmp_path / "b.png"),
+                      "--layer 9")

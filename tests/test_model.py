@@ -120,3 +120,16 @@ def test_tied_embeddings_share_one_matrix():
     n_all = sum(p.numel() for p in m.parameters())
     n_none = sum(p.numel() for p in make_model(tie="none").parameters())
     assert n_none - n_all == 2 * V * 32
+
+
+def test_attention_weights_path_equals_sdpa_path():
+    model = make_model()
+    src = make_src([6, 4])
+    mask = src == PAD
+    memory = model.encode(src, mask)
+    tgt = torch.randint(4, V, (2, 5))
+    weights = []
+    with_w = model.decode(tgt, memory, mask, weights=weights)
+    torch.testing.assert_close(with_w, model.decode(tgt, memory, mask), atol=1e-5, rtol=1e-5)
+    assert len(weights) == 2 and weights[0].shape == (2, 4, 5, 6)
+    assert float(weights[0][1, :, :, 4:].abs().max()) == 0.0      # padding gets no attention

@@ -1,0 +1,72 @@
+"""Cross-attention you can look at: the weights the decoder put on each source subword while
+producing each output subword, as a heat map or as a hard alignment for scripts."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mt.tokenizer import BOS, EOS
+
+
+@torch.no_grad()
+def cross_attention(model, src_ids: list[int], hyp_ids: list[int],
+                    device: torch.device) -> np.ndarray:
+    """Teacher-force the hypothesis and collect every decoder layer's cross-attention:
+    (layers, heads, T, S), row t = the step that produced output token t (the last one is EOS),
+    column s = source token s (the last one is EOS). The same states as during search: the
+    incremental decoder computes exactly what a full pass over the same prefix computes."""
+    src = torch.tensor([src_ids + [EOS]], device=device)
+    tgt_in = torch.tensor([[BOS] + hyp_ids], device=device)
+    pad_mask = torch.zeros_like(src, dtype=torch.bool)
+    weights: list[torch.Tensor] = []
+    model.decode(tgt_in, model.encode(src, pad_mask), pad_mask, weights=weights)
+    return torch.cat(weights).float().cpu().numpy()  # (L, H, T, S)
+
+
+def hard_alignment(weights: np.ndarray) -> list[tuple[int, int]]:
+    """(source index, target index) pairs, 0-based over subwords: for each output token (EOS
+    excluded), the source token (EOS excluded) that the heads of the last layer, averaged,
+    attend to most."""
+    avg = weights[-1].mean(0)[:-1, :-1]  # (T-1, S-1)
+    if avg.size == 0:
+        return []
+    return [(int(s), t) for t, s in enumerate(avg.argmax(1))]
+
+
+def format_alignment(pairs: list[tuple[int, int]]) -> str:
+    return " ".join(f"{s}-{t}" for s, t in pairs)
+
+
+def plot_attention(weights: np.ndarray, src_labels: list[str], tgt_labels: list[str],
+                   out: Path, layer: int | None = None, head: int | None = None,
+                   grid: bool = False, title: str = "") -> Path:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n_layers, n_heads = weights.shape[:2]
+    if grid:
+        panels = [(f"layer {i + 1} head {j + 1}", weights[i, j])
+                  for i in range(n_layers) for j in range(n_heads)]
+        rows, cols = n_layers, n_heads
+    else:
+        sel = weights if layer is None else weights[layer - 1:layer]
+        sel = sel if head is None else sel[:, head - 1:head]
+        what = ("all layers" if layer is None else f"layer {layer}") + ", " + \
+               ("mean of heads" if head is None else f"head {head}")
+        panels, rows, cols = [(what, sel.mean((0, 1)))], 1, 1
+    cell = 0.32
+    fig, axes = plt.subplots(rows, cols, squeeze=False, figsize=(
+        max(4.0, cols * (len(src_labels) * cell + 1.5)), max(3.0, rows * (len(tgt_labels) * cell + 1.5))))
+    for ax, (name, m) in zip(axes.flat, panels):
+        ax.imshow(m, cmap="Greys", vmin=0.0, vmax=1.0, aspect="auto")
+        ax.set_xticks(range(len(src_labels)), src_labels, rotation=90, fontsize=8)
+        ax.set_yticks(range(len(tgt_labels)), tgt_labels, fontsize=8)
+        ax.set_title(name, fontsize=9)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
