@@ -123,19 +123,25 @@ class _TorchRef(torch.nn.Module):
         return self.out(h)
 
 
-def torch_ref(size):
-    model = _TorchRef(size)
+def _reference_step(model, logits_of):
+    """The plain loop of the references: full-vocabulary logits at every position (padding
+    included), cross-entropy with label smoothing, Adam."""
     opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
 
     def step(batch):
         src, tgt_in, tgt_out = batch
-        logits = model(src, tgt_in)
+        logits = logits_of(src, tgt_in)
         loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), tgt_out.view(-1),
                                ignore_index=PAD, label_smoothing=0.1)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
     return model, step
+
+
+def torch_ref(size):
+    model = _TorchRef(size)
+    return _reference_step(model, model)
 
 
 def hf_marian(size):
@@ -148,19 +154,9 @@ def hf_marian(size):
                        pad_token_id=PAD, eos_token_id=EOS, decoder_start_token_id=BOS,
                        scale_embedding=True, share_encoder_decoder_embeddings=True)
     model = MarianMTModel(cfg)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
-
-    def step(batch):
-        src, tgt_in, tgt_out = batch
-        out = model(input_ids=src, attention_mask=src != PAD, decoder_input_ids=tgt_in,
-                    decoder_attention_mask=tgt_in != PAD)
-        logits = out.logits
-        loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), tgt_out.view(-1),
-                               ignore_index=PAD, label_smoothing=0.1)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-    return model, step
+    return _reference_step(model, lambda src, tgt_in: model(
+        input_ids=src, attention_mask=src != PAD, decoder_input_ids=tgt_in,
+        decoder_attention_mask=tgt_in != PAD).logits)
 
 
 CONTENDERS = {"ours": ours, "torch": torch_ref, "hf": hf_marian}

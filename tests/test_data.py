@@ -142,3 +142,9 @@ def test_collate_teacher_forcing_shift():
     assert b.tgt_in.tolist() == [[BOS, 8, 9, 10], [BOS, 11, PAD, PAD]]
     assert b.tgt_out.tolist() == [[8, 9, 10, EOS], [11, EOS, PAD, PAD]]
     assert b.n_tokens == 6
+
+
+def test_train_without_data_tries_the_hub_then_says_how_to_import(tmp_path):
+    proc = run_mt("train", "configs/multi30k_de_en.yaml", "--run-dir", tmp_path / "r",
+                  "--set", f"data.dir={tmp_path / 'none'}")
+    assert_user_error(proc, "mt download multi30k --from-dir DIR --out")

@@ -99,7 +99,7 @@ def from_dir(path: Path, langs: tuple[str, str] | None = None) -> dict[str, dict
             for split, by_lang in found.items()}
 
 
-def from_hub(name: str, config: str | None, langs: tuple[str, str] | None):
+def from_hub(name: str, config: str | None, langs: tuple[str, str] | None, out: Path):
     hub_id, default_config = HUB_ALIASES.get(name, (name, None))
     config = config or default_config
     try:
@@ -108,7 +108,8 @@ def from_hub(name: str, config: str | None, langs: tuple[str, str] | None):
     except Exception as e:  # network, auth and missing-dataset errors all mean the same here
         reason = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
         raise MTError(f"could not load '{hub_id}' from the Hugging Face hub ({reason}); "
-                      f"without network access, import local files with --from-dir DIR")
+                      f"without network access, import local files with "
+                      f"`mt download {name} --from-dir DIR --out {out}`")
     return from_datasets(dd, langs)
 
 
@@ -119,7 +120,7 @@ def download(name: str, out: Path, *, config: str | None = None, from_path: Path
     elif from_path is not None:
         splits = from_dir(from_path, langs)
     else:
-        splits = from_hub(name, config, langs)
+        splits = from_hub(name, config, langs, out)
     for split in SPLITS:
         if split in splits and len(splits[split]) < 2:
             raise MTError(f"split {split} has only the language(s) {list(splits[split])}; "
