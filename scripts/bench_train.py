@@ -83,7 +83,7 @@ def matmul_peak(n: int = 2048, reps: int = 20) -> float:
 
 # -- the three contenders: each returns a step(batch) closure --------------------------------
 def ours(size):
-    from mt.loss import label_smoothed_nll
+    from mt.loss import smoothed_cross_entropy
     from mt.model import Transformer
     model = Transformer(src_vocab=size["vocab"], tgt_vocab=size["vocab"], d_model=size["d_model"],
                         n_heads=size["heads"], enc_layers=size["layers"], dec_layers=size["layers"],
@@ -95,7 +95,7 @@ def ours(size):
         src, tgt_in, tgt_out = batch
         keep = tgt_out != PAD
         logits = model(src, tgt_in, src == PAD, keep=keep)
-        loss, _, _ = label_smoothed_nll(torch.log_softmax(logits.float(), -1), tgt_out[keep], 0.1, PAD)
+        loss, _ = smoothed_cross_entropy(logits, tgt_out[keep], 0.1)
         opt.zero_grad(set_to_none=True)
         (loss / keep.sum()).backward()
         opt.step()

@@ -76,3 +76,33 @@ def test_scheduler_gives_noam_of_the_update_number():
         assert opt.param_groups[0]["lr"] == pytest.approx(noam(update, 64, 10))
         opt.step()
         sched.step()
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])
+def test_fused_cross_entropy_equals_reference_in_value_and_gradient(eps):
+    from mt.loss import smoothed_cross_entropy
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(20, 11, generator=g, dtype=torch.float64) * 3
+    target = torch.randint(1, 11, (20,), generator=g)
+    a = logits.clone().requires_grad_()
+    b = logits.clone().requires_grad_()
+    ref_loss, ref_nll, _ = label_smoothed_nll(torch.log_softmax(a, -1), target, eps, PAD)
+    loss, nll = smoothed_cross_entropy(b, target, eps)
+    torch.testing.assert_close(loss, ref_loss.to(loss.dtype))
+    torch.testing.assert_close(nll, ref_nll.to(nll.dtype))
+    (ref_loss + 0.5 * ref_nll).backward()
+    (loss + 0.5 * nll).backward()
+    torch.testing.assert_close(b.grad, a.grad)
+
+
+def test_fast_dropout_keeps_expected_fraction_and_scales():
+    from mt.model.dropout import dropout
+    torch.manual_seed(0)
+    x = torch.ones(400_000, requires_grad=True)
+    y = dropout(x, 0.3, training=True)
+    kept = (y != 0).float().mean().item()
+    assert abs(kept - 0.7) < 0.005
+    assert torch.allclose(y[y != 0], torch.tensor(1 / 0.7))
+    y.sum().backward()
+    assert torch.equal(x.grad != 0, y != 0)
+    assert dropout(x, 0.3, training=False) is x

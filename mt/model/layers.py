@@ -6,12 +6,13 @@ import torch
 from torch import nn
 
 from mt.model.attention import MultiHeadAttention
+from mt.model.dropout import Dropout
 
 
 class FeedForward(nn.Module):
     def __init__(self, d_model: int, d_ff: int, dropout: float):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(d_model, d_ff), nn.ReLU(), nn.Dropout(dropout),
+        self.net = nn.Sequential(nn.Linear(d_model, d_ff), nn.ReLU(), Dropout(dropout),
                                  nn.Linear(d_ff, d_model))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -24,7 +25,7 @@ class Residual(nn.Module):
     def __init__(self, d_model: int, dropout: float, pre_norm: bool):
         super().__init__()
         self.norm = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.pre_norm = pre_norm
 
     def forward(self, x: torch.Tensor, f) -> torch.Tensor:

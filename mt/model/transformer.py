@@ -7,6 +7,7 @@ import math
 import torch
 from torch import nn
 
+from mt.model.dropout import Dropout
 from mt.model.layers import DecoderLayer, EncoderLayer
 from mt.tokenizer import PAD
 
@@ -37,7 +38,7 @@ class Transformer(nn.Module):
             self.src_embed = nn.Embedding(src_vocab, d_model, padding_idx=PAD)
         self.output = None if tie_embeddings != "none" else nn.Linear(d_model, tgt_vocab, bias=False)
         self.register_buffer("pos_table", sinusoidal_table(max_positions, d_model), persistent=False)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         layer_args = (d_model, n_heads, d_ff, dropout, attn_dropout, pre_norm)
         self.encoder = nn.ModuleList(EncoderLayer(*layer_args) for _ in range(enc_layers))
         self.decoder = nn.ModuleList(DecoderLayer(*layer_args) for _ in range(dec_layers))
