@@ -8,8 +8,8 @@ import torch
 
 from mt import checkpoint
 from mt.config import Config, config_from_dict, diff_configs, save_config
-from mt.data.corpus import (Stats, drop_empty, encode_pairs, has_split, read_parallel,
-                            split_paths)
+from mt.data.corpus import (Stats, clean_pairs, drop_empty, encode_pairs, encode_stream,
+                            has_split, iter_parallel, read_parallel, sample_pairs, split_paths)
 from mt.data.download import download
 from mt.distributed import setup
 from mt.errors import MTError
@@ -98,11 +98,16 @@ def write_run_info(run_dir: Path) -> None:
     (run_dir / "run_info.json").write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
 
 
-def load_tokenizer(cfg: Config, run_dir: Path, src: list[str], tgt: list[str], log) -> Tokenizer:
+def load_tokenizer(cfg: Config, run_dir: Path, train_paths: tuple[Path, Path], log) -> Tokenizer:
+    """The run's BPE model, trained on (a sample of) the training split the first time."""
     tok = Tokenizer.load(run_dir)
     if tok is None:
         t = cfg.tokenizer
         log(f"training {'joint' if t.joint else 'separate'} BPE (vocab {t.vocab_size}) ...")
+        src, tgt = sample_pairs(clean_pairs(iter_parallel(*train_paths), Stats()),
+                                t.max_sentences, cfg.train.seed)
+        if not src:
+            raise MTError(f"{train_paths[0]}: the training split has no non-empty pairs")
         tok = Tokenizer.train(src, tgt, vocab_size=t.vocab_size, joint=t.joint,
                               character_coverage=t.character_coverage,
                               max_sentences=t.max_sentences, seed=cfg.train.seed)
@@ -156,22 +161,24 @@ def build_trainer(cfg: Config, run_dir: Path, allow_config_change: bool = False,
         torch.set_num_threads(t.num_threads)
     torch.manual_seed(t.seed)
     train_stats, valid_stats = Stats(), Stats()
-    src, tgt = drop_empty(*read_parallel(*split_paths(d.dir, "train", d.src_lang, d.tgt_lang)),
-                          train_stats)
+    train_paths = split_paths(d.dir, "train", d.src_lang, d.tgt_lang)
     vsrc, vtgt = drop_empty(*read_parallel(*split_paths(d.dir, "valid", d.src_lang, d.tgt_lang)),
                             valid_stats)
-    if not src or not vsrc:
-        raise MTError(f"{d.dir}: the {'train' if not src else 'valid'} split has no non-empty pairs")
+    if not vsrc:
+        raise MTError(f"{d.dir}: the valid split has no non-empty pairs")
     if dist.is_main:
-        load_tokenizer(cfg, run_dir, src, tgt, log)
+        load_tokenizer(cfg, run_dir, train_paths, log)
     dist.barrier()
-    tokenizer = load_tokenizer(cfg, run_dir, src, tgt, log)
-    train_data = encode_pairs(src, tgt, tokenizer, d.max_len, train_stats)
+    tokenizer = load_tokenizer(cfg, run_dir, train_paths, log)
+    # The training split is streamed: text is never held whole, only its token ids.
+    train_data = encode_stream(clean_pairs(iter_parallel(*train_paths), train_stats),
+                               tokenizer, d.max_len, train_stats)
     valid_data = encode_pairs(vsrc, vtgt, tokenizer, cfg.model.max_positions, valid_stats)
     log(train_stats.describe("train"))
     log(valid_stats.describe("valid"))
     if not len(train_data.src):
-        raise MTError(f"every training pair is longer than data.max_len={d.max_len}; raise it")
+        raise MTError(f"{train_paths[0]}: no training pair left (empty, or longer than "
+                      f"data.max_len={d.max_len})")
 
     device = pick_device(device_name)
     model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size).to(device)

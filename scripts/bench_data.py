@@ -18,7 +18,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-WORDS = [f"w{i}" for i in range(3000)]
+# A 3,000-word lexicon of letter strings, so a word is about one BPE token, as in real text.
+_rng = random.Random(1)
+WORDS = sorted({"".join(_rng.choice("abcdefghijklmnoprstuvwz") for _ in range(_rng.randint(2, 9)))
+                for _ in range(3200)})[:3000]
 
 
 def write_corpus(n: int, folder: Path) -> None:
@@ -33,15 +36,17 @@ def write_corpus(n: int, folder: Path) -> None:
 
 def prepare(folder: Path) -> dict:
     from mt.data.batching import epoch_batches, padding_fraction
-    from mt.data.corpus import Stats, drop_empty, encode_pairs, read_parallel
+    from mt.data.corpus import Stats, clean_pairs, encode_stream, iter_parallel, sample_pairs
     from mt.tokenizer import Tokenizer
     t0 = time.perf_counter()
     stats = Stats()
-    src, tgt = drop_empty(*read_parallel(folder / "train.xx", folder / "train.yy"), stats)
+    paths = folder / "train.xx", folder / "train.yy"
+    # what `mt train` does: BPE on a streamed sample, then the split streamed into token ids
+    src, tgt = sample_pairs(clean_pairs(iter_parallel(*paths), Stats()), 200_000, seed=0)
     tok = Tokenizer.train(src, tgt, vocab_size=8000, joint=True, character_coverage=1.0,
-                          max_sentences=200_000, seed=0)
-    data = encode_pairs(src, tgt, tok, max_len=256, stats=stats)
+                          max_sentences=400_000, seed=0)
     del src, tgt
+    data = encode_stream(clean_pairs(iter_parallel(*paths), stats), tok, max_len=256, stats=stats)
     batches = epoch_batches(data, 8192, seed=1, epoch=0)
     return {"pairs": stats.kept, "seconds": round(time.perf_counter() - t0, 2),
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import gzip
+import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable, Iterator
 
 import numpy as np
 
@@ -19,26 +21,28 @@ def open_text(path: Path, mode: str = "rb"):
     return gzip.open(path, mode) if str(path).endswith(".gz") else open(path, mode)
 
 
-def read_lines(path: str | Path) -> list[str]:
-    """All lines of a UTF-8 (optionally .gz) file, without line endings.
+def iter_lines(path: str | Path) -> Iterator[str]:
+    """The lines of a UTF-8 (optionally .gz) file, without line endings, one at a time.
 
     Decodes line by line so an encoding error names the line the user must fix.
     """
     path = Path(path)
     if not path.is_file():
         raise MTError(f"{path}: file not found")
-    lines = []
     try:
         with open_text(path) as f:
             for i, raw in enumerate(f, 1):
                 try:
-                    lines.append(raw.decode("utf-8").rstrip("\r\n"))
+                    yield raw.decode("utf-8").rstrip("\r\n")
                 except UnicodeDecodeError as e:
                     raise MTError(f"{path}:{i}: invalid UTF-8 at byte {e.start} "
                                   f"(re-encode the file as UTF-8, e.g. with iconv)") from None
     except (OSError, EOFError) as e:
         raise MTError(f"{path}: cannot read ({e})") from None
-    return lines
+
+
+def read_lines(path: str | Path) -> list[str]:
+    return list(iter_lines(path))
 
 
 def clean(line: str) -> str:
@@ -54,12 +58,29 @@ def has_split(data_dir: str | Path, split: str, src_lang: str, tgt_lang: str) ->
     return all(p.is_file() for p in split_paths(data_dir, split, src_lang, tgt_lang))
 
 
+def iter_parallel(src_path: Path, tgt_path: Path) -> Iterator[tuple[str, str]]:
+    """Line pairs, streamed; files of different lengths are an error naming both counts."""
+    src_it, tgt_it = iter_lines(src_path), iter_lines(tgt_path)
+    n = 0
+    for s in src_it:
+        t = next(tgt_it, None)
+        if t is None:
+            _mismatch(src_path, n + 1 + sum(1 for _ in src_it), tgt_path, n)
+        n += 1
+        yield s, t
+    rest = sum(1 for _ in tgt_it)
+    if rest:
+        _mismatch(src_path, n, tgt_path, n + rest)
+
+
+def _mismatch(src_path, n_src, tgt_path, n_tgt):
+    raise MTError(f"{src_path} has {n_src} lines but {tgt_path} has {n_tgt}: "
+                  f"a parallel corpus needs one target line per source line")
+
+
 def read_parallel(src_path: Path, tgt_path: Path) -> tuple[list[str], list[str]]:
-    src, tgt = read_lines(src_path), read_lines(tgt_path)
-    if len(src) != len(tgt):
-        raise MTError(f"{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}: "
-                      f"a parallel corpus needs one target line per source line")
-    return src, tgt
+    pairs = list(iter_parallel(src_path, tgt_path))
+    return [s for s, _ in pairs], [t for _, t in pairs]
 
 
 @dataclass
@@ -77,21 +98,43 @@ class Stats:
                 f"({self.empty} empty, {self.too_long} longer than max_len dropped)")
 
 
+def clean_pairs(pairs: Iterable[tuple[str, str]], stats: Stats) -> Iterator[tuple[str, str]]:
+    """Cleaned pairs with both sides non-empty; counts what it sees and drops in `stats`."""
+    for s, t in pairs:
+        stats.total += 1
+        s, t = clean(s), clean(t)
+        if s and t:
+            yield s, t
+        else:
+            stats.empty += 1
+
+
 def drop_empty(src: list[str], tgt: list[str], stats: Stats) -> tuple[list[str], list[str]]:
-    stats.total = len(src)
-    pairs = [(s, t) for s, t in ((clean(s), clean(t)) for s, t in zip(src, tgt)) if s and t]
-    stats.empty = len(src) - len(pairs)
+    pairs = list(clean_pairs(zip(src, tgt), stats))
     return [s for s, _ in pairs], [t for _, t in pairs]
+
+
+def sample_pairs(pairs: Iterable[tuple[str, str]], n: int, seed: int) -> tuple[list[str], list[str]]:
+    """At most n pairs drawn uniformly (reservoir sampling) in one streaming pass."""
+    rng, sample = random.Random(seed), []
+    for i, pair in enumerate(pairs):
+        if i < n:
+            sample.append(pair)
+        else:
+            j = rng.randrange(i + 1)
+            if j < n:
+                sample[j] = pair
+    return [s for s, _ in sample], [t for _, t in sample]
 
 
 class TokenArray:
     """Variable-length int sequences in one flat int32 array plus offsets (no Python lists)."""
 
-    def __init__(self, seqs: list[list[int]]):
+    def __init__(self, seqs: list[list[int]], dtype=np.int32):
         self.lengths = np.fromiter((len(s) for s in seqs), dtype=np.int32, count=len(seqs))
         self.offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
         np.cumsum(self.lengths, out=self.offsets[1:])
-        self.data = np.fromiter((t for s in seqs for t in s), dtype=np.int32,
+        self.data = np.fromiter((t for s in seqs for t in s), dtype=dtype,
                                 count=int(self.offsets[-1]))
 
     @classmethod
@@ -118,19 +161,37 @@ class ParallelData:
     stats: Stats
 
 
-def encode_pairs(src: list[str], tgt: list[str], tokenizer, max_len: int,
-                 stats: Stats, chunk: int = 20_000) -> ParallelData:
+def encode_stream(pairs: Iterable[tuple[str, str]], tokenizer, max_len: int, stats: Stats,
+                  chunk: int = 20_000) -> ParallelData:
     """Tokenize and drop pairs whose either side exceeds `max_len` subwords (+EOS/BOS).
-    Works in chunks so that only one chunk ever exists as Python lists of ints (which cost
-    ~36 bytes per token); the result is int32 arrays (4 bytes per token)."""
+    Streams in chunks, so only one chunk ever exists as Python strings and lists of ints
+    (~36 bytes per token); the result is uint16 arrays (2 bytes per token) when the
+    vocabulary fits, int32 otherwise."""
+    big = max(tokenizer.src_vocab_size, tokenizer.tgt_vocab_size) > np.iinfo(np.uint16).max
+    dtype = np.int32 if big else np.uint16
     src_parts, tgt_parts = [], []
     stats.too_long = 0
-    for start in range(0, len(src), chunk):
-        src_ids = tokenizer.encode_src(src[start:start + chunk])
-        tgt_ids = tokenizer.encode_tgt(tgt[start:start + chunk])
-        keep = [i for i in range(len(src_ids))
+    buf: list[tuple[str, str]] = []
+
+    def flush():
+        src_ids = tokenizer.encode_src([s for s, _ in buf])
+        tgt_ids = tokenizer.encode_tgt([t for _, t in buf])
+        keep = [i for i in range(len(buf))
                 if len(src_ids[i]) + 1 <= max_len and len(tgt_ids[i]) + 1 <= max_len]
-        stats.too_long += len(src_ids) - len(keep)
-        src_parts.append(TokenArray([src_ids[i] for i in keep]))
-        tgt_parts.append(TokenArray([tgt_ids[i] for i in keep]))
+        stats.too_long += len(buf) - len(keep)
+        src_parts.append(TokenArray([src_ids[i] for i in keep], dtype))
+        tgt_parts.append(TokenArray([tgt_ids[i] for i in keep], dtype))
+        buf.clear()
+
+    for pair in pairs:
+        buf.append(pair)
+        if len(buf) == chunk:
+            flush()
+    if buf:
+        flush()
     return ParallelData(TokenArray.concat(src_parts), TokenArray.concat(tgt_parts), stats)
+
+
+def encode_pairs(src: list[str], tgt: list[str], tokenizer, max_len: int,
+                 stats: Stats) -> ParallelData:
+    return encode_stream(zip(src, tgt), tokenizer, max_len, stats)
