@@ -56,7 +56,8 @@ def test_multi30k_validation_bleu_rises(tmp_path):
     assert len(bleu) == 2 and bleu[1] > bleu[0] and bleu[1] > 5
 
 
-def test_sigint_saves_last_and_exits_0(tmp_path):
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
+def test_stop_signal_saves_last_and_exits_0(tmp_path, signame):
     import os
     import signal
     import subprocess
@@ -72,10 +73,10 @@ def test_sigint_saves_last_and_exits_0(tmp_path):
     deadline = time.time() + 300
     while not (log.exists() and log.read_text().strip()) and time.time() < deadline:
         time.sleep(0.5)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(getattr(signal, signame))
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
-    assert "SIGINT at step" in err and "resume" in err and "Traceback" not in err
+    assert f"{signame} at step" in err and "resume" in err and "Traceback" not in err
     from mt import checkpoint
     step = checkpoint.load(tmp_path / "r/last.pt")["train_state"]["step"]
     assert 5 <= step < 100000
