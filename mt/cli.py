@@ -13,6 +13,7 @@ import typer
 from mt.errors import MTError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  rich_markup_mode=None,  # plain one-line usage errors, no boxes
                   help="Train, run and score Transformer translation models.")
 
 
