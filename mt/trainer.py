@@ -116,7 +116,8 @@ class Trainer:
         n_tokens = sum(b.n_tokens for b in batches)
         # Normalise by the target tokens of all ranks: DDP's gradient mean times world size
         # then equals the gradient of one big batch.
-        n_total = int(self.dist.sum(torch.tensor(n_tokens))) if self.dist.enabled else n_tokens
+        n_total = (int(self.dist.sum(torch.tensor(n_tokens, device=self.device)))  # NCCL: on GPU
+                   if self.dist.enabled else n_tokens)
         scale = self.dist.world / n_total
         losses, nlls = [], []
         try:
