@@ -44,16 +44,18 @@ def test_rerun_resumes_and_extends(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(not MULTI30K.is_dir(), reason="real Multi30k not found at ../shared/data/multi30k")
 def test_multi30k_validation_bleu_rises(tmp_path):
-    """A short real run on Multi30k De->En (about 10 minutes on 2 CPU cores)."""
+    """A short real run on Multi30k De->En (about 10 minutes on 2 CPU cores), with the
+    settings of the README's CPU run (the peak learning rate of a 200-step warm-up is too high
+    for this post-LN model)."""
     assert run_mt("download", "multi30k", "--from-dir", MULTI30K, "--out", tmp_path / "m").returncode == 0
     proc = run_mt("train", ROOT / "configs/multi30k_de_en.yaml", "--run-dir", tmp_path / "r",
-                  "--set", f"data.dir={tmp_path / 'm'}", "train.max_steps=400",
-                  "train.max_tokens=4096", "train.warmup=200", "train.valid_every=200",
+                  "--set", f"data.dir={tmp_path / 'm'}", "train.max_steps=600",
+                  "train.max_tokens=4096", "train.warmup=800", "train.valid_every=300",
                   "train.valid_beam=1", timeout=3000)
     assert proc.returncode == 0, proc.stderr
     log = [json.loads(x) for x in (tmp_path / "r/train_log.jsonl").read_text().splitlines()]
     bleu = [r["valid_bleu"] for r in log if "valid_bleu" in r]
-    assert len(bleu) == 2 and bleu[1] > bleu[0] and bleu[1] > 5
+    assert len(bleu) == 2 and bleu[1] > bleu[0] and bleu[1] > 10, bleu
 
 
 @pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
