@@ -13,7 +13,8 @@ from mt.tokenizer import BOS, EOS
 @torch.no_grad()
 def cross_attention(model, src_ids: list[int], hyp_ids: list[int],
                     device: torch.device) -> np.ndarray:
-    """Teacher-force the hypothesis and collect every decoder layer's cross-attention:
+    """Teacher-force the hypothesis and collect every decoder layer's cross-attention
+    (an RNN has one layer and one head; a decoder-only model gives its target-to-source part):
     (layers, heads, T, S), row t = the step that produced output token t (the last one is EOS),
     column s = source token s (the last one is EOS). The same states as during search: the
     incremental decoder computes exactly what a full pass over the same prefix computes."""
@@ -22,6 +23,10 @@ def cross_attention(model, src_ids: list[int], hyp_ids: list[int],
     pad_mask = torch.zeros_like(src, dtype=torch.bool)
     weights: list[torch.Tensor] = []
     model.decode(tgt_in, model.encode(src, pad_mask), pad_mask, weights=weights)
+    if not weights:
+        from mt.errors import MTError
+        raise MTError("this model has no attention to show (model.attention: none reads one "
+                      "fixed summary of the source); train with attention bahdanau or luong")
     return torch.cat(weights).float().cpu().numpy()  # (L, H, T, S)
 
 

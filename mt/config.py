@@ -38,6 +38,15 @@ class TokenizerConfig(_Section):
 
 
 class ModelConfig(_Section):
+    # transformer: encoder-decoder (Vaswani et al. 2017); rnn: bidirectional GRU encoder and
+    # GRU decoder; decoder_only: one causal Transformer over `source <sep> target`.
+    arch: Literal["transformer", "rnn", "decoder_only"] = "transformer"
+    # rnn only: bahdanau (additive), luong (multiplicative), none (one fixed context vector).
+    attention: Literal["bahdanau", "luong", "none"] = "bahdanau"
+    # transformer / decoder_only: sinusoidal or learned absolute positions, or relative
+    # positions in self-attention (Shaw et al. 2018) clipped at max_relative.
+    positional: Literal["sinusoidal", "learned", "relative"] = "sinusoidal"
+    max_relative: int = Field(16, ge=1)
     d_model: int = Field(256, ge=8)
     n_heads: int = Field(4, ge=1)
     enc_layers: int = Field(3, ge=1)
@@ -53,6 +62,18 @@ class ModelConfig(_Section):
 
     @model_validator(mode="after")
     def _heads_divide(self) -> "ModelConfig":
+        if self.arch == "rnn":
+            if self.positional != "sinusoidal":
+                raise ValueError(f"model.positional: {self.positional} applies to the "
+                                 f"transformer and decoder_only archs; an rnn reads positions "
+                                 f"by its recurrence (remove the key)")
+            if self.d_model % 2:
+                raise ValueError(f"model.d_model ({self.d_model}) must be even for the "
+                                 f"bidirectional rnn encoder")
+            return self
+        if self.attention != "bahdanau":
+            raise ValueError(f"model.attention: {self.attention} applies to model.arch: rnn "
+                             f"only (the {self.arch} uses multi-head attention)")
         if self.d_model % self.n_heads:
             raise ValueError(
                 f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})"
@@ -179,7 +200,7 @@ def _parse_value(text: str) -> Any:
     lowered = text.lower()
     if lowered in ("true", "false"):
         return lowered == "true"
-    if lowered in ("null", "none", "~", ""):
+    if lowered in ("null", "~", ""):             # as YAML: `none` is a string (attention: none)
         return None
     for cast in (int, float):
         try:

@@ -1,4 +1,4 @@
-"""Batched greedy and beam search over a Transformer with a key/value cache.
+"""Batched greedy and beam search over any `Seq2Seq` model with its decoding cache.
 
 Both loops drop finished sentences from the batch (and from the cache), so the work per step
 shrinks as sentences end. Beam search with beam 1 returns exactly what greedy returns.
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from mt.model.transformer import Transformer, reorder_cache
+from mt.model import Seq2Seq, reorder_cache
 from mt.tokenizer import BOS, EOS
 
 
@@ -26,7 +26,7 @@ def _step_lprobs(model, tokens, memory, src_pad_mask, cache, step, uncached_pref
 
 
 @torch.no_grad()
-def greedy(model: Transformer, src: torch.Tensor, src_pad_mask: torch.Tensor,
+def greedy(model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor,
            max_len_a: float = 1.5, max_len_b: int = 10, use_cache: bool = True,
            min_len: int = 0) -> list[list[int]]:
     """src: (B, S). Returns B token-id lists (without BOS/EOS). EOS is not allowed before
@@ -67,7 +67,7 @@ def _until_eos(ids: list[int]) -> list[int]:
 
 
 @torch.no_grad()
-def beam_search(model: Transformer, src: torch.Tensor, src_pad_mask: torch.Tensor, beam: int,
+def beam_search(model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor, beam: int,
                 length_penalty: float = 1.0, max_len_a: float = 1.5, max_len_b: int = 10,
                 use_cache: bool = True, min_len: int = 0) -> list[list[int]]:
     """Keeps `beam` live hypotheses per sentence. Each step takes the top 2*beam extensions;

@@ -1,3 +1,25 @@
-from mt.model.transformer import Transformer, build_model, reorder_cache
+"""The architectures (`model.arch`): the encoder-decoder Transformer, the RNN encoder-decoder
+with or without attention, and the decoder-only Transformer. All speak `Seq2Seq`."""
+from mt.model.base import Seq2Seq
+from mt.model.cache import reorder_cache
+from mt.model.decoder_only import DecoderOnly
+from mt.model.rnn import RNNSeq2Seq
+from mt.model.transformer import Transformer
 
-__all__ = ["Transformer", "build_model", "reorder_cache"]
+__all__ = ["Seq2Seq", "Transformer", "RNNSeq2Seq", "DecoderOnly", "build_model", "reorder_cache"]
+
+
+def build_model(cfg, src_vocab: int, tgt_vocab: int) -> Seq2Seq:
+    """cfg: ModelConfig."""
+    common = dict(src_vocab=src_vocab, tgt_vocab=tgt_vocab, d_model=cfg.d_model,
+                  dropout=cfg.dropout, tie_embeddings=cfg.tie_embeddings,
+                  max_positions=cfg.max_positions)
+    if cfg.arch == "rnn":
+        return RNNSeq2Seq(enc_layers=cfg.enc_layers, dec_layers=cfg.dec_layers,
+                          attention=cfg.attention, **common)
+    attn = dict(n_heads=cfg.n_heads, d_ff=cfg.d_ff, attn_dropout=cfg.attn_dropout,
+                pre_norm=cfg.norm == "pre", positional=cfg.positional,
+                max_relative=cfg.max_relative, **common)
+    if cfg.arch == "decoder_only":
+        return DecoderOnly(layers=cfg.dec_layers, **attn)
+    return Transformer(enc_layers=cfg.enc_layers, dec_layers=cfg.dec_layers, **attn)

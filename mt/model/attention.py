@@ -6,9 +6,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mt.model.positions import RelativeKeys
+
 
 class MultiHeadAttention(nn.Module):
-    def __init__(self, d_model: int, n_heads: int, dropout: float, self_attention: bool):
+    def __init__(self, d_model: int, n_heads: int, dropout: float, self_attention: bool,
+                 relative: int = 0):
+        """relative > 0: Shaw et al. relative position keys clipped at that distance."""
         super().__init__()
         self.n_heads, self.d_head = n_heads, d_model // n_heads
         self.self_attention = self_attention
@@ -19,6 +23,7 @@ class MultiHeadAttention(nn.Module):
             self.q = nn.Linear(d_model, d_model)
             self.kv = nn.Linear(d_model, 2 * d_model)
         self.out = nn.Linear(d_model, d_model)
+        self.rel = RelativeKeys(relative, self.d_head) if relative else None
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
@@ -26,11 +31,14 @@ class MultiHeadAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None,
                 attn_mask: torch.Tensor | None = None, is_causal: bool = False,
-                cache: dict | None = None, need_weights: bool = False):
+                cache: dict | None = None, need_weights: bool = False,
+                q_pos: torch.Tensor | None = None, k_pos: torch.Tensor | None = None):
         """x: (B, T, D) queries. memory: (B, S, D) for cross-attention.
         attn_mask: bool, broadcastable to (B, H, T, S), True = may attend.
         cache: dict updated in place; self-attention appends this step's keys/values,
         cross-attention computes the memory's keys/values once and reuses them.
+        q_pos, k_pos: positions of the queries and of all keys (cached ones included), needed
+        with relative positions only.
         """
         if self.self_attention:
             q, k, v = self._heads_split(self.qkv(x), 3)
@@ -47,6 +55,9 @@ class MultiHeadAttention(nn.Module):
                 k, v = self._heads_split(self.kv(memory), 2)
                 if cache is not None:
                     cache["k"], cache["v"] = k, v
+        if self.rel is not None:
+            attn_mask = _as_bias(self.rel(q, q_pos, k_pos), attn_mask, is_causal)
+            is_causal = False
         if need_weights:
             ctx, weights = _attention_with_weights(q, k, v, attn_mask, is_causal)
         else:
@@ -71,7 +82,20 @@ def _attention_with_weights(q, k, v, attn_mask, is_causal):
         t, s = scores.shape[-2:]
         causal = torch.ones(t, s, dtype=torch.bool, device=q.device).tril()
         attn_mask = causal if attn_mask is None else attn_mask & causal
-    if attn_mask is not None:
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
         scores = scores.masked_fill(~attn_mask, float("-inf"))
+    elif attn_mask is not None:
+        scores = scores + attn_mask
     weights = scores.softmax(-1)
     return weights @ v, weights
+
+
+def _as_bias(bias: torch.Tensor, attn_mask: torch.Tensor | None, is_causal: bool) -> torch.Tensor:
+    """One float mask for SDPA: the relative-position bias with -inf where attention is barred."""
+    if is_causal:
+        t, s = bias.shape[-2:]
+        bias = bias.masked_fill(~torch.ones(t, s, dtype=torch.bool, device=bias.device).tril(),
+                                float("-inf"))
+    if attn_mask is not None:
+        bias = bias.masked_fill(~attn_mask, float("-inf"))
+    return bias

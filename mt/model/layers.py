@@ -35,29 +35,44 @@ class Residual(nn.Module):
 
 
 class EncoderLayer(nn.Module):
-    def __init__(self, d_model, n_heads, d_ff, dropout, attn_dropout, pre_norm):
+    """Self-attention + FFN. Also the block of the decoder-only model, which passes a causal
+    mask and a cache."""
+
+    def __init__(self, d_model, n_heads, d_ff, dropout, attn_dropout, pre_norm, relative=0):
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, n_heads, attn_dropout, self_attention=True)
+        self.self_attn = MultiHeadAttention(d_model, n_heads, attn_dropout, self_attention=True,
+                                            relative=relative)
         self.ffn = FeedForward(d_model, d_ff, dropout)
         self.res1 = Residual(d_model, dropout, pre_norm)
         self.res2 = Residual(d_model, dropout, pre_norm)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor) -> torch.Tensor:
-        x = self.res1(x, lambda h: self.self_attn(h, attn_mask=attn_mask))
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor, cache: dict | None = None,
+                q_pos=None, k_pos=None, weights: list | None = None) -> torch.Tensor:
+        def attend(h):
+            if weights is None:
+                return self.self_attn(h, attn_mask=attn_mask, cache=cache, q_pos=q_pos, k_pos=k_pos)
+            out, w = self.self_attn(h, attn_mask=attn_mask, cache=cache, q_pos=q_pos,
+                                    k_pos=k_pos, need_weights=True)
+            weights.append(w)
+            return out
+
+        x = self.res1(x, attend)
         return self.res2(x, self.ffn)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, d_model, n_heads, d_ff, dropout, attn_dropout, pre_norm):
+    def __init__(self, d_model, n_heads, d_ff, dropout, attn_dropout, pre_norm, relative=0):
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, n_heads, attn_dropout, self_attention=True)
+        self.self_attn = MultiHeadAttention(d_model, n_heads, attn_dropout, self_attention=True,
+                                            relative=relative)
         self.cross_attn = MultiHeadAttention(d_model, n_heads, attn_dropout, self_attention=False)
         self.ffn = FeedForward(d_model, d_ff, dropout)
         self.res1 = Residual(d_model, dropout, pre_norm)
         self.res2 = Residual(d_model, dropout, pre_norm)
         self.res3 = Residual(d_model, dropout, pre_norm)
 
-    def forward(self, x, memory, memory_mask, cache: dict | None = None, weights: list | None = None):
+    def forward(self, x, memory, memory_mask, cache: dict | None = None, weights: list | None = None,
+                q_pos=None, k_pos=None):
         """x: (B, T, D); memory: (B, S, D); memory_mask: (B, 1, 1, S) True = may attend.
         With a cache, x holds only the newest position and the past comes from the cache.
         If `weights` is a list, this layer's cross-attention weights (B, H, T, S) go into it.
@@ -67,7 +82,8 @@ class DecoderLayer(nn.Module):
         # Training sees the whole target at once and needs the causal mask; a cached step
         # holds one query that may see every cached key.
         causal = cache is None
-        x = self.res1(x, lambda h: self.self_attn(h, is_causal=causal, cache=self_cache))
+        x = self.res1(x, lambda h: self.self_attn(h, is_causal=causal, cache=self_cache,
+                                                  q_pos=q_pos, k_pos=k_pos))
 
         def cross(h):
             if weights is None:

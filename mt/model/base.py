@@ -1,0 +1,57 @@
+"""What every architecture shares: the interface that search, the trainer and alignment use
+(encode -> memory, decode -> states, project -> logits, a batch-first cache), embeddings that
+can be tied, and the weight initialisation."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from mt.tokenizer import PAD
+
+
+class Seq2Seq(nn.Module):
+    """Subclasses define encode(src, src_pad_mask) -> memory (batch first),
+    decode(tgt_in, memory, src_pad_mask, cache=None, start=0, weights=None) -> states (B, T, D),
+    new_cache() -> list of {"self": {...}, "cross": {...}}, and have src_embed, tgt_embed,
+    output and max_positions (the longest source or target they take)."""
+
+    max_positions: int
+
+    def project(self, h: torch.Tensor) -> torch.Tensor:
+        if self.output is not None:
+            return self.output(h)
+        return h @ self.tgt_embed.weight.t()  # (..., V), weights tied with the embedding
+
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, src_pad_mask: torch.Tensor,
+                keep: torch.Tensor | None = None) -> torch.Tensor:
+        """Teacher-forced logits (B, T, V); with `keep` (B, T) bool, only the kept positions
+        are projected (N, V): padding needs no output layer."""
+        h = self.decode(tgt_in, self.encode(src, src_pad_mask), src_pad_mask)
+        return self.project(h[keep] if keep is not None else h)
+
+
+def make_embeddings(model: nn.Module, src_vocab: int, tgt_vocab: int, d_model: int,
+                    tie: str) -> None:
+    """src_embed, tgt_embed and output (None when the output layer is the target embedding)."""
+    model.tgt_embed = nn.Embedding(tgt_vocab, d_model, padding_idx=PAD)
+    if tie == "all":
+        if src_vocab != tgt_vocab:
+            raise ValueError("tie_embeddings=all needs one shared vocabulary")
+        model.src_embed = model.tgt_embed
+    else:
+        model.src_embed = nn.Embedding(src_vocab, d_model, padding_idx=PAD)
+    model.output = None if tie != "none" else nn.Linear(d_model, tgt_vocab, bias=False)
+
+
+def init_weights(model: nn.Module) -> None:
+    """Xavier-uniform linear layers, zero biases; embeddings N(0, d^-1/2) so that after the
+    sqrt(d) scaling (sec. 3.4) they have unit scale; the padding row zero."""
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            nn.init.xavier_uniform_(module.weight)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+    for emb in {model.src_embed, model.tgt_embed}:
+        nn.init.normal_(emb.weight, std=emb.weight.shape[1] ** -0.5)
+        with torch.no_grad():
+            emb.weight[PAD].zero_()
