@@ -25,44 +25,60 @@ def label_smoothed_nll(lprobs: torch.Tensor, target: torch.Tensor, eps: float,
     return loss.sum(), nll.sum(), keep.sum()
 
 
-class _SmoothedCrossEntropy(torch.autograd.Function):
-    """label_smoothed_nll(log_softmax(logits), ...) for rows that all count, fused: the
-    log-probabilities live only inside forward and no one-hot target is built, so memory holds
-    one (N, V) tensor (the logits) and backward is one softmax written in place."""
+class _LinearSmoothedCrossEntropy(torch.autograd.Function):
+    """label_smoothed_nll(log_softmax(h @ W^T), ...) fused with the output projection and
+    computed in chunks of rows: the (N, V) logits never exist whole, only (chunk, V) at a time.
+    The gradients for h and W are computed in the same pass (the same three matmuls as
+    autograd would do) and scaled by the incoming gradient in backward; when no gradient is
+    wanted (validation) they are skipped. The NLL output is for logging: not differentiable."""
 
     @staticmethod
-    def forward(ctx, logits, target, eps):
-        v = logits.shape[-1]
-        lprobs = torch.log_softmax(logits, dim=-1)                    # (N, V), freed on return
-        nll = -lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
-        if eps > 0.0:
-            others = -lprobs.sum(-1) - nll                            # sum_{j != y} -log p_j
-            loss = (1.0 - eps) * nll + eps / (v - 1) * others
-        else:
-            loss = nll
-        ctx.save_for_backward(logits, target)
-        ctx.eps = eps
-        return loss.sum(), nll.sum()
+    def forward(ctx, h, weight, target, eps, chunk, want_grad):
+        n, v = h.shape[0], weight.shape[0]
+        acc = torch.float64 if h.dtype == torch.float64 else torch.float32   # softmax in fp32+
+        loss_sum = h.new_zeros((), dtype=acc)
+        nll_sum = h.new_zeros((), dtype=acc)
+        grad_h = torch.empty_like(h) if want_grad else None
+        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) \
+            if want_grad else None
+        off = eps / (v - 1) if eps > 0.0 else 0.0
+        for i in range(0, n, chunk):
+            hc, y = h[i:i + chunk], target[i:i + chunk]
+            z = (hc @ weight.t()).to(acc)                                 # (c, V)
+            lse = torch.logsumexp(z, dim=-1)
+            nll = lse - z.gather(-1, y[:, None]).squeeze(-1)
+            if eps > 0.0:
+                others = v * lse - z.sum(-1) - nll                        # sum_{j != y} -log p_j
+                loss_sum += ((1.0 - eps) * nll + off * others).sum()
+            else:
+                loss_sum += nll.sum()
+            nll_sum += nll.sum()
+            if want_grad:
+                # d loss/d z = softmax - q, q = eps/(V-1) + (1 - eps - eps/(V-1)) * onehot(y)
+                g = z.sub_(lse[:, None]).exp_()
+                if off:
+                    g.sub_(off)
+                g.scatter_add_(-1, y[:, None], g.new_full((len(y), 1), -(1.0 - eps - off)))
+                grad_h[i:i + chunk] = (g.to(weight.dtype) @ weight).to(h.dtype)
+                grad_w += (g.t().to(hc.dtype) @ hc).to(acc)
+        ctx.mark_non_differentiable(nll_sum)
+        if want_grad:
+            ctx.save_for_backward(grad_h, grad_w.to(weight.dtype))
+        return loss_sum, nll_sum
 
     @staticmethod
-    def backward(ctx, g_loss, g_nll):
-        logits, target = ctx.saved_tensors
-        eps, v = ctx.eps, logits.shape[-1]
-        # d loss/d z = softmax - q with q = eps/(V-1) + (1 - eps - eps/(V-1)) * onehot(y);
-        # d nll/d z  = softmax - onehot(y).
-        grad = torch.softmax(logits, dim=-1).mul_(g_loss + g_nll)
-        if eps > 0.0:
-            grad.sub_(g_loss * (eps / (v - 1)))
-        on_target = -(g_loss * (1.0 - eps - eps / (v - 1)) + g_nll)
-        grad.scatter_add_(-1, target.unsqueeze(-1),
-                          on_target.expand(target.shape[0], 1).to(grad.dtype))
-        return grad, None, None
+    def backward(ctx, g_loss, _g_nll):
+        grad_h, grad_w = ctx.saved_tensors
+        return (grad_h * g_loss.to(grad_h.dtype), grad_w * g_loss.to(grad_w.dtype),
+                None, None, None, None)
 
 
-def smoothed_cross_entropy(logits: torch.Tensor, target: torch.Tensor,
-                           eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits: (N, V) for N target tokens that all count (padding already removed).
-    Returns (smoothed loss sum, NLL sum); same values and gradients as label_smoothed_nll."""
-    if logits.dtype in (torch.float16, torch.bfloat16):   # softmax sums need fp32
-        logits = logits.float()
-    return _SmoothedCrossEntropy.apply(logits, target, eps)
+def linear_smoothed_cross_entropy(h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                                  eps: float, chunk: int = 2048
+                                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """h: (N, D) decoder states of N target tokens that all count (padding removed);
+    weight: (V, D) output projection. Returns (smoothed loss sum, NLL sum), the values of
+    label_smoothed_nll(log_softmax(h @ weight.T)) with the gradient of the first, in memory
+    for `chunk` rows of logits at a time. Only the smoothed loss is differentiable."""
+    want_grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
+    return _LinearSmoothedCrossEntropy.apply(h, weight, target, eps, chunk, want_grad)

@@ -24,7 +24,7 @@ from mt.data.batching import Batch, collate, epoch_batches
 from mt.data.corpus import ParallelData
 from mt.distributed import Dist
 from mt.errors import MTError
-from mt.loss import smoothed_cross_entropy
+from mt.loss import linear_smoothed_cross_entropy
 from mt.metrics import score
 from mt.tokenizer import PAD
 from mt.translator import Translator
@@ -104,8 +104,9 @@ class Trainer:
         model = model or self.model
         with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32,
                             enabled=self.amp_dtype is not None):
-            logits = model(batch.src, batch.tgt_in, batch.src_pad_mask, keep=keep)  # (N, V)
-        return smoothed_cross_entropy(logits, batch.tgt_out[keep], self.cfg.label_smoothing)
+            h = model(batch.src, batch.tgt_in, batch.src_pad_mask, keep=keep, project=False)
+            return linear_smoothed_cross_entropy(h, self.model.output_weight, batch.tgt_out[keep],
+                                                 self.cfg.label_smoothing)
 
     def train_step(self, batches: list[Batch]) -> bool:
         """One optimizer update from `batches` (gradient accumulation), normalised by the

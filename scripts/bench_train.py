@@ -83,7 +83,9 @@ def matmul_peak(n: int = 2048, reps: int = 20) -> float:
 
 # -- the three contenders: each returns a step(batch) closure --------------------------------
 def ours(size):
-    from mt.loss import smoothed_cross_entropy
+    from mt.build import keep_freed_memory_returnable
+    from mt.loss import linear_smoothed_cross_entropy
+    keep_freed_memory_returnable()      # what `mt train` does
     from mt.model import Transformer
     model = Transformer(src_vocab=size["vocab"], tgt_vocab=size["vocab"], d_model=size["d_model"],
                         n_heads=size["heads"], enc_layers=size["layers"], dec_layers=size["layers"],
@@ -94,8 +96,8 @@ def ours(size):
     def step(batch):
         src, tgt_in, tgt_out = batch
         keep = tgt_out != PAD
-        logits = model(src, tgt_in, src == PAD, keep=keep)
-        loss, _ = smoothed_cross_entropy(logits, tgt_out[keep], 0.1)
+        h = model(src, tgt_in, src == PAD, keep=keep, project=False)
+        loss, _ = linear_smoothed_cross_entropy(h, model.output_weight, tgt_out[keep], 0.1)
         opt.zero_grad(set_to_none=True)
         (loss / keep.sum()).backward()
         opt.step()

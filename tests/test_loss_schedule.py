@@ -79,20 +79,27 @@ def test_scheduler_gives_noam_of_the_update_number():
 
 
 @pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])
-def test_fused_cross_entropy_equals_reference_in_value_and_gradient(eps):
-    from mt.loss import smoothed_cross_entropy
+@pytest.mark.parametrize("chunk", [7, 2048])
+def test_fused_projection_and_loss_equal_the_reference_in_value_and_gradient(eps, chunk):
+    """Chunked projection + smoothed CE = log_softmax(h W^T) + label_smoothed_nll, gradients
+    for h and W included (W shared with the embedding, as when tied)."""
+    from mt.loss import linear_smoothed_cross_entropy
     g = torch.Generator().manual_seed(1)
-    logits = torch.randn(20, 11, generator=g, dtype=torch.float64) * 3
+    h = torch.randn(20, 6, generator=g, dtype=torch.float64)
+    w = torch.randn(11, 6, generator=g, dtype=torch.float64) * 2
     target = torch.randint(1, 11, (20,), generator=g)
-    a = logits.clone().requires_grad_()
-    b = logits.clone().requires_grad_()
-    ref_loss, ref_nll, _ = label_smoothed_nll(torch.log_softmax(a, -1), target, eps, PAD)
-    loss, nll = smoothed_cross_entropy(b, target, eps)
-    torch.testing.assert_close(loss, ref_loss.to(loss.dtype))
-    torch.testing.assert_close(nll, ref_nll.to(nll.dtype))
-    (ref_loss + 0.5 * ref_nll).backward()
-    (loss + 0.5 * nll).backward()
-    torch.testing.assert_close(b.grad, a.grad)
+    ha, wa = h.clone().requires_grad_(), w.clone().requires_grad_()
+    hb, wb = h.clone().requires_grad_(), w.clone().requires_grad_()
+    ref_loss, ref_nll, _ = label_smoothed_nll(torch.log_softmax(ha @ wa.t(), -1), target, eps, PAD)
+    loss, nll = linear_smoothed_cross_entropy(hb, wb, target, eps, chunk=chunk)
+    torch.testing.assert_close(loss, ref_loss)
+    torch.testing.assert_close(nll, ref_nll)
+    (3.0 * ref_loss + wa.sum()).backward()
+    (3.0 * loss + wb.sum()).backward()
+    torch.testing.assert_close(hb.grad, ha.grad)
+    torch.testing.assert_close(wb.grad, wa.grad)
+    with torch.no_grad():       # validation: values only
+        torch.testing.assert_close(linear_smoothed_cross_entropy(h, w, target, eps)[0], ref_loss.detach())
 
 
 def test_fast_dropout_keeps_expected_fraction_and_scales():

@@ -22,12 +22,19 @@ class Seq2Seq(nn.Module):
             return self.output(h)
         return h @ self.tgt_embed.weight.t()  # (..., V), weights tied with the embedding
 
+    @property
+    def output_weight(self) -> torch.Tensor:
+        """(V, D): logits = states @ output_weight.T (no bias)."""
+        return self.output.weight if self.output is not None else self.tgt_embed.weight
+
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, src_pad_mask: torch.Tensor,
-                keep: torch.Tensor | None = None) -> torch.Tensor:
+                keep: torch.Tensor | None = None, project: bool = True) -> torch.Tensor:
         """Teacher-forced logits (B, T, V); with `keep` (B, T) bool, only the kept positions
-        are projected (N, V): padding needs no output layer."""
+        (N, V): padding needs no output layer. project=False returns the states instead, for
+        the loss that fuses the projection (mt.loss.linear_smoothed_cross_entropy)."""
         h = self.decode(tgt_in, self.encode(src, src_pad_mask), src_pad_mask)
-        return self.project(h[keep] if keep is not None else h)
+        h = h[keep] if keep is not None else h
+        return self.project(h) if project else h
 
 
 def make_embeddings(model: nn.Module, src_vocab: int, tgt_vocab: int, d_model: int,
