@@ -21,7 +21,8 @@ from mt.translator import pick_device
 
 # Keys that may change between a run and its resumption (longer training, other hardware).
 RESUMABLE = ("train.max_steps", "train.log_every", "train.valid_every", "train.save_every",
-             "train.patience", "train.device", "train.num_threads", "train.valid_beam", "decode")
+             "train.patience", "train.device", "train.num_threads", "train.valid_beam",
+             "train.compile", "decode")
 
 
 def ensure_data(cfg: Config, log) -> None:

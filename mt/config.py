@@ -108,6 +108,8 @@ class TrainConfig(_Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     num_threads: int = Field(0, ge=0, description="CPU threads; 0 = torch default")
+    compile: bool = Field(False, description="torch.compile the training forward/backward "
+                                             "(dynamic shapes); pays off on GPU")
 
 
     @model_validator(mode="after")

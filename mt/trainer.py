@@ -73,6 +73,8 @@ class Trainer:
         self.train_model = (DistributedDataParallel(model, device_ids=[device.index]
                                                     if device.type == "cuda" else None)
                             if dist.enabled else model)
+        if cfg.compile:      # shapes vary with every batch: compile for dynamic shapes once
+            self.train_model = torch.compile(self.train_model, dynamic=True)
         self.train_data, self.validation, self.tokenizer = train_data, validation, tokenizer
         self.cfg, self.decode_cfg, self.full_config = cfg, decode_cfg, full_config
         self.run_dir, self.device, self.amp_dtype = run_dir, device, amp_dtype

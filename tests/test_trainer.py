@@ -99,3 +99,20 @@ def test_unwritable_run_dir_is_reported_before_training(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(MTError, match="not writable"):
         _trainer(tmp_path / "file")
+
+
+@pytest.mark.slow
+def test_compiled_training_takes_the_same_steps(tmp_path):
+    """train.compile: true (torch.compile, dynamic shapes) gives the same updates as eager
+    within float tolerance, on batches of different shapes (dropout off)."""
+    import numpy as np
+
+    from mt.data.batching import collate
+    eager = _trainer(tmp_path / "e", "model.dropout=0.0")
+    compiled = _trainer(tmp_path / "c", "model.dropout=0.0", "train.compile=true")
+    compiled.model.load_state_dict(eager.model.state_dict())
+    for idx in (range(0, 16), range(16, 40), range(40, 48)):
+        batch = [collate(eager.train_data, np.array(list(idx)))]
+        assert eager.train_step(batch) and compiled.train_step(batch)
+    for k, v in compiled.model.state_dict().items():
+        torch.testing.assert_close(v, eager.model.state_dict()[k], atol=1e-4, rtol=1e-3)
