@@ -126,6 +126,18 @@ class DecodeConfig(_Section):
     max_len_a: float = Field(1.5, ge=0.0, description="max output length = a * src_len + b")
     max_len_b: int = Field(10, ge=1)
     max_tokens: int = Field(4000, ge=16, description="source tokens per translation batch")
+    # At the end of `mt train`: try these beams x length penalties on the valid split with
+    # best.pt and store the best pair in it (mt translate then uses it). Empty: no tuning.
+    tune_beams: list[int] = Field(default_factory=list)
+    tune_length_penalties: list[float] = Field(default_factory=lambda: [1.0])
+
+    @model_validator(mode="after")
+    def _grid_is_sane(self) -> "DecodeConfig":
+        if any(b < 1 for b in self.tune_beams):
+            raise ValueError(f"decode.tune_beams: beams must be >= 1 (got {self.tune_beams})")
+        if not self.tune_length_penalties or any(p < 0 for p in self.tune_length_penalties):
+            raise ValueError("decode.tune_length_penalties: give at least one penalty >= 0")
+        return self
 
 
 class Config(_Section):
@@ -171,7 +183,7 @@ def _describe(err: dict) -> str:
     msg = err["msg"]
     if err["type"] == "value_error":
         msg = msg.removeprefix("Value error, ")
-        return msg if not loc else f"{key}: {msg}"
+        return msg if not loc or msg.startswith(key + ".") else f"{key}: {msg}"
     return f"{key}: {msg} (got {err.get('input')!r})"
 
 
@@ -200,6 +212,11 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 def _parse_value(text: str) -> Any:
     # Not yaml.safe_load: YAML 1.1 reads `no`/`on` as booleans, which breaks language codes.
     lowered = text.lower()
+    if text.startswith("["):                     # a list: --set decode.tune_beams=[1,5,10]
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError:
+            raise MTError(f"--set value {text!r} is not a valid list; write it like [1,5,10]")
     if lowered in ("true", "false"):
         return lowered == "true"
     if lowered in ("null", "~", ""):             # as YAML: `none` is a string (attention: none)

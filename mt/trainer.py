@@ -376,10 +376,22 @@ class Trainer:
             if rec:
                 self._say(f"average of the last {rec['averaged']} snapshots: valid BLEU "
                           f"{rec['valid_bleu']}" + (" (best)" if rec.get("best") else ""))
+        if not self.stop_requested and self.decode_cfg.tune_beams and st.best_bleu >= 0:
+            self._tune()
         self.plot()
         if st.oom_skipped:
             self._say(f"warning: {st.oom_skipped} batch(es) were skipped after running out of "
                       f"memory; lower train.max_tokens to use them")
+
+    def _tune(self) -> None:
+        from mt.tuning import tune_decoding
+        d = self.decode_cfg
+        rec = tune_decoding(self.run_dir, self.validation.src, self.validation.refs,
+                            d.tune_beams, d.tune_length_penalties, str(self.device))
+        self._write_log({"step": self.state.step, **rec})
+        best = rec["tuned_decoding"]
+        self._say(f"decoding tuned on valid: beam {best['beam']}, length penalty "
+                  f"{best['length_penalty']} (BLEU {best['valid_bleu']}), stored in best.pt")
 
     def _say(self, msg: str) -> None:
         if self.dist.is_main:

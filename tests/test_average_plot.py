@@ -52,3 +52,29 @@ def test_plot_command_redraws(tiny_run, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
     assert_user_error(run_mt("plot", tmp_path), "train_log.jsonl")
+
+
+def test_decoding_is_tuned_on_valid_and_stored_in_best(tmp_path):
+    """decode.tune_beams: the grid is scored on the valid split, the winner is written into
+    best.pt, and `mt translate RUN_DIR` uses it; the reported BLEU is the valid BLEU of
+    exactly that setting."""
+    import shutil
+
+    from mt.data.corpus import read_lines
+    from mt.metrics import score
+    run = tmp_path / "run"
+    proc = run_mt("train", ROOT / "configs/tiny.yaml", "--run-dir", run, "--set",
+                  f"data.dir={tmp_path / 'data'}", "train.max_steps=40", "train.valid_every=40",
+                  "decode.tune_beams=[1,3]", "decode.tune_length_penalties=[0.5,1.5]")
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(x) for x in (run / "train_log.jsonl").read_text().splitlines()]
+    (tuned,) = [r for r in records if "tuned_decoding" in r]
+    assert [(g["beam"], g["length_penalty"]) for g in tuned["grid"]] == [(1, 1.0), (3, 0.5), (3, 1.5)]
+    best = tuned["tuned_decoding"]
+    assert best["valid_bleu"] == max(g["valid_bleu"] for g in tuned["grid"])
+    tr = Translator.from_checkpoint(run, "cpu")
+    assert (tr.cfg.beam, tr.cfg.length_penalty) == (best["beam"], best["length_penalty"])
+    src = read_lines(tmp_path / "data" / "valid.src")
+    ref = read_lines(tmp_path / "data" / "valid.tgt")
+    assert round(score(tr.translate(src), ref).bleu, 2) == best["valid_bleu"]
+    shutil.rmtree(run)
