@@ -149,6 +149,12 @@ def _resume(trainer: Trainer, ckpt: dict, path: Path, log) -> None:
     torch.set_rng_state(ckpt["rng"]["torch"])
     if "cuda" in ckpt["rng"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(ckpt["rng"]["cuda"])
+    if trainer.dist.rank > 0:
+        # The checkpoint holds rank 0's generators; restoring them everywhere would give all
+        # ranks the same dropout masks. Each other rank gets its own stream, fixed by
+        # (seed, rank, step), so a resumed multi-rank run is reproducible too.
+        torch.manual_seed((trainer.cfg.seed * 1_000_003 + trainer.dist.rank * 7_919
+                           + trainer.state.step) % (2 ** 63))
     _truncate_log(trainer.run_dir / "train_log.jsonl", trainer.state.step)
     log(f"resuming from {path} at step {trainer.state.step}")
 
