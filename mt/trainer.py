@@ -103,7 +103,7 @@ class Trainer:
     # -- one update -----------------------------------------------------------------------
     def _loss(self, batch: Batch, model=None) -> tuple[torch.Tensor, torch.Tensor]:
         keep = batch.tgt_out != PAD
-        model = model or self.model
+        model = self.model if model is None else model
         with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32,
                             enabled=self.amp_dtype is not None):
             h = model(batch.src, batch.tgt_in, batch.src_pad_mask, keep=keep, project=False)

@@ -103,16 +103,21 @@ def test_unwritable_run_dir_is_reported_before_training(tmp_path):
 
 @pytest.mark.slow
 def test_compiled_training_takes_the_same_steps(tmp_path):
-    """train.compile: true (torch.compile, dynamic shapes) gives the same updates as eager
-    within float tolerance, on batches of different shapes (dropout off)."""
+    """train.compile: true (torch.compile, dynamic shapes) gives the same losses and updates
+    as eager within float tolerance, on batches of different shapes (dropout off)."""
     import numpy as np
 
     from mt.data.batching import collate
     eager = _trainer(tmp_path / "e", "model.dropout=0.0")
     compiled = _trainer(tmp_path / "c", "model.dropout=0.0", "train.compile=true")
     compiled.model.load_state_dict(eager.model.state_dict())
+    assert compiled.train_model._orig_mod is compiled.model      # really compiled
     for idx in (range(0, 16), range(16, 40), range(40, 48)):
         batch = [collate(eager.train_data, np.array(list(idx)))]
         assert eager.train_step(batch) and compiled.train_step(batch)
+    torch.testing.assert_close(torch.stack(compiled._window.loss), torch.stack(eager._window.loss),
+                               rtol=1e-5, atol=0)
+    # Adam turns float-rounding differences in near-zero gradients into steps of up to lr
+    # (about 4e-4 here), so the weights agree to a few lr, not to rounding.
     for k, v in compiled.model.state_dict().items():
-        torch.testing.assert_close(v, eager.model.state_dict()[k], atol=1e-4, rtol=1e-3)
+        torch.testing.assert_close(v, eager.model.state_dict()[k], atol=1e-3, rtol=0)
