@@ -237,6 +237,57 @@ def average_cmd(
     typer.echo(f"averaged {', '.join(p.name for p in paths)} -> {output}")
 
 
+def _number_list(text: str, cast, flag: str) -> list:
+    try:
+        return [cast(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise MTError(f"{flag} {text!r}: give comma-separated numbers, e.g. {flag} 1,5,10")
+
+
+@command("tune")
+def tune_cmd(
+    run_dir: Path = typer.Argument(..., help="run directory with best.pt"),
+    beams: str = typer.Option("1,5,10", "--beams", help="beam sizes to try, comma-separated"),
+    penalties: str = typer.Option("0.6,1.0,1.4", "--length-penalties",
+                                  help="length penalties to try, comma-separated"),
+    src: Optional[Path] = typer.Option(None, "--src", help="tuning source (default: the "
+                                                           "run's valid split)"),
+    ref: Optional[Path] = typer.Option(None, "--ref", help="tuning references"),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda"),
+):
+    """Choose beam size and length penalty on the valid split and store them in best.pt
+    (what decode.tune_beams does at the end of `mt train`). Never tune on a test set.
+
+    Example: mt tune runs/multi30k_de_en --beams 1,5,10 --length-penalties 0.6,1.0,1.4
+    """
+    from mt import checkpoint
+    from mt.config import config_from_dict
+    from mt.data.corpus import Stats, drop_empty, read_parallel, split_paths
+    from mt.tuning import tune_decoding
+    if not (run_dir / "best.pt").is_file():
+        raise MTError(f"{run_dir}/best.pt not found: tune a run directory that has validated")
+    if (src is None) != (ref is None):
+        raise MTError("give both --src and --ref, or neither (the run's valid split)")
+    if src is None:
+        d = config_from_dict(checkpoint.load(run_dir / "best.pt")["config"]).data
+        src, ref = split_paths(d.dir, "valid", d.src_lang, d.tgt_lang)
+    for path in (src, ref):
+        if not Path(path).is_file():
+            raise MTError(f"{path} not found; pass the tuning files with --src and --ref")
+    beam_list = _number_list(beams, int, "--beams")
+    lp_list = _number_list(penalties, float, "--length-penalties")
+    if not beam_list or min(beam_list) < 1 or not lp_list or min(lp_list) < 0:
+        raise MTError("--beams needs sizes >= 1 and --length-penalties values >= 0")
+    src_lines, ref_lines = drop_empty(*read_parallel(src, ref), Stats())
+    rec = tune_decoding(run_dir, src_lines, ref_lines, beam_list, lp_list, device)
+    for g in rec["grid"]:
+        typer.echo(f"beam {g['beam']:>3}  length penalty {g['length_penalty']:<4}  "
+                   f"BLEU {g['valid_bleu']:.2f}")
+    best = rec["tuned_decoding"]
+    typer.echo(f"stored in {run_dir / 'best.pt'}: beam {best['beam']}, length penalty "
+               f"{best['length_penalty']}")
+
+
 @command("plot")
 def plot_cmd(
     run_dir: Path = typer.Argument(..., help="run directory with train_log.jsonl"),

@@ -77,4 +77,12 @@ def test_decoding_is_tuned_on_valid_and_stored_in_best(tmp_path):
     src = read_lines(tmp_path / "data" / "valid.src")
     ref = read_lines(tmp_path / "data" / "valid.tgt")
     assert round(score(tr.translate(src), ref).bleu, 2) == best["valid_bleu"]
+    # `mt tune` does the same for an existing run, here with a one-point grid
+    proc = run_mt("tune", run, "--beams", "2", "--length-penalties", "0.7")
+    assert proc.returncode == 0, proc.stderr
+    tr = Translator.from_checkpoint(run, "cpu")
+    assert (tr.cfg.beam, tr.cfg.length_penalty) == (2, 0.7)
+    assert "beam   2  length penalty 0.7" in proc.stdout
+    assert_user_error(run_mt("tune", run, "--beams", "0"), "--beams")
+    assert_user_error(run_mt("tune", run, "--src", src), "both --src and --ref")
     shutil.rmtree(run)
