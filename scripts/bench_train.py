@@ -83,9 +83,7 @@ def matmul_peak(n: int = 2048, reps: int = 20) -> float:
 
 # -- the three contenders: each returns a step(batch) closure --------------------------------
 def ours(size):
-    from mt.build import keep_freed_memory_returnable
     from mt.loss import linear_smoothed_cross_entropy
-    keep_freed_memory_returnable()      # what `mt train` does
     from mt.model import Transformer
     model = Transformer(src_vocab=size["vocab"], tgt_vocab=size["vocab"], d_model=size["d_model"],
                         n_heads=size["heads"], enc_layers=size["layers"], dec_layers=size["layers"],
