@@ -29,7 +29,8 @@ class DecoderOnly(Seq2Seq):
                  max_relative: int = 16):
         super().__init__()
         self.d_model = d_model
-        # Source and target share the position range: each side gets half.
+        # Source and target share the position range: search and translation limit each side
+        # to half of it; training only needs the sum to fit.
         self.max_positions = max_positions // 2
         make_embeddings(self, src_vocab, tgt_vocab, d_model, tie_embeddings)
         self.positions = AbsolutePositions(positional, max_positions, d_model)
@@ -57,9 +58,11 @@ class DecoderOnly(Seq2Seq):
         src = memory
         b, s = src.shape
         t, dev = tgt_in.shape[1], tgt_in.device
-        if start + t > self.max_positions:
-            raise ValueError(f"target of {start + t} positions exceeds {self.max_positions}")
         src_len = (~src_pad_mask).sum(1, keepdim=True)                     # (B, 1)
+        n_pos = self.positions.max_positions
+        if s + start + t > n_pos and int(src_len.max()) + start + t > n_pos:  # sync: rare case
+            raise ValueError(f"source + target of {int(src_len.max()) + start + t} positions "
+                             f"exceed max_positions {n_pos}")
         tgt_pos = src_len + start + torch.arange(t, device=dev)            # (B, T)
         src_pos = torch.arange(s, device=dev).expand(b, s)
         read_src = cache is None or start == 0
