@@ -108,7 +108,7 @@ class _TorchRef(torch.nn.Module):
         d = size["d_model"]
         self.d = d
         self.embed = torch.nn.Embedding(size["vocab"], d, padding_idx=PAD)
-        from mt.model.transformer import sinusoidal_table
+        from mt.model.positions import sinusoidal_table
         self.register_buffer("pe", sinusoidal_table(256, d))
         self.core = torch.nn.Transformer(d, size["heads"], size["layers"], size["layers"],
                                          size["d_ff"], dropout=0.1, batch_first=True)

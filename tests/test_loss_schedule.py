@@ -113,3 +113,32 @@ def test_fast_dropout_keeps_expected_fraction_and_scales():
     y.sum().backward()
     assert torch.equal(x.grad != 0, y != 0)
     assert dropout(x, 0.3, training=False) is x
+
+
+@pytest.mark.parametrize("p", [0.0, 0.3])
+def test_fused_feed_forward_equals_linear_relu_dropout_linear(p):
+    """The CPU training FFN (relu and dropout in place, one hidden tensor kept) gives the values
+    and gradients of the plain module chain with the same dropout mask."""
+    from mt.model.layers import FeedForward
+    torch.manual_seed(0)
+    ffn = FeedForward(16, 64, p).train()
+    x = torch.randn(3, 7, 16, requires_grad=True)
+    upstream = torch.randn(3, 7, 16)
+
+    def run(module_call):
+        for t in [x, *ffn.parameters()]:
+            t.grad = None
+        torch.manual_seed(1)                       # the same random bits for both masks
+        y = module_call(x)
+        (y * upstream).sum().backward()
+        return y.detach(), [t.grad.clone() for t in [x, *ffn.parameters()]]
+
+    y_fused, g_fused = run(ffn)
+    y_ref, g_ref = run(ffn.net)                    # nn.Sequential: Linear, ReLU, Dropout, Linear
+    torch.testing.assert_close(y_fused, y_ref)
+    for a, b in zip(g_fused, g_ref):
+        torch.testing.assert_close(a, b)
+    with torch.no_grad():                          # evaluation: no dropout, the plain chain
+        y_eval = ffn.eval()(x)
+        torch.testing.assert_close(y_eval, ffn.net(x))
+    assert (p == 0) == torch.allclose(y_fused, y_eval)  # dropout really acted in training

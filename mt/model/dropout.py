@@ -27,14 +27,58 @@ class _MaskedScale(torch.autograd.Function):
         return grad.mul(ctx.scale).masked_fill_(drop, 0.0), None, None
 
 
+def _drop_mask(shape, p: float, device) -> torch.Tensor:
+    """True where an element is dropped, with probability p (resolved to 1/65535)."""
+    threshold = _LOW + round(p * (_HIGH - _LOW))
+    return torch.randint(_LOW, _HIGH, shape, dtype=torch.int16, device=device) < threshold
+
+
 def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     if not training or p == 0.0:
         return x
     if x.is_cuda:
         return F.dropout(x, p, True)
-    threshold = _LOW + round(p * (_HIGH - _LOW))
-    drop = torch.randint(_LOW, _HIGH, x.shape, dtype=torch.int16, device=x.device) < threshold
-    return _MaskedScale.apply(x, drop, 1.0 / (1.0 - p))
+    return _MaskedScale.apply(x, _drop_mask(x.shape, p, x.device), 1.0 / (1.0 - p))
+
+
+class _FeedForward(torch.autograd.Function):
+    """y = dropout(relu(x W1^T + b1)) W2^T + b2 keeping one (N, d_ff) tensor for backward.
+
+    The hidden activation a = dropout(relu(h)) is needed anyway for W2's gradient, and it also
+    tells relu's and dropout's backward everything: an element passes gradient (times the
+    dropout scale) exactly where a > 0. So neither relu's output nor the dropout mask is kept,
+    and relu and dropout run in place: about a third less activation memory in an FFN.
+    """
+
+    @staticmethod
+    def forward(ctx, x, w1, b1, w2, b2, p):
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        a = torch.addmm(b1, x2, w1.t()).relu_()
+        scale = 1.0
+        if p > 0.0:
+            scale = 1.0 / (1.0 - p)
+            a.mul_(scale).masked_fill_(_drop_mask(a.shape, p, a.device), 0.0)
+        ctx.save_for_backward(x2, w1, w2, a)
+        ctx.scale = scale
+        return torch.addmm(b2, a, w2.t()).view(*shape[:-1], w2.shape[0])
+
+    @staticmethod
+    def backward(ctx, grad):
+        x2, w1, w2, a = ctx.saved_tensors
+        g = grad.reshape(-1, grad.shape[-1])
+        grad_w2, grad_b2 = g.t() @ a, g.sum(0)
+        gh = (g @ w2).masked_fill_(a <= 0, 0.0)
+        if ctx.scale != 1.0:
+            gh.mul_(ctx.scale)
+        grad_w1, grad_b1 = gh.t() @ x2, gh.sum(0)
+        grad_x = (gh @ w1).view(*grad.shape[:-1], w1.shape[1])
+        return grad_x, grad_w1, grad_b1, grad_w2, grad_b2, None
+
+
+def feed_forward(x, w1, b1, w2, b2, p: float) -> torch.Tensor:
+    """The fused CPU training path of the position-wise FFN (see _FeedForward)."""
+    return _FeedForward.apply(x, w1, b1, w2, b2, p)
 
 
 class Dropout(nn.Module):

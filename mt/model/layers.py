@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from mt.model.attention import MultiHeadAttention
-from mt.model.dropout import Dropout
+from mt.model.dropout import Dropout, feed_forward
 
 
 class FeedForward(nn.Module):
@@ -16,6 +16,11 @@ class FeedForward(nn.Module):
                                  nn.Linear(d_ff, d_model))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        first, drop, second = self.net[0], self.net[2], self.net[3]
+        # the fused path: CPU training in fp32 (on GPU, autocast and F.dropout do the job)
+        if (self.training and not x.is_cuda and torch.is_grad_enabled()
+                and x.dtype == first.weight.dtype and not torch.is_autocast_enabled("cpu")):
+            return feed_forward(x, first.weight, first.bias, second.weight, second.bias, drop.p)
         return self.net(x)
 
 

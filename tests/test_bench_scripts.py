@@ -1,0 +1,35 @@
+"""The benchmark scripts import mt's internals; a refactor must not leave them broken. One
+training step per contender (no timing is asserted) keeps them runnable."""
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+@pytest.fixture(scope="module")
+def bench_train():
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        import bench_train
+        yield bench_train
+    finally:
+        sys.path.remove(str(SCRIPTS))
+
+
+@pytest.mark.parametrize("name", ["ours", "torch", "hf"])
+def test_bench_train_contenders_take_a_step_on_the_same_batches(bench_train, name):
+    if name == "hf" and importlib.util.find_spec("transformers") is None:
+        pytest.skip("transformers not installed (pip install -e '.[bench]')")
+    r = bench_train.run_one(name, "small", steps=1, warmup=0)
+    assert r["tok_s"] > 0 and r["peak_rss_mb"] > 0
+    assert 0 <= r["padding"] < 0.2
+    assert 7_000_000 < r["params"] < 8_500_000       # the three models have the same size
+
+
+def test_bench_decode_and_data_import():
+    for name in ["bench_decode", "bench_data"]:
+        spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
