@@ -110,7 +110,8 @@ def test_decoder_only_reads_one_sequence_and_scores_only_the_target():
     keep = torch.ones(2, 4, dtype=torch.bool)
     assert model(src, tgt, src == PAD, keep=keep).shape == (8, V)      # target positions only
     weights = []
-    model.decode(tgt, src, src == PAD, weights=weights)
+    with torch.no_grad():
+        model.decode(tgt, src, src == PAD, weights=weights)
     assert len(weights) == 2 and weights[0].shape == (2, 4, 4, 5)       # target x source
     assert float(weights[0][1, :, :, 3:].abs().max()) == 0.0            # source padding
 
