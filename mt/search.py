@@ -44,8 +44,7 @@ def greedy(model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor,
                               None if use_cache else prefix)
         if step < min_len:
             lprobs[:, EOS] = -float("inf")
-        lprobs[step + 1 >= limits[alive], :] = -float("inf")
-        lprobs[step + 1 >= limits[alive], EOS] = 0.0          # out of room: must end here
+        _force_eos(lprobs, step + 1 >= limits[alive])           # out of room: must end here
         nxt = lprobs.argmax(-1)                                # (N,)
         out[alive, step] = nxt
         going = nxt != EOS
@@ -60,6 +59,15 @@ def greedy(model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor,
         tokens = nxt[:, None]
         prefix = torch.cat([prefix, tokens], dim=1)
     return [_until_eos(row) for row in out.tolist()]
+
+
+def _force_eos(lprobs: torch.Tensor, rows: torch.Tensor) -> None:
+    """Rows marked in the bool vector `rows` may only end: EOS gets log-prob 0, all else -inf.
+    Touches those rows only (a masked fill over the whole (N, V) matrix costs a full pass)."""
+    idx = rows.nonzero().squeeze(1)
+    if len(idx):
+        lprobs[idx] = -float("inf")
+        lprobs[idx, EOS] = 0.0
 
 
 def _until_eos(ids: list[int]) -> list[int]:
@@ -91,9 +99,7 @@ def beam_search(model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor, b
         v = lprobs.shape[-1]
         if step < min_len:
             lprobs[:, EOS] = -float("inf")
-        at_limit = (step + 1 >= limits[alive]).repeat_interleave(k)
-        lprobs[at_limit, :] = -float("inf")
-        lprobs[at_limit, EOS] = 0.0
+        _force_eos(lprobs, (step + 1 >= limits[alive]).repeat_interleave(k))
         cand = (scores[:, :, None] + lprobs.view(n, k, v)).view(n, k * v)
         top_scores, top_idx = cand.topk(min(2 * k, k * v), dim=1)      # (n, 2K)
         top_beam, top_tok = top_idx // v, top_idx % v

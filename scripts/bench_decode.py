@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -31,16 +32,25 @@ def batches_of(ids: list[np.ndarray], size: int):
         yield pad_sources([ids[j] for j in order[i:i + size]])
 
 
-def time_ours(model, ids, args, use_cache: bool) -> float:
+def timed(decode, ids, args) -> float:
+    """Seconds for `decode` over all batches, after one untimed warm-up batch (first-call
+    allocations and kernel selection would otherwise count against whoever runs first)."""
+    decode(next(batches_of(ids, args.batch_size)))
     t0 = time.perf_counter()
     for src in batches_of(ids, args.batch_size):
-        out = beam_search(model, src, src == PAD, args.beam, max_len_a=0, max_len_b=args.steps,
-                          min_len=args.steps - 1, use_cache=use_cache)
-        assert all(len(h) == args.steps - 1 for h in out)
+        decode(src)
     return time.perf_counter() - t0
 
 
-def time_hf(ids, vocab, args) -> float:
+def ours_decoder(model, args, use_cache: bool):
+    def decode(src):
+        out = beam_search(model, src, src == PAD, args.beam, max_len_a=0, max_len_b=args.steps,
+                          min_len=args.steps - 1, use_cache=use_cache)
+        assert all(len(h) == args.steps - 1 for h in out)
+    return decode
+
+
+def hf_decoder(vocab, args):
     from transformers import MarianConfig, MarianMTModel
     cfg = MarianConfig(vocab_size=vocab, d_model=256, encoder_layers=3, decoder_layers=3,
                        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=1024,
@@ -48,14 +58,14 @@ def time_hf(ids, vocab, args) -> float:
                        pad_token_id=PAD, eos_token_id=EOS, decoder_start_token_id=BOS,
                        forced_eos_token_id=None, share_encoder_decoder_embeddings=True)
     model = MarianMTModel(cfg).eval()
-    t0 = time.perf_counter()
-    with torch.no_grad():
-        for src in batches_of(ids, args.batch_size):
-            out = model.generate(input_ids=src, attention_mask=src != PAD, num_beams=args.beam,
-                                 min_new_tokens=args.steps, max_new_tokens=args.steps,
-                                 do_sample=False, early_stopping=False)
-            assert out.shape[1] == args.steps + 1                     # + decoder start token
-    return time.perf_counter() - t0
+
+    @torch.no_grad()
+    def decode(src):
+        out = model.generate(input_ids=src, attention_mask=src != PAD, num_beams=args.beam,
+                             min_new_tokens=args.steps, max_new_tokens=args.steps,
+                             do_sample=False, early_stopping=False)
+        assert out.shape[1] == args.steps + 1                         # + decoder start token
+    return decode
 
 
 def main() -> None:
@@ -67,6 +77,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=50)
     ap.add_argument("--beam", type=int, default=5)
     ap.add_argument("--steps", type=int, default=30, help="output tokens per sentence")
+    ap.add_argument("--repeats", type=int, default=3, help="timed passes per cached contender (median)")
     ap.add_argument("--skip-nocache", action="store_true")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -84,14 +95,18 @@ def main() -> None:
     n = len(lines)
     print(f"{n} sentences, beam {args.beam}, batches of {args.batch_size}, {args.steps} output "
           f"tokens each, {torch.get_num_threads()} threads")
-    ours = time_ours(model, ids, args, use_cache=True)
-    print(f"mt (KV cache)      {ours:7.1f} s  {n / ours:7.1f} sent/s")
-    hf = time_hf(ids, tok.tgt_vocab_size, args)
-    print(f"HF Marian generate {hf:7.1f} s  {n / hf:7.1f} sent/s")
+    ours_dec, hf_dec = ours_decoder(model, args, use_cache=True), hf_decoder(tok.tgt_vocab_size, args)
+    runs = {"ours": [], "hf": []}
+    for _ in range(args.repeats):          # interleaved, so drift in machine load hits both
+        runs["ours"].append(timed(ours_dec, ids, args))
+        runs["hf"].append(timed(hf_dec, ids, args))
+    ours, hf = statistics.median(runs["ours"]), statistics.median(runs["hf"])
+    print(f"mt (KV cache)      {ours:7.2f} s  {n / ours:7.1f} sent/s   (median of {args.repeats})")
+    print(f"HF Marian generate {hf:7.2f} s  {n / hf:7.1f} sent/s")
     result = {"sentences": n, "ours_s": round(ours, 2), "ours_sent_s": round(n / ours, 2),
               "hf_s": round(hf, 2), "ratio_hf": round(hf / ours, 2)}
     if not args.skip_nocache:
-        nocache = time_ours(model, ids, args, use_cache=False)
+        nocache = timed(ours_decoder(model, args, use_cache=False), ids, args)
         print(f"mt without cache   {nocache:7.1f} s  {n / nocache:7.1f} sent/s")
         result.update(nocache_s=round(nocache, 2), ratio_nocache=round(nocache / ours, 2))
     print(f"speed-up over no cache: {result.get('ratio_nocache', float('nan')):.2f}x   "

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from mt.model import Transformer
+from mt.model import Transformer, reorder_cache
 from mt.search import beam_search, greedy
 from mt.tokenizer import EOS, PAD
 
@@ -60,6 +60,27 @@ def test_cached_decoding_equals_uncached(pre_norm, tie):
     for b in (1, 4):  # the search loops give the same hypotheses with and without the cache
         assert beam_search(model, src, mask, b) == beam_search(model, src, mask, b, use_cache=False)
     assert greedy(model, src, mask) == greedy(model, src, mask, use_cache=False)
+
+
+@torch.no_grad()
+def test_reordered_cache_continues_the_selected_rows():
+    """Search reorders and shrinks the cache (lazily for self-attention); the next step must
+    then equal an uncached decode of exactly the selected prefixes."""
+    model = make_model()
+    src = make_src([6, 4, 8, 5])
+    mask = src == PAD
+    memory = model.encode(src, mask)
+    tgt = torch.randint(4, V, (4, 4))
+    cache = model.new_cache()
+    for t in range(3):
+        model.decode(tgt[:, t:t + 1], memory, mask, cache=cache, start=t)
+    first, then = torch.tensor([2, 0, 0, 3]), torch.tensor([3, 1, 0])   # beam reorder, then drop
+    reorder_cache(cache, first)
+    reorder_cache(cache, then)
+    rows = first[then]
+    step = model.decode(tgt[rows, 3:4], memory[rows], mask[rows], cache=cache, start=3)
+    full = model.decode(tgt[rows], memory[rows], mask[rows])[:, -1:]
+    torch.testing.assert_close(step, full, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("seed", range(4))

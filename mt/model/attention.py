@@ -43,10 +43,10 @@ class MultiHeadAttention(nn.Module):
         if self.self_attention:
             q, k, v = self._heads_split(self.qkv(x), 3)
             if cache is not None:
-                if "k" in cache:
-                    k = torch.cat([cache["k"], k], dim=2)  # (B, H, t, Dh)
-                    v = torch.cat([cache["v"], v], dim=2)
-                cache["k"], cache["v"] = k, v
+                if "k" in cache:  # (B, H, t, Dh): the cached rows search kept, then this step
+                    k = _append(cache["k"], k, cache["order"])
+                    v = _append(cache["v"], v, cache["order"])
+                cache["k"], cache["v"], cache["order"] = k, v, None
         else:
             q = self._heads(self.q(x))
             if cache is not None and "k" in cache:
@@ -73,6 +73,22 @@ class MultiHeadAttention(nn.Module):
         b, t, _ = x.shape
         # (B, T, n*D) -> n x (B, H, T, Dh)
         return x.view(b, t, n, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4).unbind(0)
+
+
+def _append(old: torch.Tensor, new: torch.Tensor, order: torch.Tensor | None) -> torch.Tensor:
+    """Rows `order` of the cached keys (all rows when None), then this step's, along time.
+    Beam search reorders the cache lazily (see `reorder_cache`): selecting the rows straight
+    into the grown tensor copies the cache once per step instead of twice."""
+    if torch.is_grad_enabled() and (old.requires_grad or new.requires_grad):
+        return torch.cat([old if order is None else old.index_select(0, order), new], dim=2)
+    t = old.shape[2]
+    out = new.new_empty(new.shape[0], new.shape[1], t + new.shape[2], new.shape[3])
+    if order is None:
+        out[:, :, :t] = old
+    else:
+        torch.index_select(old, 0, order, out=out[:, :, :t])
+    out[:, :, t:] = new
+    return out
 
 
 def _attention_with_weights(q, k, v, attn_mask, is_causal):
