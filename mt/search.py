@@ -83,7 +83,8 @@ def beam_search(model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor, b
     (len counts EOS), and the best `beam` others stay live. A sentence is done once it has
     `beam` finished hypotheses or reaches its length limit; done sentences leave the batch."""
     b, k, dev = src.shape[0], beam, src.device
-    memory = model.encode(src, src_pad_mask).repeat_interleave(k, 0)   # (B*K, S, D)
+    memory_once = model.encode(src, src_pad_mask)                     # (B, S, D)
+    memory = memory_once.repeat_interleave(k, 0)                       # (B*K, S, D)
     pad_mask = src_pad_mask.repeat_interleave(k, 0)
     limits = max_lengths(src_pad_mask, max_len_a, max_len_b, model.max_positions - 1)
     scores = torch.full((b, k), -float("inf"), device=dev)
@@ -94,8 +95,15 @@ def beam_search(model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor, b
     cache = model.new_cache() if use_cache else None
     for step in range(int(limits.max())):
         n = len(alive)
-        lprobs = _step_lprobs(model, hyps[:, -1:], memory, pad_mask, cache, step,
-                              None if use_cache else hyps)
+        if step == 0 and use_cache:
+            # The K hypotheses of a sentence are all BOS: decode each sentence once (the
+            # cross-attention keys/values are computed here too), then copy rows K times.
+            lprobs = _step_lprobs(model, hyps[::k, -1:], memory_once, src_pad_mask, cache, 0,
+                                  None).repeat_interleave(k, 0)
+            reorder_cache(cache, torch.arange(b, device=dev).repeat_interleave(k))
+        else:
+            lprobs = _step_lprobs(model, hyps[:, -1:], memory, pad_mask, cache, step,
+                                  None if use_cache else hyps)
         v = lprobs.shape[-1]
         if step < min_len:
             lprobs[:, EOS] = -float("inf")
