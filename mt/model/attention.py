@@ -79,14 +79,13 @@ def _append(old: torch.Tensor, new: torch.Tensor, order: torch.Tensor | None) ->
     """Rows `order` of the cached keys (all rows when None), then this step's, along time.
     Beam search reorders the cache lazily (see `reorder_cache`): selecting the rows straight
     into the grown tensor copies the cache once per step instead of twice."""
-    if torch.is_grad_enabled() and (old.requires_grad or new.requires_grad):
-        return torch.cat([old if order is None else old.index_select(0, order), new], dim=2)
+    if order is None:
+        return torch.cat([old, new], dim=2)
+    if torch.is_grad_enabled() and (old.requires_grad or new.requires_grad):  # out= has no autograd
+        return torch.cat([old.index_select(0, order), new], dim=2)
     t = old.shape[2]
     out = new.new_empty(new.shape[0], new.shape[1], t + new.shape[2], new.shape[3])
-    if order is None:
-        out[:, :, :t] = old
-    else:
-        torch.index_select(old, 0, order, out=out[:, :, :t])
+    torch.index_select(old, 0, order, out=out[:, :, :t])
     out[:, :, t:] = new
     return out
 
