@@ -83,6 +83,9 @@ class ModelConfig(_Section):
 
 class TrainConfig(_Section):
     max_steps: int = Field(20000, ge=1, description="optimizer updates")
+    max_minutes: float = Field(0.0, ge=0.0, description="also stop (validate, average, tune) "
+                                                        "after this many minutes of training; "
+                                                        "0 = no time limit")
     max_tokens: int = Field(4096, ge=16, description="source+target tokens per batch, padding incl.")
     accum_steps: int = Field(1, ge=1, description="batches accumulated into one update")
     lr_factor: float = Field(1.0, gt=0.0)

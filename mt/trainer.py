@@ -279,6 +279,12 @@ class Trainer:
             self._say(f"warning: could not draw training.png ({e})")
 
     # -- the loop -------------------------------------------------------------------------
+    def _out_of_time(self) -> bool:
+        """The time budget (train.max_minutes) is spent; all ranks agree."""
+        if self.cfg.max_minutes <= 0:
+            return False
+        return self.dist.any(self.state.train_seconds >= 60 * self.cfg.max_minutes, self.device)
+
     def _should_stop_early(self) -> bool:
         return self.cfg.patience > 0 and self.state.bad_validations >= self.cfg.patience
 
@@ -332,7 +338,7 @@ class Trainer:
     def _after_step(self, bar) -> bool:
         """Log, validate and save on schedule; True when training should stop now."""
         cfg, st = self.cfg, self.state
-        final = st.step == cfg.max_steps
+        final = st.step == cfg.max_steps or self._out_of_time()
         if st.step % cfg.log_every == 0 or final:
             rec = self.log_train()
             bar.set_postfix(loss=rec["loss"], lr=f"{rec['lr']:.2e}", tok_s=rec["tok_s"])
@@ -347,6 +353,9 @@ class Trainer:
             self.save("last.pt")
             self.save_snapshot()
             self._last_save = st.step
+        if final and st.step < cfg.max_steps:
+            self._say(f"time budget of {cfg.max_minutes:g} minutes reached at step {st.step}")
+            return True
         early = self.dist.is_main and self._should_stop_early()
         if self.dist.any(early or bool(self.stop_requested), self.device):  # all ranks agree
             if early:

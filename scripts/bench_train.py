@@ -2,15 +2,19 @@
 (a) a plain loop around torch.nn.Transformer, (b) Hugging Face MarianMTModel from scratch.
 
     python scripts/bench_train.py [--size small|base|both] [--steps N] [--json]
+    python scripts/bench_train.py --device cuda --precision bf16 --size base --max-tokens 32768
 
-Each contender runs in its own subprocess so that its peak RSS is its own. Prints target
-tokens/s, peak memory, the ratios ours/reference, this machine's fp32 matmul FLOP/s and the
-FLOP utilization of the useful (non-padding) training FLOPs. With --json the last line is a JSON
-object (small size).
+Each contender runs in its own subprocess so that its peak memory is its own. Prints target
+tokens/s, peak memory (RSS on CPU, allocated GPU memory on CUDA), the ratios ours/reference,
+this machine's matmul FLOP/s (fp32 on CPU, bf16 on CUDA) and the FLOP utilization of the useful
+(non-padding) training FLOPs. On an H100/H200 the model FLOP utilization (MFU) is also given
+against the datasheet dense bf16 peak. With --json the last line is a JSON object (the small
+size, or the one size asked for).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import resource
@@ -71,25 +75,49 @@ def useful_flops(batch, size: dict) -> float:
     return float(3 * (enc + dec + out).sum())
 
 
-def matmul_peak(n: int = 2048, reps: int = 20) -> float:
-    a, b = torch.randn(n, n), torch.randn(n, n)
+# Datasheet dense bf16 tensor-core peaks (FLOP/s), the denominator of MFU.
+DATASHEET_BF16 = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12}
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def matmul_peak(device: torch.device, n: int = 2048, reps: int = 20) -> float:
+    """Measured FLOP/s of one large matrix product: fp32 on CPU, bf16 on CUDA."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    n = 8192 if device.type == "cuda" else n
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
     for _ in range(3):
         a @ b
+    sync(device)
     t0 = time.perf_counter()
     for _ in range(reps):
         a @ b
+    sync(device)
     return 2 * n ** 3 * reps / (time.perf_counter() - t0)
 
 
+def datasheet_peak(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(0)
+    return next((v for k, v in DATASHEET_BF16.items() if k in name), None)
+
+
 # -- the three contenders: each returns a step(batch) closure --------------------------------
-def ours(size):
+def ours(size, device):
     from mt.loss import linear_smoothed_cross_entropy
     from mt.model import Transformer
     model = Transformer(src_vocab=size["vocab"], tgt_vocab=size["vocab"], d_model=size["d_model"],
                         n_heads=size["heads"], enc_layers=size["layers"], dec_layers=size["layers"],
                         d_ff=size["d_ff"], dropout=0.1, attn_dropout=0.0, pre_norm=False,
-                        tie_embeddings="all", max_positions=256)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+                        tie_embeddings="all", max_positions=256).to(device)
+    # as mt's trainer builds it: one fused Adam kernel on GPU
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9,
+                           fused=device.type == "cuda" or None)
 
     def step(batch):
         src, tgt_in, tgt_out = batch
@@ -139,12 +167,12 @@ def _reference_step(model, logits_of):
     return model, step
 
 
-def torch_ref(size):
-    model = _TorchRef(size)
+def torch_ref(size, device):
+    model = _TorchRef(size).to(device)
     return _reference_step(model, model)
 
 
-def hf_marian(size):
+def hf_marian(size, device):
     from transformers import MarianConfig, MarianMTModel
     cfg = MarianConfig(vocab_size=size["vocab"], d_model=size["d_model"],
                        encoder_layers=size["layers"], decoder_layers=size["layers"],
@@ -153,7 +181,7 @@ def hf_marian(size):
                        attention_dropout=0.0, activation_function="relu", max_position_embeddings=256,
                        pad_token_id=PAD, eos_token_id=EOS, decoder_start_token_id=BOS,
                        scale_embedding=True, share_encoder_decoder_embeddings=True)
-    model = MarianMTModel(cfg)
+    model = MarianMTModel(cfg).to(device)
     return _reference_step(model, lambda src, tgt_in: model(
         input_ids=src, attention_mask=src != PAD, decoder_input_ids=tgt_in,
         decoder_attention_mask=tgt_in != PAD).logits)
@@ -162,32 +190,48 @@ def hf_marian(size):
 CONTENDERS = {"ours": ours, "torch": torch_ref, "hf": hf_marian}
 
 
-def run_one(name: str, size_name: str, steps: int, warmup: int) -> dict:
-    """Runs in a fresh subprocess: (tokens/s, peak RSS MB, useful FLOP/s)."""
+def run_one(name: str, size: dict, steps: int, warmup: int, device: torch.device,
+            precision: str, compile_ours: bool) -> dict:
+    """Runs in a fresh subprocess: (tokens/s, peak memory MB, useful FLOP/s)."""
     torch.manual_seed(0)
-    size = SIZES[size_name]
-    batches = make_batches(size, warmup + steps)
-    model, step = CONTENDERS[name](size)
+    batches = [tuple(x.to(device) for x in b) for b in make_batches(size, warmup + steps)]
+    model, step = CONTENDERS[name](size, device)
+    if compile_ours and name == "ours":
+        model.forward = torch.compile(model.forward, dynamic=True)
     model.train()
-    for b in batches[:warmup]:
-        step(b)
+    amp = (torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16"
+           else contextlib.nullcontext())
+
+    def run(bs):
+        for b in bs:
+            with amp:
+                step(b)
+    run(batches[:warmup])
+    sync(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     tokens = sum(int((b[2] != PAD).sum()) for b in batches[warmup:])
     flops = sum(useful_flops(b, size) for b in batches[warmup:])
     t0 = time.perf_counter()
-    for b in batches[warmup:]:
-        step(b)
+    run(batches[warmup:])
+    sync(device)
     sec = time.perf_counter() - t0
     padded = sum(b[2].numel() for b in batches[warmup:])
-    return {"tok_s": tokens / sec, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    peak = (torch.cuda.max_memory_allocated() / 2 ** 20 if device.type == "cuda"
+            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    return {"tok_s": tokens / sec, "peak_rss_mb": peak,
             "flop_s": flops / sec, "padding": 1 - tokens / padded,
             "params": sum(p.numel() for p in model.parameters())}
 
 
-def measure(size_name: str, steps: int, warmup: int) -> dict:
+def measure(size_name: str, args) -> dict:
     res = {}
     for name in CONTENDERS:
         proc = subprocess.run([sys.executable, __file__, "--worker", name, "--size", size_name,
-                               "--steps", str(steps), "--warmup", str(warmup)],
+                               "--steps", str(args.steps), "--warmup", str(args.warmup),
+                               "--device", args.device, "--precision", args.precision,
+                               *(["--max-tokens", str(args.max_tokens)] if args.max_tokens else []),
+                               *(["--compile"] if args.compile else [])],
                               capture_output=True, text=True)
         if proc.returncode != 0:
             raise SystemExit(f"{name} failed:\n{proc.stderr[-3000:]}")
@@ -201,26 +245,41 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                    help="bf16 = torch.autocast(bfloat16) around every contender's step")
+    ap.add_argument("--max-tokens", type=int, default=0,
+                    help="tokens per batch (source + target); default: the size's 8192")
+    ap.add_argument("--compile", action="store_true", help="torch.compile mt's model (dynamic shapes)")
     ap.add_argument("--worker", choices=list(CONTENDERS), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    device = torch.device(args.device)
     if args.worker:
-        print(json.dumps(run_one(args.worker, args.size, args.steps, args.warmup)))
+        size = dict(SIZES[args.size], **({"max_tokens": args.max_tokens} if args.max_tokens else {}))
+        print(json.dumps(run_one(args.worker, size, args.steps, args.warmup, device,
+                                 args.precision, args.compile)))
         return
-    peak = matmul_peak()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, fp32 matmul peak "
-          f"{peak / 1e9:.1f} GFLOP/s")
+    peak, sheet = matmul_peak(device), datasheet_peak(device)
+    where = (torch.cuda.get_device_name(0) if device.type == "cuda"
+             else f"{torch.get_num_threads()} CPU threads")
+    kind = "bf16" if device.type == "cuda" else "fp32"
+    print(f"torch {torch.__version__}, {where}, {args.precision}, measured {kind} matmul "
+          f"{peak / 1e9:.1f} GFLOP/s" + (f", datasheet dense bf16 {sheet / 1e12:.0f} TFLOP/s"
+                                         if sheet else ""))
+    mem = "peak GPU MB" if device.type == "cuda" else "peak RSS MB"
     summary = {}
     for size_name in (["small", "base"] if args.size == "both" else [args.size]):
-        res = measure(size_name, args.steps, args.warmup)
+        res = measure(size_name, args)
         o, r, h = res["ours"], res["torch"], res["hf"]
         print(f"\n[{size_name}] {o['params'] / 1e6:.1f}M params, padding {o['padding']:.1%} of target positions")
-        print(f"{'':12}{'tgt tok/s':>12}{'peak RSS MB':>14}{'useful GFLOP/s':>16}")
+        print(f"{'':12}{'tgt tok/s':>12}{mem:>14}{'useful GFLOP/s':>16}")
         for name, label in (("ours", "mt"), ("torch", "nn.Transformer"), ("hf", "HF Marian")):
             x = res[name]
             print(f"{label:14}{x['tok_s']:>10.0f}{x['peak_rss_mb']:>14.0f}{x['flop_s'] / 1e9:>16.1f}")
         print(f"ratio mt / nn.Transformer: {o['tok_s'] / r['tok_s']:.2f}x   "
               f"mt / HF Marian: {o['tok_s'] / h['tok_s']:.2f}x   "
-              f"FLOP utilization: {o['flop_s'] / peak:.1%}")
+              f"FLOP utilization: {o['flop_s'] / peak:.1%} of the measured matmul"
+              + (f"   MFU: {o['flop_s'] / sheet:.1%} of the datasheet peak" if sheet else ""))
         if size_name == "small" or args.size != "both":
             summary = {"size": size_name, "ours_tok_s": round(o["tok_s"], 1),
                        "ref_tok_s": round(r["tok_s"], 1), "hf_tok_s": round(h["tok_s"], 1),
@@ -231,7 +290,9 @@ def main() -> None:
                        "ours_peak_rss_mb": round(o["peak_rss_mb"]),
                        "ref_peak_rss_mb": round(r["peak_rss_mb"]),
                        "hf_peak_rss_mb": round(h["peak_rss_mb"]),
-                       "padding": round(o["padding"], 3)}
+                       "padding": round(o["padding"], 3), "device": where,
+                       "precision": args.precision,
+                       **({"mfu": round(o["flop_s"] / sheet, 3)} if sheet else {})}
     if args.json:
         print(json.dumps(summary))
 

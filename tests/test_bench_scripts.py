@@ -23,7 +23,9 @@ def bench_train():
 def test_bench_train_contenders_take_a_step_on_the_same_batches(bench_train, name):
     if name == "hf" and importlib.util.find_spec("transformers") is None:
         pytest.skip("transformers not installed (pip install -e '.[bench]')")
-    r = bench_train.run_one(name, "small", steps=1, warmup=0)
+    import torch
+    r = bench_train.run_one(name, bench_train.SIZES["small"], steps=1, warmup=0,
+                            device=torch.device("cpu"), precision="fp32", compile_ours=False)
     assert r["tok_s"] > 0 and r["peak_rss_mb"] > 0
     assert 0 <= r["padding"] < 0.2
     assert 7_000_000 < r["params"] < 8_500_000       # the three models have the same size

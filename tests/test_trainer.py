@@ -121,3 +121,19 @@ def test_compiled_training_takes_the_same_steps(tmp_path):
     # (about 4e-4 here), so the weights agree to a few lr, not to rounding.
     for k, v in compiled.model.state_dict().items():
         torch.testing.assert_close(v, eager.model.state_dict()[k], atol=1e-3, rtol=0)
+
+
+def test_time_budget_ends_the_run_like_its_last_step(tmp_path):
+    """train.max_minutes stops well before max_steps, and the run ends as a finished one:
+    validated at the stopping step, last snapshot saved and averaged, best.pt written."""
+    import json
+    t = _trainer(tmp_path, "train.max_steps=100000", "train.max_minutes=0.002",
+                 "train.valid_every=100000", "train.save_every=100000", "train.keep_checkpoints=2",
+                 "train.average_last=2")
+    t.fit()
+    st = t.state
+    assert 0 < st.step < 100000 and st.train_seconds >= 0.12
+    records = [json.loads(x) for x in (tmp_path / "run/train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "valid_loss" in r] == [st.step]
+    assert checkpoint.load(tmp_path / "run/best.pt")["train_state"]["step"] == st.step
+    assert checkpoint.load(tmp_path / "run/last.pt")["train_state"]["step"] == st.step
