@@ -44,18 +44,17 @@ class _LinearSmoothedCrossEntropy(torch.autograd.Function):
         off = eps / (v - 1) if eps > 0.0 else 0.0
         for i in range(0, n, chunk):
             hc, y = h[i:i + chunk], target[i:i + chunk]
-            z = (hc @ weight.t()).to(acc)                                 # (c, V)
-            lse = torch.logsumexp(z, dim=-1)
-            nll = lse - z.gather(-1, y[:, None]).squeeze(-1)
+            lp = torch.log_softmax((hc @ weight.t()).to(acc), dim=-1)    # (c, V)
+            nll = -lp.gather(-1, y[:, None]).squeeze(-1)
             if eps > 0.0:
-                others = v * lse - z.sum(-1) - nll                        # sum_{j != y} -log p_j
+                others = -lp.sum(-1) - nll                                # sum_{j != y} -log p_j
                 loss_sum += ((1.0 - eps) * nll + off * others).sum()
             else:
                 loss_sum += nll.sum()
             nll_sum += nll.sum()
             if want_grad:
                 # d loss/d z = softmax - q, q = eps/(V-1) + (1 - eps - eps/(V-1)) * onehot(y)
-                g = z.sub_(lse[:, None]).exp_()
+                g = lp.exp_()
                 if off:
                     g.sub_(off)
                 g.scatter_add_(-1, y[:, None], g.new_full((len(y), 1), -(1.0 - eps - off)))
@@ -74,7 +73,7 @@ class _LinearSmoothedCrossEntropy(torch.autograd.Function):
 
 
 def linear_smoothed_cross_entropy(h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
-                                  eps: float, chunk: int = 2048
+                                  eps: float, chunk: int = 512
                                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """h: (N, D) decoder states of N target tokens that all count (padding removed);
     weight: (V, D) output projection. Returns (smoothed loss sum, NLL sum), the values of

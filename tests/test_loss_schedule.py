@@ -115,6 +115,22 @@ def test_fast_dropout_keeps_expected_fraction_and_scales():
     assert dropout(x, 0.3, training=False) is x
 
 
+def test_dropout_mask_lanes_are_independent_and_any_shape_works():
+    """Four mask elements come from each 64-bit draw: each lane keeps 1 - p, neighbours are
+    independent (both kept: (1 - p)^2), and sizes that are not a multiple of 4 work."""
+    from mt.model.dropout import keep_mask
+    torch.manual_seed(0)
+    mask, scale = keep_mask((100_003, 4), 0.3, torch.device("cpu"))
+    assert mask.shape == (100_003, 4) and mask.dtype == torch.bool
+    assert scale == pytest.approx(1 / 0.7, rel=1e-4)
+    for lane in range(4):
+        assert abs(mask[:, lane].float().mean().item() - 0.7) < 0.01
+    both = (mask[:, 0] & mask[:, 1]).float().mean().item()
+    assert abs(both - 0.49) < 0.01
+    odd, _ = keep_mask((7, 3), 0.5, torch.device("cpu"))
+    assert odd.shape == (7, 3)
+
+
 @pytest.mark.parametrize("p", [0.0, 0.3])
 def test_fused_feed_forward_equals_linear_relu_dropout_linear(p):
     """The CPU training FFN (relu and dropout in place, one hidden tensor kept) gives the values
