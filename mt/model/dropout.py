@@ -75,7 +75,8 @@ class _FeedForward(torch.autograd.Function):
         x2, w1, w2, a = ctx.saved_tensors
         g = grad.reshape(-1, grad.shape[-1])
         grad_w2, grad_b2 = g.t() @ a, g.sum(0)
-        gh = (g @ w2).mul_(a > 0)
+        # relu's backward (gradient where a > 0): one pass, no boolean temporary
+        gh = torch.ops.aten.threshold_backward(g @ w2, a, 0.0)
         if ctx.scale != 1.0:
             gh.mul_(ctx.scale)
         grad_w1, grad_b1 = gh.t() @ x2, gh.sum(0)
