@@ -18,6 +18,7 @@ import contextlib
 import json
 import math
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -223,19 +224,28 @@ def run_one(name: str, size: dict, steps: int, warmup: int, device: torch.device
             "params": sum(p.numel() for p in model.parameters())}
 
 
-def measure(size_name: str, args) -> dict:
+def measure(size_name: str, args) -> tuple[dict, float]:
+    """Each contender `--repeats` times, interleaved (drift in the machine's speed then hits
+    all three alike), with the matmul peak measured before each round. Returns the median
+    run of each contender (by tokens/s; peak memory is the largest seen) and the median peak."""
+    runs, peaks = {name: [] for name in CONTENDERS}, []
+    for _ in range(args.repeats):
+        peaks.append(matmul_peak(torch.device(args.device)))
+        for name in CONTENDERS:
+            proc = subprocess.run([sys.executable, __file__, "--worker", name, "--size", size_name,
+                                   "--steps", str(args.steps), "--warmup", str(args.warmup),
+                                   "--device", args.device, "--precision", args.precision,
+                                   *(["--max-tokens", str(args.max_tokens)] if args.max_tokens else []),
+                                   *(["--compile"] if args.compile else [])],
+                                  capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise SystemExit(f"{name} failed:\n{proc.stderr[-3000:]}")
+            runs[name].append(json.loads(proc.stdout.strip().splitlines()[-1]))
     res = {}
-    for name in CONTENDERS:
-        proc = subprocess.run([sys.executable, __file__, "--worker", name, "--size", size_name,
-                               "--steps", str(args.steps), "--warmup", str(args.warmup),
-                               "--device", args.device, "--precision", args.precision,
-                               *(["--max-tokens", str(args.max_tokens)] if args.max_tokens else []),
-                               *(["--compile"] if args.compile else [])],
-                              capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise SystemExit(f"{name} failed:\n{proc.stderr[-3000:]}")
-        res[name] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return res
+    for name, rs in runs.items():
+        rs = sorted(rs, key=lambda r: r["tok_s"])
+        res[name] = dict(rs[len(rs) // 2], peak_rss_mb=max(r["peak_rss_mb"] for r in rs))
+    return res, statistics.median(peaks)
 
 
 def main() -> None:
@@ -243,6 +253,8 @@ def main() -> None:
     ap.add_argument("--size", choices=["small", "base", "both"], default="both")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="interleaved runs of each contender; the median is reported")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
@@ -268,16 +280,18 @@ def main() -> None:
     mem = "peak GPU MB" if device.type == "cuda" else "peak RSS MB"
     summary = {}
     for size_name in (["small", "base"] if args.size == "both" else [args.size]):
-        res = measure(size_name, args)
+        res, peak = measure(size_name, args)
         o, r, h = res["ours"], res["torch"], res["hf"]
-        print(f"\n[{size_name}] {o['params'] / 1e6:.1f}M params, padding {o['padding']:.1%} of target positions")
+        print(f"\n[{size_name}] {o['params'] / 1e6:.1f}M params, padding {o['padding']:.1%} of target "
+              f"positions; median of {args.repeats} interleaved runs each")
         print(f"{'':12}{'tgt tok/s':>12}{mem:>14}{'useful GFLOP/s':>16}")
         for name, label in (("ours", "mt"), ("torch", "nn.Transformer"), ("hf", "HF Marian")):
             x = res[name]
             print(f"{label:14}{x['tok_s']:>10.0f}{x['peak_rss_mb']:>14.0f}{x['flop_s'] / 1e9:>16.1f}")
         print(f"ratio mt / nn.Transformer: {o['tok_s'] / r['tok_s']:.2f}x   "
               f"mt / HF Marian: {o['tok_s'] / h['tok_s']:.2f}x   "
-              f"FLOP utilization: {o['flop_s'] / peak:.1%} of the measured matmul"
+              f"FLOP utilization: {o['flop_s'] / peak:.1%} of the measured matmul "
+              f"({peak / 1e9:.1f} GFLOP/s, median of {args.repeats})"
               + (f"   MFU: {o['flop_s'] / sheet:.1%} of the datasheet peak" if sheet else ""))
         if size_name == "small" or args.size != "both":
             summary = {"size": size_name, "ours_tok_s": round(o["tok_s"], 1),
