@@ -120,7 +120,8 @@ def test_rnn_attention_weights_are_a_distribution_over_the_source():
     model = make("rnn-bahdanau")
     src, tgt = make_src([5, 3]), torch.randint(4, V, (2, 4))
     weights = []
-    model.decode(tgt, model.encode(src, src == PAD), src == PAD, weights=weights)
+    with torch.no_grad():
+        model.decode(tgt, model.encode(src, src == PAD), src == PAD, weights=weights)
     (w,) = weights
     assert w.shape == (2, 1, 4, 5)
     torch.testing.assert_close(w.sum(-1), torch.ones(2, 1, 4))
