@@ -270,13 +270,12 @@ def main() -> None:
         print(json.dumps(run_one(args.worker, size, args.steps, args.warmup, device,
                                  args.precision, args.compile)))
         return
-    peak, sheet = matmul_peak(device), datasheet_peak(device)
+    sheet = datasheet_peak(device)
     where = (torch.cuda.get_device_name(0) if device.type == "cuda"
              else f"{torch.get_num_threads()} CPU threads")
     kind = "bf16" if device.type == "cuda" else "fp32"
-    print(f"torch {torch.__version__}, {where}, {args.precision}, measured {kind} matmul "
-          f"{peak / 1e9:.1f} GFLOP/s" + (f", datasheet dense bf16 {sheet / 1e12:.0f} TFLOP/s"
-                                         if sheet else ""))
+    print(f"torch {torch.__version__}, {where}, {args.precision}"
+          + (f", datasheet dense bf16 {sheet / 1e12:.0f} TFLOP/s" if sheet else ""))
     mem = "peak GPU MB" if device.type == "cuda" else "peak RSS MB"
     summary = {}
     for size_name in (["small", "base"] if args.size == "both" else [args.size]):
@@ -290,7 +289,7 @@ def main() -> None:
             print(f"{label:14}{x['tok_s']:>10.0f}{x['peak_rss_mb']:>14.0f}{x['flop_s'] / 1e9:>16.1f}")
         print(f"ratio mt / nn.Transformer: {o['tok_s'] / r['tok_s']:.2f}x   "
               f"mt / HF Marian: {o['tok_s'] / h['tok_s']:.2f}x   "
-              f"FLOP utilization: {o['flop_s'] / peak:.1%} of the measured matmul "
+              f"FLOP utilization: {o['flop_s'] / peak:.1%} of the measured {kind} matmul "
               f"({peak / 1e9:.1f} GFLOP/s, median of {args.repeats})"
               + (f"   MFU: {o['flop_s'] / sheet:.1%} of the datasheet peak" if sheet else ""))
         if size_name == "small" or args.size != "both":
