@@ -158,3 +158,37 @@ def test_fused_feed_forward_equals_linear_relu_dropout_linear(p):
         y_eval = ffn.eval()(x)
         torch.testing.assert_close(y_eval, ffn.net(x))
     assert (p == 0) == torch.allclose(y_fused, y_eval)  # dropout really acted in training
+
+
+@pytest.mark.parametrize("p", [0.0, 0.3])
+@pytest.mark.parametrize("weight_scale", [1.0, 0.0])
+def test_fused_add_norm_equals_layer_norm_of_dropout_residual(p, weight_scale):
+    """The CPU training residual LayerNorm(x + dropout(f)), which keeps LayerNorm's output and
+    recovers its input from it, gives the values and gradients of the module chain with the
+    same mask; also when a LayerNorm weight is zero and the output cannot give the input back."""
+    from mt.model.dropout import Dropout
+    from mt.model.fused import add_norm
+    torch.manual_seed(0)
+    norm = torch.nn.LayerNorm(16)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+        norm.weight[3] *= weight_scale
+        norm.bias.uniform_(-1.0, 1.0)
+    drop = Dropout(p).train()
+    x = (3 * torch.randn(4, 5, 16) + 2).requires_grad_()
+    f = torch.randn(4, 5, 16, requires_grad=True)
+    upstream = torch.randn(4, 5, 16)
+
+    def run(call):
+        for t in [x, f, norm.weight, norm.bias]:
+            t.grad = None
+        torch.manual_seed(1)                       # the same random bits for both masks
+        y = call()
+        (y * upstream).sum().backward()
+        return [y.detach()] + [t.grad.clone() for t in [x, f, norm.weight, norm.bias]]
+
+    fused = run(lambda: add_norm(x, f, norm.weight, norm.bias, p, norm.eps))
+    chain = run(lambda: norm(x + drop(f)))
+    for a, b in zip(fused, chain):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert (p == 0) == torch.allclose(fused[2], fused[1])   # dropout reached f's gradient

@@ -48,47 +48,6 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     return _MaskedScale.apply(x, *keep_mask(x.shape, p, x.device))
 
 
-class _FeedForward(torch.autograd.Function):
-    """y = dropout(relu(x W1^T + b1)) W2^T + b2 keeping one (N, d_ff) tensor for backward.
-
-    The hidden activation a = dropout(relu(h)) is needed anyway for W2's gradient, and it also
-    tells relu's and dropout's backward everything: an element passes gradient (times the
-    dropout scale) exactly where a > 0. So neither relu's output nor the dropout mask is kept,
-    and relu and dropout run in place: about a third less activation memory in an FFN.
-    """
-
-    @staticmethod
-    def forward(ctx, x, w1, b1, w2, b2, p):
-        shape = x.shape
-        x2 = x.reshape(-1, shape[-1])
-        a = torch.addmm(b1, x2, w1.t()).relu_()
-        scale = 1.0
-        if p > 0.0:
-            keep, scale = keep_mask(a.shape, p, a.device)
-            a.mul_(keep).mul_(scale)
-        ctx.save_for_backward(x2, w1, w2, a)
-        ctx.scale = scale
-        return torch.addmm(b2, a, w2.t()).view(*shape[:-1], w2.shape[0])
-
-    @staticmethod
-    def backward(ctx, grad):
-        x2, w1, w2, a = ctx.saved_tensors
-        g = grad.reshape(-1, grad.shape[-1])
-        grad_w2, grad_b2 = g.t() @ a, g.sum(0)
-        # relu's backward (gradient where a > 0): one pass, no boolean temporary
-        gh = torch.ops.aten.threshold_backward(g @ w2, a, 0.0)
-        if ctx.scale != 1.0:
-            gh.mul_(ctx.scale)
-        grad_w1, grad_b1 = gh.t() @ x2, gh.sum(0)
-        grad_x = (gh @ w1).view(*grad.shape[:-1], w1.shape[1])
-        return grad_x, grad_w1, grad_b1, grad_w2, grad_b2, None
-
-
-def feed_forward(x, w1, b1, w2, b2, p: float) -> torch.Tensor:
-    """The fused CPU training path of the position-wise FFN (see _FeedForward)."""
-    return _FeedForward.apply(x, w1, b1, w2, b2, p)
-
-
 class Dropout(nn.Module):
     def __init__(self, p: float):
         super().__init__()

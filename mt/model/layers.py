@@ -6,7 +6,8 @@ import torch
 from torch import nn
 
 from mt.model.attention import MultiHeadAttention
-from mt.model.dropout import Dropout, feed_forward
+from mt.model.dropout import Dropout
+from mt.model.fused import add_norm, cpu_fused, feed_forward
 
 
 class FeedForward(nn.Module):
@@ -17,9 +18,7 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         first, drop, second = self.net[0], self.net[2], self.net[3]
-        # the fused path: CPU training in fp32 (on GPU, autocast and F.dropout do the job)
-        if (self.training and not x.is_cuda and torch.is_grad_enabled()
-                and x.dtype == first.weight.dtype and not torch.is_autocast_enabled("cpu")):
+        if cpu_fused(x, first.weight, self.training):
             return feed_forward(x, first.weight, first.bias, second.weight, second.bias, drop.p)
         return self.net(x)
 
@@ -36,6 +35,9 @@ class Residual(nn.Module):
     def forward(self, x: torch.Tensor, f) -> torch.Tensor:
         if self.pre_norm:
             return x + self.dropout(f(self.norm(x)))
+        if cpu_fused(x, self.norm.weight, self.training):
+            return add_norm(x, f(x), self.norm.weight, self.norm.bias, self.dropout.p,
+                            self.norm.eps)
         return self.norm(x + self.dropout(f(x)))
 
 
