@@ -36,15 +36,25 @@ class _LinearSmoothedCrossEntropy(torch.autograd.Function):
     def forward(ctx, h, weight, target, eps, chunk, want_grad):
         n, v = h.shape[0], weight.shape[0]
         acc = torch.float64 if h.dtype == torch.float64 else torch.float32   # softmax in fp32+
+        # One dtype and no autocast (CPU fp32 training): the products go straight into their
+        # destinations (out= and addmm_), with no temporaries per chunk. Under autocast the
+        # products run as autocast casts them (bf16 on GPU), which out= would not do.
+        same = h.dtype == weight.dtype == acc and not torch.is_autocast_enabled(h.device.type)
         loss_sum = h.new_zeros((), dtype=acc)
         nll_sum = h.new_zeros((), dtype=acc)
         grad_h = torch.empty_like(h) if want_grad else None
         grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) \
             if want_grad else None
         off = eps / (v - 1) if eps > 0.0 else 0.0
+        rows = min(chunk, n)
+        # reused for every chunk: (chunk, V) logits, then log-probs
+        logits = h.new_empty((rows, v), dtype=acc) if same else None
+        lp_buf = h.new_empty((rows, v), dtype=acc)
         for i in range(0, n, chunk):
             hc, y = h[i:i + chunk], target[i:i + chunk]
-            lp = torch.log_softmax((hc @ weight.t()).to(acc), dim=-1)    # (c, V)
+            c = hc.shape[0]
+            z = torch.mm(hc, weight.t(), out=logits[:c]) if same else (hc @ weight.t()).to(acc)
+            lp = torch.log_softmax(z, dim=-1, out=lp_buf[:c])                   # (c, V)
             nll = -lp.gather(-1, y[:, None]).squeeze(-1)
             if eps > 0.0:
                 others = -lp.sum(-1) - nll                                # sum_{j != y} -log p_j
@@ -58,8 +68,12 @@ class _LinearSmoothedCrossEntropy(torch.autograd.Function):
                 if off:
                     g.sub_(off)
                 g.scatter_add_(-1, y[:, None], g.new_full((len(y), 1), -(1.0 - eps - off)))
-                grad_h[i:i + chunk] = (g.to(weight.dtype) @ weight).to(h.dtype)
-                grad_w += (g.t().to(hc.dtype) @ hc).to(acc)
+                if same:
+                    torch.mm(g, weight, out=grad_h[i:i + chunk])
+                    grad_w.addmm_(g.t(), hc)
+                else:
+                    grad_h[i:i + chunk] = (g.to(weight.dtype) @ weight).to(h.dtype)
+                    grad_w += (g.t().to(hc.dtype) @ hc).to(acc)
         ctx.mark_non_differentiable(nll_sum)
         if want_grad:
             ctx.save_for_backward(grad_h, grad_w.to(weight.dtype))

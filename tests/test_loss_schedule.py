@@ -192,3 +192,23 @@ def test_fused_add_norm_equals_layer_norm_of_dropout_residual(p, weight_scale):
     for a, b in zip(fused, chain):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     assert (p == 0) == torch.allclose(fused[2], fused[1])   # dropout reached f's gradient
+
+
+def test_fused_loss_under_autocast_matches_fp32():
+    """Under autocast the projection runs in bf16 (the GPU path), the softmax in fp32: the loss
+    and gradients stay those of fp32 within bf16 precision."""
+    from mt.loss import linear_smoothed_cross_entropy
+    g = torch.Generator().manual_seed(2)
+    h = torch.randn(300, 32, generator=g)
+    w = torch.randn(50, 32, generator=g) * 0.3
+    target = torch.randint(1, 50, (300,), generator=g)
+    grads = []
+    for amp in [False, True]:
+        hh, ww = h.clone().requires_grad_(), w.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            loss, nll = linear_smoothed_cross_entropy(hh, ww, target, 0.1, chunk=64)
+        assert loss.dtype == torch.float32
+        loss.backward()
+        grads.append((loss.detach(), nll, hh.grad, ww.grad))
+    for a, b in zip(*grads):                     # relative error of the whole tensor
+        assert ((b - a).norm() / a.norm()).item() < 1e-2
