@@ -22,7 +22,8 @@ def _step_lprobs(model, tokens, memory, src_pad_mask, cache, step, uncached_pref
         h = model.decode(tokens, memory, src_pad_mask, cache=cache, start=step)
     else:  # reference path: recompute the whole prefix every step
         h = model.decode(uncached_prefix, memory, src_pad_mask)[:, -1:]
-    return torch.log_softmax(model.project(h[:, -1]).float(), dim=-1)  # (N, V)
+    logits = model.project(h[:, -1]).float()                          # (N, V), a new tensor
+    return torch.log_softmax(logits, dim=-1, out=logits)               # in place: no new (N, V)
 
 
 @torch.no_grad()
@@ -84,7 +85,10 @@ def beam_search(model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor, b
     `beam` finished hypotheses or reaches its length limit; done sentences leave the batch."""
     b, k, dev = src.shape[0], beam, src.device
     memory_once = model.encode(src, src_pad_mask)                     # (B, S, D)
-    memory = memory_once.repeat_interleave(k, 0)                       # (B*K, S, D)
+    # A model whose cross-attention cache may hold one row per sentence (its K hypotheses'
+    # queries then share it) needs no K copies of the memory or of that cache.
+    per_sentence = use_cache and model.cross_cache_per_sentence
+    memory = memory_once if per_sentence else memory_once.repeat_interleave(k, 0)
     pad_mask = src_pad_mask.repeat_interleave(k, 0)
     limits = max_lengths(src_pad_mask, max_len_a, max_len_b, model.max_positions - 1)
     scores = torch.full((b, k), -float("inf"), device=dev)
@@ -97,10 +101,12 @@ def beam_search(model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor, b
         n = len(alive)
         if step == 0 and use_cache:
             # The K hypotheses of a sentence are all BOS: decode each sentence once (the
-            # cross-attention keys/values are computed here too), then copy rows K times.
+            # cross-attention keys/values are computed here too), then copy rows K times
+            # (the cross-attention part stays one row per sentence where the model allows).
             lprobs = _step_lprobs(model, hyps[::k, -1:], memory_once, src_pad_mask, cache, 0,
                                   None).repeat_interleave(k, 0)
-            reorder_cache(cache, torch.arange(b, device=dev).repeat_interleave(k))
+            reorder_cache(cache, torch.arange(b, device=dev).repeat_interleave(k),
+                          cross=not per_sentence)
         else:
             lprobs = _step_lprobs(model, hyps[:, -1:], memory, pad_mask, cache, step,
                                   None if use_cache else hyps)
@@ -108,7 +114,7 @@ def beam_search(model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor, b
         if step < min_len:
             lprobs[:, EOS] = -float("inf")
         _force_eos(lprobs, (step + 1 >= limits[alive]).repeat_interleave(k))
-        cand = (scores[:, :, None] + lprobs.view(n, k, v)).view(n, k * v)
+        cand = lprobs.view(n, k, v).add_(scores[:, :, None]).view(n, k * v)   # in place
         top_scores, top_idx = cand.topk(min(2 * k, k * v), dim=1)      # (n, 2K)
         top_beam, top_tok = top_idx // v, top_idx % v
         is_eos = top_tok == EOS
@@ -139,7 +145,8 @@ def beam_search(model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor, b
             keep_sent = (~done).nonzero().squeeze(1)
             keep_rows = (keep_sent[:, None] * k + torch.arange(k, device=dev)).view(-1)
             alive, scores = alive[keep_sent], scores[keep_sent]
-            hyps, memory, pad_mask = hyps[keep_rows], memory[keep_rows], pad_mask[keep_rows]
+            hyps, pad_mask = hyps[keep_rows], pad_mask[keep_rows]
+            memory = memory[keep_sent] if per_sentence else memory[keep_rows]
             if cache is not None:
-                reorder_cache(cache, keep_rows)
+                reorder_cache(cache, keep_rows, cross=keep_sent if per_sentence else True)
     return [max(f)[1] if f else [] for f in finished]

@@ -141,3 +141,31 @@ def test_attention_weights_path_equals_sdpa_path():
     torch.testing.assert_close(with_w, model.decode(tgt, memory, mask), atol=1e-5, rtol=1e-5)
     assert len(weights) == 2 and weights[0].shape == (2, 4, 5, 6)
     assert float(weights[0][1, :, :, 4:].detach().abs().max()) == 0.0   # padding: no attention
+
+
+def test_cross_cache_per_sentence_equals_one_copy_per_hypothesis():
+    """Beam search keeps the memory keys/values once per sentence; the queries of a sentence's
+    K hypotheses then attend together. States and attention weights equal those computed
+    with K copies of the cross cache."""
+    model = make_model(seed=2)
+    src = make_src([6, 4, 8])
+    mask = src == PAD
+    k = 3
+    rows = torch.arange(3).repeat_interleave(k)
+    memory = model.encode(src, mask)
+    bos = torch.full((3, 1), 2)
+    nxt = torch.randint(4, V, (3 * k, 1))
+    outs = []
+    for per_sentence in (True, False):
+        cache = model.new_cache()
+        model.decode(bos, memory, mask, cache=cache, start=0)
+        reorder_cache(cache, rows, cross=not per_sentence)
+        assert cache[0]["cross"]["k"].shape[0] == (3 if per_sentence else 3 * k)
+        weights = []
+        h = model.decode(nxt, memory[rows], mask[rows], cache=cache, start=1, weights=weights)
+        outs.append((h, weights))
+    (h_a, w_a), (h_b, w_b) = outs
+    torch.testing.assert_close(h_a, h_b)
+    for a, b in zip(w_a, w_b):
+        assert a.shape == (3 * k, 4, 1, 8)
+        torch.testing.assert_close(a, b)

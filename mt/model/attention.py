@@ -25,10 +25,6 @@ class MultiHeadAttention(nn.Module):
         self.out = nn.Linear(d_model, d_model)
         self.rel = RelativeKeys(relative, self.d_head) if relative else None
 
-    def _heads(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, _ = x.shape
-        return x.view(b, t, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, T, Dh)
-
     def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None,
                 attn_mask: torch.Tensor | None = None, is_causal: bool = False,
                 cache: dict | None = None, need_weights: bool = False,
@@ -48,13 +44,20 @@ class MultiHeadAttention(nn.Module):
                     v = _append(cache["v"], v, cache["order"])
                 cache["k"], cache["v"], cache["order"] = k, v, None
         else:
-            q = self._heads(self.q(x))
             if cache is not None and "k" in cache:
                 k, v = cache["k"], cache["v"]
             else:
                 k, v = self._heads_split(self.kv(memory), 2)
                 if cache is not None:
                     cache["k"], cache["v"] = k, v
+            # Beam search may keep one row of memory keys/values per sentence for its
+            # `groups` hypotheses (rows sentence-major): the hypotheses' queries then go
+            # together as groups * T queries of their sentence, with no copies of the memory.
+            groups = x.shape[0] // k.shape[0]
+            q = self.q(x).view(k.shape[0], groups * x.shape[1], self.n_heads, self.d_head)
+            q = q.transpose(1, 2)                                  # (Bk, H, groups * T, Dh)
+            if groups > 1 and attn_mask is not None:
+                attn_mask = attn_mask[::groups]
         if self.rel is not None:
             attn_mask = _as_bias(self.rel(q, q_pos, k_pos), attn_mask, is_causal)
             is_causal = False
@@ -65,8 +68,11 @@ class MultiHeadAttention(nn.Module):
                 q, k, v, attn_mask=attn_mask, is_causal=is_causal,
                 dropout_p=self.dropout if self.training else 0.0)
             weights = None
-        b, h, t, dh = ctx.shape
-        out = self.out(ctx.transpose(1, 2).reshape(b, t, h * dh))  # (B, T, D)
+        b, t, d = x.shape
+        out = self.out(ctx.transpose(1, 2).reshape(b, t, d))  # (B, T, D)
+        if need_weights and weights.shape[0] != b:             # grouped: back to (B, H, T, S)
+            weights = weights.view(-1, self.n_heads, b // weights.shape[0], t, weights.shape[-1])
+            weights = weights.transpose(1, 2).reshape(b, self.n_heads, t, -1)
         return (out, weights) if need_weights else out
 
     def _heads_split(self, x: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:

@@ -15,6 +15,8 @@ from mt.model.positions import AbsolutePositions
 
 
 class Transformer(Seq2Seq):
+    cross_cache_per_sentence = True    # see MultiHeadAttention's grouped queries
+
     def __init__(self, *, src_vocab: int, tgt_vocab: int, d_model: int, n_heads: int,
                  enc_layers: int, dec_layers: int, d_ff: int, dropout: float,
                  attn_dropout: float, pre_norm: bool, tie_embeddings: str, max_positions: int,
