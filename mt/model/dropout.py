@@ -3,9 +3,9 @@
 `F.dropout` draws one Bernoulli sample per element, which on CPU costs as much as a large
 matmul (measured: 110 ms for 8M floats). Here each element gets 16 uniform random bits, taken
 four at a time from one 64-bit draw (4M elements: 5 ms, against 16 ms for one int16 draw per
-element), compared with a threshold (p is resolved to 1/65536). The mask is applied by a
-multiplication with the 1-byte keep mask (3x faster than masked_fill on CPU), and backward
-reuses that mask instead of a float copy. On GPU, F.dropout is used.
+element), compared with a threshold (p is resolved to 1/65536). The 1-byte keep mask is applied with
+`torch.where` (multiplying by it would first convert it to a float copy: 6.5 ms against 2.9 ms
+for 4M floats), and backward reuses that mask. On GPU, F.dropout is used.
 """
 from __future__ import annotations
 
@@ -21,12 +21,17 @@ class _MaskedScale(torch.autograd.Function):
     def forward(ctx, x, keep, scale):
         ctx.save_for_backward(keep)
         ctx.scale = scale
-        return x.mul(keep).mul_(scale)
+        return masked(x, keep).mul_(scale)
 
     @staticmethod
     def backward(ctx, grad):
         (keep,) = ctx.saved_tensors
-        return grad.mul(keep).mul_(ctx.scale), None, None
+        return masked(grad, keep).mul_(ctx.scale), None, None
+
+
+def masked(x: torch.Tensor, keep: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x where `keep` (bool) is True, else 0, in one pass (into `out` if given, which may be x)."""
+    return torch.where(keep, x, x.new_zeros(()), out=out)
 
 
 def keep_mask(shape, p: float, device) -> tuple[torch.Tensor, float]:
