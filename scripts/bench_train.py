@@ -10,6 +10,10 @@ this machine's matmul FLOP/s (fp32 on CPU, bf16 on CUDA) and the FLOP utilizatio
 (non-padding) training FLOPs. On an H100/H200 the model FLOP utilization (MFU) is also given
 against the datasheet dense bf16 peak. With --json the last line is a JSON object (the small
 size, or the one size asked for).
+
+Every contender's process imports mt (for the batches), so all three run with the allocator
+setting mt makes on import (transparent huge pages for tensors of 2 MB and more; see
+mt/__init__.py): the ratios compare the training steps, not allocator settings.
 """
 from __future__ import annotations
 
@@ -29,6 +33,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import mt  # noqa: E402,F401  (its allocator setting, for every contender alike)
 
 SIZES = {
     "small": dict(layers=3, d_model=256, heads=4, d_ff=1024, vocab=8000, max_tokens=8192),
