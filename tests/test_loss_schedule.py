@@ -121,7 +121,8 @@ def test_dropout_mask_lanes_are_independent_and_any_shape_works():
     from mt.model.dropout import keep_mask
     torch.manual_seed(0)
     mask, scale = keep_mask((100_003, 4), 0.3, torch.device("cpu"))
-    assert mask.shape == (100_003, 4) and mask.dtype == torch.bool
+    assert mask.shape == (100_003, 4) and mask.dtype == torch.uint8
+    assert set(mask.unique().tolist()) == {0, 1}
     assert scale == pytest.approx(1 / 0.7, rel=1e-4)
     for lane in range(4):
         assert abs(mask[:, lane].float().mean().item() - 0.7) < 0.01

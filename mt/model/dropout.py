@@ -3,9 +3,10 @@
 `F.dropout` draws one Bernoulli sample per element, which on CPU costs as much as a large
 matmul (measured: 110 ms for 8M floats). Here each element gets 16 uniform random bits, taken
 four at a time from one 64-bit draw (4M elements: 5 ms, against 16 ms for one int16 draw per
-element), compared with a threshold (p is resolved to 1/65536). The 1-byte keep mask is applied with
-`torch.where` (multiplying by it would first convert it to a float copy: 6.5 ms against 2.9 ms
-for 4M floats), and backward reuses that mask. On GPU, F.dropout is used.
+element), compared with a threshold (p is resolved to 1/65536). The keep mask is uint8, not bool: the
+comparison writes uint8 twice as fast, and a multiplication converts uint8 to float ten times
+faster than bool (4M elements: 0.23 vs 2.5 ms); `torch.where` on a bool mask is slower still at
+p = 0.3 (branchy: 5.7 ms). Backward reuses the mask. On GPU, F.dropout is used.
 """
 from __future__ import annotations
 
@@ -30,18 +31,19 @@ class _MaskedScale(torch.autograd.Function):
 
 
 def masked(x: torch.Tensor, keep: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """x where `keep` (bool) is True, else 0, in one pass (into `out` if given, which may be x)."""
-    return torch.where(keep, x, x.new_zeros(()), out=out)
+    """x where the uint8 mask `keep` is 1, else 0 (into `out` if given, which may be x)."""
+    return torch.mul(x, keep, out=out)
 
 
 def keep_mask(shape, p: float, device) -> tuple[torch.Tensor, float]:
-    """(mask, scale): mask is True where an element is kept, with probability 1 - p (p
+    """(mask, scale): the uint8 mask is 1 where an element is kept, with probability 1 - p (p
     resolved to 1/65536); scale = 1 / P(kept), so that dropout keeps the expectation."""
     n = math.prod(shape)
     dropped = round(p * 65536)
     bits = torch.empty((n + 3) // 4, dtype=torch.int64, device=device)
     bits.random_(-2 ** 63, 2 ** 63 - 1)                   # four uniform int16 lanes per draw
-    mask = bits.view(torch.int16)[:n].view(shape) >= dropped - 32768
+    mask = torch.ge(bits.view(torch.int16)[:n].view(shape), dropped - 32768,
+                    out=torch.empty(shape, dtype=torch.uint8, device=device))
     return mask, 65536 / (65536 - dropped)
 
 

@@ -71,11 +71,12 @@ class _AddNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, f, weight, bias, p, eps):
         d = x.shape[-1]
-        keep, scale = None, 1.0
+        keep = None
         if p > 0.0:
             keep, scale = keep_mask(f.shape, p, f.device)
-            f = masked(f, keep)
-        s = torch.add(x, f, alpha=scale)                       # x + dropout(f)
+            s = torch.addcmul(x, f, keep, value=scale)          # x + dropout(f), one pass
+        else:
+            s, scale = x + f, 1.0
         y, mean, rstd = torch.native_layer_norm(s, [d], weight, bias, eps)
         from_output = bool((weight.abs() >= 1e-3).all())      # CPU: no device sync to wait on
         if from_output:
