@@ -22,17 +22,12 @@ class _MaskedScale(torch.autograd.Function):
     def forward(ctx, x, keep, scale):
         ctx.save_for_backward(keep)
         ctx.scale = scale
-        return masked(x, keep).mul_(scale)
+        return x.mul(keep).mul_(scale)
 
     @staticmethod
     def backward(ctx, grad):
         (keep,) = ctx.saved_tensors
-        return masked(grad, keep).mul_(ctx.scale), None, None
-
-
-def masked(x: torch.Tensor, keep: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """x where the uint8 mask `keep` is 1, else 0 (into `out` if given, which may be x)."""
-    return torch.mul(x, keep, out=out)
+        return grad.mul(keep).mul_(ctx.scale), None, None
 
 
 def keep_mask(shape, p: float, device) -> tuple[torch.Tensor, float]:

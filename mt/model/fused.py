@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from mt.model.dropout import keep_mask, masked
+from mt.model.dropout import keep_mask
 
 
 def cpu_fused(x: torch.Tensor, weight: torch.Tensor, training: bool) -> bool:
@@ -34,7 +34,7 @@ class _FeedForward(torch.autograd.Function):
         scale = 1.0
         if p > 0.0:
             keep, scale = keep_mask(a.shape, p, a.device)
-            masked(a, keep, out=a)
+            a.mul_(keep)
         ctx.save_for_backward(x2, w1, w2, a)
         ctx.scale = scale
         return torch.addmm(b2, a, w2.t(), alpha=scale).view(*shape[:-1], w2.shape[0])
@@ -103,7 +103,7 @@ class _AddNorm(torch.autograd.Function):
             s, mean, rstd, weight, bias, keep = ctx.saved_tensors
             gs, gw, gb = torch.ops.aten.native_layer_norm_backward(
                 gy, s, [ctx.d], mean, rstd, weight, bias, [True, True, True])
-        gf = gs if keep is None else masked(gs, keep).mul_(ctx.scale)
+        gf = gs if keep is None else gs.mul(keep).mul_(ctx.scale)
         return gs, gf, gw, gb, None, None
 
 
