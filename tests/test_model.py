@@ -169,3 +169,31 @@ def test_cross_cache_per_sentence_equals_one_copy_per_hypothesis():
     for a, b in zip(w_a, w_b):
         assert a.shape == (3 * k, 4, 1, 8)
         torch.testing.assert_close(a, b)
+
+
+def test_attention_dropout_on_cpu_is_unbiased_and_respects_padding():
+    """On CPU, training-time attention dropout goes through the explicit path with mt's
+    dropout mask: independent per row, unbiased (the mean over many draws is the output
+    without dropout), and padded keys still get no attention."""
+    from mt.model.attention import MultiHeadAttention
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(16, 2, 0.25, self_attention=True)
+    x = torch.randn(1, 5, 16)
+    may_attend = torch.tensor([True, True, True, False, False]).view(1, 1, 1, 5)
+    expected = attn.eval()(x, attn_mask=may_attend)
+    draws = 4000
+    xs = x.expand(draws, 5, 16).clone().requires_grad_()
+    out = attn.train()(xs, attn_mask=may_attend)
+    assert not torch.allclose(out[0], out[1])                        # masks differ per row
+    spread = out.std(0) / draws ** 0.5                               # standard error of the mean
+    assert float(((out.mean(0) - expected[0]).abs() / spread).max()) < 5
+    out.sum().backward()
+    assert bool(torch.isfinite(xs.grad).all())
+    # what stands at padded key positions cannot change the output at all
+    torch.manual_seed(1)
+    a = attn(x, attn_mask=may_attend)
+    y = x.clone()
+    y[:, 3:] = 100.0
+    torch.manual_seed(1)
+    b = attn(y, attn_mask=may_attend)
+    torch.testing.assert_close(a[:, :3], b[:, :3])

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mt.model.dropout import dropout
 from mt.model.positions import RelativeKeys
 
 
@@ -61,12 +62,16 @@ class MultiHeadAttention(nn.Module):
         if self.rel is not None:
             attn_mask = _as_bias(self.rel(q, q_pos, k_pos), attn_mask, is_causal)
             is_causal = False
-        if need_weights:
-            ctx, weights = _attention_with_weights(q, k, v, attn_mask, is_causal)
+        dropout_p = self.dropout if self.training else 0.0
+        if need_weights or (dropout_p > 0.0 and not q.is_cuda):
+            # On CPU, SDPA with dropout takes its math path and draws the mask with bernoulli_
+            # (slow); the explicit path draws it as mt's dropout does.
+            ctx, weights = _attention_explicit(q, k, v, attn_mask, is_causal, dropout_p)
+            weights = weights if need_weights else None
         else:
             ctx = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=attn_mask, is_causal=is_causal,
-                dropout_p=self.dropout if self.training else 0.0)
+                dropout_p=dropout_p)
             weights = None
         b, t, d = x.shape
         out = self.out(ctx.transpose(1, 2).reshape(b, t, d))  # (B, T, D)
@@ -96,8 +101,9 @@ def _append(old: torch.Tensor, new: torch.Tensor, order: torch.Tensor | None) ->
     return out
 
 
-def _attention_with_weights(q, k, v, attn_mask, is_causal):
-    """The explicit softmax(QK^T/sqrt(d))V, for when the weights themselves are wanted."""
+def _attention_explicit(q, k, v, attn_mask, is_causal, dropout_p: float = 0.0):
+    """The explicit dropout(softmax(QK^T/sqrt(d)))V and the weights (before dropout), for when
+    the weights themselves are wanted or dropout runs on CPU."""
     scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5  # (B, H, T, S)
     if is_causal:
         t, s = scores.shape[-2:]
@@ -108,7 +114,7 @@ def _attention_with_weights(q, k, v, attn_mask, is_causal):
     elif attn_mask is not None:
         scores = scores + attn_mask
     weights = scores.softmax(-1)
-    return weights @ v, weights
+    return dropout(weights, dropout_p, True) @ v, weights
 
 
 def _as_bias(bias: torch.Tensor, attn_mask: torch.Tensor | None, is_causal: bool) -> torch.Tensor:
