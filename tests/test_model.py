@@ -122,6 +122,25 @@ def test_beam_finds_at_least_the_greedy_score():
         assert logp(i, b[i]) >= logp(i, g[i]) - 1e-4
 
 
+@pytest.mark.parametrize("length", [40_000, 40_003, 50])
+def test_block_topk_equals_topk(length):
+    """Beam search's top-2K over K * V candidates per sentence goes through block maxima; it
+    returns what topk returns: with the best values crowded into one block, in the ragged tail
+    after the last whole block, and with rows that are mostly -inf (forced EOS)."""
+    from mt.search import _topk_rows
+    g = torch.Generator().manual_seed(length)
+    x = torch.randn(6, length, generator=g)
+    x[0, 20:30] = 50.0 + torch.arange(10.0)                  # all of the top 10 in one block
+    x[1, -3:] = 40.0 + torch.arange(3.0)                      # in the tail (when there is one)
+    x[2] = -float("inf")
+    x[2, 7] = 0.0
+    values, index = _topk_rows(x, 10)
+    expected = x.topk(10, dim=1)
+    torch.testing.assert_close(values, expected.values)
+    torch.testing.assert_close(x.gather(1, index), values)   # indices point at those values
+    assert bool((index[:2] == expected.indices[:2]).all())
+
+
 def test_tied_embeddings_share_one_matrix():
     m = make_model(tie="all")
     assert m.src_embed.weight is m.tgt_embed.weight and m.output is None
