@@ -3,10 +3,10 @@
 `F.dropout` draws one Bernoulli sample per element, which on CPU costs as much as a large
 matmul (measured: 110 ms for 8M floats). Here each element gets 16 uniform random bits, taken
 four at a time from one 64-bit draw (4M elements: 5 ms, against 16 ms for one int16 draw per
-element), compared with a threshold (p is resolved to 1/65536). The keep mask is uint8, not bool: the
-comparison writes uint8 twice as fast, and a multiplication converts uint8 to float ten times
-faster than bool (4M elements: 0.23 vs 2.5 ms); `torch.where` on a bool mask is slower still at
-p = 0.3 (branchy: 5.7 ms). Backward reuses the mask. On GPU, F.dropout is used.
+element), compared with a threshold (p is resolved to 1/65536). The keep mask is uint8, not
+bool: the comparison writes uint8 twice as fast, and a multiplication converts uint8 to float
+ten times faster than bool (4M elements: 0.23 vs 2.5 ms); `torch.where` on a bool mask is
+slower still at p = 0.3 (branchy: 5.7 ms). Backward reuses the mask. On GPU, F.dropout is used.
 """
 from __future__ import annotations
 
