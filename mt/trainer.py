@@ -25,6 +25,7 @@ from mt.data.corpus import ParallelData
 from mt.distributed import Dist
 from mt.errors import MTError
 from mt.loss import linear_smoothed_cross_entropy
+from mt.memory import release_free_memory
 from mt.metrics import score
 from mt.tokenizer import PAD
 from mt.translator import Translator
@@ -188,6 +189,7 @@ class Trainer:
 
     @torch.no_grad()
     def validate(self) -> dict:
+        release_free_memory()        # what training freed, before decoding allocates its own
         self.model.eval()
         v = self.validation
         loss_sum = nll_sum = 0.0
@@ -210,6 +212,7 @@ class Trainer:
         else:
             self.state.bad_validations += 1
         self._write_log(record)
+        release_free_memory()
         return record
 
     def checkpoint_dict(self) -> dict:
@@ -395,6 +398,7 @@ class Trainer:
     def _tune(self) -> None:
         from mt.tuning import tune_decoding
         d = self.decode_cfg
+        release_free_memory()
         rec = tune_decoding(self.run_dir, self.validation.src, self.validation.refs,
                             d.tune_beams, d.tune_length_penalties, str(self.device))
         self._write_log({"step": self.state.step, **rec})

@@ -78,6 +78,73 @@ def test_scheduler_gives_noam_of_the_update_number():
         sched.step()
 
 
+def _adam_pair(weight_decay):
+    from mt.schedule import Adam
+    g = torch.Generator().manual_seed(3)
+    shapes = [(5, 4), (4,), (3, 5)]
+    init = [torch.randn(s, generator=g) for s in shapes]
+    grads = [[torch.randn(s, generator=g) for s in shapes] for _ in range(6)]
+    ours = [torch.nn.Parameter(x.clone()) for x in init]
+    theirs = [torch.nn.Parameter(x.clone()) for x in init]
+    kw = dict(betas=(0.9, 0.98), eps=1e-9, weight_decay=weight_decay)
+    return (ours, Adam(ours, lr=0.01, **kw)), (theirs, torch.optim.Adam(theirs, lr=0.01, **kw)), grads
+
+
+def _adam_steps(pairs, grads):
+    for step_grads in grads:
+        for params, opt in pairs:
+            for p, gr in zip(params, step_grads):
+                p.grad = gr.clone()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+
+@pytest.mark.parametrize("weight_decay", [0.0, 0.01])
+def test_adam_is_torch_adam_and_their_states_are_interchangeable(weight_decay):
+    """mt's Adam (no torch.optim.Optimizer, hence no torch._dynamo import) takes the same
+    steps as torch.optim.Adam, and either one resumes from the other's state_dict."""
+    (ours, opt), (theirs, ref), grads = _adam_pair(weight_decay)
+    _adam_steps([(ours, opt), (theirs, ref)], grads[:3])
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    assert not torch.equal(ours[0], _adam_pair(weight_decay)[0][0][0])    # it did move
+    # swap: each continues from the other's state (moments and step count)
+    mine, torch_state = opt.state_dict(), ref.state_dict()
+    opt.load_state_dict(torch_state)
+    ref.load_state_dict(mine)
+    _adam_steps([(ours, opt), (theirs, ref)], grads[3:])
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    assert [s["step"].item() for s in opt.state_dict()["state"].values()] == [6.0] * 3
+
+
+def test_adam_refuses_a_state_for_other_parameters():
+    from mt.schedule import Adam
+    opt = Adam([torch.nn.Parameter(torch.zeros(2))], lr=0.1, betas=(0.9, 0.98), eps=1e-9)
+    other = Adam([torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(3))],
+                 lr=0.1, betas=(0.9, 0.98), eps=1e-9)
+    with pytest.raises(ValueError, match="2 parameters"):
+        opt.load_state_dict(other.state_dict())
+
+
+def test_noam_resumes_from_a_lambdalr_state():
+    """Checkpoints written with torch's LambdaLR (before mt's Noam) resume at the same lr."""
+    from types import SimpleNamespace
+    from mt.schedule import build_optimizer
+    cfg = SimpleNamespace(adam_beta1=0.9, adam_beta2=0.98, adam_eps=1e-9, weight_decay=0.0,
+                          warmup=10, lr_factor=2.0)
+    p = torch.nn.Parameter(torch.zeros(1))
+    ref_opt = torch.optim.Adam([p], lr=1.0)
+    ref = torch.optim.lr_scheduler.LambdaLR(ref_opt, lambda k: noam(k + 1, 64, 10, 2.0))
+    for _ in range(13):
+        ref_opt.step()
+        ref.step()
+    opt, sched = build_optimizer([torch.nn.Parameter(torch.zeros(1))], cfg, 64)
+    sched.load_state_dict(ref.state_dict())
+    assert sched.get_last_lr() == pytest.approx(ref.get_last_lr())
+    assert opt.param_groups[0]["lr"] == pytest.approx(noam(14, 64, 10, 2.0))
+
+
 @pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])
 @pytest.mark.parametrize("chunk", [7, 2048])
 def test_fused_projection_and_loss_equal_the_reference_in_value_and_gradient(eps, chunk):

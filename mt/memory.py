@@ -1,0 +1,29 @@
+"""Handing freed heap memory back to the operating system.
+
+On CPU, tensors live in the C library's heap. glibc keeps freed blocks for reuse, and
+training allocates blocks of a new size for every batch shape, so freed blocks of earlier
+shapes pile up: resident memory creeps above what is live (by 250 MB over 50 updates of the
+Multi30k model). `malloc_trim` returns the free pages. Trimming costs the next allocations
+their page faults again, so it is done between phases (training, validation), not per update.
+"""
+from __future__ import annotations
+
+import ctypes
+
+
+def _find_trim():
+    try:
+        return ctypes.CDLL(None).malloc_trim    # glibc; absent from musl and macOS
+    except (OSError, AttributeError):
+        return None
+
+
+_TRIM = _find_trim()
+
+
+def release_free_memory() -> bool:
+    """Give the heap's free pages back to the OS; False where the C library cannot."""
+    if _TRIM is None:
+        return False
+    _TRIM(0)
+    return True
