@@ -262,6 +262,46 @@ def test_fused_add_norm_equals_layer_norm_of_dropout_residual(p, weight_scale):
     assert (p == 0) == torch.allclose(fused[2], fused[1])   # dropout reached f's gradient
 
 
+@pytest.mark.parametrize("kind", ["padded", "causal", "cross", "relative"])
+def test_fused_attention_equals_the_op_by_op_chain(kind, monkeypatch):
+    """The CPU training attention with dropout (context recomputed in backward, projection
+    fused) gives the values and gradients of the explicit chain with the same dropout mask:
+    padded keys, causal self-attention, cross-attention and relative-position keys (whose
+    score bias depends on the queries, so its gradient must reach them)."""
+    from mt.model.attention import MultiHeadAttention
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(16, 2, 0.3, self_attention=kind != "cross",
+                              relative=3 if kind == "relative" else 0).train()
+    x = torch.randn(3, 5, 16, requires_grad=True)
+    memory = torch.randn(3, 7, 16, requires_grad=True)
+    s = 7 if kind == "cross" else 5
+    may_attend = torch.ones(3, 1, 1, s, dtype=torch.bool)
+    may_attend[0, ..., -2:] = False
+    upstream = torch.randn(3, 5, 16)
+    kwargs = {"padded": dict(attn_mask=may_attend), "causal": dict(is_causal=True),
+              "cross": dict(memory=memory, attn_mask=may_attend),
+              "relative": dict(is_causal=True, q_pos=torch.arange(5), k_pos=torch.arange(5))}[kind]
+    leaves = [x, memory, *attn.parameters()]
+
+    def run():
+        for t in leaves:
+            t.grad = None
+        torch.manual_seed(1)                       # the same random bits for both masks
+        y = attn(x, **kwargs)
+        (y * upstream).sum().backward()
+        return [y.detach()] + [None if t.grad is None else t.grad.clone() for t in leaves]
+
+    fused = run()
+    monkeypatch.setattr("mt.model.attention.cpu_fused", lambda *a: False)
+    chain = run()
+    for a, b in zip(fused, chain):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    with torch.no_grad():
+        assert not torch.allclose(fused[0], attn.eval()(x, **kwargs))   # dropout acted
+
+
 def test_fused_loss_under_autocast_matches_fp32():
     """Under autocast the projection runs in bf16 (the GPU path), the softmax in fp32: the loss
     and gradients stay those of fp32 within bf16 precision."""

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mt.model.dropout import dropout
+from mt.model.fused import attention_out, cpu_fused
 from mt.model.positions import RelativeKeys
 
 
@@ -63,6 +64,10 @@ class MultiHeadAttention(nn.Module):
             attn_mask = _as_bias(self.rel(q, q_pos, k_pos), attn_mask, is_causal)
             is_causal = False
         dropout_p = self.dropout if self.training else 0.0
+        b, t, d = x.shape
+        if dropout_p > 0.0 and not need_weights and cpu_fused(x, self.out.weight, self.training):
+            return attention_out(q, k, v, attn_mask, is_causal, self.out.weight, self.out.bias,
+                                 dropout_p).view(b, t, d)
         if need_weights or (dropout_p > 0.0 and not q.is_cuda):
             # On CPU, SDPA with dropout takes its math path and draws the mask with bernoulli_
             # (slow); the explicit path draws it as mt's dropout does.
@@ -73,7 +78,6 @@ class MultiHeadAttention(nn.Module):
                 q, k, v, attn_mask=attn_mask, is_causal=is_causal,
                 dropout_p=dropout_p)
             weights = None
-        b, t, d = x.shape
         out = self.out(ctx.transpose(1, 2).reshape(b, t, d))  # (B, T, D)
         if need_weights and weights.shape[0] != b:             # grouped: back to (B, H, T, S)
             weights = weights.view(-1, self.n_heads, b // weights.shape[0], t, weights.shape[-1])

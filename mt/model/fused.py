@@ -110,3 +110,86 @@ class _AddNorm(torch.autograd.Function):
 def add_norm(x, f, weight, bias, p: float, eps: float) -> torch.Tensor:
     """The fused CPU training path of LayerNorm(x + dropout(f)) (see _AddNorm)."""
     return _AddNorm.apply(x, f, weight, bias, p, eps)
+
+
+class _AttentionOut(torch.autograd.Function):
+    """out = (dropout(softmax(q k^T / sqrt(d_head) masked)) v) W^T + b: attention with
+    attention dropout and the output projection in one node, for CPU training.
+
+    The op-by-op chain keeps the context (dropout(weights) v, the projection's input: one
+    (N, D) tensor per attention) and the dropped-out weights, and allocates a new tensor at
+    every step (scale, mask, softmax, dropout, scale). Here the context is recomputed in
+    backward from the kept weights, mask and v (one small batched matmul: S / D of the
+    projection's work), and the scaling, masking and dropout scale run in place or fold
+    into the matmuls: one (N, D) tensor less per attention and far fewer allocations of
+    changing sizes, which is what keeps a CPU process's heap from growing (see mt/memory.py).
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, attn_mask, is_causal, weight, bias, p):
+        bsz, h, t, dh = q.shape
+        s = k.shape[2]
+        qh = q.reshape(bsz * h, t, dh)                 # copies of the permuted projections
+        kh = k.reshape(bsz * h, s, dh)
+        vh = v.reshape(bsz * h, s, dh)
+        scale = dh ** -0.5
+        scores = torch.bmm(qh, kh.transpose(1, 2)).mul_(scale)
+        view = scores.view(bsz, h, t, s)
+        if attn_mask is not None and attn_mask.dtype == torch.bool:
+            view.masked_fill_(attn_mask.logical_not(), float("-inf"))
+        elif attn_mask is not None:
+            view.add_(attn_mask)
+        if is_causal:
+            view.masked_fill_(torch.ones(t, s, dtype=torch.bool, device=q.device).triu_(1),
+                              float("-inf"))
+        weights = torch.softmax(scores, -1)
+        del scores, view
+        keep, dscale = keep_mask(weights.shape, p, weights.device)
+        context = _context(weights, keep, vh, bsz, h, t, dh)
+        out = torch.addmm(bias, context, weight.t(), alpha=dscale)
+        ctx.save_for_backward(qh, kh, vh, weights, keep, weight)
+        ctx.dims = bsz, h, t, s, dh, scale, dscale
+        ctx.bias_shape = None if attn_mask is None or attn_mask.dtype == torch.bool \
+            else attn_mask.shape
+        return out.view(bsz, t, weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, grad):
+        qh, kh, vh, weights, keep, weight = ctx.saved_tensors
+        bsz, h, t, s, dh, scale, dscale = ctx.dims
+        g = grad.reshape(bsz * t, -1)
+        context = _context(weights, keep, vh, bsz, h, t, dh)    # recomputed
+        grad_w = (g.t() @ context).mul_(dscale)
+        grad_b = g.sum(0)
+        del context
+        # the context's gradient, per head: (B*H, T, Dh)
+        g_ctx = (g @ (weight * dscale)).view(bsz, t, h, dh).transpose(1, 2).reshape(bsz * h, t, dh)
+        dropped = weights * keep
+        grad_v = torch.bmm(dropped.transpose(1, 2), g_ctx)
+        del dropped
+        g_w = torch.bmm(g_ctx, vh.transpose(1, 2)).mul_(keep)    # (B*H, T, S)
+        g_scores = torch._softmax_backward_data(g_w, weights, -1, weights.dtype)
+        grad_mask = None
+        if ctx.bias_shape is not None and ctx.needs_input_grad[3]:    # a bias made from q
+            grad_mask = g_scores.view(bsz, h, t, s).sum_to_size(ctx.bias_shape)
+            g_scores = g_scores * scale                 # grad_mask may be g_scores itself
+        else:
+            g_scores.mul_(scale)
+        grad_q = torch.bmm(g_scores, kh).view(bsz, h, t, dh)
+        grad_k = torch.bmm(g_scores.transpose(1, 2), qh).view(bsz, h, s, dh)
+        return (grad_q, grad_k, grad_v.view(bsz, h, s, dh), grad_mask, None, grad_w, grad_b,
+                None)
+
+
+def _context(weights, keep, vh, bsz, h, t, dh) -> torch.Tensor:
+    """(weights * keep) v as (B*T, H*Dh) rows, heads side by side (the dropout scale is left
+    to the caller)."""
+    ctx_h = torch.bmm(weights * keep, vh)                       # (B*H, T, Dh)
+    return ctx_h.view(bsz, h, t, dh).transpose(1, 2).reshape(bsz * t, h * dh)
+
+
+def attention_out(q, k, v, attn_mask, is_causal: bool, weight, bias, p: float) -> torch.Tensor:
+    """The fused CPU training path of attention with dropout p > 0 and the output projection
+    (see _AttentionOut). q: (B, H, T, Dh); k, v: (B, H, S, Dh); attn_mask: bool (True = may
+    attend) or an additive float bias, broadcastable to (B, H, T, S). Returns (B, T, D)."""
+    return _AttentionOut.apply(q, k, v, attn_mask, is_causal, weight, bias, p)
