@@ -87,7 +87,8 @@ def _adam_pair(weight_decay):
     ours = [torch.nn.Parameter(x.clone()) for x in init]
     theirs = [torch.nn.Parameter(x.clone()) for x in init]
     kw = dict(betas=(0.9, 0.98), eps=1e-9, weight_decay=weight_decay)
-    return (ours, Adam(ours, lr=0.01, **kw)), (theirs, torch.optim.Adam(theirs, lr=0.01, **kw)), grads
+    ref = torch.optim.Adam(theirs, lr=0.01, **kw)
+    return (ours, Adam(ours, lr=0.01, **kw)), (theirs, ref), grads
 
 
 def _adam_steps(pairs, grads):
@@ -116,6 +117,30 @@ def test_adam_is_torch_adam_and_their_states_are_interchangeable(weight_decay):
     for a, b in zip(ours, theirs):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
     assert [s["step"].item() for s in opt.state_dict()["state"].values()] == [6.0] * 3
+
+
+def test_grad_scaler_drives_mt_adam():
+    """fp16 training (GPU) steps mt's Adam through GradScaler: unscaled gradients, a skipped
+    update and a halved scale on inf. Checked on CPU, where GradScaler works the same."""
+    from mt.schedule import Adam
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 4)
+    opt = Adam(lin.parameters(), lr=0.1, betas=(0.9, 0.98), eps=1e-9)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    x = torch.randn(3, 4)
+    scaler.scale(lin(x).sum()).backward()
+    scaler.unscale_(opt)
+    torch.testing.assert_close(lin.bias.grad, torch.full((4,), 3.0))   # d sum / d bias = 3
+    before = lin.weight.detach().clone()
+    scaler.step(opt)
+    scaler.update()
+    assert not torch.equal(before, lin.weight)
+    opt.zero_grad()
+    (scaler.scale(lin(x).sum()) * float("inf")).backward()
+    before = lin.weight.detach().clone()
+    scaler.step(opt)
+    scaler.update()
+    assert torch.equal(before, lin.weight) and scaler.get_scale() == 512.0
 
 
 def test_adam_refuses_a_state_for_other_parameters():

@@ -145,7 +145,7 @@ class _AttentionOut(torch.autograd.Function):
         weights = torch.softmax(scores, -1)
         del scores, view
         keep, dscale = keep_mask(weights.shape, p, weights.device)
-        context = _context(weights, keep, vh, bsz, h, t, dh)
+        context = _head_rows(torch.bmm(weights * keep, vh), bsz)   # dropout's scale: in alpha
         out = torch.addmm(bias, context, weight.t(), alpha=dscale)
         ctx.save_for_backward(qh, kh, vh, weights, keep, weight)
         ctx.dims = bsz, h, t, s, dh, scale, dscale
@@ -158,13 +158,13 @@ class _AttentionOut(torch.autograd.Function):
         qh, kh, vh, weights, keep, weight = ctx.saved_tensors
         bsz, h, t, s, dh, scale, dscale = ctx.dims
         g = grad.reshape(bsz * t, -1)
-        context = _context(weights, keep, vh, bsz, h, t, dh)    # recomputed
+        dropped = weights * keep
+        context = _head_rows(torch.bmm(dropped, vh), bsz)        # recomputed
         grad_w = (g.t() @ context).mul_(dscale)
         grad_b = g.sum(0)
         del context
         # the context's gradient, per head: (B*H, T, Dh)
-        g_ctx = (g @ (weight * dscale)).view(bsz, t, h, dh).transpose(1, 2).reshape(bsz * h, t, dh)
-        dropped = weights * keep
+        g_ctx = (g @ (weight * dscale)).view(bsz, t, h, dh).transpose(1, 2).reshape(-1, t, dh)
         grad_v = torch.bmm(dropped.transpose(1, 2), g_ctx)
         del dropped
         g_w = torch.bmm(g_ctx, vh.transpose(1, 2)).mul_(keep)    # (B*H, T, S)
@@ -181,11 +181,11 @@ class _AttentionOut(torch.autograd.Function):
                 None)
 
 
-def _context(weights, keep, vh, bsz, h, t, dh) -> torch.Tensor:
-    """(weights * keep) v as (B*T, H*Dh) rows, heads side by side (the dropout scale is left
-    to the caller)."""
-    ctx_h = torch.bmm(weights * keep, vh)                       # (B*H, T, Dh)
-    return ctx_h.view(bsz, h, t, dh).transpose(1, 2).reshape(bsz * t, h * dh)
+def _head_rows(x: torch.Tensor, bsz: int) -> torch.Tensor:
+    """(B*H, T, Dh) per head -> (B*T, H*Dh): one row per position, heads side by side."""
+    bh, t, dh = x.shape
+    h = bh // bsz
+    return x.view(bsz, h, t, dh).transpose(1, 2).reshape(bsz * t, h * dh)
 
 
 def attention_out(q, k, v, attn_mask, is_causal: bool, weight, bias, p: float) -> torch.Tensor:
