@@ -287,12 +287,13 @@ def test_fused_add_norm_equals_layer_norm_of_dropout_residual(p, weight_scale):
     assert (p == 0) == torch.allclose(fused[2], fused[1])   # dropout reached f's gradient
 
 
-@pytest.mark.parametrize("kind", ["padded", "causal", "cross", "relative"])
+@pytest.mark.parametrize("kind", ["padded", "causal", "padded causal", "cross", "relative"])
 def test_fused_attention_equals_the_op_by_op_chain(kind, monkeypatch):
     """The CPU training attention with dropout (context recomputed in backward, projection
     fused) gives the values and gradients of the explicit chain with the same dropout mask:
-    padded keys, causal self-attention, cross-attention and relative-position keys (whose
-    score bias depends on the queries, so its gradient must reach them)."""
+    padded keys, causal self-attention (also padded, as in the decoder-only model),
+    cross-attention and relative-position keys (whose score bias depends on the queries, so
+    its gradient must reach them)."""
     from mt.model.attention import MultiHeadAttention
     torch.manual_seed(0)
     attn = MultiHeadAttention(16, 2, 0.3, self_attention=kind != "cross",
@@ -304,6 +305,7 @@ def test_fused_attention_equals_the_op_by_op_chain(kind, monkeypatch):
     may_attend[0, ..., -2:] = False
     upstream = torch.randn(3, 5, 16)
     kwargs = {"padded": dict(attn_mask=may_attend), "causal": dict(is_causal=True),
+              "padded causal": dict(attn_mask=may_attend, is_causal=True),
               "cross": dict(memory=memory, attn_mask=may_attend),
               "relative": dict(is_causal=True, q_pos=torch.arange(5), k_pos=torch.arange(5))}[kind]
     leaves = [x, memory, *attn.parameters()]
