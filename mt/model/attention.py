@@ -65,6 +65,8 @@ class MultiHeadAttention(nn.Module):
             is_causal = False
         dropout_p = self.dropout if self.training else 0.0
         b, t, d = x.shape
+        # CPU training with attention dropout: one node with the output projection that keeps
+        # less for backward (see mt/model/fused.py); elsewhere SDPA or the explicit softmax.
         if dropout_p > 0.0 and not need_weights and cpu_fused(x, self.out.weight, self.training):
             return attention_out(q, k, v, attn_mask, is_causal, self.out.weight, self.out.bias,
                                  dropout_p).view(b, t, d)
