@@ -68,7 +68,9 @@ class MultiHeadAttention(nn.Module):
         # CPU training with attention dropout: one node with the output projection that keeps
         # less for backward (see mt/model/fused.py); elsewhere SDPA or the explicit softmax.
         if dropout_p > 0.0 and not need_weights and cpu_fused(x, self.out.weight, self.training):
-            return attention_out(q, k, v, attn_mask, is_causal, self.out.weight, self.out.bias,
+            if is_causal:
+                attn_mask = _with_causal(attn_mask, q.shape[-2], k.shape[-2], q.device)
+            return attention_out(q, k, v, attn_mask, self.out.weight, self.out.bias,
                                  dropout_p).view(b, t, d)
         if need_weights or (dropout_p > 0.0 and not q.is_cuda):
             # On CPU, SDPA with dropout takes its math path and draws the mask with bernoulli_
@@ -112,9 +114,7 @@ def _attention_explicit(q, k, v, attn_mask, is_causal, dropout_p: float = 0.0):
     the weights themselves are wanted or dropout runs on CPU."""
     scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5  # (B, H, T, S)
     if is_causal:
-        t, s = scores.shape[-2:]
-        causal = torch.ones(t, s, dtype=torch.bool, device=q.device).tril()
-        attn_mask = causal if attn_mask is None else attn_mask & causal
+        attn_mask = _with_causal(attn_mask, *scores.shape[-2:], q.device)
     if attn_mask is not None and attn_mask.dtype == torch.bool:
         scores = scores.masked_fill(~attn_mask, float("-inf"))
     elif attn_mask is not None:
@@ -126,9 +126,13 @@ def _attention_explicit(q, k, v, attn_mask, is_causal, dropout_p: float = 0.0):
 def _as_bias(bias: torch.Tensor, attn_mask: torch.Tensor | None, is_causal: bool) -> torch.Tensor:
     """One float mask for SDPA: the relative-position bias with -inf where attention is barred."""
     if is_causal:
-        t, s = bias.shape[-2:]
-        bias = bias.masked_fill(~torch.ones(t, s, dtype=torch.bool, device=bias.device).tril(),
-                                float("-inf"))
+        attn_mask = _with_causal(attn_mask, *bias.shape[-2:], bias.device)
     if attn_mask is not None:
         bias = bias.masked_fill(~attn_mask, float("-inf"))
     return bias
+
+
+def _with_causal(attn_mask: torch.Tensor | None, t: int, s: int, device) -> torch.Tensor:
+    """The bool may-attend mask (True = may attend) with query i barred from the keys after i."""
+    causal = torch.ones(t, s, dtype=torch.bool, device=device).tril()
+    return causal if attn_mask is None else attn_mask & causal

@@ -126,7 +126,7 @@ class _AttentionOut(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, attn_mask, is_causal, weight, bias, p):
+    def forward(ctx, q, k, v, attn_mask, weight, bias, p):
         bsz, h, t, dh = q.shape
         s = k.shape[2]
         qh = q.reshape(bsz * h, t, dh)                 # copies of the permuted projections
@@ -139,9 +139,6 @@ class _AttentionOut(torch.autograd.Function):
             view.masked_fill_(attn_mask.logical_not(), float("-inf"))
         elif attn_mask is not None:
             view.add_(attn_mask)
-        if is_causal:
-            view.masked_fill_(torch.ones(t, s, dtype=torch.bool, device=q.device).triu_(1),
-                              float("-inf"))
         weights = torch.softmax(scores, -1)
         del scores, view
         keep, dscale = keep_mask(weights.shape, p, weights.device)
@@ -177,8 +174,7 @@ class _AttentionOut(torch.autograd.Function):
             g_scores.mul_(scale)
         grad_q = torch.bmm(g_scores, kh).view(bsz, h, t, dh)
         grad_k = torch.bmm(g_scores.transpose(1, 2), qh).view(bsz, h, s, dh)
-        return (grad_q, grad_k, grad_v.view(bsz, h, s, dh), grad_mask, None, grad_w, grad_b,
-                None)
+        return grad_q, grad_k, grad_v.view(bsz, h, s, dh), grad_mask, grad_w, grad_b, None
 
 
 def _head_rows(x: torch.Tensor, bsz: int) -> torch.Tensor:
@@ -188,8 +184,9 @@ def _head_rows(x: torch.Tensor, bsz: int) -> torch.Tensor:
     return x.view(bsz, h, t, dh).transpose(1, 2).reshape(bsz * t, h * dh)
 
 
-def attention_out(q, k, v, attn_mask, is_causal: bool, weight, bias, p: float) -> torch.Tensor:
+def attention_out(q, k, v, attn_mask, weight, bias, p: float) -> torch.Tensor:
     """The fused CPU training path of attention with dropout p > 0 and the output projection
     (see _AttentionOut). q: (B, H, T, Dh); k, v: (B, H, S, Dh); attn_mask: bool (True = may
-    attend) or an additive float bias, broadcastable to (B, H, T, S). Returns (B, T, D)."""
-    return _AttentionOut.apply(q, k, v, attn_mask, is_causal, weight, bias, p)
+    attend; any causal mask included) or an additive float bias, broadcastable to (B, H, T, S).
+    Returns (B, T, D)."""
+    return _AttentionOut.apply(q, k, v, attn_mask, weight, bias, p)
