@@ -46,34 +46,46 @@ class _LinearSmoothedCrossEntropy(torch.autograd.Function):
         grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) \
             if want_grad else None
         off = eps / (v - 1) if eps > 0.0 else 0.0
+        # sum_j z_j = h . sum_j W_j: the smoothing term's logit sums without a pass over (c, V)
+        colsum = weight.sum(0, dtype=acc) if eps > 0.0 else None
         rows = min(chunk, n)
-        # reused for every chunk: (chunk, V) logits, then log-probs
+        # reused for every chunk: (chunk, V) logits, then probabilities
         logits = h.new_empty((rows, v), dtype=acc) if same else None
-        lp_buf = h.new_empty((rows, v), dtype=acc)
+        p_buf = h.new_empty((rows, v), dtype=acc)
         for i in range(0, n, chunk):
             hc, y = h[i:i + chunk], target[i:i + chunk]
             c = hc.shape[0]
             z = torch.mm(hc, weight.t(), out=logits[:c]) if same else (hc @ weight.t()).to(acc)
-            lp = torch.log_softmax(z, dim=-1, out=lp_buf[:c])                   # (c, V)
-            nll = -lp.gather(-1, y[:, None]).squeeze(-1)
+            p = torch.softmax(z, dim=-1, out=p_buf[:c])                         # (c, V)
+            zy = z.gather(-1, y[:, None]).squeeze(-1)
+            py = p.gather(-1, y[:, None]).squeeze(-1)
+            # logsumexp(z) = z_y - log p_y, exact unless p_y underflowed (log p_y < -69): those
+            # rows take logsumexp itself (on GPU every chunk does, so as not to wait on the host)
+            lse = zy - py.log()
+            under = py < 1e-30
+            if z.is_cuda or bool(under.any()):
+                lse = torch.where(under, torch.logsumexp(z, -1), lse)
+            nll = lse - zy                                                # -log p_y
             if eps > 0.0:
-                others = -lp.sum(-1) - nll                                # sum_{j != y} -log p_j
+                z_sum = torch.mv(hc, colsum) if same else z.sum(-1)
+                others = v * lse - z_sum - nll                            # sum_{j != y} -log p_j
                 loss_sum += ((1.0 - eps) * nll + off * others).sum()
             else:
                 loss_sum += nll.sum()
             nll_sum += nll.sum()
             if want_grad:
-                # d loss/d z = softmax - q, q = eps/(V-1) + (1 - eps - eps/(V-1)) * onehot(y)
-                g = lp.exp_()
-                if off:
-                    g.sub_(off)
-                g.scatter_add_(-1, y[:, None], g.new_full((len(y), 1), -(1.0 - eps - off)))
+                # d loss/d z = softmax - q, q = eps/(V-1) + (1 - eps - eps/(V-1)) * onehot(y);
+                # the uniform eps/(V-1) is taken off after the loop, on (N, D) and (V, D)
+                g = p.scatter_add_(-1, y[:, None], p.new_full((c, 1), -(1.0 - eps - off)))
                 if same:
                     torch.mm(g, weight, out=grad_h[i:i + chunk])
                     grad_w.addmm_(g.t(), hc)
                 else:
                     grad_h[i:i + chunk] = (g.to(weight.dtype) @ weight).to(h.dtype)
                     grad_w += (g.t().to(hc.dtype) @ hc).to(acc)
+        if want_grad and off:
+            grad_h.sub_((off * colsum).to(h.dtype))                  # off * (1 ... 1) W
+            grad_w.sub_(off * h.sum(0, dtype=acc))                   # off * (1 ... 1)^T h
         ctx.mark_non_differentiable(nll_sum)
         if want_grad:
             ctx.save_for_backward(grad_h, grad_w.to(weight.dtype))

@@ -194,34 +194,76 @@ def test_fused_projection_and_loss_equal_the_reference_in_value_and_gradient(eps
         torch.testing.assert_close(linear_smoothed_cross_entropy(h, w, target, eps)[0], ref_loss.detach())
 
 
-def test_fast_dropout_keeps_expected_fraction_and_scales():
-    from mt.model.dropout import dropout
+@pytest.mark.parametrize("spread", [1.0, 40.0])
+def test_fused_loss_in_fp32_matches_fp64_also_when_target_probabilities_underflow(spread):
+    """fp32 against the fp64 reference, with ordinary logits and with logits so spread out that
+    many targets' probabilities underflow in fp32 (log p_y down to about -1000): the loss, the
+    NLL and the gradients stay finite and right (those rows take logsumexp)."""
+    from mt.loss import linear_smoothed_cross_entropy
+    g = torch.Generator().manual_seed(2)
+    h = torch.randn(300, 16, generator=g, dtype=torch.float64) * spread
+    w = torch.randn(500, 16, generator=g, dtype=torch.float64)
+    target = torch.randint(1, 500, (300,), generator=g)
+    ref = [h.clone().requires_grad_(), w.clone().requires_grad_()]
+    ref_loss, ref_nll, _ = label_smoothed_nll(torch.log_softmax(ref[0] @ ref[1].t(), -1),
+                                              target, 0.1, PAD)
+    ref_loss.backward()
+    ours = [h.float().requires_grad_(), w.float().requires_grad_()]
+    loss, nll = linear_smoothed_cross_entropy(*ours, target, 0.1, chunk=64)
+    loss.backward()
+    if spread > 1:
+        logp = torch.log_softmax(h.float() @ w.float().t(), -1).gather(1, target[:, None])
+        assert (logp < -104).float().mean() > 0.2     # below fp32's smallest subnormal
+    torch.testing.assert_close(loss.double(), ref_loss.detach(), rtol=1e-5, atol=0)
+    torch.testing.assert_close(nll.double(), ref_nll, rtol=1e-5, atol=0)
+    for a, b in zip(ours, ref):            # fp32 sums of 300 rows: relative to the largest
+        torch.testing.assert_close(a.grad.double(), b.grad, rtol=1e-3,
+                                   atol=1e-5 * b.grad.abs().max().item())
+
+
+@pytest.mark.parametrize("p, bits", [(0.1, 8), (0.3, 8), (0.01, 16), (0.03, 16)])
+def test_fast_dropout_keeps_expected_fraction_and_scales(p, bits):
+    """Elements are kept with probability 1 - p, p resolved to 1/256 only where that is within
+    2% of p (else 1/65536), and scaled by exactly 1 / P(kept): the expectation is kept.
+    Backward passes gradient through the kept elements only, with the same scale."""
+    from mt.model.dropout import dropout, keep_mask, lane_bits
+    assert lane_bits(p) == bits
+    levels = 2 ** bits
+    resolved = round(p * levels) / levels
+    assert abs(resolved - p) <= 0.02 * p
+    assert keep_mask((3,), p, torch.device("cpu")).scale * (1 - resolved) == pytest.approx(1.0)
     torch.manual_seed(0)
     x = torch.ones(400_000, requires_grad=True)
-    y = dropout(x, 0.3, training=True)
+    y = dropout(x, p, training=True)
     kept = (y != 0).float().mean().item()
-    assert abs(kept - 0.7) < 0.005
-    assert torch.allclose(y[y != 0], torch.tensor(1 / 0.7))
+    assert abs(kept - (1 - resolved)) < 0.004
+    assert torch.allclose(y[y != 0], torch.tensor(1 / (1 - resolved)))
     y.sum().backward()
     assert torch.equal(x.grad != 0, y != 0)
-    assert dropout(x, 0.3, training=False) is x
+    assert torch.equal(x.grad, y.detach())
+    assert dropout(x, p, training=False) is x
 
 
-def test_dropout_mask_lanes_are_independent_and_any_shape_works():
-    """Four mask elements come from each 64-bit draw: each lane keeps 1 - p, neighbours are
-    independent (both kept: (1 - p)^2), and sizes that are not a multiple of 4 work."""
+@pytest.mark.parametrize("p, lanes", [(0.3, 8), (0.01, 4)])
+def test_dropout_mask_lanes_are_independent_and_any_shape_works(p, lanes):
+    """Eight (four) mask elements come from each 64-bit draw: each lane keeps 1 - p, neighbours
+    are independent (both kept: (1 - p)^2), the mask comes out in the dtype asked for, and sizes
+    that are not a multiple of the lanes per draw work."""
     from mt.model.dropout import keep_mask
     torch.manual_seed(0)
-    mask, scale = keep_mask((100_003, 4), 0.3, torch.device("cpu"))
-    assert mask.shape == (100_003, 4) and mask.dtype == torch.uint8
-    assert set(mask.unique().tolist()) == {0, 1}
-    assert scale == pytest.approx(1 / 0.7, rel=1e-4)
-    for lane in range(4):
-        assert abs(mask[:, lane].float().mean().item() - 0.7) < 0.01
-    both = (mask[:, 0] & mask[:, 1]).float().mean().item()
-    assert abs(both - 0.49) < 0.01
-    odd, _ = keep_mask((7, 3), 0.5, torch.device("cpu"))
-    assert odd.shape == (7, 3)
+    keep = keep_mask((100_003, lanes), p, torch.device("cpu"))
+    mask = keep.of(torch.float32)
+    assert mask.shape == (100_003, lanes) and mask.dtype == torch.float32
+    assert keep.lanes.element_size() == 8 // lanes        # what backward keeps: 1 or 2 bytes
+    assert set(mask.unique().tolist()) == {0.0, 1.0}
+    for lane in range(lanes):
+        assert abs(mask[:, lane].mean().item() - (1 - p)) < 0.01
+    both = (mask[:, 0] * mask[:, 1]).mean().item()
+    assert abs(both - (1 - p) ** 2) < 0.01
+    last = (mask[:, 0] * mask[:, -1]).mean().item()
+    assert abs(last - (1 - p) ** 2) < 0.01
+    odd = keep_mask((7, 3), 0.5, torch.device("cpu"))
+    assert odd.of(torch.float64).shape == (7, 3)
 
 
 @pytest.mark.parametrize("p", [0.0, 0.3])

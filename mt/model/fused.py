@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from mt.model.dropout import keep_mask
+from mt.model.dropout import KeepMask, keep_mask
 
 
 def cpu_fused(x: torch.Tensor, weight: torch.Tensor, training: bool) -> bool:
@@ -33,8 +33,9 @@ class _FeedForward(torch.autograd.Function):
         a = torch.addmm(b1, x2, w1.t()).relu_()
         scale = 1.0
         if p > 0.0:
-            keep, scale = keep_mask(a.shape, p, a.device)
-            a.mul_(keep)
+            keep = keep_mask(a.shape, p, a.device)
+            a.mul_(keep.of(a.dtype))
+            scale = keep.scale
         ctx.save_for_backward(x2, w1, w2, a)
         ctx.scale = scale
         return torch.addmm(b2, a, w2.t(), alpha=scale).view(*shape[:-1], w2.shape[0])
@@ -71,25 +72,26 @@ class _AddNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, f, weight, bias, p, eps):
         d = x.shape[-1]
-        keep = None
+        lanes, threshold = None, 0
         if p > 0.0:
-            keep, scale = keep_mask(f.shape, p, f.device)
-            s = torch.addcmul(x, f, keep, value=scale)          # x + dropout(f), one pass
+            keep = keep_mask(f.shape, p, f.device)
+            lanes, threshold, scale = keep
+            s = torch.addcmul(x, f, keep.of(f.dtype), value=scale)   # x + dropout(f), one pass
         else:
             s, scale = x + f, 1.0
         y, mean, rstd = torch.native_layer_norm(s, [d], weight, bias, eps)
         from_output = bool((weight.abs() >= 1e-3).all())      # CPU: no device sync to wait on
         if from_output:
-            ctx.save_for_backward(y, rstd, weight, bias, keep)
+            ctx.save_for_backward(y, rstd, weight, bias, lanes)
         else:
-            ctx.save_for_backward(s, mean, rstd, weight, bias, keep)
-        ctx.from_output, ctx.scale, ctx.d = from_output, scale, d
+            ctx.save_for_backward(s, mean, rstd, weight, bias, lanes)
+        ctx.from_output, ctx.scale, ctx.threshold, ctx.d = from_output, scale, threshold, d
         return y
 
     @staticmethod
     def backward(ctx, gy):
         if ctx.from_output:
-            y, rstd, weight, bias, keep = ctx.saved_tensors
+            y, rstd, weight, bias, lanes = ctx.saved_tensors
             inv = weight.reciprocal()
             x_hat = torch.addcmul(-bias * inv, y, inv)        # (N, D): LayerNorm's x_hat
             # LayerNorm's backward fed x_hat with mean 0 and rstd 1 gives the weight and bias
@@ -100,10 +102,12 @@ class _AddNorm(torch.autograd.Function):
                 [True, True, True])
             gs.mul_(rstd)
         else:
-            s, mean, rstd, weight, bias, keep = ctx.saved_tensors
+            s, mean, rstd, weight, bias, lanes = ctx.saved_tensors
             gs, gw, gb = torch.ops.aten.native_layer_norm_backward(
                 gy, s, [ctx.d], mean, rstd, weight, bias, [True, True, True])
-        gf = gs if keep is None else gs.mul(keep).mul_(ctx.scale)
+        if lanes is None:
+            return gs, gs, gw, gb, None, None
+        gf = gs.mul(KeepMask(lanes, ctx.threshold, ctx.scale).of(gs.dtype)).mul_(ctx.scale)
         return gs, gf, gw, gb, None, None
 
 
@@ -141,19 +145,21 @@ class _AttentionOut(torch.autograd.Function):
             view.add_(attn_mask)
         weights = torch.softmax(scores, -1)
         del scores, view
-        keep, dscale = keep_mask(weights.shape, p, weights.device)
-        context = _head_rows(torch.bmm(weights * keep, vh), bsz)   # dropout's scale: in alpha
+        keep = keep_mask(weights.shape, p, weights.device)
+        dscale = keep.scale
+        context = _head_rows(torch.bmm(weights * keep.of(weights.dtype), vh), bsz)  # scale: alpha
         out = torch.addmm(bias, context, weight.t(), alpha=dscale)
-        ctx.save_for_backward(qh, kh, vh, weights, keep, weight)
-        ctx.dims = bsz, h, t, s, dh, scale, dscale
+        ctx.save_for_backward(qh, kh, vh, weights, keep.lanes, weight)
+        ctx.dims = bsz, h, t, s, dh, scale, dscale, keep.threshold
         ctx.bias_shape = None if attn_mask is None or attn_mask.dtype == torch.bool \
             else attn_mask.shape
         return out.view(bsz, t, weight.shape[0])
 
     @staticmethod
     def backward(ctx, grad):
-        qh, kh, vh, weights, keep, weight = ctx.saved_tensors
-        bsz, h, t, s, dh, scale, dscale = ctx.dims
+        qh, kh, vh, weights, lanes, weight = ctx.saved_tensors
+        bsz, h, t, s, dh, scale, dscale, threshold = ctx.dims
+        keep = KeepMask(lanes, threshold, dscale).of(weights.dtype)
         g = grad.reshape(bsz * t, -1)
         dropped = weights * keep
         context = _head_rows(torch.bmm(dropped, vh), bsz)        # recomputed
