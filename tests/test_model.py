@@ -38,6 +38,39 @@ def test_padding_does_not_change_outputs():
     torch.testing.assert_close(model(src, tgt_padded, src == PAD)[:, :4], batched[:, :4])
 
 
+@pytest.mark.parametrize("pre_norm", [False, True])
+def test_feed_forward_on_real_positions_only_trains_the_same(monkeypatch, pre_norm):
+    """With enough padding the feed-forward runs on the real positions alone (fewer rows reach
+    it), and training sees the same real-position outputs and parameter gradients."""
+    import mt.model.layers as layers
+
+    def run(pack: bool):
+        monkeypatch.setattr(layers, "_MIN_PADDING_TO_PACK", 0.05 if pack else 2.0)
+        torch.manual_seed(0)
+        model = Transformer(src_vocab=V, tgt_vocab=V, d_model=32, n_heads=4, enc_layers=2,
+                            dec_layers=2, d_ff=64, dropout=0.0, attn_dropout=0.0,
+                            pre_norm=pre_norm, tie_embeddings="all", max_positions=64).train()
+        rows = []
+        for layer in (*model.encoder, *model.decoder):
+            layer.ffn.register_forward_hook(lambda m, i, o: rows.append(i[0].numel() // 32))
+        src = make_src([9, 3, 6, 4])
+        tgt = torch.randint(4, V, (4, 8))
+        tgt[1, 3:], tgt[2, 5:], tgt[3, 2:] = PAD, PAD, PAD
+        keep = tgt != PAD
+        out = model(src, tgt, src == PAD, keep=keep)
+        (out.log_softmax(-1)[:, 5].sum() + out.square().mean()).backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+        return out, grads, rows
+
+    out, grads, rows = run(pack=True)
+    ref, ref_grads, ref_rows = run(pack=False)
+    assert rows == [9 + 3 + 6 + 4] * 2 + [4 * 8 - 5 - 3 - 6] * 2      # encoder, decoder layers
+    assert ref_rows == [4 * 9] * 2 + [4 * 8] * 2
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    for name, g in grads.items():
+        torch.testing.assert_close(g, ref_grads[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
 def test_keep_mask_projects_only_kept_positions():
     model = make_model()
     src, tgt = make_src([5, 4]), torch.randint(4, V, (2, 6))

@@ -10,6 +10,35 @@ from mt.model.dropout import Dropout
 from mt.model.fused import add_norm, cpu_fused, feed_forward
 
 
+# Packing the real positions costs a gather and a scatter of the stream, forward and backward
+# (about 4% of the feed-forward sublayer's time): below this much padding it does not pay.
+_MIN_PADDING_TO_PACK = 0.05
+
+
+def real_rows(pad_mask: torch.Tensor) -> torch.Tensor | None:
+    """Flat indices of the real (not padding) positions of a (B, T) padding mask, for
+    `position_wise`, or None where packing would not pay: on GPU (the count needs a host sync)
+    or with less than 5% padding."""
+    if pad_mask.is_cuda:
+        return None
+    flat = pad_mask.reshape(-1)
+    padded = int(flat.sum())
+    if padded < _MIN_PADDING_TO_PACK * flat.numel():
+        return None
+    return (~flat).nonzero().squeeze(1)
+
+
+def position_wise(x: torch.Tensor, rows: torch.Tensor | None, sublayer) -> torch.Tensor:
+    """sublayer(x) for a sublayer that treats each position alone (the feed-forward and its
+    residual), computed on the real positions `rows` only; padding positions keep x. Nothing
+    reads a padding position's state (attention masks it as a key, the loss skips it), so
+    only real positions need the work. rows None: every position."""
+    if rows is None:
+        return sublayer(x)
+    flat = x.reshape(-1, x.shape[-1])
+    return flat.index_copy(0, rows, sublayer(flat.index_select(0, rows))).view_as(x)
+
+
 class FeedForward(nn.Module):
     def __init__(self, d_model: int, d_ff: int, dropout: float):
         super().__init__()
@@ -54,7 +83,9 @@ class EncoderLayer(nn.Module):
         self.res2 = Residual(d_model, dropout, pre_norm)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor, cache: dict | None = None,
-                q_pos=None, k_pos=None, weights: list | None = None) -> torch.Tensor:
+                q_pos=None, k_pos=None, weights: list | None = None,
+                rows: torch.Tensor | None = None) -> torch.Tensor:
+        """rows: the real positions for the feed-forward (see real_rows), None = all."""
         def attend(h):
             if weights is None:
                 return self.self_attn(h, attn_mask=attn_mask, cache=cache, q_pos=q_pos, k_pos=k_pos)
@@ -64,7 +95,7 @@ class EncoderLayer(nn.Module):
             return out
 
         x = self.res1(x, attend)
-        return self.res2(x, self.ffn)
+        return position_wise(x, rows, lambda h: self.res2(h, self.ffn))
 
 
 class DecoderLayer(nn.Module):
@@ -79,10 +110,11 @@ class DecoderLayer(nn.Module):
         self.res3 = Residual(d_model, dropout, pre_norm)
 
     def forward(self, x, memory, memory_mask, cache: dict | None = None, weights: list | None = None,
-                q_pos=None, k_pos=None):
+                q_pos=None, k_pos=None, rows: torch.Tensor | None = None):
         """x: (B, T, D); memory: (B, S, D); memory_mask: (B, 1, 1, S) True = may attend.
         With a cache, x holds only the newest position and the past comes from the cache.
         If `weights` is a list, this layer's cross-attention weights (B, H, T, S) go into it.
+        rows: the real positions for the feed-forward (see real_rows), None = all.
         """
         self_cache = cache.setdefault("self", {}) if cache is not None else None
         cross_cache = cache.setdefault("cross", {}) if cache is not None else None
@@ -101,4 +133,4 @@ class DecoderLayer(nn.Module):
             return out
 
         x = self.res2(x, cross)
-        return self.res3(x, self.ffn)
+        return position_wise(x, rows, lambda h: self.res3(h, self.ffn))

@@ -10,7 +10,8 @@ from torch import nn
 from mt.model.cache import reorder_cache  # noqa: F401  (re-exported)
 from mt.model.base import Seq2Seq, init_weights, make_embeddings
 from mt.model.dropout import Dropout
-from mt.model.layers import DecoderLayer, EncoderLayer
+from mt.model.layers import DecoderLayer, EncoderLayer, real_rows
+from mt.tokenizer import PAD
 from mt.model.positions import AbsolutePositions
 
 
@@ -56,8 +57,9 @@ class Transformer(Seq2Seq):
         x = self._embed(self.src_embed, src)
         mask = self.memory_mask(src_pad_mask)
         pos = torch.arange(src.shape[1], device=src.device) if self.relative else None
+        rows = real_rows(src_pad_mask)
         for layer in self.encoder:
-            x = layer(x, mask, q_pos=pos, k_pos=pos)
+            x = layer(x, mask, q_pos=pos, k_pos=pos, rows=rows)
         return self.enc_norm(x)
 
     def decode(self, tgt_in: torch.Tensor, memory: torch.Tensor, src_pad_mask: torch.Tensor,
@@ -71,9 +73,11 @@ class Transformer(Seq2Seq):
         if self.relative:
             k_pos = torch.arange(start + tgt_in.shape[1], device=tgt_in.device)
             q_pos = k_pos[start:]
+        # teacher forcing: target padding (right of each sentence) needs no feed-forward
+        rows = real_rows(tgt_in == PAD) if cache is None else None
         for i, layer in enumerate(self.decoder):
             x = layer(x, memory, mask, cache=None if cache is None else cache[i], weights=weights,
-                      q_pos=q_pos, k_pos=k_pos)
+                      q_pos=q_pos, k_pos=k_pos, rows=rows)
         return self.dec_norm(x)
 
     def new_cache(self) -> list[dict]:
