@@ -130,13 +130,18 @@ def _resume(trainer: Trainer, ckpt: dict, path: Path, log) -> None:
     trainer.scheduler.load_state_dict(ckpt["scheduler"])
     trainer.scaler.load_state_dict(ckpt["scaler"])
     trainer.state = TrainState(**ckpt["train_state"])
-    torch.set_rng_state(ckpt["rng"]["torch"])
-    if "cuda" in ckpt["rng"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(ckpt["rng"]["cuda"])
-    if trainer.dist.rank > 0:
-        # The checkpoint holds rank 0's generators; restoring them everywhere would give all
-        # ranks the same dropout masks. Each other rank gets its own stream, fixed by
-        # (seed, rank, step), so a resumed multi-rank run is reproducible too.
+    rank_rng = ckpt.get("rank_rng")
+    if rank_rng is not None and len(rank_rng) == trainer.dist.world:
+        rng = rank_rng[trainer.dist.rank]     # each rank continues its own dropout stream
+    else:
+        rng = ckpt["rng"]                     # rank 0's (saved by one process or another world)
+    torch.set_rng_state(rng["torch"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    if trainer.dist.rank > 0 and rng is ckpt["rng"]:
+        # Rank 0's generators everywhere would give all ranks the same dropout masks: each
+        # other rank gets its own stream, fixed by (seed, rank, step), so such a resume is
+        # reproducible too, though not the run that was interrupted.
         torch.manual_seed((trainer.cfg.seed * 1_000_003 + trainer.dist.rank * 7_919
                            + trainer.state.step) % (2 ** 63))
     _truncate_log(trainer.run_dir / "train_log.jsonl", trainer.state.step)

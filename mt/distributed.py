@@ -33,6 +33,14 @@ class Dist:
             dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return t
 
+    def gather(self, obj) -> list:
+        """Every rank's `obj`, in rank order, on every rank (a collective: all ranks call it)."""
+        if not self.enabled:
+            return [obj]
+        out = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
     def any(self, flag: bool, device: torch.device) -> bool:
         """True on every rank if it is True on any rank (so all ranks stop together)."""
         if not self.enabled:

@@ -215,7 +215,9 @@ class Trainer:
         release_free_memory()
         return record
 
-    def checkpoint_dict(self) -> dict:
+    def checkpoint_dict(self, rank_rng: list[dict] | None = None) -> dict:
+        """rank_rng: every rank's generator states (`rng_states`), so that a multi-rank run
+        resumes with each rank's own dropout stream."""
         return {
             "format_version": checkpoint.FORMAT_VERSION,
             "config": self.full_config,
@@ -224,15 +226,19 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
             "train_state": self.state.state_dict(),
-            "rng": {"torch": torch.get_rng_state(),
-                    **({"cuda": torch.cuda.get_rng_state_all()} if torch.cuda.is_available() else {})},
+            "rng": _rng_state(),
+            **({"rank_rng": rank_rng} if rank_rng is not None and len(rank_rng) > 1 else {}),
             "spm": checkpoint.tokenizer_state(self.tokenizer),
         }
 
-    def save(self, name: str) -> None:
+    def rng_states(self) -> list[dict]:
+        """The generator states of every rank, in rank order (a collective: all ranks call it)."""
+        return self.dist.gather(_rng_state())
+
+    def save(self, name: str, rank_rng: list[dict] | None = None) -> None:
         if not self.dist.is_main:
             return
-        checkpoint.atomic_save(self.checkpoint_dict(), self.run_dir / name,
+        checkpoint.atomic_save(self.checkpoint_dict(rank_rng), self.run_dir / name,
                                keep_previous=name == "last.pt")
 
     def save_snapshot(self) -> None:
@@ -353,7 +359,7 @@ class Trainer:
                       f"BLEU {rec['valid_bleu']} chrF {rec['valid_chrf']}"
                       + (" (best)" if rec.get("best") else ""))
         if st.step % cfg.save_every == 0:
-            self.save("last.pt")
+            self.save("last.pt", self.rng_states())
             self.save_snapshot()
             self._last_save = st.step
         if final and st.step < cfg.max_steps:
@@ -374,13 +380,14 @@ class Trainer:
         st = self.state
         if self._window.loss:
             self.log_train()
+        rank_rng = self.rng_states()        # every rank, for the last.pt that rank 0 may save
         if not self.dist.is_main:
             return
         if self._last_valid != st.step and st.best_bleu < 0 and not self.stop_requested:
             self.validate()
             self._last_save = -1
         if self._last_save != st.step:  # not twice in a row: last.pt.prev stays an older state
-            self.save("last.pt")
+            self.save("last.pt", rank_rng)
         if not self.stop_requested and self.cfg.average_last:
             if checkpoint.snapshots(self.run_dir)[-1:] != [self.run_dir / f"step_{st.step}.pt"]:
                 self.save_snapshot()
@@ -409,3 +416,9 @@ class Trainer:
     def _say(self, msg: str) -> None:
         if self.dist.is_main:
             tqdm.write(msg, file=sys.stderr)
+
+
+def _rng_state() -> dict:
+    """This process's generator states: torch's CPU one and, where there is CUDA, each GPU's."""
+    return {"torch": torch.get_rng_state(),
+            **({"cuda": torch.cuda.get_rng_state_all()} if torch.cuda.is_available() else {})}

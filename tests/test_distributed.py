@@ -59,24 +59,38 @@ def test_two_ranks_with_batch_b_equal_one_rank_with_2b(tmp_path):
         torch.testing.assert_close(ddp[k], v, atol=1e-6, rtol=1e-5)
 
 
-def test_torchrun_two_processes_train_and_resume(tmp_path):
+def test_torchrun_two_processes_resume_equals_uninterrupted(tmp_path):
+    """Two ranks, 20 updates, stop, resume to 30 == 30 updates straight: one log writer, the
+    same losses and the same weights, since each rank's dropout stream is restored."""
     import json
     import subprocess
     import sys
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--master_port", str(_free_port()), "-m", "mt", "train", str(ROOT / "configs/tiny.yaml"),
-           "--run-dir", str(tmp_path / "r"), "--set", f"data.dir={tmp_path / 'd'}",
-           "train.log_every=10", "train.valid_every=20", "train.save_every=20"]
-    proc = subprocess.run(cmd + ["train.max_steps=20"], capture_output=True, text=True, env=env,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    proc = subprocess.run(cmd + ["train.max_steps=30"], capture_output=True, text=True, env=env,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "resuming from" in proc.stderr
-    log = [json.loads(x) for x in (tmp_path / "r/train_log.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in log if "loss" in r] == [10, 20, 30]   # one writer: rank 0
+
+    def train(run, steps):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+               "--master_port", str(_free_port()), "-m", "mt", "train",
+               str(ROOT / "configs/tiny.yaml"), "--run-dir", str(tmp_path / run), "--set",
+               f"data.dir={tmp_path / 'd'}", "model.dropout=0.2", "train.log_every=10",
+               "train.valid_every=20", "train.save_every=20", "train.valid_beam=1",
+               f"train.max_steps={steps}"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return proc
+
+    train("resumed", 20)
+    assert "resuming from" in train("resumed", 30).stderr
+    train("straight", 30)
+
+    def losses(run):
+        recs = [json.loads(x) for x in (tmp_path / run / "train_log.jsonl").read_text().splitlines()]
+        return [(r["step"], r["loss"], r["nll"]) for r in recs if "loss" in r]
+
+    assert [step for step, *_ in losses("resumed")] == [10, 20, 30]   # one writer: rank 0
+    assert losses("resumed") == losses("straight")
     from mt import checkpoint
-    st = checkpoint.load(tmp_path / "r/last.pt")["train_state"]
-    assert st["step"] == 30 and st["batch_in_epoch"] % 2 == 0
+    a, b = (checkpoint.load(tmp_path / run / "last.pt") for run in ("resumed", "straight"))
+    assert a["train_state"]["step"] == 30 and a["train_state"]["batch_in_epoch"] % 2 == 0
+    assert len(a["rank_rng"]) == 2
+    assert not torch.equal(a["rank_rng"][0]["torch"], a["rank_rng"][1]["torch"])
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
