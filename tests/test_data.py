@@ -134,6 +134,21 @@ def test_batches_respect_max_tokens_and_cover_everything():
     assert all((a == b).all() for a, b in zip(batches, again))
 
 
+def test_padding_fraction_counts_the_batch_tensors_positions():
+    """Lengths 1 and 3 in one batch: the tensors hold (1+1) + (3+1) real of 2 x 4 positions."""
+    from mt.data.batching import describe_batches, padding_fraction
+    from mt.data.corpus import ParallelData, TokenArray
+    data = ParallelData(TokenArray([[5], [6, 7, 8]]), TokenArray([[9, 9], [9, 9]]), Stats())
+    batches = [np.array([0, 1])]
+    assert padding_fraction(data.src, batches) == 0.25
+    assert padding_fraction(data.tgt, batches) == 0.0
+    b = collate(data, batches[0])
+    assert float((b.src == PAD).float().mean()) == 0.25
+    assert describe_batches(data, 100, seed=0) == (
+        "batches: 1 per epoch of at most 100 tokens; padding 25.0% of source, 0.0% of target "
+        "positions")
+
+
 def test_collate_teacher_forcing_shift():
     from mt.data.corpus import ParallelData, TokenArray
     data = ParallelData(TokenArray([[5, 6], [7]]), TokenArray([[8, 9, 10], [11]]), Stats())

@@ -85,6 +85,16 @@ def epoch_batches(data: ParallelData, max_tokens: int, seed: int, epoch: int) ->
 
 
 def padding_fraction(arr: TokenArray, batches: list[np.ndarray]) -> float:
-    real = sum(int(arr.lengths[b].sum()) for b in batches)
-    padded = sum(len(b) * int(arr.lengths[b].max()) for b in batches)
+    """The share of padding among the positions of one side's batch tensors (each sentence
+    takes its length + 1: EOS on the source and target-out side, BOS on target-in)."""
+    real = sum(int(arr.lengths[b].sum()) + len(b) for b in batches)
+    padded = sum(len(b) * (int(arr.lengths[b].max()) + 1) for b in batches)
     return 1.0 - real / max(padded, 1)
+
+
+def describe_batches(data: ParallelData, max_tokens: int, seed: int) -> str:
+    """One line on the first epoch's batches: how many, and how much of them is padding."""
+    batches = epoch_batches(data, max_tokens, seed, 0)
+    return (f"batches: {len(batches)} per epoch of at most {max_tokens} tokens; padding "
+            f"{padding_fraction(data.src, batches):.1%} of source, "
+            f"{padding_fraction(data.tgt, batches):.1%} of target positions")
