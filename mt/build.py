@@ -10,7 +10,6 @@ from mt import checkpoint
 from mt.config import Config, config_from_dict, diff_configs, save_config
 from mt.data.corpus import (Stats, clean_pairs, drop_empty, encode_pairs, encode_stream,
                             has_split, iter_parallel, read_parallel, sample_pairs, split_paths)
-from mt.data.batching import describe_batches
 from mt.data.download import download
 from mt.distributed import setup
 from mt.errors import MTError
@@ -192,7 +191,6 @@ def build_trainer(cfg: Config, run_dir: Path, allow_config_change: bool = False,
     if not len(train_data.src):
         raise MTError(f"{train_paths[0]}: no training pair left (empty, or longer than "
                       f"data.max_len={d.max_len})")
-    log(describe_batches(train_data, t.max_tokens, t.seed))
 
     device = pick_device(device_name)
     model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size).to(device)

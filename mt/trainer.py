@@ -20,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from mt import checkpoint
-from mt.data.batching import Batch, collate, epoch_batches
+from mt.data.batching import Batch, collate, describe_batches, epoch_batches
 from mt.data.corpus import ParallelData
 from mt.distributed import Dist
 from mt.errors import MTError
@@ -90,9 +90,13 @@ class Trainer:
         position (and resuming) does not depend on the number of ranks."""
         pin = self.device.type == "cuda"
         world, rank = self.dist.world, self.dist.rank
+        described = False
         while True:
             order = epoch_batches(self.train_data, self.cfg.max_tokens, self.cfg.seed,
                                   self.state.epoch)
+            if not described:           # the first epoch this run walks: its padding
+                self._say(describe_batches(self.train_data, order, self.cfg.max_tokens))
+                described = True
             usable = len(order) - len(order) % world   # every rank gets as many batches
             while self.state.batch_in_epoch < usable:
                 indices = order[self.state.batch_in_epoch + rank]

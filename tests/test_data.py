@@ -144,7 +144,7 @@ def test_padding_fraction_counts_the_batch_tensors_positions():
     assert padding_fraction(data.tgt, batches) == 0.0
     b = collate(data, batches[0])
     assert float((b.src == PAD).float().mean()) == 0.25
-    assert describe_batches(data, 100, seed=0) == (
+    assert describe_batches(data, batches, 100) == (
         "batches: 1 per epoch of at most 100 tokens; padding 25.0% of source, 0.0% of target "
         "positions")
 

@@ -92,9 +92,8 @@ def padding_fraction(arr: TokenArray, batches: list[np.ndarray]) -> float:
     return 1.0 - real / max(padded, 1)
 
 
-def describe_batches(data: ParallelData, max_tokens: int, seed: int) -> str:
-    """One line on the first epoch's batches: how many, and how much of them is padding."""
-    batches = epoch_batches(data, max_tokens, seed, 0)
+def describe_batches(data: ParallelData, batches: list[np.ndarray], max_tokens: int) -> str:
+    """One line on an epoch's batches: how many, and how much of them is padding."""
     return (f"batches: {len(batches)} per epoch of at most {max_tokens} tokens; padding "
             f"{padding_fraction(data.src, batches):.1%} of source, "
             f"{padding_fraction(data.tgt, batches):.1%} of target positions")
