@@ -131,14 +131,13 @@ def _resume(trainer: Trainer, ckpt: dict, path: Path, log) -> None:
     trainer.scaler.load_state_dict(ckpt["scaler"])
     trainer.state = TrainState(**ckpt["train_state"])
     rank_rng = ckpt.get("rank_rng")
-    if rank_rng is not None and len(rank_rng) == trainer.dist.world:
-        rng = rank_rng[trainer.dist.rank]     # each rank continues its own dropout stream
-    else:
-        rng = ckpt["rng"]                     # rank 0's (saved by one process or another world)
+    # each rank continues its own dropout stream if saved by as many ranks; else rank 0's
+    own = rank_rng is not None and len(rank_rng) == trainer.dist.world
+    rng = rank_rng[trainer.dist.rank] if own else ckpt["rng"]
     torch.set_rng_state(rng["torch"])
     if "cuda" in rng and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rng["cuda"])
-    if trainer.dist.rank > 0 and rng is ckpt["rng"]:
+    if trainer.dist.rank > 0 and not own:
         # Rank 0's generators everywhere would give all ranks the same dropout masks: each
         # other rank gets its own stream, fixed by (seed, rank, step), so such a resume is
         # reproducible too, though not the run that was interrupted.

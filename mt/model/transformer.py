@@ -11,8 +11,8 @@ from mt.model.cache import reorder_cache  # noqa: F401  (re-exported)
 from mt.model.base import Seq2Seq, init_weights, make_embeddings
 from mt.model.dropout import Dropout
 from mt.model.layers import DecoderLayer, EncoderLayer, real_rows
-from mt.tokenizer import PAD
 from mt.model.positions import AbsolutePositions
+from mt.tokenizer import PAD
 
 
 class Transformer(Seq2Seq):
