@@ -38,8 +38,14 @@ class MultiHeadAttention(nn.Module):
         q_pos, k_pos: positions of the queries and of all keys (cached ones included), needed
         with relative positions only.
         """
+        # CPU training: one node from the input projections to the output projection, which
+        # keeps less for backward and copies less (see mt/model/fused.py); elsewhere SDPA, or
+        # the explicit softmax where the weights are wanted or dropout runs on CPU.
+        fused = cache is None and not need_weights and cpu_fused(x, self.out.weight,
+                                                                 self.training)
         if self.self_attention:
-            q, k, v = self._heads_split(self.qkv(x), 3)
+            proj = kv_proj = self.qkv(x)
+            q, k, v = self._heads_split(proj, 3)
             if cache is not None:
                 if "k" in cache:  # (B, H, t, Dh): the cached rows search kept, then this step
                     k = _append(cache["k"], k, cache["order"])
@@ -49,14 +55,16 @@ class MultiHeadAttention(nn.Module):
             if cache is not None and "k" in cache:
                 k, v = cache["k"], cache["v"]
             else:
-                k, v = self._heads_split(self.kv(memory), 2)
+                kv_proj = self.kv(memory)
+                k, v = self._heads_split(kv_proj, 2)
                 if cache is not None:
                     cache["k"], cache["v"] = k, v
             # Beam search may keep one row of memory keys/values per sentence for its
             # `groups` hypotheses (rows sentence-major): the hypotheses' queries then go
             # together as groups * T queries of their sentence, with no copies of the memory.
             groups = x.shape[0] // k.shape[0]
-            q = self.q(x).view(k.shape[0], groups * x.shape[1], self.n_heads, self.d_head)
+            proj = self.q(x)
+            q = proj.view(k.shape[0], groups * x.shape[1], self.n_heads, self.d_head)
             q = q.transpose(1, 2)                                  # (Bk, H, groups * T, Dh)
             if groups > 1 and attn_mask is not None:
                 attn_mask = attn_mask[::groups]
@@ -65,13 +73,11 @@ class MultiHeadAttention(nn.Module):
             is_causal = False
         dropout_p = self.dropout if self.training else 0.0
         b, t, d = x.shape
-        # CPU training with attention dropout: one node with the output projection that keeps
-        # less for backward (see mt/model/fused.py); elsewhere SDPA or the explicit softmax.
-        if dropout_p > 0.0 and not need_weights and cpu_fused(x, self.out.weight, self.training):
+        if fused:
             if is_causal:
                 attn_mask = _with_causal(attn_mask, q.shape[-2], k.shape[-2], q.device)
-            return attention_out(q, k, v, attn_mask, self.out.weight, self.out.bias,
-                                 dropout_p).view(b, t, d)
+            return attention_out(proj, None if self.self_attention else kv_proj, self.n_heads,
+                                 attn_mask, self.out.weight, self.out.bias, dropout_p)
         if need_weights or (dropout_p > 0.0 and not q.is_cuda):
             # On CPU, SDPA with dropout takes its math path and draws the mask with bernoulli_
             # (slow); the explicit path draws it as mt's dropout does.
