@@ -359,12 +359,15 @@ def test_fused_attention_equals_the_op_by_op_chain(kind, p, monkeypatch):
             t.grad = None
         torch.manual_seed(1)                       # the same random bits for both masks
         y = attn(x, **kwargs)
+        nodes.append(type(y.grad_fn).__name__)
         (y * upstream).sum().backward()
         return [y.detach()] + [None if t.grad is None else t.grad.clone() for t in leaves]
 
+    nodes = []
     fused = run()
     monkeypatch.setattr("mt.model.attention.cpu_fused", lambda *a: False)
     chain = run()
+    assert nodes[0] == "_AttentionOutBackward" != nodes[1]   # the fused node really ran
     for a, b in zip(fused, chain):
         assert (a is None) == (b is None)
         if a is not None:
