@@ -158,8 +158,9 @@ class _AttentionOut(torch.autograd.Function):
         lanes, threshold, dscale = None, 0, 1.0
         dropped = weights
         if p > 0.0:
-            lanes, threshold, dscale = keep_mask(weights.shape, p, weights.device)
-            dropped = weights * KeepMask(lanes, threshold, dscale).of(weights.dtype)
+            keep = keep_mask(weights.shape, p, weights.device)
+            lanes, threshold, dscale = keep
+            dropped = weights * keep.of(weights.dtype)
         context = _head_rows(torch.bmm(dropped, vh), bsz)           # the scale: alpha
         del dropped
         out = torch.addmm(bias, context, weight.t(), alpha=dscale)
