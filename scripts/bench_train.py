@@ -22,7 +22,6 @@ import contextlib
 import json
 import math
 import resource
-import statistics
 import subprocess
 import sys
 import time
@@ -220,6 +219,10 @@ def run_one(name: str, size: dict, steps: int, warmup: int, device: torch.device
         torch.cuda.reset_peak_memory_stats()
     tokens = sum(int((b[2] != PAD).sum()) for b in batches[warmup:])
     flops = sum(useful_flops(b, size) for b in batches[warmup:])
+    # The machine's matmul speed right before and after the timed steps: this VM's speed
+    # drifts by tens of percent within minutes, so a peak measured apart from the run can put
+    # the utilization anywhere (once above 100%).
+    before = matmul_peak(device)
     t0 = time.perf_counter()
     run(batches[warmup:])
     sync(device)
@@ -227,18 +230,18 @@ def run_one(name: str, size: dict, steps: int, warmup: int, device: torch.device
     padded = sum(b[2].numel() for b in batches[warmup:])
     peak = (torch.cuda.max_memory_allocated() / 2 ** 20 if device.type == "cuda"
             else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    matmul = (before + matmul_peak(device)) / 2        # after reading the peak memory
     return {"tok_s": tokens / sec, "peak_rss_mb": peak,
-            "flop_s": flops / sec, "padding": 1 - tokens / padded,
+            "flop_s": flops / sec, "matmul_flop_s": matmul, "padding": 1 - tokens / padded,
             "params": sum(p.numel() for p in model.parameters())}
 
 
-def measure(size_name: str, args) -> tuple[dict, float]:
+def measure(size_name: str, args) -> dict:
     """Each contender `--repeats` times, interleaved (drift in the machine's speed then hits
-    all three alike), with the matmul peak measured before each round. Returns the median
-    run of each contender (by tokens/s; peak memory is the largest seen) and the median peak."""
-    runs, peaks = {name: [] for name in CONTENDERS}, []
+    all three alike). Returns the median run of each contender by tokens/s (with the matmul
+    speed measured around that run; peak memory is the largest seen)."""
+    runs = {name: [] for name in CONTENDERS}
     for _ in range(args.repeats):
-        peaks.append(matmul_peak(torch.device(args.device)))
         for name in CONTENDERS:
             proc = subprocess.run([sys.executable, __file__, "--worker", name, "--size", size_name,
                                    "--steps", str(args.steps), "--warmup", str(args.warmup),
@@ -253,7 +256,7 @@ def measure(size_name: str, args) -> tuple[dict, float]:
     for name, rs in runs.items():
         rs = sorted(rs, key=lambda r: r["tok_s"])
         res[name] = dict(rs[len(rs) // 2], peak_rss_mb=max(r["peak_rss_mb"] for r in rs))
-    return res, statistics.median(peaks)
+    return res
 
 
 def main() -> None:
@@ -287,8 +290,9 @@ def main() -> None:
     mem = "peak GPU MB" if device.type == "cuda" else "peak RSS MB"
     summary = {}
     for size_name in (["small", "base"] if args.size == "both" else [args.size]):
-        res, peak = measure(size_name, args)
+        res = measure(size_name, args)
         o, r, h = res["ours"], res["torch"], res["hf"]
+        peak = o["matmul_flop_s"]
         print(f"\n[{size_name}] {o['params'] / 1e6:.1f}M params, padding {o['padding']:.1%} of target "
               f"positions; median of {args.repeats} interleaved runs each")
         print(f"{'':12}{'tgt tok/s':>12}{mem:>14}{'useful GFLOP/s':>16}")
@@ -298,7 +302,7 @@ def main() -> None:
         print(f"ratio mt / nn.Transformer: {o['tok_s'] / r['tok_s']:.2f}x   "
               f"mt / HF Marian: {o['tok_s'] / h['tok_s']:.2f}x   "
               f"FLOP utilization: {o['flop_s'] / peak:.1%} of the measured {kind} matmul "
-              f"({peak / 1e9:.1f} GFLOP/s, median of {args.repeats})"
+              f"({peak / 1e9:.1f} GFLOP/s, around that run)"
               + (f"   MFU: {o['flop_s'] / sheet:.1%} of the datasheet peak" if sheet else ""))
         if size_name == "small" or args.size != "both":
             summary = {"size": size_name, "ours_tok_s": round(o["tok_s"], 1),
