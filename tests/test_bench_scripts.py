@@ -36,3 +36,12 @@ def test_bench_train_contenders_take_a_step_on_the_same_batches(bench_train, nam
 def test_bench_decode_and_data_import():
     for name in ["bench_decode", "bench_data"]:
         _load(name)
+
+
+def test_bench_train_turns_give_every_contender_its_own_rate(bench_train):
+    if importlib.util.find_spec("transformers") is None:
+        pytest.skip("transformers not installed (pip install -e '.[bench]')")
+    import torch
+    rates = bench_train.run_interleaved(bench_train.SIZES["small"], steps=1, warmup=0,
+                                        device=torch.device("cpu"), precision="fp32")
+    assert set(rates) == {"ours", "torch", "hf"} and all(r > 0 for r in rates.values())
