@@ -200,17 +200,35 @@ def hf_marian(size, device):
 CONTENDERS = {"ours": ours, "torch": torch_ref, "hf": hf_marian}
 
 
+def size_of(name: str, max_tokens: int) -> dict:
+    """The hyper-parameters of size `name`, with --max-tokens when given (0: the size's own)."""
+    return dict(SIZES[name], **({"max_tokens": max_tokens} if max_tokens else {}))
+
+
+def device_batches(size: dict, n: int, device: torch.device) -> list[tuple]:
+    return [tuple(x.to(device) for x in b) for b in make_batches(size, n)]
+
+
+def autocast(device: torch.device, precision: str):
+    """bf16 autocast around a step, or nothing for fp32."""
+    return (torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16"
+            else contextlib.nullcontext())
+
+
+def target_tokens(batches) -> int:
+    return sum(int((b[2] != PAD).sum()) for b in batches)
+
+
 def run_one(name: str, size: dict, steps: int, warmup: int, device: torch.device,
             precision: str, compile_ours: bool) -> dict:
     """Runs in a fresh subprocess: (tokens/s, peak memory MB, useful FLOP/s)."""
     torch.manual_seed(0)
-    batches = [tuple(x.to(device) for x in b) for b in make_batches(size, warmup + steps)]
+    batches = device_batches(size, warmup + steps, device)
     model, step = CONTENDERS[name](size, device)
     if compile_ours and name == "ours":
         model.forward = torch.compile(model.forward, dynamic=True)
     model.train()
-    amp = (torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16"
-           else contextlib.nullcontext())
+    amp = autocast(device, precision)
 
     def run(bs):
         for b in bs:
@@ -220,7 +238,7 @@ def run_one(name: str, size: dict, steps: int, warmup: int, device: torch.device
     sync(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    tokens = sum(int((b[2] != PAD).sum()) for b in batches[warmup:])
+    tokens = target_tokens(batches[warmup:])
     flops = sum(useful_flops(b, size) for b in batches[warmup:])
     # The machine's matmul speed right before and after the timed steps: this VM's speed
     # drifts by tens of percent within minutes, so a peak measured apart from the run can put
@@ -245,29 +263,29 @@ def run_interleaved(size: dict, steps: int, warmup: int, device: torch.device,
     first rotates): a drift in the machine's speed, which on this VM reaches tens of percent
     within a minute, then hits all three alike, and the ratios hold. Returns target tokens/s
     per contender; memory is left to the separate runs (here the three share one heap)."""
-    # nn.Transformer's note on its float causal mask beside bool padding masks (the separate
-    # runs keep their stderr to themselves)
-    warnings.filterwarnings("ignore", message="Support for mismatched key_padding_mask")
-    batches = [tuple(x.to(device) for x in b) for b in make_batches(size, warmup + steps)]
+    batches = device_batches(size, warmup + steps, device)
     steps_of = {}
     for name, make in CONTENDERS.items():
         torch.manual_seed(0)
         model, steps_of[name] = make(size, device)
         model.train()
-    amp = (torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16"
-           else contextlib.nullcontext())
+    amp = autocast(device, precision)
     names = list(CONTENDERS)
     secs = dict.fromkeys(names, 0.0)
-    for i, b in enumerate(batches):
-        for name in names[i % len(names):] + names[:i % len(names)]:
-            sync(device)
-            t0 = time.perf_counter()
-            with amp:
-                steps_of[name](b)
-            sync(device)
-            if i >= warmup:
-                secs[name] += time.perf_counter() - t0
-    tokens = sum(int((b[2] != PAD).sum()) for b in batches[warmup:])
+    with warnings.catch_warnings():
+        # nn.Transformer's note on its float causal mask beside bool padding masks (the
+        # separate runs keep their stderr to themselves)
+        warnings.filterwarnings("ignore", message="Support for mismatched key_padding_mask")
+        for i, b in enumerate(batches):
+            for name in names[i % len(names):] + names[:i % len(names)]:
+                sync(device)
+                t0 = time.perf_counter()
+                with amp:
+                    steps_of[name](b)
+                sync(device)
+                if i >= warmup:
+                    secs[name] += time.perf_counter() - t0
+    tokens = target_tokens(batches[warmup:])
     return {name: tokens / sec for name, sec in secs.items()}
 
 
@@ -291,8 +309,7 @@ def measure(size_name: str, args) -> dict:
     for name, rs in runs.items():
         rs = sorted(rs, key=lambda r: r["tok_s"])
         res[name] = dict(rs[len(rs) // 2], peak_rss_mb=max(r["peak_rss_mb"] for r in rs))
-    size = dict(SIZES[size_name], **({"max_tokens": args.max_tokens} if args.max_tokens else {}))
-    turns = run_interleaved(size, args.steps, args.warmup, torch.device(args.device),
+    turns = run_interleaved(size_of(size_name, args.max_tokens), args.steps, args.warmup, torch.device(args.device),
                             args.precision)
     for name in CONTENDERS:
         res[name]["tok_s_turns"] = turns[name]
@@ -317,9 +334,8 @@ def main() -> None:
     args = ap.parse_args()
     device = torch.device(args.device)
     if args.worker:
-        size = dict(SIZES[args.size], **({"max_tokens": args.max_tokens} if args.max_tokens else {}))
-        print(json.dumps(run_one(args.worker, size, args.steps, args.warmup, device,
-                                 args.precision, args.compile)))
+        print(json.dumps(run_one(args.worker, size_of(args.size, args.max_tokens), args.steps,
+                                 args.warmup, device, args.precision, args.compile)))
         return
     sheet = datasheet_peak(device)
     where = (torch.cuda.get_device_name(0) if device.type == "cuda"
