@@ -45,3 +45,22 @@ def test_bench_train_turns_give_every_contender_its_own_rate(bench_train):
     rates = bench_train.run_interleaved(bench_train.SIZES["small"], steps=1, warmup=0,
                                         device=torch.device("cpu"), precision="fp32")
     assert set(rates) == {"ours", "torch", "hf"} and all(r > 0 for r in rates.values())
+
+
+def test_bench_decode_turns_rotate_who_goes_first():
+    """Every contender decodes every batch once (after one warm-up batch), and the one that
+    goes first rotates, so neither always meets the machine warmed (or slowed) by the other."""
+    import numpy as np
+    bench = _load("bench_decode")
+    calls = []
+    decoders = {name: (lambda src, name=name: calls.append((name, src.shape[0])))
+                for name in ["ours", "hf"]}
+
+    class Args:
+        batch_size = 2
+    ids = [np.arange(1, n + 2) for n in range(7)]                    # 4 batches: 2, 2, 2, 1
+    secs = bench.taking_turns(decoders, ids, Args)
+    assert set(secs) == {"ours", "hf"} and all(s >= 0 for s in secs.values())
+    timed = calls[2:]                                                # after the warm-ups
+    assert [n for n, _ in timed] == ["ours", "hf", "hf", "ours", "ours", "hf", "hf", "ours"]
+    assert [b for _, b in timed] == [2, 2, 2, 2, 2, 2, 1, 1]
