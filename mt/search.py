@@ -98,6 +98,34 @@ def _until_eos(ids: list[int]) -> list[int]:
     return ids[: ids.index(EOS)] if EOS in ids else ids
 
 
+def _finish(finished: list[list[tuple[float, list[int]]]], alive: torch.Tensor,
+            hyps: torch.Tensor, top_scores: torch.Tensor, top_beam: torch.Tensor,
+            top_tok: torch.Tensor, k: int, length_penalty: float) -> None:
+    """Finish the EOS candidates among each sentence's top K (as fairseq does): append
+    (logp / len^length_penalty, ids) to `finished` of its sentence, up to K per sentence.
+    top_*: (n, 2K) candidates of the n live sentences, best first; hyps: (n * K, t) with BOS."""
+    is_eos = (top_tok[:, :k] == EOS) & (top_scores[:, :k] > -float("inf"))
+    rows, cols = is_eos.nonzero(as_tuple=True)
+    for r, c in zip(rows.tolist(), cols.tolist()):
+        sent = int(alive[r])
+        if len(finished[sent]) < k:
+            ids = hyps[int(r * k + top_beam[r, c]), 1:].tolist()
+            score = float(top_scores[r, c]) / (len(ids) + 1) ** length_penalty
+            finished[sent].append((score, ids))
+
+
+def _best_live(top_scores: torch.Tensor, top_beam: torch.Tensor, top_tok: torch.Tensor,
+               k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The best K non-EOS candidates of each sentence (there are always K among 2K): their
+    scores (n, K), the rows of hyps they extend (n * K,) and their tokens (n * K, 1)."""
+    n, dev = top_tok.shape[0], top_tok.device
+    live_rank = torch.where(top_tok == EOS, float("inf"),
+                            torch.arange(top_tok.shape[1], device=dev, dtype=torch.float))
+    sel = live_rank.argsort(dim=1)[:, :k]                              # (n, K)
+    src_rows = (torch.arange(n, device=dev)[:, None] * k + top_beam.gather(1, sel)).view(-1)
+    return top_scores.gather(1, sel), src_rows, top_tok.gather(1, sel).view(-1, 1)
+
+
 @torch.no_grad()
 def beam_search(model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor, beam: int,
                 length_penalty: float = 1.0, max_len_a: float = 1.5, max_len_b: int = 10,
@@ -140,23 +168,8 @@ def beam_search(model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor, b
         cand = lprobs.view(n, k, v).add_(scores[:, :, None]).view(n, k * v)   # in place
         top_scores, top_idx = _topk_rows(cand, min(2 * k, k * v))         # (n, 2K)
         top_beam, top_tok = top_idx // v, top_idx % v
-        is_eos = top_tok == EOS
-        # Finish the EOS candidates among the top K (as fairseq does).
-        fin_rows, fin_cols = (is_eos[:, :k] & (top_scores[:, :k] > -float("inf"))).nonzero(as_tuple=True)
-        for r, c in zip(fin_rows.tolist(), fin_cols.tolist()):
-            sent = int(alive[r])
-            if len(finished[sent]) < k:
-                row = int(r * k + top_beam[r, c])
-                ids = hyps[row, 1:].tolist()
-                score = float(top_scores[r, c]) / (len(ids) + 1) ** length_penalty
-                finished[sent].append((score, ids))
-        # The best K non-EOS candidates stay live (there are always at least K of 2K).
-        live_rank = torch.where(is_eos, float("inf"), torch.arange(top_tok.shape[1], device=dev,
-                                                                    dtype=torch.float))
-        sel = live_rank.argsort(dim=1)[:, :k]                          # (n, K)
-        scores = top_scores.gather(1, sel)
-        src_rows = (torch.arange(n, device=dev)[:, None] * k + top_beam.gather(1, sel)).view(-1)
-        new_tok = top_tok.gather(1, sel).view(-1, 1)
+        _finish(finished, alive, hyps, top_scores, top_beam, top_tok, k, length_penalty)
+        scores, src_rows, new_tok = _best_live(top_scores, top_beam, top_tok, k)
         hyps = torch.cat([hyps.index_select(0, src_rows), new_tok], dim=1)
         done = torch.tensor([len(finished[int(s)]) >= k for s in alive.tolist()], device=dev)
         done |= step + 1 >= limits[alive]
