@@ -220,8 +220,9 @@ def target_tokens(batches) -> int:
 
 
 def run_one(name: str, size: dict, steps: int, warmup: int, device: torch.device,
-            precision: str, compile_ours: bool) -> dict:
-    """Runs in a fresh subprocess: (tokens/s, peak memory MB, useful FLOP/s)."""
+            precision: str, compile_ours: bool, matmul_n: int = 2048) -> dict:
+    """Runs in a fresh subprocess: (tokens/s, peak memory MB, useful FLOP/s). matmul_n: the
+    size of the product that measures the machine's matmul speed (on CPU)."""
     torch.manual_seed(0)
     batches = device_batches(size, warmup + steps, device)
     model, step = CONTENDERS[name](size, device)
@@ -243,7 +244,7 @@ def run_one(name: str, size: dict, steps: int, warmup: int, device: torch.device
     # The machine's matmul speed right before and after the timed steps: this VM's speed
     # drifts by tens of percent within minutes, so a peak measured apart from the run can put
     # the utilization anywhere (once above 100%).
-    before = matmul_peak(device)
+    before = matmul_peak(device, matmul_n)
     t0 = time.perf_counter()
     run(batches[warmup:])
     sync(device)
@@ -251,7 +252,7 @@ def run_one(name: str, size: dict, steps: int, warmup: int, device: torch.device
     padded = sum(b[2].numel() for b in batches[warmup:])
     peak = (torch.cuda.max_memory_allocated() / 2 ** 20 if device.type == "cuda"
             else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
-    matmul = (before + matmul_peak(device)) / 2        # after reading the peak memory
+    matmul = (before + matmul_peak(device, matmul_n)) / 2        # after reading the peak memory
     return {"tok_s": tokens / sec, "peak_rss_mb": peak,
             "flop_s": flops / sec, "matmul_flop_s": matmul, "padding": 1 - tokens / padded,
             "params": sum(p.numel() for p in model.parameters())}
