@@ -43,56 +43,70 @@ class MultiHeadAttention(nn.Module):
         # the explicit softmax where the weights are wanted or dropout runs on CPU.
         fused = cache is None and not need_weights and cpu_fused(x, self.out.weight,
                                                                  self.training)
+        b, t, d = x.shape
         if self.self_attention:
-            proj = kv_proj = self.qkv(x)
-            q, k, v = self._heads_split(proj, 3)
-            if cache is not None:
-                if "k" in cache:  # (B, H, t, Dh): the cached rows search kept, then this step
-                    k = _append(cache["k"], k, cache["order"])
-                    v = _append(cache["v"], v, cache["order"])
-                cache["k"], cache["v"], cache["order"] = k, v, None
+            proj, kv_proj, q, k, v = self._self_projections(x, cache)
         else:
-            if cache is not None and "k" in cache:
-                k, v = cache["k"], cache["v"]
-            else:
-                kv_proj = self.kv(memory)
-                k, v = self._heads_split(kv_proj, 2)
-                if cache is not None:
-                    cache["k"], cache["v"] = k, v
-            # Beam search may keep one row of memory keys/values per sentence for its
-            # `groups` hypotheses (rows sentence-major): the hypotheses' queries then go
-            # together as groups * T queries of their sentence, with no copies of the memory.
-            groups = x.shape[0] // k.shape[0]
-            proj = self.q(x)
-            q = proj.view(k.shape[0], groups * x.shape[1], self.n_heads, self.d_head)
-            q = q.transpose(1, 2)                                  # (Bk, H, groups * T, Dh)
-            if groups > 1 and attn_mask is not None:
-                attn_mask = attn_mask[::groups]
+            proj, kv_proj, q, k, v = self._cross_projections(x, memory, cache)
+        if b != k.shape[0] and attn_mask is not None:     # grouped queries: one mask row each
+            attn_mask = attn_mask[::b // k.shape[0]]
         if self.rel is not None:
             attn_mask = _as_bias(self.rel(q, q_pos, k_pos), attn_mask, is_causal)
             is_causal = False
         dropout_p = self.dropout if self.training else 0.0
-        b, t, d = x.shape
         if fused:
             if is_causal:
                 attn_mask = _with_causal(attn_mask, q.shape[-2], k.shape[-2], q.device)
-            return attention_out(proj, None if self.self_attention else kv_proj, self.n_heads,
-                                 attn_mask, self.out.weight, self.out.bias, dropout_p)
+            return attention_out(proj, kv_proj, self.n_heads, attn_mask, self.out.weight,
+                                 self.out.bias, dropout_p)
         if need_weights or (dropout_p > 0.0 and not q.is_cuda):
             # On CPU, SDPA with dropout takes its math path and draws the mask with bernoulli_
             # (slow); the explicit path draws it as mt's dropout does.
             ctx, weights = _attention_explicit(q, k, v, attn_mask, is_causal, dropout_p)
-            weights = weights if need_weights else None
         else:
-            ctx = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=attn_mask, is_causal=is_causal,
-                dropout_p=dropout_p)
-            weights = None
+            ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
+                                                 is_causal=is_causal, dropout_p=dropout_p)
         out = self.out(ctx.transpose(1, 2).reshape(b, t, d))  # (B, T, D)
-        if need_weights and weights.shape[0] != b:             # grouped: back to (B, H, T, S)
+        if not need_weights:
+            return out
+        if weights.shape[0] != b:                              # grouped: back to (B, H, T, S)
             weights = weights.view(-1, self.n_heads, b // weights.shape[0], t, weights.shape[-1])
             weights = weights.transpose(1, 2).reshape(b, self.n_heads, t, -1)
-        return (out, weights) if need_weights else out
+        return out, weights
+
+    def _self_projections(self, x: torch.Tensor, cache: dict | None):
+        """The fused Q, K, V projection (B, T, 3D), None (no separate key/value projection) and
+        the heads; with a cache, the past steps' keys and values come first and this step's
+        are appended to the cache."""
+        proj = self.qkv(x)
+        q, k, v = self._heads_split(proj, 3)
+        if cache is not None:
+            if "k" in cache:  # (B, H, t, Dh): the cached rows search kept, then this step
+                k = _append(cache["k"], k, cache["order"])
+                v = _append(cache["v"], v, cache["order"])
+            cache["k"], cache["v"], cache["order"] = k, v, None
+        return proj, None, q, k, v
+
+    def _cross_projections(self, x: torch.Tensor, memory: torch.Tensor, cache: dict | None):
+        """The query projection (B, T, D), the memory's key/value projection (B, S, 2D; None
+        when the cache has them) and the heads. The memory's keys and values are computed once
+        per sentence and kept in the cache."""
+        kv_proj = None
+        if cache is not None and "k" in cache:
+            k, v = cache["k"], cache["v"]
+        else:
+            kv_proj = self.kv(memory)
+            k, v = self._heads_split(kv_proj, 2)
+            if cache is not None:
+                cache["k"], cache["v"] = k, v
+        # Beam search may keep one row of memory keys/values per sentence for its `groups`
+        # hypotheses (rows sentence-major): the hypotheses' queries then go together as
+        # groups * T queries of their sentence, with no copies of the memory.
+        groups = x.shape[0] // k.shape[0]
+        proj = self.q(x)
+        q = proj.view(k.shape[0], groups * x.shape[1], self.n_heads, self.d_head)
+        q = q.transpose(1, 2)                                      # (Bk, H, groups * T, Dh)
+        return proj, kv_proj, q, k, v
 
     def _heads_split(self, x: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:
         b, t, _ = x.shape
