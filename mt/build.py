@@ -158,19 +158,10 @@ def _truncate_log(path: Path, step: int) -> None:
             path.write_text("".join(x + "\n" for x in kept), encoding="utf-8")
 
 
-def build_trainer(cfg: Config, run_dir: Path, allow_config_change: bool = False,
-                  log=print) -> Trainer:
-    d, t = cfg.data, cfg.train
-    dist, device_name = setup(t.device)
-    if not dist.is_main:
-        log = _quiet
-    prepare_run_dir(cfg, run_dir, allow_config_change, dist.is_main)
-    if dist.is_main:          # one rank downloads and trains BPE; the others wait, then read
-        ensure_data(cfg, log)
-    dist.barrier()
-    if t.num_threads:
-        torch.set_num_threads(t.num_threads)
-    torch.manual_seed(t.seed)
+def _load_data(cfg: Config, run_dir: Path, dist, log):
+    """The tokenizer (trained by rank 0 if the run has none yet), the training split as token
+    ids and the valid split as text and token ids."""
+    d = cfg.data
     train_stats, valid_stats = Stats(), Stats()
     train_paths = split_paths(d.dir, "train", d.src_lang, d.tgt_lang)
     vsrc, vtgt = drop_empty(*read_parallel(*split_paths(d.dir, "valid", d.src_lang, d.tgt_lang)),
@@ -190,7 +181,23 @@ def build_trainer(cfg: Config, run_dir: Path, allow_config_change: bool = False,
     if not len(train_data.src):
         raise MTError(f"{train_paths[0]}: no training pair left (empty, or longer than "
                       f"data.max_len={d.max_len})")
+    return tokenizer, train_data, (vsrc, vtgt, valid_data)
 
+
+def build_trainer(cfg: Config, run_dir: Path, allow_config_change: bool = False,
+                  log=print) -> Trainer:
+    t = cfg.train
+    dist, device_name = setup(t.device)
+    if not dist.is_main:
+        log = _quiet
+    prepare_run_dir(cfg, run_dir, allow_config_change, dist.is_main)
+    if dist.is_main:          # one rank downloads and trains BPE; the others wait, then read
+        ensure_data(cfg, log)
+    dist.barrier()
+    if t.num_threads:
+        torch.set_num_threads(t.num_threads)
+    torch.manual_seed(t.seed)
+    tokenizer, train_data, (vsrc, vtgt, valid_data) = _load_data(cfg, run_dir, dist, log)
     device = pick_device(device_name)
     model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size).to(device)
     torch.manual_seed(t.seed + dist.rank)   # same initial weights everywhere, own dropout masks
