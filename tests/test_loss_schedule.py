@@ -267,10 +267,14 @@ def test_dropout_mask_lanes_are_independent_and_any_shape_works(p, lanes):
 
 
 @pytest.mark.parametrize("p", [0.0, 0.3])
-def test_fused_feed_forward_equals_linear_relu_dropout_linear(p):
-    """The CPU training FFN (relu and dropout in place, one hidden tensor kept) gives the values
-    and gradients of the plain module chain with the same dropout mask."""
+@pytest.mark.parametrize("chunk_rows", [1024, 5])
+def test_fused_feed_forward_equals_linear_relu_dropout_linear(p, chunk_rows, monkeypatch):
+    """The CPU training FFN (relu and dropout in place, one hidden tensor kept, rows taken a
+    chunk at a time: here all 21 at once, or 5 at a time with a short last chunk) gives the
+    values and gradients of the plain module chain with the same dropout mask."""
+    from mt.model import fused
     from mt.model.layers import FeedForward
+    monkeypatch.setattr(fused, "FFN_CHUNK_ROWS", chunk_rows)
     torch.manual_seed(0)
     ffn = FeedForward(16, 64, p).train()
     x = torch.randn(3, 7, 16, requires_grad=True)
