@@ -126,21 +126,13 @@ class Trainer:
         # then equals the gradient of one big batch.
         n_total = (int(self.dist.sum(torch.tensor(n_tokens, device=self.device)))  # NCCL: on GPU
                    if self.dist.enabled else n_tokens)
-        scale = self.dist.world / n_total
-        losses, nlls = [], []
         try:
-            for i, batch in enumerate(batches):
-                last = i == len(batches) - 1
-                sync = contextlib.nullcontext() if last or not self.dist.enabled \
-                    else self.train_model.no_sync()       # all-reduce once per update
-                with sync:
-                    loss, nll = self._loss(batch, self.train_model)
-                    self.scaler.scale(loss * scale).backward()
-                losses.append(loss.detach())
-                nlls.append(nll.detach())
+            losses, nlls = self._backward(batches, self.dist.world / n_total)
         except torch.OutOfMemoryError:
-            # One unusually large batch should not end a long run: drop it and go on.
-            del losses, nlls
+            losses = None
+        if losses is None:
+            # One unusually large batch should not end a long run: drop it and go on (here,
+            # after the except block, whose traceback held the failed pass's tensors).
             self.optimizer.zero_grad(set_to_none=True)
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -168,6 +160,21 @@ class Trainer:
         self.scheduler.step()
         self.state.step += 1
         return True
+
+    def _backward(self, batches: list[Batch], scale: float) -> tuple[list, list]:
+        """Gradients of every batch's loss times `scale`, summed; with DDP, all-reduced once,
+        in the last batch's backward. Returns the (summed) losses and NLLs, still on device."""
+        losses, nlls = [], []
+        for i, batch in enumerate(batches):
+            last = i == len(batches) - 1
+            sync = contextlib.nullcontext() if last or not self.dist.enabled \
+                else self.train_model.no_sync()
+            with sync:
+                loss, nll = self._loss(batch, self.train_model)
+                self.scaler.scale(loss * scale).backward()
+            losses.append(loss.detach())
+            nlls.append(nll.detach())
+        return losses, nlls
 
     # -- logging, validation, checkpoints -------------------------------------------------
     def _write_log(self, record: dict) -> None:
