@@ -33,10 +33,14 @@ class KeepMask(NamedTuple):
     threshold: int           # an element is kept where its lane >= threshold
     scale: float             # 1 / P(kept)
 
-    def of(self, dtype: torch.dtype) -> torch.Tensor:
-        """The mask as 0/1 values of `dtype` (1 = kept)."""
-        out = torch.empty(self.lanes.shape, dtype=dtype, device=self.lanes.device)
-        return torch.ge(self.lanes, self.threshold, out=out)
+    def of(self, dtype: torch.dtype, rows: slice = slice(None),
+           out: torch.Tensor | None = None) -> torch.Tensor:
+        """The mask of `rows` (all by default) as 0/1 values of `dtype` (1 = kept), written
+        into `out` (of that dtype) when given, a new tensor otherwise."""
+        lanes = self.lanes[rows]
+        if out is None:
+            out = torch.empty(lanes.shape, dtype=dtype, device=lanes.device)
+        return torch.ge(lanes, self.threshold, out=out)
 
 
 def lane_bits(p: float) -> int:

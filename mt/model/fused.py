@@ -51,7 +51,7 @@ class _FeedForward(torch.autograd.Function):
         for rows in _chunks(n):
             h = torch.addmm(b1, x2[rows], w1.t(), out=a[rows]).relu_()
             if keep is not None:
-                h.mul_(torch.ge(keep.lanes[rows], keep.threshold, out=mask[:len(h)]))
+                h.mul_(keep.of(h.dtype, rows, out=mask[:len(h)]))
             torch.addmm(b2, h, w2.t(), alpha=scale, out=y[rows])
         ctx.save_for_backward(x2, w1, w2, a)
         ctx.scale = scale
