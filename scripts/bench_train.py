@@ -259,19 +259,21 @@ def run_one(name: str, size: dict, steps: int, warmup: int, device: torch.device
 
 
 def run_interleaved(size: dict, steps: int, warmup: int, device: torch.device,
-                    precision: str) -> dict:
-    """All three contenders in this one process, taking turns batch by batch (which one goes
-    first rotates): a drift in the machine's speed, which on this VM reaches tens of percent
-    within a minute, then hits all three alike, and the ratios hold. Returns target tokens/s
-    per contender; memory is left to the separate runs (here the three share one heap)."""
+                    precision: str, contenders: dict | None = None) -> dict:
+    """All three contenders (or `contenders`: name -> maker like `ours`) in this one process,
+    taking turns batch by batch (which one goes first rotates): a drift in the machine's speed,
+    which on this VM reaches tens of percent within a minute, then hits all alike, and the
+    ratios hold. Returns target tokens/s per contender; memory is left to the separate runs
+    (here the contenders share one heap)."""
+    contenders = contenders or CONTENDERS
     batches = device_batches(size, warmup + steps, device)
     steps_of = {}
-    for name, make in CONTENDERS.items():
+    for name, make in contenders.items():
         torch.manual_seed(0)
         model, steps_of[name] = make(size, device)
         model.train()
     amp = autocast(device, precision)
-    names = list(CONTENDERS)
+    names = list(contenders)
     secs = dict.fromkeys(names, 0.0)
     with warnings.catch_warnings():
         # nn.Transformer's note on its float causal mask beside bool padding masks (the

@@ -65,3 +65,66 @@ def test_bench_decode_turns_rotate_who_goes_first():
     timed = calls[2:]                                                # after the warm-ups
     assert [n for n, _ in timed] == ["ours", "hf", "hf", "ours", "ours", "hf", "hf", "ours"]
     assert [b for _, b in timed] == [2, 2, 2, 2, 2, 2, 1, 1]
+
+
+@pytest.fixture(scope="module")
+def ab_train():
+    return _load("ab_train")
+
+
+def test_ab_train_patch_is_in_place_for_b_only_and_undone(ab_train):
+    """B's steps run with the patched attribute and A's without; after the run the module
+    has its own object back. The patches change no arithmetic here (these batches have fewer
+    rows than either chunk size), and each side draws its own dropout masks: equal weights."""
+    import torch
+    import mt.model.fused as fused
+    import mt.model.layers as layers
+    calls = {"patched": 0}
+    original = layers.feed_forward
+
+    def counting(*args):
+        calls["patched"] += 1
+        return original(*args)
+    patches = [(layers, "feed_forward", counting), (fused, "FFN_CHUNK_ROWS", 2048)]
+    size = dict(ab_train.bt.SIZES["small"], max_tokens=600)
+    r = ab_train.run_ab(size, steps=1, warmup=1, patches=patches, device=torch.device("cpu"))
+    assert layers.feed_forward is original and fused.FFN_CHUNK_ROWS == 1024
+    assert calls["patched"] == 2 * 2 * size["layers"]   # B's two batches, encoder + decoder
+    assert r["a_tok_s"] > 0 and r["b_tok_s"] > 0 and r["ratio"] > 0
+    assert r["max_param_diff"] == 0.0
+
+
+def test_ab_train_sees_different_arithmetic(ab_train):
+    """A patch that changes what is computed (no dropout in B's feed-forwards) shows in the
+    weights after one step."""
+    import torch
+    import mt.model.layers as layers
+    original = layers.feed_forward
+
+    def without_dropout(x, w1, b1, w2, b2, p):
+        return original(x, w1, b1, w2, b2, 0.0)
+    size = dict(ab_train.bt.SIZES["small"], max_tokens=600)
+    r = ab_train.run_ab(size, steps=1, warmup=0, patches=[(layers, "feed_forward", without_dropout)],
+                        device=torch.device("cpu"))
+    assert r["max_param_diff"] > 0
+
+
+@pytest.mark.parametrize("spec, says", [
+    ("mt.model.fused", "write MODULE:NAME=VALUE"),
+    ("mt.model.fused:NO_SUCH=1", "has no attribute 'NO_SUCH'"),
+    ("no_such_module:x=1", "cannot import no_such_module"),
+    ("mt.model.fused:FFN_CHUNK_ROWS=/nowhere/f.py:g", "no file /nowhere/f.py"),
+    ("mt.model.fused:FFN_CHUNK_ROWS=mt.model.fused:no_such", "cannot load"),
+])
+def test_ab_train_bad_patch_is_one_clear_line(ab_train, spec, says):
+    with pytest.raises(ab_train.PatchError, match=says):
+        ab_train.resolve_patch(spec)
+
+
+def test_ab_train_patch_values(ab_train, tmp_path):
+    import mt.model.fused as fused
+    assert ab_train.resolve_patch("mt.model.fused:FFN_CHUNK_ROWS=512") == (fused, "FFN_CHUNK_ROWS", 512)
+    assert ab_train.resolve_patch("mt.model.fused:feed_forward=mt.model.fused:add_norm")[2] \
+        is fused.add_norm
+    (tmp_path / "mine.py").write_text("def f(*a):\n    return 'mine'\n")
+    assert ab_train.resolve_patch(f"mt.model.fused:feed_forward={tmp_path}/mine.py:f")[2]() == "mine"
