@@ -89,7 +89,9 @@ def test_ab_train_patch_is_in_place_for_b_only_and_undone(ab_train):
     size = dict(ab_train.bt.SIZES["small"], max_tokens=600)
     r = ab_train.run_ab(size, steps=1, warmup=1, patches=patches, device=torch.device("cpu"))
     assert layers.feed_forward is original and fused.FFN_CHUNK_ROWS == 1024
-    assert calls["patched"] == 2 * 2 * size["layers"]   # B's two batches, encoder + decoder
+    # two rounds (B built second, then first) of B's two batches, encoder and decoder layers
+    assert calls["patched"] == 2 * 2 * 2 * size["layers"]
+    assert len(r["round_ratios"]) == 2
     assert r["a_tok_s"] > 0 and r["b_tok_s"] > 0 and r["ratio"] > 0
     assert r["max_param_diff"] == 0.0
 
@@ -105,7 +107,7 @@ def test_ab_train_sees_different_arithmetic(ab_train):
         return original(x, w1, b1, w2, b2, 0.0)
     size = dict(ab_train.bt.SIZES["small"], max_tokens=600)
     r = ab_train.run_ab(size, steps=1, warmup=0, patches=[(layers, "feed_forward", without_dropout)],
-                        device=torch.device("cpu"))
+                        device=torch.device("cpu"), rounds=1)
     assert r["max_param_diff"] > 0
 
 
