@@ -134,9 +134,7 @@ def _resume(trainer: Trainer, ckpt: dict, path: Path, log) -> None:
     # each rank continues its own dropout stream if saved by as many ranks; else rank 0's
     own = rank_rng is not None and len(rank_rng) == trainer.dist.world
     rng = rank_rng[trainer.dist.rank] if own else ckpt["rng"]
-    torch.set_rng_state(rng["torch"])
-    if "cuda" in rng and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rng["cuda"])
+    checkpoint.set_rng_state(rng)
     if trainer.dist.rank > 0 and not own:
         # Rank 0's generators everywhere would give all ranks the same dropout masks: each
         # other rank gets its own stream, fixed by (seed, rank, step), so such a resume is

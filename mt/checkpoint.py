@@ -129,3 +129,16 @@ def average(paths: list[Path]) -> dict:
     return {"format_version": FORMAT_VERSION, "config": last["config"], "model": avg,
             "spm": last["spm"], "train_state": last.get("train_state", {}),
             "averaged_from": [Path(p).name for p in paths]}
+
+
+def rng_state() -> dict:
+    """This process's generator states: torch's CPU one and, where there is CUDA, each GPU's."""
+    return {"torch": torch.get_rng_state(),
+            **({"cuda": torch.cuda.get_rng_state_all()} if torch.cuda.is_available() else {})}
+
+
+def set_rng_state(state: dict) -> None:
+    """The generators as `rng_state` found them (the GPUs' where both sides have CUDA)."""
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -237,14 +237,14 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
             "train_state": self.state.state_dict(),
-            "rng": _rng_state(),
+            "rng": checkpoint.rng_state(),
             **({"rank_rng": rank_rng} if rank_rng is not None and len(rank_rng) > 1 else {}),
             "spm": checkpoint.tokenizer_state(self.tokenizer),
         }
 
     def rng_states(self) -> list[dict]:
         """The generator states of every rank, in rank order (a collective: all ranks call it)."""
-        return self.dist.gather(_rng_state())
+        return self.dist.gather(checkpoint.rng_state())
 
     def save(self, name: str, rank_rng: list[dict] | None = None) -> None:
         if not self.dist.is_main:
@@ -427,9 +427,3 @@ class Trainer:
     def _say(self, msg: str) -> None:
         if self.dist.is_main:
             tqdm.write(msg, file=sys.stderr)
-
-
-def _rng_state() -> dict:
-    """This process's generator states: torch's CPU one and, where there is CUDA, each GPU's."""
-    return {"torch": torch.get_rng_state(),
-            **({"cuda": torch.cuda.get_rng_state_all()} if torch.cuda.is_available() else {})}

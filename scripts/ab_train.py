@@ -40,6 +40,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_train as bt  # noqa: E402  (its batches, its `ours` and its turn-taking loop)
+from mt.checkpoint import rng_state, set_rng_state  # noqa: E402
 
 
 class PatchError(ValueError):
@@ -67,16 +68,16 @@ def _value(spec: str, source: str) -> object:
     with contextlib.suppress(ValueError, SyntaxError):
         return ast.literal_eval(source)
     path, _, name = source.rpartition(":")
-    if path.endswith(".py") and not Path(path).is_file():
+    file = Path(path)
+    if file.suffix == ".py" and not file.is_file():
         raise PatchError(f"--patch {spec!r}: no file {path}")
     try:
-        if path.endswith(".py"):
-            file = Path(path)
-            loader = importlib.util.spec_from_file_location(file.stem, file)
-            module = importlib.util.module_from_spec(loader)
-            loader.loader.exec_module(module)
-            return getattr(module, name)
-        return pkgutil.resolve_name(source)
+        if file.suffix != ".py":
+            return pkgutil.resolve_name(source)
+        loader = importlib.util.spec_from_file_location(file.stem, file)
+        module = importlib.util.module_from_spec(loader)
+        loader.loader.exec_module(module)
+        return getattr(module, name)
     except (ImportError, AttributeError, ValueError) as e:
         raise PatchError(f"--patch {spec!r}: cannot load {source} ({e}); give a Python "
                          f"literal, MODULE:NAME or FILE.py:NAME") from None
@@ -99,20 +100,14 @@ def patched(patches: list[tuple[object, str, object]]):
 def own_generator(state: dict):
     """The random generators (dropout's) as `state` left them, and their state kept there
     after the block: each side draws its own stream, as it would running alone."""
-    cuda = torch.cuda.is_available()
-    outer = torch.get_rng_state(), torch.cuda.get_rng_state_all() if cuda else None
+    outer = rng_state()
     if state:
-        torch.set_rng_state(state["cpu"])
-        if cuda:
-            torch.cuda.set_rng_state_all(state["cuda"])
+        set_rng_state(state)
     try:
         yield
     finally:
-        state["cpu"] = torch.get_rng_state()
-        state["cuda"] = torch.cuda.get_rng_state_all() if cuda else None
-        torch.set_rng_state(outer[0])
-        if cuda:
-            torch.cuda.set_rng_state_all(outer[1])
+        state.update(rng_state())
+        set_rng_state(outer)
 
 
 def contenders(patches: list[tuple[object, str, object]], models: dict) -> dict:
