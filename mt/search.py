@@ -126,6 +126,24 @@ def _best_live(top_scores: torch.Tensor, top_beam: torch.Tensor, top_tok: torch.
     return top_scores.gather(1, sel), src_rows, top_tok.gather(1, sel).view(-1, 1)
 
 
+def _first_step_lprobs(model, memory: torch.Tensor, src_pad_mask: torch.Tensor, cache,
+                       k: int, per_sentence: bool) -> torch.Tensor:
+    """Step 0 of a cached beam search: the K hypotheses of a sentence are all BOS, so each
+    sentence is decoded once (its cross-attention keys/values computed here too) and its
+    log-probabilities and self-attention cache copied to K rows; the cross-attention cache
+    stays one row per sentence where the model allows (`per_sentence`). (B * K, V)"""
+    b, dev = memory.shape[0], memory.device
+    bos = torch.full((b, 1), BOS, dtype=torch.long, device=dev)
+    lprobs = _step_lprobs(model, bos, memory, src_pad_mask, cache, 0, None)
+    reorder_cache(cache, torch.arange(b, device=dev).repeat_interleave(k), cross=not per_sentence)
+    return lprobs.repeat_interleave(k, 0)
+
+
+def _sentences_done(finished: list[list], alive: torch.Tensor, k: int) -> torch.Tensor:
+    """(n,) bool: which live sentences have K finished hypotheses."""
+    return torch.tensor([len(finished[s]) >= k for s in alive.tolist()], device=alive.device)
+
+
 @torch.no_grad()
 def beam_search(model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor, beam: int,
                 length_penalty: float = 1.0, max_len_a: float = 1.5, max_len_b: int = 10,
@@ -151,13 +169,7 @@ def beam_search(model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor, b
     for step in range(int(limits.max())):
         n = len(alive)
         if step == 0 and use_cache:
-            # The K hypotheses of a sentence are all BOS: decode each sentence once (the
-            # cross-attention keys/values are computed here too), then copy rows K times
-            # (the cross-attention part stays one row per sentence where the model allows).
-            lprobs = _step_lprobs(model, hyps[::k, -1:], memory_once, src_pad_mask, cache, 0,
-                                  None).repeat_interleave(k, 0)
-            reorder_cache(cache, torch.arange(b, device=dev).repeat_interleave(k),
-                          cross=not per_sentence)
+            lprobs = _first_step_lprobs(model, memory_once, src_pad_mask, cache, k, per_sentence)
         else:
             lprobs = _step_lprobs(model, hyps[:, -1:], memory, pad_mask, cache, step,
                                   None if use_cache else hyps)
@@ -171,8 +183,7 @@ def beam_search(model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor, b
         _finish(finished, alive, hyps, top_scores, top_beam, top_tok, k, length_penalty)
         scores, src_rows, new_tok = _best_live(top_scores, top_beam, top_tok, k)
         hyps = torch.cat([hyps.index_select(0, src_rows), new_tok], dim=1)
-        done = torch.tensor([len(finished[int(s)]) >= k for s in alive.tolist()], device=dev)
-        done |= step + 1 >= limits[alive]
+        done = _sentences_done(finished, alive, k) | (step + 1 >= limits[alive])
         if done.all():
             break
         if cache is not None:
