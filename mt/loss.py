@@ -25,6 +25,26 @@ def label_smoothed_nll(lprobs: torch.Tensor, target: torch.Tensor, eps: float,
     return loss.sum(), nll.sum(), keep.sum()
 
 
+def _smoothed_nll(z: torch.Tensor, p: torch.Tensor, y: torch.Tensor, z_sum: torch.Tensor | None,
+                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sums of the smoothed loss and of the NLL over one chunk, from its logits z (c, V), their
+    softmax p and targets y (c,); z_sum: each row's sum of logits when known (else summed)."""
+    v = z.shape[-1]
+    zy = z.gather(-1, y[:, None]).squeeze(-1)
+    py = p.gather(-1, y[:, None]).squeeze(-1)
+    # logsumexp(z) = z_y - log p_y, exact unless p_y underflowed (log p_y < -69): those rows
+    # take logsumexp itself (on GPU every chunk does, so as not to wait on the host)
+    lse = zy - py.log()
+    under = py < 1e-30
+    if z.is_cuda or bool(under.any()):
+        lse = torch.where(under, torch.logsumexp(z, -1), lse)
+    nll = lse - zy                                                        # -log p_y
+    if eps == 0.0:
+        return nll.sum(), nll.sum()
+    others = v * lse - (z.sum(-1) if z_sum is None else z_sum) - nll     # sum_{j != y} -log p_j
+    return ((1.0 - eps) * nll + eps / (v - 1) * others).sum(), nll.sum()
+
+
 class _LinearSmoothedCrossEntropy(torch.autograd.Function):
     """label_smoothed_nll(log_softmax(h @ W^T), ...) fused with the output projection and
     computed in chunks of rows: the (N, V) logits never exist whole, only (chunk, V) at a time.
@@ -57,22 +77,10 @@ class _LinearSmoothedCrossEntropy(torch.autograd.Function):
             c = hc.shape[0]
             z = torch.mm(hc, weight.t(), out=logits[:c]) if same else (hc @ weight.t()).to(acc)
             p = torch.softmax(z, dim=-1, out=p_buf[:c])                         # (c, V)
-            zy = z.gather(-1, y[:, None]).squeeze(-1)
-            py = p.gather(-1, y[:, None]).squeeze(-1)
-            # logsumexp(z) = z_y - log p_y, exact unless p_y underflowed (log p_y < -69): those
-            # rows take logsumexp itself (on GPU every chunk does, so as not to wait on the host)
-            lse = zy - py.log()
-            under = py < 1e-30
-            if z.is_cuda or bool(under.any()):
-                lse = torch.where(under, torch.logsumexp(z, -1), lse)
-            nll = lse - zy                                                # -log p_y
-            if eps > 0.0:
-                z_sum = torch.mv(hc, colsum) if same else z.sum(-1)
-                others = v * lse - z_sum - nll                            # sum_{j != y} -log p_j
-                loss_sum += ((1.0 - eps) * nll + off * others).sum()
-            else:
-                loss_sum += nll.sum()
-            nll_sum += nll.sum()
+            z_sum = torch.mv(hc, colsum) if same and eps > 0.0 else None       # (c,)
+            loss, nll = _smoothed_nll(z, p, y, z_sum, eps)
+            loss_sum += loss
+            nll_sum += nll
             if want_grad:
                 # d loss/d z = softmax - q, q = eps/(V-1) + (1 - eps - eps/(V-1)) * onehot(y);
                 # the uniform eps/(V-1) is taken off after the loop, on (N, D) and (V, D)
