@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import json
 import math
+import os
 import resource
 import subprocess
 import sys
@@ -344,8 +345,10 @@ def main() -> None:
     where = (torch.cuda.get_device_name(0) if device.type == "cuda"
              else f"{torch.get_num_threads()} CPU threads")
     kind = "bf16" if device.type == "cuda" else "fp32"
+    preload = os.environ.get("LD_PRELOAD", "")     # e.g. scripts/mkl_amd_shim.sh's library
     print(f"torch {torch.__version__}, {where}, {args.precision}"
-          + (f", datasheet dense bf16 {sheet / 1e12:.0f} TFLOP/s" if sheet else ""))
+          + (f", datasheet dense bf16 {sheet / 1e12:.0f} TFLOP/s" if sheet else "")
+          + (f", LD_PRELOAD={preload} (every contender runs with it)" if preload else ""))
     mem = "peak GPU MB" if device.type == "cuda" else "peak RSS MB"
     summary = {}
     for size_name in (["small", "base"] if args.size == "both" else [args.size]):
@@ -380,7 +383,7 @@ def main() -> None:
                        "ref_peak_rss_mb": round(r["peak_rss_mb"]),
                        "hf_peak_rss_mb": round(h["peak_rss_mb"]),
                        "padding": round(o["padding"], 3), "device": where,
-                       "precision": args.precision,
+                       "precision": args.precision, "ld_preload": preload,
                        **({"mfu": round(o["flop_s"] / sheet, 3)} if sheet else {})}
     if args.json:
         print(json.dumps(summary))

@@ -1,6 +1,11 @@
 """The benchmark scripts import mt's internals; a refactor must not leave them broken. One
 training step per contender (no timing is asserted) keeps them runnable."""
 import importlib.util
+import os
+import platform
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -130,3 +135,57 @@ def test_ab_train_patch_values(ab_train, tmp_path):
         is fused.add_norm
     (tmp_path / "mine.py").write_text("def f(*a):\n    return 'mine'\n")
     assert ab_train.resolve_patch(f"mt.model.fused:feed_forward={tmp_path}/mine.py:f")[2]() == "mine"
+
+
+# -- scripts/mkl_amd_shim.sh ----------------------------------------------------------------
+def _cpu_flags() -> set[str]:
+    info = Path("/proc/cpuinfo")
+    text = info.read_text() if info.exists() else ""
+    return {w for line in text.splitlines() if line.startswith("flags") for w in line.split()}
+
+
+def _torch_has_mkl() -> bool:
+    import torch
+    return torch.backends.mkl.is_available()
+
+
+needs_shim_tools = pytest.mark.skipif(
+    platform.machine() != "x86_64" or shutil.which("cc") is None or not _torch_has_mkl(),
+    reason="the MKL shim needs x86-64, a C compiler (cc) and a PyTorch built with MKL")
+
+
+@needs_shim_tools
+def test_mkl_shim_makes_mkl_take_its_avx2_path_and_matmuls_stay_right(tmp_path):
+    built = subprocess.run(["bash", str(SCRIPTS / "mkl_amd_shim.sh"), str(tmp_path)],
+                           capture_output=True, text=True)
+    if not {"avx2", "fma"} <= _cpu_flags():
+        assert built.returncode == 1 and "no AVX2/FMA" in built.stderr
+        return
+    lib = tmp_path / "libmkl_intel_cpu.so"
+    assert built.returncode == 0, built.stderr
+    assert built.stdout.strip().startswith(f"export LD_PRELOAD={lib}")
+    # MKL's CPU type: 0 is its generic path (what it picks on AMD without the shim), 5 AVX2
+    probe = ("import ctypes, os, torch\n"
+             "lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), 'lib', "
+             "'libtorch_cpu.so'))\n"
+             "torch.manual_seed(0)\n"
+             "a, b = torch.randn(300, 200, dtype=torch.float64), torch.randn(200, 500, dtype=torch.float64)\n"
+             "print(lib.mkl_serv_cpu_detect(), ((a.float() @ b.float()).double() - a @ b).abs().max().item())")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         env={**os.environ, "LD_PRELOAD": str(lib)})
+    assert out.returncode == 0, out.stderr
+    cpu_type, err = out.stdout.split()
+    assert int(cpu_type) >= 5             # AVX2 or better
+    assert float(err) < 1e-3              # fp32 products of O(10) values: right to ~1e-5
+
+
+@needs_shim_tools
+def test_mkl_shim_without_a_compiler_says_so_and_builds_nothing(tmp_path):
+    if not {"avx2", "fma"} <= _cpu_flags():
+        pytest.skip("this CPU has no AVX2/FMA: the script stops before looking for a compiler")
+    built = subprocess.run(["bash", str(SCRIPTS / "mkl_amd_shim.sh"), str(tmp_path / "out")],
+                           capture_output=True, text=True,
+                           env={**os.environ, "CC": "/no/such/cc"})
+    assert built.returncode == 1 and built.stdout == ""
+    assert built.stderr.count("\n") == 1 and "no C compiler '/no/such/cc'" in built.stderr
+    assert not (tmp_path / "out").exists()
