@@ -3,6 +3,12 @@ from __future__ import annotations
 
 import torch
 
+# Rows of logits computed at a time by linear_smoothed_cross_entropy. On the 2-core CPU, 512
+# beat 128 (0.967x) and was level with 256 and 1,024 (scripts/ab_train.py). On a GPU, every
+# chunk also reads and writes the whole (V, D) gradient of the output matrix, so larger chunks
+# may pay there: measure with `ab_train.py --device cuda --patch mt.loss:LOSS_CHUNK_ROWS=4096`.
+LOSS_CHUNK_ROWS = 512
+
 
 def label_smoothed_nll(lprobs: torch.Tensor, target: torch.Tensor, eps: float,
                        pad: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -107,11 +113,13 @@ class _LinearSmoothedCrossEntropy(torch.autograd.Function):
 
 
 def linear_smoothed_cross_entropy(h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
-                                  eps: float, chunk: int = 512
+                                  eps: float, chunk: int | None = None
                                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """h: (N, D) decoder states of N target tokens that all count (padding removed);
     weight: (V, D) output projection. Returns (smoothed loss sum, NLL sum), the values of
     label_smoothed_nll(log_softmax(h @ weight.T)) with the gradient of the first, in memory
-    for `chunk` rows of logits at a time. Only the smoothed loss is differentiable."""
+    for `chunk` rows of logits at a time (LOSS_CHUNK_ROWS when None). Only the smoothed loss
+    is differentiable."""
     want_grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
-    return _LinearSmoothedCrossEntropy.apply(h, weight, target, eps, chunk, want_grad)
+    return _LinearSmoothedCrossEntropy.apply(h, weight, target, eps, chunk or LOSS_CHUNK_ROWS,
+                                             want_grad)

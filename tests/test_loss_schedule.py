@@ -194,6 +194,23 @@ def test_fused_projection_and_loss_equal_the_reference_in_value_and_gradient(eps
         torch.testing.assert_close(linear_smoothed_cross_entropy(h, w, target, eps)[0], ref_loss.detach())
 
 
+def test_fused_loss_chunk_defaults_to_the_module_constant(monkeypatch):
+    """chunk=None takes mt.loss.LOSS_CHUNK_ROWS when called (what ab_train.py patches): the
+    same sums, bit for bit, as that chunk given explicitly, and not those of another chunk."""
+    from mt import loss as loss_mod
+    g = torch.Generator().manual_seed(3)
+    h, w = torch.randn(300, 16, generator=g), torch.randn(500, 16, generator=g)
+    target = torch.randint(1, 500, (300,), generator=g)
+
+    def grad_w(chunk):
+        wg = w.clone().requires_grad_()
+        loss_mod.linear_smoothed_cross_entropy(h, wg, target, 0.1, chunk=chunk)[0].backward()
+        return wg.grad
+    monkeypatch.setattr(loss_mod, "LOSS_CHUNK_ROWS", 64)
+    assert torch.equal(grad_w(None), grad_w(64))
+    assert not torch.equal(grad_w(None), grad_w(300))     # one chunk sums in another order
+
+
 @pytest.mark.parametrize("spread", [1.0, 40.0])
 def test_fused_loss_in_fp32_matches_fp64_also_when_target_probabilities_underflow(spread):
     """fp32 against the fp64 reference, with ordinary logits and with logits so spread out that
