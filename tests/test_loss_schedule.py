@@ -263,9 +263,9 @@ def test_fast_dropout_keeps_expected_fraction_and_scales(p, bits):
 
 @pytest.mark.parametrize("p, lanes", [(0.3, 8), (0.01, 4)])
 def test_dropout_mask_lanes_are_independent_and_any_shape_works(p, lanes):
-    """Eight (four) mask elements come from each 64-bit draw: each lane keeps 1 - p, neighbours
+    """Four (two) mask elements come from each 32-bit hash: each lane keeps 1 - p, neighbours
     are independent (both kept: (1 - p)^2), the mask comes out in the dtype asked for, and sizes
-    that are not a multiple of the lanes per draw work."""
+    that are not a multiple of the lanes per word work."""
     from mt.model.dropout import keep_mask
     torch.manual_seed(0)
     keep = keep_mask((100_003, lanes), p, torch.device("cpu"))
@@ -281,6 +281,50 @@ def test_dropout_mask_lanes_are_independent_and_any_shape_works(p, lanes):
     assert abs(last - (1 - p) ** 2) < 0.01
     odd = keep_mask((7, 3), 0.5, torch.device("cpu"))
     assert odd.of(torch.float64).shape == (7, 3)
+
+
+def _lowbias32_bytes(n: int, k1: int, k2: int) -> bytes:
+    """The reference: lowbias32 of counter + k1, k2 mixed in, in Python's exact integers."""
+    m = 2 ** 32
+    out = bytearray()
+    for i in range((n + 3) // 4):
+        x = (i + k1) % m
+        x ^= x >> 16
+        x = x * 0x7FEB352D % m
+        x ^= x >> 15
+        x ^= k2 % m
+        x = x * 0x846CA68B % m
+        x ^= x >> 16
+        out += x.to_bytes(4, "little")
+    return bytes(out[:n])
+
+
+def test_random_bytes_are_a_keyed_hash_drawn_from_torchs_generator():
+    """The dropout lanes are lowbias32(counter + k1) with k2 between its rounds, computed with
+    torch's int32 ops exactly as with exact integers mod 2^32 (where they wrap around); the
+    keys come from torch's generator, so the same seed gives the same bytes and the next call
+    other bytes; the byte values are uniform (chi-square over 256 bins) and neighbours are
+    uncorrelated, also for a mask too large for the counters cached by a smaller one."""
+    from mt.model.dropout import random_bytes
+    cpu = torch.device("cpu")
+    torch.manual_seed(3)
+    k1, k2 = torch.randint(-2 ** 31, 2 ** 31, (2,), dtype=torch.int64).tolist()
+    torch.manual_seed(3)
+    small = random_bytes(1_001, cpu)
+    assert small.dtype == torch.int8 and small.shape == (1_001,)
+    assert small.numpy().tobytes() == _lowbias32_bytes(1_001, k1, k2)
+    big = random_bytes(1_000_000, cpu)
+    assert not torch.equal(big[:1_001], small)
+    torch.manual_seed(3)
+    random_bytes(1_001, cpu)
+    assert torch.equal(random_bytes(1_000_000, cpu), big)
+    counts = torch.bincount(big.long() + 128, minlength=256).double()
+    expected = big.numel() / 256
+    chi2 = ((counts - expected) ** 2 / expected).sum().item()
+    assert chi2 < 255 + 5 * (2 * 255) ** 0.5                   # mean 255, sd 22.6
+    f = big.double()
+    for lag in (1, 4):
+        assert abs(torch.corrcoef(torch.stack([f[:-lag], f[lag:]]))[0, 1].item()) < 0.005
 
 
 @pytest.mark.parametrize("p", [0.0, 0.3])

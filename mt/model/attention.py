@@ -54,9 +54,11 @@ class MultiHeadAttention(nn.Module):
             attn_mask = _as_bias(self.rel(q, q_pos, k_pos), attn_mask, is_causal)
             is_causal = False
         dropout_p = self.dropout if self.training else 0.0
+        if is_causal and (fused or attn_mask is not None):
+            # one bool mask: SDPA takes a mask or is_causal, not both (torch >= 2.14 raises)
+            attn_mask = _with_causal(attn_mask, q.shape[-2], k.shape[-2], q.device)
+            is_causal = False
         if fused:
-            if is_causal:
-                attn_mask = _with_causal(attn_mask, q.shape[-2], k.shape[-2], q.device)
             return attention_out(proj, kv_proj, self.n_heads, attn_mask, self.out.weight,
                                  self.out.bias, dropout_p)
         if need_weights or (dropout_p > 0.0 and not q.is_cuda):
