@@ -78,14 +78,13 @@ def train_cmd(
     """
     from mt.build import build_trainer
     from mt.config import load_config
-    from mt.distributed import teardown
     cfg = load_config(config, list(overrides) + list(more or []))
     run_dir = run_dir or Path("runs") / config.stem
     trainer = build_trainer(cfg, run_dir, allow_config_change, log=_err)
     try:
         state = trainer.fit()
     finally:
-        teardown(trainer.dist)
+        trainer.close()
     if not trainer.dist.is_main:
         return
     best = f"best valid BLEU {state.best_bleu:.2f}" if state.best_bleu >= 0 else "not validated yet"

@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+import gc
 import json
 import math
 import signal
@@ -22,7 +23,7 @@ from tqdm import tqdm
 from mt import checkpoint
 from mt.data.batching import Batch, collate, describe_batches, epoch_batches
 from mt.data.corpus import ParallelData
-from mt.distributed import Dist
+from mt.distributed import Dist, teardown
 from mt.errors import MTError
 from mt.loss import linear_smoothed_cross_entropy
 from mt.memory import release_free_memory
@@ -386,6 +387,16 @@ class Trainer:
                 self.stop_requested = self.stop_requested or "stop"
             return True
         return False
+
+    def close(self) -> None:
+        """Leave the process group (every rank calls this, also after an error). The trainer
+        sits in reference cycles, so without this its DDP wrapper, whose reducer holds the
+        group, is freed by whichever garbage collection comes next, possibly while the
+        interpreter shuts down, where freeing gloo's group can abort the process (a rank died
+        with SIGABRT after training finished in CI). Drop the wrapper now, then the group."""
+        self.train_model = self.model
+        gc.collect()
+        teardown(self.dist)
 
     def _finish(self) -> None:
         st = self.state
