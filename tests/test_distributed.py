@@ -9,6 +9,7 @@ import numpy as np
 import torch
 import torch.multiprocessing as mp
 
+import mt.trainer
 from mt.build import build_trainer
 from mt.config import load_config
 from mt.data.batching import collate
@@ -34,9 +35,15 @@ def _worker(rank, world, port, data_dir, run_dir, out):
         t.train_step([collate(t.train_data, np.array(HALVES[rank]))])
     if rank == 0:
         torch.save(t.model.state_dict(), out)
-    ddp = weakref.ref(t.train_model)
-    t.close()   # the DDP wrapper (a reference cycle) is freed now, not at interpreter shutdown
-    assert ddp() is None and not torch.distributed.is_initialized()
+    # close() frees the DDP wrapper (its reducer holds the group) before it destroys the group:
+    # the other order can hang or abort a rank
+    ddp, destroy = weakref.ref(t.train_model), mt.trainer.teardown
+    def teardown(d):
+        assert ddp() is None, "the DDP wrapper outlived the process group"
+        destroy(d)
+    mt.trainer.teardown = teardown
+    t.close()
+    assert not torch.distributed.is_initialized()
 
 
 def _free_port():
