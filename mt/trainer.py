@@ -395,7 +395,7 @@ class Trainer:
         init/DDP/destroy hangs within 5 rounds in that order, 300 rounds pass in this one).
         So the wrapper goes first, then the group."""
         self.train_model = self.model
-        gc.collect()
+        gc.collect()   # a torch.compile'd wrapper keeps DDP in a reference cycle
         teardown(self.dist)
 
     def _finish(self) -> None:
