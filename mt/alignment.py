@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mt.outputs import atomic_file
 from mt.tokenizer import BOS, EOS
 
 
@@ -62,16 +63,39 @@ def plot_attention(weights: np.ndarray, src_labels: list[str], tgt_labels: list[
         what = ("all layers" if layer is None else f"layer {layer}") + ", " + \
                ("mean of heads" if head is None else f"head {head}")
         panels, rows, cols = [(what, sel.mean((0, 1)))], 1, 1
+    src_labels, tgt_labels = readable_pieces(src_labels), readable_pieces(tgt_labels)
     cell = 0.32
     fig, axes = plt.subplots(rows, cols, squeeze=False, figsize=(
-        max(4.0, cols * (len(src_labels) * cell + 1.5)), max(3.0, rows * (len(tgt_labels) * cell + 1.5))))
+        max(5.0, cols * (len(src_labels) * cell + 2.5)), max(3.5, rows * (len(tgt_labels) * cell + 2.0))))
     for ax, (name, m) in zip(axes.flat, panels):
-        ax.imshow(m, cmap="Greys", vmin=0.0, vmax=1.0, aspect="auto")
+        # scaled to the panel's own largest weight, so diffuse attention (all weights small)
+        # still shows its pattern; the colorbar gives the real values
+        image = ax.imshow(m, cmap="Greys", vmin=0.0, vmax=max(float(m.max()), 1e-6),
+                          aspect="auto")
         ax.set_xticks(range(len(src_labels)), src_labels, rotation=90, fontsize=8)
         ax.set_yticks(range(len(tgt_labels)), tgt_labels, fontsize=8)
+        ax.set_xlabel("source subwords", fontsize=8)
+        ax.set_ylabel("output subwords", fontsize=8)
         ax.set_title(name, fontsize=9)
+        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04).set_label("attention weight",
+                                                                      fontsize=8)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    with atomic_file(out) as f:
+        fig.savefig(f, format="png", dpi=110)
     plt.close(fig)
+    return out
+
+
+def readable_pieces(pieces: list[str]) -> list[str]:
+    """sentencepiece marks a word's first piece with "▁"; on a plot, a word-initial piece is
+    shown as it is and a piece inside a word gets "##" (BERT's convention)."""
+    out = []
+    for p in pieces:
+        if p.startswith("\u2581"):
+            out.append(p[1:] or "\u2423")      # a lone "▁" is a space: show it as "␣"
+        elif p.startswith("<") and p.endswith(">"):
+            out.append(p)
+        else:
+            out.append("##" + p)
     return out

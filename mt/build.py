@@ -7,23 +7,18 @@ from pathlib import Path
 import torch
 
 from mt import checkpoint
-from mt.config import Config, config_from_dict, diff_configs, save_config
+from mt.config import Config
 from mt.data.corpus import (Stats, clean_pairs, drop_empty, encode_pairs, encode_stream,
                             has_split, iter_parallel, read_parallel, sample_pairs, split_paths)
 from mt.data.download import download
 from mt.distributed import setup
 from mt.errors import MTError
 from mt.model import build_model
+from mt.rundir import prepare_run_dir, record_corpus, write_run_info
 from mt.schedule import build_optimizer
 from mt.tokenizer import Tokenizer
 from mt.trainer import Trainer, TrainState, Validation
 from mt.translator import pick_device
-
-# Keys that may change between a run and its resumption (longer training, other hardware).
-RESUMABLE = ("train.max_steps", "train.log_every", "train.valid_every", "train.save_every",
-             "train.patience", "train.device", "train.num_threads", "train.valid_beam",
-             "train.compile", "decode")
-
 
 def ensure_data(cfg: Config, log) -> None:
     d = cfg.data
@@ -41,62 +36,8 @@ def ensure_data(cfg: Config, log) -> None:
             raise MTError(f"{d.dataset} gave no {split} split for {d.src_lang}-{d.tgt_lang}")
 
 
-def prepare_run_dir(cfg: Config, run_dir: Path, allow_config_change: bool,
-                    is_main: bool = True) -> None:
-    """Check the run directory (every rank: all must fail together); rank 0 writes to it."""
-    if not is_main:
-        _refuse_changed_config(cfg, run_dir, allow_config_change)
-        return
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / ".write_test"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        raise MTError(f"run directory {run_dir} is not writable ({e.strerror}); "
-                      f"choose another with --run-dir")
-    _refuse_changed_config(cfg, run_dir, allow_config_change)
-    save_config(cfg, run_dir / "config.yaml")
-    for stale in run_dir.glob(".*.tmp"):     # left by a save that was killed half-way
-        stale.unlink()
-    write_run_info(run_dir)
-
-
-def _refuse_changed_config(cfg: Config, run_dir: Path, allow_config_change: bool) -> None:
-    saved = run_dir / "config.yaml"
-    if saved.is_file() and not allow_config_change:
-        import yaml
-        old = config_from_dict(yaml.safe_load(saved.read_text()), str(saved))
-        changed = diff_configs(cfg, old, ignore=RESUMABLE)
-        if changed:
-            raise MTError(f"{run_dir} holds a run with a different config "
-                          f"({'; '.join(changed[:3])}{'; ...' if len(changed) > 3 else ''}); "
-                          f"use another --run-dir, or "
-                          f"pass --allow-config-change to continue it with the new config")
-
-
 def _quiet(*_args) -> None:
     pass
-
-
-def write_run_info(run_dir: Path) -> None:
-    """What produced this run: versions, git commit, device (for reproducing it)."""
-    import json
-    import platform
-    import subprocess
-    import sys
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent, timeout=10).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        commit = None
-    import mt
-    info = {"mt_version": mt.__version__, "git_commit": commit, "torch": torch.__version__,
-            "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
-            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-            "python": sys.version.split()[0], "platform": platform.platform(),
-            "argv": sys.argv}
-    (run_dir / "run_info.json").write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
 
 
 def load_tokenizer(cfg: Config, run_dir: Path, train_paths: tuple[Path, Path], log) -> Tokenizer:
@@ -188,9 +129,21 @@ def build_trainer(cfg: Config, run_dir: Path, allow_config_change: bool = False,
     dist, device_name = setup(t.device)
     if not dist.is_main:
         log = _quiet
-    prepare_run_dir(cfg, run_dir, allow_config_change, dist.is_main)
+    lock = prepare_run_dir(cfg, run_dir, allow_config_change, dist.is_main, log)
+    try:
+        return _build(cfg, run_dir, dist, device_name, log, lock)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+
+
+def _build(cfg: Config, run_dir: Path, dist, device_name: str, log, lock) -> Trainer:
+    t = cfg.train
     if dist.is_main:          # one rank downloads and trains BPE; the others wait, then read
         ensure_data(cfg, log)
+        record_corpus(cfg, run_dir)
+        write_run_info(run_dir)
     dist.barrier()
     if t.num_threads:
         torch.set_num_threads(t.num_threads)
@@ -209,7 +162,7 @@ def build_trainer(cfg: Config, run_dir: Path, allow_config_change: bool = False,
         train_data=train_data,
         validation=Validation(vsrc, vtgt, valid_data, t.valid_beam or cfg.decode.beam),
         tokenizer=tokenizer, cfg=t, decode_cfg=cfg.decode, full_config=cfg.to_dict(),
-        run_dir=run_dir, device=device, amp_dtype=dtype, log=log, dist=dist)
+        run_dir=run_dir, device=device, amp_dtype=dtype, log=log, dist=dist, lock=lock)
     found = checkpoint.load_for_resume(run_dir / "last.pt", log)
     if found is not None:
         _resume(trainer, *found, log)

@@ -3,14 +3,13 @@ train counters and RNG states in one file, written atomically and read without u
 code (`weights_only=True`)."""
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from mt.errors import MTError
+from mt.outputs import atomic_file
 
 FORMAT_VERSION = 1
 
@@ -26,21 +25,11 @@ def tensor_to_bytes(t: torch.Tensor) -> bytes:
 def atomic_save(obj: Any, path: Path, keep_previous: bool = False) -> None:
     """Write to a temp file in the same folder, fsync, then rename over `path`: a crash at
     any moment leaves either the old file or the new one, never a truncated mix. With
-    `keep_previous`, the old file is kept as `<name>.prev` (a fallback for resuming)."""
+    `keep_previous`, the old file is kept as `<name>.prev` (a fallback for resuming). A full
+    disk or an unwritable folder is an MTError naming the path."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        if keep_previous and path.exists():
-            os.replace(path, previous(path))
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_file(path, "wb", keep_as=previous(path) if keep_previous else None) as f:
+        torch.save(obj, f)
 
 
 def previous(path: Path) -> Path:

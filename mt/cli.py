@@ -104,12 +104,37 @@ def _read_input(path: Optional[Path]) -> list[str]:
 
 
 def _write_output(path: Optional[Path], lines: list[str]) -> None:
+    from mt.outputs import is_stdio, write_text
     text = "".join(line + "\n" for line in lines)
-    if path is None or str(path) == "-":
+    if is_stdio(path):
         sys.stdout.write(text)
         sys.stdout.flush()
     else:
-        path.write_text(text, encoding="utf-8")
+        write_text(path, text)
+
+
+def _check_device(device: str) -> None:
+    if device not in ("auto", "cpu", "cuda"):
+        raise MTError(f"--device {device!r}: use auto, cpu or cuda")
+
+
+def _check_beam(beam: Optional[int]) -> None:
+    from mt.config import MAX_BEAM
+    if beam is not None and beam > MAX_BEAM:
+        raise MTError(f"--beam {beam}: at most {MAX_BEAM} (BLEU stops improving after a beam of "
+                      f"about 10, and decoding time grows with the beam); use a smaller --beam")
+
+
+def _interactive(translator, options: dict) -> None:
+    """stdin is a terminal: answer each line as it is typed (Ctrl-D ends)."""
+    _err("type a sentence and press Enter; Ctrl-D to quit")
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            _err("")
+            return
+        typer.echo(translator.translate([line], **options)[0])
 
 
 @command("translate")
@@ -124,18 +149,36 @@ def translate_cmd(
     print_alignment: bool = typer.Option(
         False, "--print-alignment", help="append TAB and source-target subword links (s-t, "
                                          "0-based) from the last layer's cross-attention"),
+    force: bool = typer.Option(False, "--force", help="overwrite --output if it exists"),
 ):
-    """Translate a file or stdin, one output line per input line.
+    """Translate a file or stdin, one output line per input line (typed lines are answered one
+    by one when stdin is a terminal).
 
     Example: mt translate runs/multi30k_de_en -i test.de -o test.en --beam 5
     """
+    from mt import checkpoint
+    from mt.outputs import check_output, is_stdio
     from mt.translator import Translator
-    if device not in ("auto", "cpu", "cuda"):
-        raise MTError(f"--device {device!r}: use auto, cpu or cuda")
-    translator = Translator.from_checkpoint(model, device)
+    _check_device(device)
+    _check_beam(beam)
+    path = checkpoint.resolve(model)
+    check_output(output, force=force, inputs=[input, path])
+    if not is_stdio(input) and not input.is_file():
+        raise MTError(f"input file {input} not found")
+    translator = Translator.from_checkpoint(path, device)
+    options = {"beam": 1 if greedy else beam, "length_penalty": length_penalty}
+    b = options["beam"] or translator.cfg.beam
+    lp = translator.cfg.length_penalty if length_penalty is None else length_penalty
+    _err(f"translating with {path} on {translator.device}: "
+         + ("greedy search" if b == 1 else f"beam {b}, length penalty {lp}"))
+    if is_stdio(input) and sys.stdin.isatty() and is_stdio(output) and not print_alignment:
+        return _interactive(translator, options)
     lines = _read_input(input)
-    run = translator.translate_with_alignment if print_alignment else translator.translate
-    _write_output(output, run(lines, beam=1 if greedy else beam, length_penalty=length_penalty))
+    if print_alignment:
+        out = translator.translate_with_alignment(lines, **options)
+    else:
+        out = translator.translate(lines, **options, progress=True)
+    _write_output(output, out)
 
 
 @command("eval")
@@ -158,7 +201,11 @@ def eval_cmd(
               mt eval --hyp out.en --ref test.en
     """
     from mt.data.corpus import read_lines
-    from mt.metrics import score
+    from mt.metrics import check_moses_lang, score
+    _check_device(device)
+    _check_beam(beam)
+    if moses_lang:
+        check_moses_lang(moses_lang)
     if hyp is not None and model is not None:
         raise MTError("give either --hyp FILE or a model with --src, not both")
     if hyp is not None:
@@ -195,14 +242,21 @@ def attention_cmd(
     grid: bool = typer.Option(False, "--grid", help="one panel per layer and head"),
     beam: Optional[int] = typer.Option(None, "--beam", min=1),
     device: str = typer.Option("auto", "--device"),
+    force: bool = typer.Option(False, "--force", help="overwrite --output if it exists"),
 ):
     """Translate one sentence and draw the cross-attention (source x output subwords).
 
     Example: mt attention runs/multi30k_de_en "Ein Hund rennt durch den Schnee." -o attn.png
     """
+    from mt import checkpoint
     from mt.alignment import plot_attention
+    from mt.outputs import check_output
     from mt.translator import Translator
-    translator = Translator.from_checkpoint(model, device)
+    _check_device(device)
+    _check_beam(beam)
+    path = checkpoint.resolve(model)
+    check_output(output, force=force, inputs=[path], what="picture")
+    translator = Translator.from_checkpoint(path, device)
     text, weights, src_labels, tgt_labels = translator.attention(sentence, beam)
     n_layers, n_heads = weights.shape[:2]
     if layer is not None and layer > n_layers:
@@ -227,11 +281,13 @@ def average_cmd(
     Example: mt average runs/multi30k_de_en --last 5 -o runs/multi30k_de_en/avg5.pt
     """
     from mt import checkpoint
+    from mt.outputs import check_output
+    if not run_dir.is_dir():
+        raise MTError(f"{run_dir} is not a run directory; give the folder of an mt train run")
     paths = checkpoint.snapshots(run_dir)[-last:]
     if len(paths) < last:
         raise MTError(f"{run_dir} has {len(paths)} step_N.pt snapshot(s), fewer than --last {last}")
-    if output.exists() and not force:
-        raise MTError(f"{output} already exists; pass --force to overwrite it")
+    check_output(output, force=force, inputs=paths, what="checkpoint")
     checkpoint.atomic_save(checkpoint.average(paths), output)
     typer.echo(f"averaged {', '.join(p.name for p in paths)} -> {output}")
 
@@ -277,6 +333,7 @@ def tune_cmd(
     lp_list = _number_list(penalties, float, "--length-penalties")
     if not beam_list or min(beam_list) < 1 or not lp_list or min(lp_list) < 0:
         raise MTError("--beams needs sizes >= 1 and --length-penalties values >= 0")
+    _check_beam(max(beam_list))
     src_lines, ref_lines = drop_empty(*read_parallel(src, ref), Stats())
     rec = tune_decoding(run_dir, src_lines, ref_lines, beam_list, lp_list, device)
     for g in rec["grid"]:
@@ -291,18 +348,29 @@ def tune_cmd(
 def plot_cmd(
     run_dir: Path = typer.Argument(..., help="run directory with train_log.jsonl"),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="default RUN_DIR/training.png"),
+    force: bool = typer.Option(False, "--force", help="overwrite --output if it exists"),
 ):
     """Draw the training curve (training/validation loss, validation BLEU) as a PNG.
 
     Example: mt plot runs/multi30k_de_en
     """
+    from mt.outputs import check_folder_writable, check_output
     from mt.plot import plot_run
+    if output is None:           # the run's own picture, redrawn as training redraws it
+        if run_dir.is_dir():
+            check_folder_writable(run_dir, "run")
+    else:
+        check_output(output, force=force, inputs=[run_dir / "train_log.jsonl"], what="picture")
     typer.echo(f"wrote {plot_run(run_dir, output)}")
 
 
 def main() -> None:
+    from mt.errors import Interrupted
     try:
         app()
+    except Interrupted as e:
+        _err(f"\n{e}")
+        sys.exit(130)
     except KeyboardInterrupt:
-        _err("interrupted")
+        _err("\ninterrupted")
         sys.exit(130)

@@ -123,8 +123,12 @@ class TrainConfig(_Section):
         return self
 
 
+# Beams beyond this only cost time: BLEU peaks at beams of about 4-10 (Koehn & Knowles 2017).
+MAX_BEAM = 100
+
+
 class DecodeConfig(_Section):
-    beam: int = Field(5, ge=1)
+    beam: int = Field(5, ge=1, le=MAX_BEAM)
     length_penalty: float = Field(1.0, ge=0.0)
     max_len_a: float = Field(1.5, ge=0.0, description="max output length = a * src_len + b")
     max_len_b: int = Field(10, ge=1)
@@ -136,8 +140,9 @@ class DecodeConfig(_Section):
 
     @model_validator(mode="after")
     def _grid_is_sane(self) -> "DecodeConfig":
-        if any(b < 1 for b in self.tune_beams):
-            raise ValueError(f"decode.tune_beams: beams must be >= 1 (got {self.tune_beams})")
+        if any(b < 1 or b > MAX_BEAM for b in self.tune_beams):
+            raise ValueError(f"decode.tune_beams: beams must be 1 to {MAX_BEAM} "
+                             f"(got {self.tune_beams})")
         if not self.tune_length_penalties or any(p < 0 for p in self.tune_length_penalties):
             raise ValueError("decode.tune_length_penalties: give at least one penalty >= 0")
         return self

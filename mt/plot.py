@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 from mt.errors import MTError
+from mt.outputs import atomic_file
 
 
 def read_log(run_dir: Path) -> list[dict]:
@@ -28,21 +29,40 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
     records = read_log(run_dir)
     train = [r for r in records if "loss" in r]
     valid = [r for r in records if "valid_loss" in r]
+    scored = [r for r in records if "valid_bleu" in r]       # validations and averages
+    # a single point is drawn as a marker: a line needs two
+    line = "o-" if len(train) < 2 else "-"
     fig, (ax_loss, ax_bleu) = plt.subplots(1, 2, figsize=(11, 4))
-    ax_loss.plot([r["step"] for r in train], [r["loss"] for r in train], label="train loss (smoothed)")
-    ax_loss.plot([r["step"] for r in train], [r["nll"] for r in train], label="train NLL", alpha=0.6)
+    ax_loss.plot([r["step"] for r in train], [r["loss"] for r in train], line,
+                 label="train loss (smoothed)")
+    ax_loss.plot([r["step"] for r in train], [r["nll"] for r in train], line, label="train NLL",
+                 alpha=0.6)
     ax_loss.plot([r["step"] for r in valid], [r["valid_loss"] for r in valid], "o-", label="valid loss")
     ax_loss.set_xlabel("step")
     ax_loss.set_ylabel("loss per target token")
-    ax_loss.legend()
+    if train or valid:
+        ax_loss.legend()
     ax_loss.grid(alpha=0.3)
-    ax_bleu.plot([r["step"] for r in valid], [r["valid_bleu"] for r in valid], "o-", color="C3")
+    ax_bleu.plot([r["step"] for r in valid], [r["valid_bleu"] for r in valid], "o-", color="C3",
+                 label="validation")
+    averaged = [r for r in scored if "averaged" in r]
+    if averaged:
+        ax_bleu.plot([r["step"] for r in averaged], [r["valid_bleu"] for r in averaged], "s",
+                     color="C2", label="average of snapshots")
+    best = [r for r in scored if r.get("best")]
+    if best:   # the last record marked best is what best.pt holds
+        b = best[-1]
+        ax_bleu.plot([b["step"]], [b["valid_bleu"]], "*", color="gold", markersize=16,
+                     markeredgecolor="black", label=f"best.pt: {b['valid_bleu']:.2f}")
     ax_bleu.set_xlabel("step")
     ax_bleu.set_ylabel("validation BLEU")
+    if scored:
+        ax_bleu.legend(loc="lower right")
     ax_bleu.grid(alpha=0.3)
     fig.suptitle(run_dir.name)
     fig.tight_layout()
     out = out or run_dir / "training.png"
-    fig.savefig(out, dpi=100)
+    with atomic_file(out) as f:
+        fig.savefig(f, format="png", dpi=100)
     plt.close(fig)
     return out

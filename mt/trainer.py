@@ -24,7 +24,7 @@ from mt import checkpoint
 from mt.data.batching import Batch, collate, describe_batches, epoch_batches
 from mt.data.corpus import ParallelData
 from mt.distributed import Dist, teardown
-from mt.errors import MTError
+from mt.errors import Interrupted, MTError
 from mt.loss import linear_smoothed_cross_entropy
 from mt.memory import release_free_memory
 from mt.metrics import score
@@ -55,6 +55,47 @@ class Validation:
     beam: int
 
 
+class Forecast:
+    """How long the run will take, from the speed of its first updates in this process."""
+    MEASURE_STEPS, MEASURE_SECONDS = 5, 10.0
+
+    def __init__(self, step: int, seconds: float):
+        self.start_step, self.start_seconds, self.done = step, seconds, False
+        self.sec_per_step = 0.0
+
+    def update(self, step: int, seconds: float, max_steps: int, budget: float) -> int | None:
+        """The step the run will end at, once (when enough has been measured); else None."""
+        steps, elapsed = step - self.start_step, seconds - self.start_seconds
+        if self.done or steps < self.MEASURE_STEPS or elapsed < self.MEASURE_SECONDS:
+            return None
+        self.done = True
+        self.sec_per_step = elapsed / steps
+        self.now_step, self.now_seconds = step, seconds
+        end = max_steps
+        if budget > 0:
+            end = min(max_steps, step + int(max(0.0, budget - seconds) / self.sec_per_step))
+        self.end_step = max(end, step)
+        return self.end_step
+
+    def describe(self, max_steps: int, max_minutes: float) -> str:
+        left = (self.end_step - self.now_step) * self.sec_per_step
+        msg = (f"{self.sec_per_step:.2f} s per update on this machine: "
+               f"{_duration(left)} of training left")
+        if self.end_step < max_steps:
+            msg += (f"; the {max_minutes:g}-minute budget (train.max_minutes) stops it near "
+                    f"step {self.end_step:,} of {max_steps:,}")
+        else:
+            msg += f" to step {max_steps:,}"
+        return msg + ", plus validation"
+
+
+def _duration(seconds: float) -> str:
+    minutes = int(round(seconds / 60))
+    if minutes < 1:
+        return f"{int(seconds)} s"
+    return f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{minutes} min"
+
+
 @dataclass
 class LogWindow:
     loss: list = field(default_factory=list)
@@ -67,7 +108,7 @@ class Trainer:
     def __init__(self, *, model, optimizer, scheduler, scaler, train_data: ParallelData,
                  validation: Validation, tokenizer, cfg, decode_cfg, full_config: dict,
                  run_dir: Path, device: torch.device, amp_dtype: torch.dtype | None,
-                 state: TrainState | None = None, log=print, dist: Dist = Dist()):
+                 state: TrainState | None = None, log=print, dist: Dist = Dist(), lock=None):
         self.model, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler
         self.dist = dist
         # DDP averages gradients across ranks during backward; `model` stays the plain module
@@ -82,6 +123,7 @@ class Trainer:
         self.run_dir, self.device, self.amp_dtype = run_dir, device, amp_dtype
         self.state = state or TrainState()
         self.log = log
+        self.lock = lock              # the run directory's RunLock (rank 0), released by close()
         self._window = LogWindow()
 
     # -- data -----------------------------------------------------------------------------
@@ -153,6 +195,7 @@ class Trainer:
         self._window.loss += losses
         self._window.nll += nlls
         self._window.tokens += n_tokens
+        self._last_update = (losses, n_tokens)    # this rank's, for the first steps' display
         if self.cfg.clip_norm > 0:
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_norm)
@@ -252,6 +295,8 @@ class Trainer:
             return
         checkpoint.atomic_save(self.checkpoint_dict(rank_rng), self.run_dir / name,
                                keep_previous=name == "last.pt")
+        if name == "last.pt":
+            self._saved_step = self.state.step
 
     def save_snapshot(self) -> None:
         """step_N.pt: the model alone (for averaging), keeping the last `keep_checkpoints`."""
@@ -317,7 +362,10 @@ class Trainer:
 
         def handler(signum, frame):
             self.stop_requested = signal.Signals(signum).name
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.signal(signal.SIGINT, second)
+
+        def second(signum, frame):
+            raise Interrupted(self._lost_work_message())
 
         try:
             old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -329,6 +377,14 @@ class Trainer:
             for s, h in old.items():
                 signal.signal(s, h)
 
+    def _lost_work_message(self) -> str:
+        last = getattr(self, "_saved_step", -1)
+        since = (f"since the last save (step {last}, last.pt)" if last >= 0
+                 else "since this run started or resumed")
+        return (f"interrupted twice at step {self.state.step}: stopped without saving; the "
+                f"updates {since} are lost; run the same command again to resume from last.pt "
+                f"(one Ctrl-C saves before stopping)")
+
     def fit(self) -> TrainState:
         with self._stop_on_signal():
             return self._fit()
@@ -339,6 +395,8 @@ class Trainer:
         bar = tqdm(total=cfg.max_steps, initial=st.step, desc="train", dynamic_ncols=True,
                    mininterval=1.0, disable=not self.dist.is_main)
         self._last_valid = self._last_save = -1
+        self._saved_step = st.step if st.step else -1
+        self._forecast = Forecast(st.step, st.train_seconds)
         t0 = time.perf_counter() - st.train_seconds
         while st.step < cfg.max_steps:
             if not self.train_step([next(batches) for _ in range(cfg.accum_steps)]):
@@ -350,11 +408,26 @@ class Trainer:
                 continue
             st.train_seconds = time.perf_counter() - t0
             bar.update(1)
+            self._show_progress(bar)
             if self._after_step(bar):
                 break
         bar.close()
         self._finish()
         return st
+
+    def _show_progress(self, bar) -> None:
+        """The first updates show their loss at once (log_every may be hundreds of steps
+        away), and after a few seconds of steps the run says how long it will take."""
+        st, cfg = self.state, self.cfg
+        if st.step < cfg.log_every and st.step % max(1, min(10, cfg.log_every)) == 0:
+            losses, n_tokens = self._last_update
+            bar.set_postfix(loss=round(float(torch.stack(losses).sum()) / n_tokens, 3))
+        end_step = self._forecast.update(st.step, st.train_seconds, cfg.max_steps,
+                                         60 * cfg.max_minutes)
+        if end_step is not None:
+            self._say(self._forecast.describe(cfg.max_steps, cfg.max_minutes))
+            bar.total = end_step     # a time budget ends the bar (and its ETA) earlier
+            bar.refresh()
 
     def _after_step(self, bar) -> bool:
         """Log, validate and save on schedule; True when training should stop now."""
@@ -397,6 +470,8 @@ class Trainer:
         self.train_model = self.model
         gc.collect()   # a torch.compile'd wrapper keeps DDP in a reference cycle
         teardown(self.dist)
+        if self.lock is not None:
+            self.lock.release()
 
     def _finish(self) -> None:
         st = self.state

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from mt import checkpoint
 from mt.config import config_from_dict
@@ -41,9 +42,10 @@ class Translator:
         return cls(model.to(dev).eval(), tokenizer, cfg.decode, dev)
 
     def search(self, lines: list[str], beam: int | None = None,
-               length_penalty: float | None = None,
-               use_cache: bool = True) -> list[tuple[list[int], list[int]] | None]:
-        """Per input line: (source ids, output ids), or None for an empty line; input order."""
+               length_penalty: float | None = None, use_cache: bool = True,
+               progress: bool = False) -> list[tuple[list[int], list[int]] | None]:
+        """Per input line: (source ids, output ids), or None for an empty line; input order.
+        progress: a bar of sentences on stderr when it is a terminal."""
         beam = beam or self.cfg.beam
         lp = self.cfg.length_penalty if length_penalty is None else length_penalty
         texts = [" ".join(line.split()) for line in lines]
@@ -57,6 +59,8 @@ class Translator:
         ids = [x[:limit] for x in ids]
         out: list[tuple[list[int], list[int]] | None] = [None] * len(lines)
         lens = np.array([len(x) + 1 for x in ids], dtype=np.int64)
+        bar = tqdm(total=len(ids), unit="sent", desc="translate", file=sys.stderr,
+                   disable=None if progress and len(ids) > 1 else True, mininterval=1.0)
         # Sorted by length (no shuffling) so each batch has little padding.
         for batch in token_batches(lens, np.zeros_like(lens), self.cfg.max_tokens, seed=None):
             src = pad_sources([np.asarray(ids[i], dtype=np.int64) for i in batch]).to(self.device)
@@ -71,12 +75,15 @@ class Translator:
                                        self.cfg.max_len_b, use_cache=use_cache)
             for i, hyp in zip(batch, hyps):
                 out[todo[i]] = (ids[i], hyp)
+            bar.update(len(batch))
+        bar.close()
         return out
 
     def translate(self, lines: list[str], beam: int | None = None,
-                  length_penalty: float | None = None, use_cache: bool = True) -> list[str]:
+                  length_penalty: float | None = None, use_cache: bool = True,
+                  progress: bool = False) -> list[str]:
         """One output per input line, in input order; empty lines give empty outputs."""
-        found = self.search(lines, beam, length_penalty, use_cache)
+        found = self.search(lines, beam, length_penalty, use_cache, progress)
         hyps = self.tokenizer.decode_tgt([f[1] for f in found if f is not None])
         it = iter(hyps)
         return [next(it) if f is not None else "" for f in found]

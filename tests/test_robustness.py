@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from mt import checkpoint
+from mt.errors import MTError
 from tests.conftest import ROOT, run_mt
 
 
@@ -17,7 +18,7 @@ def test_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
         f.write(b"half a checkpoint")
         raise OSError(28, "No space left on device")
     monkeypatch.setattr(torch, "save", crash)
-    with pytest.raises(OSError):
+    with pytest.raises(MTError, match="last.pt: the disk is full"):
         checkpoint.atomic_save({"format_version": 1, "model": {"w": torch.zeros(3)}}, path,
                                keep_previous=True)
     monkeypatch.undo()

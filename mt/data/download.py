@@ -6,7 +6,6 @@ or the built-in synthetic task.
 """
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 from mt.data import synthetic
 from mt.data.corpus import SPLITS, read_lines
 from mt.errors import MTError
+from mt.outputs import check_folder_writable, write_text
 
 # Short names -> (hub id, dataset config). Any other name is passed to the hub as it is.
 HUB_ALIASES = {
@@ -37,16 +37,17 @@ def write_splits(splits: dict[str, dict[str, list[str]]], out: Path, force: bool
     if existing and not force:
         raise MTError(f"{existing[0]} already exists; pass --force to overwrite or choose "
                       f"another --out")
-    out.mkdir(parents=True, exist_ok=True)
     for split, by_lang in splits.items():
         counts = {lang: len(lines) for lang, lines in by_lang.items()}
         if len(set(counts.values())) > 1:
             raise MTError(f"split {split} has different line counts per language: {counts}")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise MTError(f"cannot create {out} ({e.strerror}); choose another --out") from None
+    for split, by_lang in splits.items():
         for lang, lines in by_lang.items():
-            path = out / f"{split}.{lang}"
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text("".join(_one_line(x) + "\n" for x in lines), encoding="utf-8")
-            os.replace(tmp, path)
+            write_text(out / f"{split}.{lang}", "".join(_one_line(x) + "\n" for x in lines))
     return {split: len(next(iter(by_lang.values()))) for split, by_lang in splits.items()}
 
 
@@ -113,8 +114,19 @@ def from_hub(name: str, config: str | None, langs: tuple[str, str] | None, out: 
     return from_datasets(dd, langs)
 
 
+def check_out_folder(out: Path) -> None:
+    """--out can be created and written, checked before anything is fetched."""
+    if out.exists() and not out.is_dir():
+        raise MTError(f"--out {out} is a file; give a folder")
+    existing = out
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    check_folder_writable(existing, "--out")
+
+
 def download(name: str, out: Path, *, config: str | None = None, from_path: Path | None = None,
              langs: tuple[str, str] | None = None, force: bool = False) -> dict[str, int]:
+    check_out_folder(out)
     if name == "synthetic":
         splits = {s: {"src": a, "tgt": b} for s, (a, b) in synthetic.splits().items()}
     elif from_path is not None:
