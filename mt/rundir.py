@@ -153,9 +153,10 @@ def prepare_run_dir(cfg: Config, run_dir: Path, allow_config_change: bool,
         raise MTError(f"cannot create run directory {run_dir} ({e.strerror}); choose another "
                       f"with --run-dir") from None
     check_folder_writable(run_dir, "run")
+    check_config_change(cfg, run_dir, allow_config_change)    # refused before the lock file
     lock = RunLock(run_dir)
     try:
-        check_config_change(cfg, run_dir, allow_config_change)
+        check_config_change(cfg, run_dir, allow_config_change)    # as the lock holder sees it
         if not has_checkpoint(run_dir):
             _drop_stale_tokenizer(cfg, run_dir, log)
         save_config(cfg, run_dir / "config.yaml")
