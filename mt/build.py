@@ -16,6 +16,7 @@ from mt.errors import MTError
 from mt.model import build_model
 from mt.rundir import prepare_run_dir, record_corpus, write_run_info
 from mt.schedule import build_optimizer
+from mt.threads import choose_threads
 from mt.tokenizer import Tokenizer
 from mt.trainer import Trainer, TrainState, Validation
 from mt.translator import pick_device
@@ -145,8 +146,8 @@ def _build(cfg: Config, run_dir: Path, dist, device_name: str, log, lock) -> Tra
         record_corpus(cfg, run_dir)
         write_run_info(run_dir)
     dist.barrier()
-    if t.num_threads:
-        torch.set_num_threads(t.num_threads)
+    if t.num_threads or not dist.enabled:   # ranks sharing a machine would count each other
+        choose_threads(t.num_threads, log)
     torch.manual_seed(t.seed)
     tokenizer, train_data, (vsrc, vtgt, valid_data) = _load_data(cfg, run_dir, dist, log)
     device = pick_device(device_name)

@@ -17,6 +17,19 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Train, run and score Transformer translation models.")
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        import mt
+        typer.echo(f"mt {mt.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_print_version,
+                                       is_eager=True, help="print the version and exit")):
+    """Train, run and score Transformer translation models."""
+
+
 def _err(msg: str) -> None:
     typer.echo(msg, err=True)
 
@@ -62,9 +75,22 @@ def download_cmd(
     typer.echo(f"wrote {out}")
 
 
+@command("configs")
+def configs_cmd():
+    """List the built-in configs: `mt train NAME` finds them from any folder.
+
+    Example: mt configs
+    """
+    from mt.config import builtin_configs, describe_config
+    for name, path in builtin_configs().items():
+        typer.echo(f"{name:<20} {describe_config(path)}")
+    typer.echo(f"(files in {next(iter(builtin_configs().values())).parent}; copy one to change it)")
+
+
 @command("train")
 def train_cmd(
-    config: Path = typer.Argument(..., help="YAML config, e.g. configs/multi30k_de_en.yaml"),
+    config: Path = typer.Argument(..., help="YAML config, e.g. configs/multi30k_de_en.yaml, or "
+                                            "a built-in config's name (mt configs lists them)"),
     run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="default: runs/<config name>"),
     overrides: List[str] = typer.Option([], "--set", help="override a key: --set train.max_steps=500"),
     more: Optional[List[str]] = typer.Argument(None, help="more KEY=VALUE overrides after --set",
@@ -165,6 +191,8 @@ def translate_cmd(
     check_output(output, force=force, inputs=[input, path])
     if not is_stdio(input) and not input.is_file():
         raise MTError(f"input file {input} not found")
+    from mt.threads import choose_threads
+    choose_threads(0, _err)
     translator = Translator.from_checkpoint(path, device)
     options = {"beam": 1 if greedy else beam, "length_penalty": length_penalty}
     b = options["beam"] or translator.cfg.beam

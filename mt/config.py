@@ -255,11 +255,40 @@ def _deep_copy(d: Any) -> Any:
     return {k: _deep_copy(v) for k, v in d.items()} if isinstance(d, dict) else d
 
 
+BUILTIN_DIR = Path(__file__).parent / "configs"
+
+
+def builtin_configs() -> dict[str, Path]:
+    """The configs shipped inside the package, by name (tiny, multi30k_de_en, ...)."""
+    return {p.stem: p for p in sorted(BUILTIN_DIR.glob("*.yaml"))}
+
+
+def describe_config(path: Path) -> str:
+    """A config's first comment line: what it is for."""
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("#"):
+            return line.lstrip("# ").strip().split(": ")[0].rstrip(":")
+        if line.strip():
+            break
+    return ""
+
+
+def find_config(name: str | Path) -> Path:
+    """A path to a YAML file, or the name of a built-in config (`tiny`, `configs/tiny.yaml`
+    from a folder without that file)."""
+    path = Path(name)
+    if path.is_file():
+        return path
+    builtin = builtin_configs().get(path.stem if path.suffix in (".yaml", ".yml") else path.name)
+    if builtin is not None and (path.parent == Path(".") or path.parent.name == "configs"):
+        return builtin
+    names = ", ".join(builtin_configs())
+    raise MTError(f"config {name} not found: pass the path to a YAML file or the name of a "
+                  f"built-in config ({names}; `mt configs` lists them)")
+
+
 def load_config(path: str | Path, overrides: list[str] = ()) -> Config:
-    path = Path(path)
-    if not path.is_file():
-        raise MTError(f"config file {path} not found: pass the path to a YAML config "
-                      f"(see configs/)")
+    path = find_config(path)
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as e:

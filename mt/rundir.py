@@ -150,7 +150,7 @@ def prepare_run_dir(cfg: Config, run_dir: Path, allow_config_change: bool,
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise MTError(f"cannot create run directory {run_dir} ({e.strerror}); choose another "
+        raise MTError(f"run directory {run_dir} is not writable ({e.strerror}); choose another "
                       f"with --run-dir") from None
     check_folder_writable(run_dir, "run")
     check_config_change(cfg, run_dir, allow_config_change)    # refused before the lock file

@@ -36,9 +36,9 @@ for name in "${order[@]}"; do
   mt train configs/multi30k_de_en.yaml --run-dir "$run" --set "${budget[@]}" ${variants[$name]} \
     2>&1 | grep -v "^\s*$" > "$run.log"
   echo $(( $(date +%s) - start )) > "$run.seconds"
-  mt translate "$run" -i "$data/test.de" -o "$run/test.hyp.en" --beam 5
+  mt translate "$run" -i "$data/test.de" -o "$run/test.hyp.en" --beam 5 --force
   mt eval --hyp "$run/test.hyp.en" --ref "$data/test.en" --lc-tok en --json > "$run/test.json"
-  mt attention "$run" "$sentence" -o "$out/attention_$name.png" > /dev/null 2>&1 || true
+  mt attention "$run" "$sentence" -o "$out/attention_$name.png" --force > /dev/null 2>&1 || true
   echo "== $name: $(cat "$run.seconds") s, $(tail -1 "$run/test.json")"
 done
 python - "$out" "${order[@]}" <<'PY' | tee "$out/results.md"
