@@ -11,6 +11,7 @@ from mt.config import Config
 from mt.data.corpus import (Stats, clean_pairs, drop_empty, encode_pairs, encode_stream,
                             has_split, iter_parallel, read_parallel, sample_pairs, split_paths)
 from mt.data.download import download
+from mt.device import amp_dtype, pick_device
 from mt.distributed import setup
 from mt.errors import MTError
 from mt.model import build_model
@@ -19,7 +20,6 @@ from mt.schedule import build_optimizer
 from mt.threads import choose_threads
 from mt.tokenizer import Tokenizer
 from mt.trainer import Trainer, TrainState, Validation
-from mt.translator import pick_device
 
 def ensure_data(cfg: Config, log) -> None:
     d = cfg.data
@@ -58,14 +58,6 @@ def load_tokenizer(cfg: Config, run_dir: Path, train_paths: tuple[Path, Path], l
     return tok
 
 
-def amp_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    if precision == "auto":
-        if device.type != "cuda":
-            return None
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
-
-
 def _resume(trainer: Trainer, ckpt: dict, path: Path, log) -> None:
     trainer.model.load_state_dict(ckpt["model"])
     trainer.optimizer.load_state_dict(ckpt["optimizer"])
@@ -76,7 +68,7 @@ def _resume(trainer: Trainer, ckpt: dict, path: Path, log) -> None:
     # each rank continues its own dropout stream if saved by as many ranks; else rank 0's
     own = rank_rng is not None and len(rank_rng) == trainer.dist.world
     rng = rank_rng[trainer.dist.rank] if own else ckpt["rng"]
-    checkpoint.set_rng_state(rng)
+    checkpoint.set_rng_state(rng, log)
     if trainer.dist.rank > 0 and not own:
         # Rank 0's generators everywhere would give all ranks the same dropout masks: each
         # other rank gets its own stream, fixed by (seed, rank, step), so such a resume is
@@ -110,12 +102,12 @@ def _load_data(cfg: Config, run_dir: Path, dist, log):
         raise MTError(f"{d.dir}: the valid split has no non-empty pairs")
     if dist.is_main:
         load_tokenizer(cfg, run_dir, train_paths, log)
-    dist.barrier()
+    dist.wait_for_main()
     tokenizer = load_tokenizer(cfg, run_dir, train_paths, log)
     # The training split is streamed: text is never held whole, only its token ids.
     train_data = encode_stream(clean_pairs(iter_parallel(*train_paths), train_stats),
                                tokenizer, d.max_len, train_stats)
-    valid_data = encode_pairs(vsrc, vtgt, tokenizer, cfg.model.max_positions, valid_stats)
+    valid_data = encode_pairs(vsrc, vtgt, tokenizer, cfg.max_side_len, valid_stats)
     log(train_stats.describe("train"))
     log(valid_stats.describe("valid"))
     if not len(train_data.src):
@@ -127,7 +119,7 @@ def _load_data(cfg: Config, run_dir: Path, dist, log):
 def build_trainer(cfg: Config, run_dir: Path, allow_config_change: bool = False,
                   log=print) -> Trainer:
     t = cfg.train
-    dist, device_name = setup(t.device)
+    dist, device_name = setup(t.device, t.dist_timeout_minutes, t.dist_wait_minutes)
     if not dist.is_main:
         log = _quiet
     lock = prepare_run_dir(cfg, run_dir, allow_config_change, dist.is_main, log)
@@ -145,7 +137,7 @@ def _build(cfg: Config, run_dir: Path, dist, device_name: str, log, lock) -> Tra
         ensure_data(cfg, log)
         record_corpus(cfg, run_dir)
         write_run_info(run_dir)
-    dist.barrier()
+    dist.wait_for_main()
     if t.num_threads or not dist.enabled:   # ranks sharing a machine would count each other
         choose_threads(t.num_threads, log)
     torch.manual_seed(t.seed)

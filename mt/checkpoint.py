@@ -126,8 +126,16 @@ def rng_state() -> dict:
             **({"cuda": torch.cuda.get_rng_state_all()} if torch.cuda.is_available() else {})}
 
 
-def set_rng_state(state: dict) -> None:
-    """The generators as `rng_state` found them (the GPUs' where both sides have CUDA)."""
+def set_rng_state(state: dict, warn=None) -> None:
+    """The generators as `rng_state` found them. GPUs are restored by index as far as both
+    sides have them: a run saved on 8 GPUs resumes on 1 (and on 1 resumes on 8), and `warn`
+    hears which generators could not be restored."""
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    saved = state.get("cuda", [])
+    here = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for index in range(min(len(saved), here)):
+        torch.cuda.set_rng_state(saved[index], index)
+    if warn is not None and len(saved) != here:
+        warn(f"note: the checkpoint holds random generator states of {len(saved)} GPU(s), this "
+             f"machine has {here}: restored {min(len(saved), here)}; dropout masks continue "
+             f"from a fresh state on the others, so the resumed run is not bit-identical")

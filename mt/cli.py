@@ -172,6 +172,8 @@ def translate_cmd(
     greedy: bool = typer.Option(False, "--greedy", help="greedy search (= --beam 1)"),
     length_penalty: Optional[float] = typer.Option(None, "--length-penalty", min=0.0),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda"),
+    precision: str = typer.Option("auto", "--precision", help="auto (on a GPU: the run's "
+                                  "train.precision; on CPU: fp32), fp32, bf16 or fp16"),
     print_alignment: bool = typer.Option(
         False, "--print-alignment", help="append TAB and source-target subword links (s-t, "
                                          "0-based) from the last layer's cross-attention"),
@@ -193,7 +195,7 @@ def translate_cmd(
         raise MTError(f"input file {input} not found")
     from mt.threads import choose_threads
     choose_threads(0, _err)
-    translator = Translator.from_checkpoint(path, device)
+    translator = Translator.from_checkpoint(path, device, precision)
     options = {"beam": 1 if greedy else beam, "length_penalty": length_penalty}
     b = options["beam"] or translator.cfg.beam
     lp = translator.cfg.length_penalty if length_penalty is None else length_penalty
@@ -219,6 +221,7 @@ def eval_cmd(
     length_penalty: Optional[float] = typer.Option(None, "--length-penalty", min=0.0),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     device: str = typer.Option("auto", "--device"),
+    precision: str = typer.Option("auto", "--precision", help="as for mt translate"),
     moses_lang: Optional[str] = typer.Option(
         None, "--lc-tok", help="also report lowercased Moses-tokenized BLEU for this target "
                                "language (the Multi30k papers' metric), e.g. --lc-tok en"),
@@ -240,7 +243,7 @@ def eval_cmd(
         hyps = read_lines(hyp)
     elif model is not None and src is not None:
         from mt.translator import Translator
-        hyps = Translator.from_checkpoint(model, device).translate(
+        hyps = Translator.from_checkpoint(model, device, precision).translate(
             read_lines(src), beam=beam, length_penalty=length_penalty)
     else:
         raise MTError("nothing to score: pass --hyp FILE, or a model and --src FILE")

@@ -111,6 +111,11 @@ class TrainConfig(_Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     num_threads: int = Field(0, ge=0, description="CPU threads; 0 = torch default")
+    dist_timeout_minutes: float = Field(30.0, gt=0.0, description="multi-rank runs: a "
+                                        "collective that takes longer ends the run")
+    dist_wait_minutes: float = Field(240.0, gt=0.0, description="multi-rank runs: how long "
+                                     "the other ranks wait while rank 0 alone downloads the "
+                                     "corpus, trains BPE or validates")
     compile: bool = Field(False, description="torch.compile the training forward/backward "
                                              "(dynamic shapes); pays off on GPU")
 
@@ -156,11 +161,30 @@ class Config(_Section):
     decode: DecodeConfig = DecodeConfig()
 
     @model_validator(mode="after")
+    def _lengths_fit_positions(self) -> "Config":
+        # a kept pair has at most max_len tokens a side (EOS/BOS included); the decoder-only
+        # model reads both sides as one sequence
+        need = self.data.max_len * (2 if self.model.arch == "decoder_only" else 1)
+        if self.model.arch != "rnn" and need > self.model.max_positions:
+            what = "twice data.max_len" if self.model.arch == "decoder_only" else "data.max_len"
+            raise ValueError(f"data.max_len ({self.data.max_len}) does not fit "
+                             f"model.max_positions ({self.model.max_positions}): {what} must be "
+                             f"<= model.max_positions; raise model.max_positions to {need} or "
+                             f"lower data.max_len")
+        return self
+
+    @model_validator(mode="after")
     def _tie_needs_joint(self) -> "Config":
         if self.model.tie_embeddings == "all" and not self.tokenizer.joint:
             raise ValueError("model.tie_embeddings: all needs tokenizer.joint: true "
                              "(or set model.tie_embeddings: decoder)")
         return self
+
+    @property
+    def max_side_len(self) -> int:
+        """The longest source or target (EOS/BOS included) the model takes."""
+        m = self.model
+        return m.max_positions // 2 if m.arch == "decoder_only" else m.max_positions
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="python")

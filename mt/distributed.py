@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -15,6 +17,9 @@ class Dist:
     rank: int = 0
     world: int = 1
     local_rank: int = 0
+    # a gloo group with a long timeout, for the other ranks to wait in while rank 0 alone
+    # downloads, trains BPE or validates (see setup)
+    wait_group: Any = None
 
     @property
     def is_main(self) -> bool:
@@ -28,10 +33,34 @@ class Dist:
         if self.enabled:
             dist.barrier()
 
+    def wait_for_main(self) -> None:
+        """All ranks meet here after work that rank 0 does alone; the others may wait up to
+        train.dist_wait_minutes instead of the collective timeout."""
+        if self.enabled:
+            dist.barrier(group=self.wait_group)
+
     def sum(self, t: torch.Tensor) -> torch.Tensor:
         if self.enabled:
             dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return t
+
+    def average_gradients(self, params) -> None:
+        """DDP's gradient mean over ranks, as one collective per dtype over a flat buffer."""
+        if not self.enabled:
+            return
+        params = [p for p in params if p.requires_grad]
+        for p in params:
+            if p.grad is None:          # unused this step here, maybe not on another rank
+                p.grad = torch.zeros_like(p)
+        for dtype in sorted({p.grad.dtype for p in params}, key=str):
+            grads = [p.grad for p in params if p.grad.dtype == dtype]
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+            flat.div_(self.world)
+            offset = 0
+            for g in grads:
+                g.copy_(flat[offset:offset + g.numel()].view_as(g))
+                offset += g.numel()
 
     def gather(self, obj) -> list:
         """Every rank's `obj`, in rank order, on every rank (a collective: all ranks call it)."""
@@ -50,20 +79,28 @@ class Dist:
         return bool(t.item())
 
 
-def setup(device_name: str) -> tuple[Dist, str]:
+def setup(device_name: str, timeout_minutes: float = 30.0,
+          wait_minutes: float = 240.0) -> tuple[Dist, str]:
     """Join the process group torchrun describes in the environment; returns the Dist and the
-    device this rank should use."""
+    device this rank should use.
+
+    Two timeouts: collectives in the training loop fail after `timeout_minutes` (a hung rank
+    should end the job), while waits for rank 0's solo work (corpus download, BPE training,
+    validation, which take hours on a WMT-size corpus) use a gloo group of their own that
+    allows `wait_minutes`."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
         return Dist(), device_name
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     use_cuda = device_name != "cpu" and torch.cuda.is_available()
     if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+        dist.init_process_group(backend="nccl" if use_cuda else "gloo",
+                                timeout=timedelta(minutes=timeout_minutes))
+    wait_group = dist.new_group(backend="gloo", timeout=timedelta(minutes=wait_minutes))
     if use_cuda:
         torch.cuda.set_device(local_rank)
-        return Dist(rank, world, local_rank), f"cuda:{local_rank}"
-    return Dist(rank, world, local_rank), "cpu"
+        return Dist(rank, world, local_rank, wait_group), f"cuda:{local_rank}"
+    return Dist(rank, world, local_rank, wait_group), "cpu"
 
 
 def teardown(d: Dist) -> None:

@@ -10,7 +10,9 @@ import math
 import torch
 
 from mt.model import Seq2Seq, reorder_cache
-from mt.tokenizer import BOS, EOS
+from mt.tokenizer import BOS, EOS, PAD, UNK
+
+BANNED = [PAD, BOS, UNK]
 
 
 def max_lengths(src_pad_mask: torch.Tensor, a: float, b: int, limit: int) -> torch.Tensor:
@@ -24,8 +26,15 @@ def _step_lprobs(model, tokens, memory, src_pad_mask, cache, step, uncached_pref
         h = model.decode(tokens, memory, src_pad_mask, cache=cache, start=step)
     else:  # reference path: recompute the whole prefix every step
         h = model.decode(uncached_prefix, memory, src_pad_mask)[:, -1:]
-    logits = model.project(h[:, -1]).float()                          # (N, V), a new tensor
-    return torch.log_softmax(logits, dim=-1, out=logits)               # in place: no new (N, V)
+    # The output layer and log-softmax run in fp32 even under autocast: bf16 logits (8 bits of
+    # mantissa) make close candidates tie or swap, so GPU and CPU would pick different words.
+    with torch.autocast(h.device.type, enabled=False):
+        logits = model.project(h[:, -1].float())                      # (N, V), a new tensor
+    lprobs = torch.log_softmax(logits, dim=-1, out=logits)             # in place: no new (N, V)
+    # Never emit padding, BOS or <unk> (fairseq bans pad and bos too): an <unk> detokenizes to
+    # " ⁇ " in the user's output, and the others end a sentence in nonsense.
+    lprobs[:, BANNED] = -float("inf")
+    return lprobs
 
 
 @torch.no_grad()

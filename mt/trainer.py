@@ -41,7 +41,8 @@ class TrainState:
     bad_validations: int = 0      # validations since the best one (early stopping)
     train_seconds: float = 0.0
     nonfinite_in_a_row: int = 0
-    oom_skipped: int = 0          # batches dropped after running out of memory
+    oom_skipped: int = 0          # updates dropped after running out of memory (any rank)
+    fp16_skipped: int = 0         # updates the fp16 GradScaler skipped (inf/NaN gradients)
 
     def state_dict(self) -> dict:
         return asdict(self)
@@ -113,8 +114,11 @@ class Trainer:
         self.dist = dist
         # DDP averages gradients across ranks during backward; `model` stays the plain module
         # that is validated and saved.
+        # broadcast_buffers=False: the only buffers are fixed tables (sinusoidal positions),
+        # identical on every rank; re-sending them before every forward is wasted traffic.
         self.train_model = (DistributedDataParallel(model, device_ids=[device.index]
-                                                    if device.type == "cuda" else None)
+                                                    if device.type == "cuda" else None,
+                                                    broadcast_buffers=False)
                             if dist.enabled else model)
         if cfg.compile:      # shapes vary with every batch: compile for dynamic shapes once
             self.train_model = torch.compile(self.train_model, dynamic=True)
@@ -173,16 +177,12 @@ class Trainer:
             losses, nlls = self._backward(batches, self.dist.world / n_total)
         except torch.OutOfMemoryError:
             losses = None
-        if losses is None:
-            # One unusually large batch should not end a long run: drop it and go on (here,
-            # after the except block, whose traceback held the failed pass's tensors).
-            self.optimizer.zero_grad(set_to_none=True)
-            if self.device.type == "cuda":
-                torch.cuda.empty_cache()
-            self.state.oom_skipped += 1
-            self._write_log({"step": self.state.step, "skipped": "out of memory",
-                             "src_shape": list(batches[0].src.shape)})
+        # Every rank learns whether any rank ran out of memory before a gradient is exchanged:
+        # a rank skipping the batch alone would leave the others waiting in the all-reduce.
+        if self.dist.any(losses is None, self.device):
+            self._skip_out_of_memory(batches, here=losses is None)
             return False
+        self.dist.average_gradients(self.model.parameters())
         # The one host sync per update: an update from a NaN/inf loss would poison the weights
         # and Adam's moments. (fp16 gradient overflow is the GradScaler's business.)
         if not bool(torch.isfinite(self.dist.sum(torch.stack(losses).sum()))):
@@ -199,25 +199,46 @@ class Trainer:
         if self.cfg.clip_norm > 0:
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_norm)
+        scale = self.scaler.get_scale() if self.scaler.is_enabled() else None
         self.scaler.step(self.optimizer)
         self.scaler.update()
+        if scale is not None and self.scaler.get_scale() < scale:
+            # fp16: the GradScaler found inf/NaN gradients, skipped the update and lowered its
+            # scale. Not an update, so neither the step count nor the schedule moves (fairseq).
+            self.state.fp16_skipped += 1
+            self._write_log({"step": self.state.step, "skipped": "fp16 gradient overflow",
+                             "loss_scale": self.scaler.get_scale()})
+            return False
         self.scheduler.step()
         self.state.step += 1
         return True
 
+    def _skip_out_of_memory(self, batches: list[Batch], here: bool) -> None:
+        """One unusually large batch should not end a long run: every rank drops this update
+        and goes on (called after the except block, whose traceback held the failed pass's
+        tensors)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.state.oom_skipped += 1
+        self._write_log({"step": self.state.step, "skipped": "out of memory",
+                         "src_shape": list(batches[0].src.shape),
+                         **({} if here else {"on": "another rank"})})
+
     def _backward(self, batches: list[Batch], scale: float) -> tuple[list, list]:
-        """Gradients of every batch's loss times `scale`, summed; with DDP, all-reduced once,
-        in the last batch's backward. Returns the (summed) losses and NLLs, still on device."""
+        """Gradients of every batch's loss times `scale`, summed, on this rank only (DDP's
+        all-reduce is held back with no_sync, so that an out-of-memory batch on any rank can
+        be skipped by all: `Dist.average_gradients` exchanges them afterwards). The price is
+        DDP's overlap of the exchange with the backward pass. Returns the (summed) losses and
+        NLLs, still on device."""
         losses, nlls = [], []
-        for i, batch in enumerate(batches):
-            last = i == len(batches) - 1
-            sync = contextlib.nullcontext() if last or not self.dist.enabled \
-                else self.train_model.no_sync()
-            with sync:
+        local = self.train_model.no_sync() if self.dist.enabled else contextlib.nullcontext()
+        with local:
+            for batch in batches:
                 loss, nll = self._loss(batch, self.train_model)
                 self.scaler.scale(loss * scale).backward()
-            losses.append(loss.detach())
-            nlls.append(nll.detach())
+                losses.append(loss.detach())
+                nlls.append(nll.detach())
         return losses, nlls
 
     # -- logging, validation, checkpoints -------------------------------------------------
@@ -253,7 +274,8 @@ class Trainer:
             batch = collate(v.data, indices).to(self.device)
             loss, nll = self._loss(batch)
             loss_sum, nll_sum, n = loss_sum + float(loss), nll_sum + float(nll), n + batch.n_tokens
-        translator = Translator(self.model, self.tokenizer, self.decode_cfg, self.device)
+        translator = Translator(self.model, self.tokenizer, self.decode_cfg, self.device,
+                                self.amp_dtype)
         hyps = translator.translate(v.src, beam=v.beam)
         s = score(hyps, v.refs)
         record = {"step": self.state.step, "valid_loss": round(loss_sum / n, 4),
@@ -320,7 +342,8 @@ class Trainer:
         self.model.load_state_dict(averaged["model"])
         try:
             self.model.eval()
-            hyps = Translator(self.model, self.tokenizer, self.decode_cfg, self.device).translate(
+            hyps = Translator(self.model, self.tokenizer, self.decode_cfg, self.device,
+                              self.amp_dtype).translate(
                 self.validation.src, beam=self.validation.beam)
             s = score(hyps, self.validation.refs)
         finally:
@@ -436,13 +459,15 @@ class Trainer:
         if st.step % cfg.log_every == 0 or final:
             rec = self.log_train()
             bar.set_postfix(loss=rec["loss"], lr=f"{rec['lr']:.2e}", tok_s=rec["tok_s"])
-        if (st.step % cfg.valid_every == 0 or final) and self.dist.is_main:
-            rec = self.validate()
-            self._last_valid = st.step
-            self.plot()
-            self._say(f"step {st.step}: valid loss {rec['valid_loss']} ppl {rec['valid_ppl']} "
-                      f"BLEU {rec['valid_bleu']} chrF {rec['valid_chrf']}"
-                      + (" (best)" if rec.get("best") else ""))
+        if st.step % cfg.valid_every == 0 or final:      # the same on every rank
+            if self.dist.is_main:
+                rec = self.validate()
+                self._last_valid = st.step
+                self.plot()
+                self._say(f"step {st.step}: valid loss {rec['valid_loss']} ppl "
+                          f"{rec['valid_ppl']} BLEU {rec['valid_bleu']} chrF {rec['valid_chrf']}"
+                          + (" (best)" if rec.get("best") else ""))
+            self.dist.wait_for_main()    # the others wait in the long-timeout group
         if st.step % cfg.save_every == 0:
             self.save("last.pt", self.rng_states())
             self.save_snapshot()
@@ -495,6 +520,9 @@ class Trainer:
         if not self.stop_requested and self.decode_cfg.tune_beams and st.best_bleu >= 0:
             self._tune()
         self.plot()
+        if st.fp16_skipped:
+            self._say(f"note: the fp16 loss scaler skipped {st.fp16_skipped} update(s) with "
+                      f"overflowing gradients (not counted as steps)")
         if st.oom_skipped:
             self._say(f"warning: {st.oom_skipped} batch(es) were skipped after running out of "
                       f"memory; lower train.max_tokens to use them")

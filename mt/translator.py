@@ -12,26 +12,23 @@ from tqdm import tqdm
 from mt import checkpoint
 from mt.config import config_from_dict
 from mt.data.batching import pad_sources, token_batches
+from mt.device import decode_dtype, pick_device
 from mt.model import build_model
 from mt.search import beam_search, greedy
 from mt.tokenizer import PAD
 
 
-def pick_device(name: str) -> torch.device:
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        from mt.errors import MTError
-        raise MTError("train.device is cuda but no CUDA GPU is visible; use device: auto or cpu")
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device(name)
-
-
 class Translator:
-    def __init__(self, model, tokenizer, decode_cfg, device: torch.device):
+    def __init__(self, model, tokenizer, decode_cfg, device: torch.device,
+                 amp_dtype: torch.dtype | None = None):
+        """amp_dtype: autocast dtype for the encoder and decoder layers (None: fp32); the output
+        layer and log-softmax are fp32 either way (mt.search)."""
         self.model, self.tokenizer, self.cfg, self.device = model, tokenizer, decode_cfg, device
+        self.amp_dtype = amp_dtype
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, device: str = "auto") -> "Translator":
+    def from_checkpoint(cls, path: str | Path, device: str = "auto",
+                        precision: str = "auto") -> "Translator":
         path = checkpoint.resolve(path)
         ckpt = checkpoint.load(path)
         cfg = config_from_dict(ckpt["config"], source=str(path))
@@ -39,7 +36,8 @@ class Translator:
         model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
         model.load_state_dict(ckpt["model"])
         dev = pick_device(device)
-        return cls(model.to(dev).eval(), tokenizer, cfg.decode, dev)
+        return cls(model.to(dev).eval(), tokenizer, cfg.decode, dev,
+                   decode_dtype(precision, cfg.train.precision, dev))
 
     def search(self, lines: list[str], beam: int | None = None,
                length_penalty: float | None = None, use_cache: bool = True,
@@ -65,8 +63,8 @@ class Translator:
         for batch in token_batches(lens, np.zeros_like(lens), self.cfg.max_tokens, seed=None):
             src = pad_sources([np.asarray(ids[i], dtype=np.int64) for i in batch]).to(self.device)
             mask = src == PAD
-            with torch.autocast(self.device.type, dtype=torch.bfloat16,
-                                enabled=self.device.type == "cuda"):
+            with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32,
+                                enabled=self.amp_dtype is not None):
                 if beam == 1:
                     hyps = greedy(self.model, src, mask, self.cfg.max_len_a, self.cfg.max_len_b,
                                   use_cache=use_cache)

@@ -14,7 +14,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from mt.model.base import Seq2Seq, init_weights, make_embeddings
 from mt.model.dropout import Dropout
@@ -75,12 +75,13 @@ class RNNSeq2Seq(Seq2Seq):
         init_weights(self)
 
     # -- encoder --------------------------------------------------------------------------
+    # (the recurrences run through `recur`, in fp32 under any autocast)
     def encode(self, src: torch.Tensor, src_pad_mask: torch.Tensor) -> torch.Tensor:
         """(B, S) -> encoder states (B, S, D); padding positions are zeros."""
         x = self.dropout(self.src_embed(src) * math.sqrt(self.d_model))
         lengths = (~src_pad_mask).sum(1).cpu()
         packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
-        out, _ = self.encoder(packed)
+        out, _ = recur(self.encoder, packed)
         out, _ = pad_packed_sequence(out, batch_first=True, total_length=src.shape[1])
         return self.dropout(out)
 
@@ -123,12 +124,12 @@ class RNNSeq2Seq(Seq2Seq):
         if self.attention == "bahdanau":
             out, h, w = self._bahdanau(y, h, cross["keys"], memory, src_pad_mask)
         elif self.attention == "luong":
-            s, h = self.decoder(y, h)
+            s, h = recur(self.decoder, y, h)
             ctx, w = self._attend(s, cross["keys"], memory, src_pad_mask)
             out = torch.tanh(self.combine(torch.cat([ctx, s], -1)))
         else:
             ctx = cross["summary"][:, None].expand(-1, y.shape[1], -1)
-            s, h = self.decoder(torch.cat([y, ctx], -1), h)
+            s, h = recur(self.decoder, torch.cat([y, ctx], -1), h)
             out, w = torch.tanh(self.combine(torch.cat([s, ctx, y], -1))), None
         if cache is not None:
             cache[0]["self"] = {"h": h.transpose(0, 1)}          # batch first, for reordering
@@ -141,10 +142,22 @@ class RNNSeq2Seq(Seq2Seq):
         outs, ws = [], []
         for t in range(y.shape[1]):
             ctx, w = self._attend(h[-1][:, None], keys, memory, src_pad_mask)   # (B, 1, D)
-            s, h = self.decoder(torch.cat([y[:, t:t + 1], ctx], -1), h)
+            s, h = recur(self.decoder, torch.cat([y[:, t:t + 1], ctx], -1), h)
             outs.append(torch.tanh(self.combine(torch.cat([s, ctx, y[:, t:t + 1]], -1))))
             ws.append(w)
         return torch.cat(outs, 1), h, torch.cat(ws, 1)
 
     def new_cache(self) -> list[dict]:
         return [{}]
+
+
+def recur(gru: nn.GRU, x, h: torch.Tensor | None = None):
+    """Run a GRU in fp32 even under autocast. CUDA autocast runs RNNs in fp16 whatever dtype
+    was asked for, and a bf16 run has no GradScaler: the small gradients of a long recurrence
+    would underflow in fp16. The recurrence is a small share of the model's work, so the rest
+    keeps the autocast dtype and only this part pays fp32."""
+    device = (x.data if isinstance(x, PackedSequence) else x).device.type
+    with torch.autocast(device, enabled=False):
+        if not isinstance(x, PackedSequence):
+            x = x.float()
+        return gru(x, None if h is None else h.float())

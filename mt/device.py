@@ -1,0 +1,43 @@
+"""Which device and which autocast precision a run, or a decoding, uses."""
+from __future__ import annotations
+
+import torch
+
+from mt.errors import MTError
+
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+
+
+def pick_device(name: str) -> torch.device:
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise MTError("train.device is cuda but no CUDA GPU is visible; use device: auto or cpu")
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(name)
+
+
+def native_bf16(device: torch.device) -> bool:
+    """bf16 tensor cores: Ampere (compute capability 8.0) and later. torch's
+    is_bf16_supported() also counts emulation, which is slower than fp16 on a V100 or T4."""
+    return torch.cuda.get_device_capability(device)[0] >= 8
+
+
+def amp_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype for `precision` on `device`; None means plain fp32. "auto": bf16
+    where the GPU has it natively, fp16 (with loss scaling in training) on older GPUs, fp32 on
+    CPU (where autocast is slower than fp32)."""
+    if precision == "auto":
+        if device.type != "cuda":
+            return None
+        return torch.bfloat16 if native_bf16(device) else torch.float16
+    return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+
+
+def decode_dtype(requested: str, trained: str, device: torch.device) -> torch.dtype | None:
+    """Decoding precision: "auto" follows the checkpoint's train.precision on a GPU (a run
+    trained in fp32 is decoded in fp32) and is fp32 on CPU; anything else is taken as asked."""
+    if requested not in PRECISIONS:
+        raise MTError(f"--precision {requested!r}: use one of {', '.join(PRECISIONS)}")
+    if requested == "auto":
+        return amp_dtype(trained, device) if device.type == "cuda" else None
+    return amp_dtype(requested, device)
