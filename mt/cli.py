@@ -155,12 +155,19 @@ def _interactive(translator, options: dict) -> None:
     """stdin is a terminal: answer each line as it is typed (Ctrl-D ends)."""
     _err("type a sentence and press Enter; Ctrl-D to quit")
     while True:
-        try:
-            line = input("> ")
-        except EOFError:
+        if sys.stdout.isatty():
+            try:
+                line = input("> ")          # with line editing
+            except EOFError:
+                line = None
+        else:                               # stdout is a file: only translations go there
+            sys.stderr.write("> ")
+            sys.stderr.flush()
+            line = sys.stdin.readline() or None
+        if line is None:
             _err("")
             return
-        typer.echo(translator.translate([line], **options)[0])
+        typer.echo(translator.translate([line.rstrip("\n")], **options)[0])
 
 
 @command("translate")

@@ -259,3 +259,62 @@ def test_ctrl_c_twice_says_what_was_lost(tmp_path):
     assert proc.returncode == 130, err
     assert "Traceback" not in err
     assert "interrupted twice" in err and "lost" in err and "run the same command" in err
+
+
+# -- the first hour ---------------------------------------------------------------------
+
+def test_translate_at_a_terminal_answers_each_line(tiny_run):
+    import pty
+    leader, follower = pty.openpty()
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-m", "mt", "translate", str(tiny_run), "--greedy"],
+                            stdin=follower, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=ROOT, env=env, text=True)
+    os.close(follower)
+    os.write(leader, b"mi lo\nka tu\n\x04")
+    out, err = proc.communicate(timeout=120)
+    os.close(leader)
+    assert proc.returncode == 0, err
+    assert "Ctrl-D" in err and "greedy search" in err
+    assert len(out.splitlines()) == 2
+
+
+def test_version_and_builtin_configs_from_any_folder(tmp_path):
+    proc = run_mt("--version", cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stdout.startswith("mt ")
+    proc = run_mt("configs", cwd=tmp_path)
+    assert proc.returncode == 0 and "tiny" in proc.stdout and "multi30k_de_en" in proc.stdout
+    proc = run_mt("train", "tiny", "--set", "train.max_steps=3", "train.valid_every=3",
+                  cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "runs" / "tiny" / "last.pt").is_file()
+    proc = run_mt("train", "configs/tiny.yaml", "--set", "train.max_steps=3", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr                    # the README's path, anywhere
+    assert_user_error(run_mt("train", "nonesuch", cwd=tmp_path), "nonesuch", "mt configs")
+
+
+def test_training_picture_marks_best_and_draws_a_single_point(tmp_path, monkeypatch):
+    import json
+
+    import matplotlib.pyplot as plt
+
+    from mt.plot import plot_run
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "train_log.jsonl").write_text("\n".join(json.dumps(r) for r in [
+        {"step": 10, "loss": 5.0, "nll": 4.5},
+        {"step": 10, "valid_loss": 4.0, "valid_bleu": 12.3, "valid_chrf": 30.0, "best": True},
+    ]) + "\n")
+    assert plot_run(run).is_file()
+    loss_ax, bleu_ax = figures[0].axes
+    assert any(line.get_marker() == "o" and len(line.get_xdata()) == 1
+               for line in loss_ax.get_lines())                  # one point is still seen
+    assert "best.pt: 12.30" in [t.get_text() for t in bleu_ax.get_legend().get_texts()]
+
+
+def test_attention_labels_show_words_not_sentencepiece_marks():
+    from mt.alignment import readable_pieces
+    assert readable_pieces(["\u2581Ein", "\u2581Hund", "e", "\u2581", "</s>"]) == \
+        ["Ein", "Hund", "##e", "\u2423", "</s>"]
