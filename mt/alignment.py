@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from mt.outputs import atomic_file
-from mt.tokenizer import BOS, EOS
+from mt.tokens import BOS, EOS
 
 
 @torch.no_grad()

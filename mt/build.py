@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from mt import checkpoint
+from mt import checkpoint, fast
 from mt.config import Config
 from mt.data.corpus import (Stats, clean_pairs, drop_empty, encode_pairs, encode_stream,
                             has_split, iter_parallel, read_parallel, sample_pairs, split_paths)
@@ -14,6 +14,7 @@ from mt.data.download import download
 from mt.device import amp_dtype, pick_device
 from mt.distributed import setup
 from mt.errors import MTError
+from mt.loss import reference_loss
 from mt.model import build_model
 from mt.rundir import prepare_run_dir, record_corpus, write_run_info
 from mt.schedule import build_optimizer
@@ -144,6 +145,10 @@ def _build(cfg: Config, run_dir: Path, dist, device_name: str, log, lock) -> Tra
     tokenizer, train_data, (vsrc, vtgt, valid_data) = _load_data(cfg, run_dir, dist, log)
     device = pick_device(device_name)
     model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size).to(device)
+    loss_fn = reference_loss
+    if t.fast_paths:          # the CPU speed work, beside the reference model (mt/fast)
+        fast.install(model)
+        loss_fn = reference_loss if t.compile else fast.chunked_loss
     torch.manual_seed(t.seed + dist.rank)   # same initial weights everywhere, own dropout masks
     log(f"model: {sum(p.numel() for p in model.parameters()):,} parameters on {device}"
         + (f" x {dist.world} ranks" if dist.enabled else ""))
@@ -155,7 +160,8 @@ def _build(cfg: Config, run_dir: Path, dist, device_name: str, log, lock) -> Tra
         train_data=train_data,
         validation=Validation(vsrc, vtgt, valid_data, t.valid_beam or cfg.decode.beam),
         tokenizer=tokenizer, cfg=t, decode_cfg=cfg.decode, full_config=cfg.to_dict(),
-        run_dir=run_dir, device=device, amp_dtype=dtype, log=log, dist=dist, lock=lock)
+        run_dir=run_dir, device=device, amp_dtype=dtype, log=log, dist=dist, lock=lock,
+        loss_fn=loss_fn)
     found = checkpoint.load_for_resume(run_dir / "last.pt", log)
     if found is not None:
         _resume(trainer, *found, log)

@@ -116,6 +116,9 @@ class TrainConfig(_Section):
     dist_wait_minutes: float = Field(240.0, gt=0.0, description="multi-rank runs: how long "
                                      "the other ranks wait while rank 0 alone downloads the "
                                      "corpus, trains BPE or validates")
+    fast_paths: bool = Field(True, description="swap in mt/fast (fused CPU training nodes, "
+                             "hash dropout, row packing, chunked loss) where they apply; false: "
+                             "the reference model and loss as written")
     compile: bool = Field(False, description="torch.compile the training forward/backward "
                                              "(dynamic shapes); pays off on GPU")
 

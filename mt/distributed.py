@@ -44,8 +44,15 @@ class Dist:
             dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return t
 
+    def broadcast_parameters(self, model) -> None:
+        """Every rank takes rank 0's weights (and buffers)."""
+        if self.enabled:
+            for t in model.state_dict().values():
+                dist.broadcast(t, src=0)
+
     def average_gradients(self, params) -> None:
-        """DDP's gradient mean over ranks, as one collective per dtype over a flat buffer."""
+        """The mean of every gradient over the ranks (what DDP computes), as one collective per
+        dtype over a flat buffer."""
         if not self.enabled:
             return
         params = [p for p in params if p.requires_grad]

@@ -3,11 +3,7 @@ from __future__ import annotations
 
 import torch
 
-# Rows of logits computed at a time by linear_smoothed_cross_entropy. On the 2-core CPU, 512
-# beat 128 (0.967x) and was level with 256 and 1,024 (scripts/ab_train.py). On a GPU, every
-# chunk also reads and writes the whole (V, D) gradient of the output matrix, so larger chunks
-# may pay there: measure with `ab_train.py --device cuda --patch mt.loss:LOSS_CHUNK_ROWS=4096`.
-LOSS_CHUNK_ROWS = 512
+from mt.tokens import PAD
 
 
 def label_smoothed_nll(lprobs: torch.Tensor, target: torch.Tensor, eps: float,
@@ -31,95 +27,11 @@ def label_smoothed_nll(lprobs: torch.Tensor, target: torch.Tensor, eps: float,
     return loss.sum(), nll.sum(), keep.sum()
 
 
-def _smoothed_nll(z: torch.Tensor, p: torch.Tensor, y: torch.Tensor, z_sum: torch.Tensor | None,
-                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sums of the smoothed loss and of the NLL over one chunk, from its logits z (c, V), their
-    softmax p and targets y (c,); z_sum: each row's sum of logits when known (else summed)."""
-    v = z.shape[-1]
-    zy = z.gather(-1, y[:, None]).squeeze(-1)
-    py = p.gather(-1, y[:, None]).squeeze(-1)
-    # logsumexp(z) = z_y - log p_y, exact unless p_y underflowed (log p_y < -69): those rows
-    # take logsumexp itself (on GPU every chunk does, so as not to wait on the host)
-    lse = zy - py.log()
-    under = py < 1e-30
-    if z.is_cuda or bool(under.any()):
-        lse = torch.where(under, torch.logsumexp(z, -1), lse)
-    nll = lse - zy                                                        # -log p_y
-    if eps == 0.0:
-        return nll.sum(), nll.sum()
-    others = v * lse - (z.sum(-1) if z_sum is None else z_sum) - nll     # sum_{j != y} -log p_j
-    return ((1.0 - eps) * nll + eps / (v - 1) * others).sum(), nll.sum()
-
-
-class _LinearSmoothedCrossEntropy(torch.autograd.Function):
-    """label_smoothed_nll(log_softmax(h @ W^T), ...) fused with the output projection and
-    computed in chunks of rows: the (N, V) logits never exist whole, only (chunk, V) at a time.
-    The gradients for h and W are computed in the same pass (the same three matmuls as
-    autograd would do) and scaled by the incoming gradient in backward; when no gradient is
-    wanted (validation) they are skipped. The NLL output is for logging: not differentiable."""
-
-    @staticmethod
-    def forward(ctx, h, weight, target, eps, chunk, want_grad):
-        n, v = h.shape[0], weight.shape[0]
-        acc = torch.float64 if h.dtype == torch.float64 else torch.float32   # softmax in fp32+
-        # One dtype and no autocast (CPU fp32 training): the products go straight into their
-        # destinations (out= and addmm_), with no temporaries per chunk. Under autocast the
-        # products run as autocast casts them (bf16 on GPU), which out= would not do.
-        same = h.dtype == weight.dtype == acc and not torch.is_autocast_enabled(h.device.type)
-        loss_sum = h.new_zeros((), dtype=acc)
-        nll_sum = h.new_zeros((), dtype=acc)
-        grad_h = torch.empty_like(h) if want_grad else None
-        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) \
-            if want_grad else None
-        off = eps / (v - 1) if eps > 0.0 else 0.0
-        # sum_j z_j = h . sum_j W_j: the smoothing term's logit sums without a pass over (c, V)
-        colsum = weight.sum(0, dtype=acc) if eps > 0.0 else None
-        rows = min(chunk, n)
-        # reused for every chunk: (chunk, V) logits, then probabilities
-        logits = h.new_empty((rows, v), dtype=acc) if same else None
-        p_buf = h.new_empty((rows, v), dtype=acc)
-        for i in range(0, n, chunk):
-            hc, y = h[i:i + chunk], target[i:i + chunk]
-            c = hc.shape[0]
-            z = torch.mm(hc, weight.t(), out=logits[:c]) if same else (hc @ weight.t()).to(acc)
-            p = torch.softmax(z, dim=-1, out=p_buf[:c])                         # (c, V)
-            z_sum = torch.mv(hc, colsum) if same and eps > 0.0 else None       # (c,)
-            loss, nll = _smoothed_nll(z, p, y, z_sum, eps)
-            loss_sum += loss
-            nll_sum += nll
-            if want_grad:
-                # d loss/d z = softmax - q, q = eps/(V-1) + (1 - eps - eps/(V-1)) * onehot(y);
-                # the uniform eps/(V-1) is taken off after the loop, on (N, D) and (V, D)
-                g = p.scatter_add_(-1, y[:, None], p.new_full((c, 1), -(1.0 - eps - off)))
-                if same:
-                    torch.mm(g, weight, out=grad_h[i:i + chunk])
-                    grad_w.addmm_(g.t(), hc)
-                else:
-                    grad_h[i:i + chunk] = (g.to(weight.dtype) @ weight).to(h.dtype)
-                    grad_w += (g.t().to(hc.dtype) @ hc).to(acc)
-        if want_grad and off:
-            grad_h.sub_((off * colsum).to(h.dtype))                  # off * (1 ... 1) W
-            grad_w.sub_(off * h.sum(0, dtype=acc))                   # off * (1 ... 1)^T h
-        ctx.mark_non_differentiable(nll_sum)
-        if want_grad:
-            ctx.save_for_backward(grad_h, grad_w.to(weight.dtype))
-        return loss_sum, nll_sum
-
-    @staticmethod
-    def backward(ctx, g_loss, _g_nll):
-        grad_h, grad_w = ctx.saved_tensors
-        return (grad_h * g_loss.to(grad_h.dtype), grad_w * g_loss.to(grad_w.dtype),
-                None, None, None, None)
-
-
-def linear_smoothed_cross_entropy(h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
-                                  eps: float, chunk: int | None = None
-                                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """h: (N, D) decoder states of N target tokens that all count (padding removed);
-    weight: (V, D) output projection. Returns (smoothed loss sum, NLL sum), the values of
-    label_smoothed_nll(log_softmax(h @ weight.T)) with the gradient of the first, in memory
-    for `chunk` rows of logits at a time (LOSS_CHUNK_ROWS when None). Only the smoothed loss
-    is differentiable."""
-    want_grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
-    return _LinearSmoothedCrossEntropy.apply(h, weight, target, eps, chunk or LOSS_CHUNK_ROWS,
-                                             want_grad)
+def reference_loss(model, batch, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The training loss of a batch as the paper computes it: logits for every target
+    position, log-softmax (in fp32, also under autocast), label-smoothed NLL over the tokens
+    that are not padding. Returns (smoothed loss sum, NLL sum) over the batch's target tokens."""
+    logits = model(batch.src, batch.tgt_in, batch.src_pad_mask)           # (B, T, V)
+    lprobs = torch.log_softmax(logits.float(), dim=-1).view(-1, logits.shape[-1])
+    loss, nll, _ = label_smoothed_nll(lprobs, batch.tgt_out.reshape(-1), eps, PAD)
+    return loss, nll

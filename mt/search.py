@@ -10,7 +10,7 @@ import math
 import torch
 
 from mt.model import Seq2Seq, reorder_cache
-from mt.tokenizer import BOS, EOS, PAD, UNK
+from mt.tokens import BOS, EOS, PAD, UNK
 
 BANNED = [PAD, BOS, UNK]
 

@@ -11,7 +11,7 @@ import sentencepiece as spm
 
 from mt.errors import MTError
 
-PAD, UNK, BOS, EOS = 0, 1, 2, 3
+from mt.tokens import BOS, EOS, PAD, UNK  # noqa: F401  (re-exported)
 
 
 def train_bpe(lines: Iterable[str], vocab_size: int, character_coverage: float = 1.0,

@@ -4,20 +4,17 @@
 """
 from __future__ import annotations
 
-import gc
 import json
 import math
 import signal
 import sys
 import time
-import contextlib
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterator
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from mt import checkpoint
@@ -25,10 +22,9 @@ from mt.data.batching import Batch, collate, describe_batches, epoch_batches
 from mt.data.corpus import ParallelData
 from mt.distributed import Dist, teardown
 from mt.errors import Interrupted, MTError
-from mt.loss import linear_smoothed_cross_entropy
+from mt.loss import reference_loss
 from mt.memory import release_free_memory
 from mt.metrics import score
-from mt.tokenizer import PAD
 from mt.translator import Translator
 
 
@@ -109,19 +105,20 @@ class Trainer:
     def __init__(self, *, model, optimizer, scheduler, scaler, train_data: ParallelData,
                  validation: Validation, tokenizer, cfg, decode_cfg, full_config: dict,
                  run_dir: Path, device: torch.device, amp_dtype: torch.dtype | None,
-                 state: TrainState | None = None, log=print, dist: Dist = Dist(), lock=None):
+                 state: TrainState | None = None, log=print, dist: Dist = Dist(), lock=None,
+                 loss_fn=reference_loss):
+        """loss_fn(model, batch, eps) -> (smoothed loss sum, NLL sum): mt.loss.reference_loss
+        or mt.fast.chunked_loss."""
         self.model, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler
-        self.dist = dist
-        # DDP averages gradients across ranks during backward; `model` stays the plain module
-        # that is validated and saved.
-        # broadcast_buffers=False: the only buffers are fixed tables (sinusoidal positions),
-        # identical on every rank; re-sending them before every forward is wasted traffic.
-        self.train_model = (DistributedDataParallel(model, device_ids=[device.index]
-                                                    if device.type == "cuda" else None,
-                                                    broadcast_buffers=False)
-                            if dist.enabled else model)
+        self.dist, self.loss_fn = dist, loss_fn
+        # Data parallel without a DDP wrapper: every rank starts from rank 0's weights, and
+        # the gradients are averaged after the backward pass, once all ranks have said it
+        # succeeded (Dist.average_gradients; see train_step). No buffer needs sending: the
+        # only ones are fixed tables (sinusoidal positions).
+        dist.broadcast_parameters(model)
+        self.train_model = model
         if cfg.compile:      # shapes vary with every batch: compile for dynamic shapes once
-            self.train_model = torch.compile(self.train_model, dynamic=True)
+            self.train_model = torch.compile(model, dynamic=True)
         self.train_data, self.validation, self.tokenizer = train_data, validation, tokenizer
         self.cfg, self.decode_cfg, self.full_config = cfg, decode_cfg, full_config
         self.run_dir, self.device, self.amp_dtype = run_dir, device, amp_dtype
@@ -154,13 +151,10 @@ class Trainer:
 
     # -- one update -----------------------------------------------------------------------
     def _loss(self, batch: Batch, model=None) -> tuple[torch.Tensor, torch.Tensor]:
-        keep = batch.tgt_out != PAD
-        model = self.model if model is None else model
         with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32,
                             enabled=self.amp_dtype is not None):
-            h = model(batch.src, batch.tgt_in, batch.src_pad_mask, keep=keep, project=False)
-            return linear_smoothed_cross_entropy(h, self.model.output_weight, batch.tgt_out[keep],
-                                                 self.cfg.label_smoothing)
+            return self.loss_fn(self.model if model is None else model, batch,
+                                self.cfg.label_smoothing)
 
     def train_step(self, batches: list[Batch]) -> bool:
         """One optimizer update from `batches` (gradient accumulation), normalised by the
@@ -226,19 +220,16 @@ class Trainer:
                          **({} if here else {"on": "another rank"})})
 
     def _backward(self, batches: list[Batch], scale: float) -> tuple[list, list]:
-        """Gradients of every batch's loss times `scale`, summed, on this rank only (DDP's
-        all-reduce is held back with no_sync, so that an out-of-memory batch on any rank can
-        be skipped by all: `Dist.average_gradients` exchanges them afterwards). The price is
-        DDP's overlap of the exchange with the backward pass. Returns the (summed) losses and
-        NLLs, still on device."""
+        """Gradients of every batch's loss times `scale`, summed, on this rank only (the
+        ranks exchange them afterwards, in `Dist.average_gradients`, so that an out-of-memory
+        batch on any rank can be skipped by all). Returns the (summed) losses and NLLs, still
+        on device."""
         losses, nlls = [], []
-        local = self.train_model.no_sync() if self.dist.enabled else contextlib.nullcontext()
-        with local:
-            for batch in batches:
-                loss, nll = self._loss(batch, self.train_model)
-                self.scaler.scale(loss * scale).backward()
-                losses.append(loss.detach())
-                nlls.append(nll.detach())
+        for batch in batches:
+            loss, nll = self._loss(batch, self.train_model)
+            self.scaler.scale(loss * scale).backward()
+            losses.append(loss.detach())
+            nlls.append(nll.detach())
         return losses, nlls
 
     # -- logging, validation, checkpoints -------------------------------------------------
@@ -487,13 +478,9 @@ class Trainer:
         return False
 
     def close(self) -> None:
-        """Leave the process group (every rank calls this, also after an error). The DDP
-        wrapper's reducer holds the group: freeing it after the group is destroyed can hang or
-        abort a rank (CI saw rank 1 die with SIGABRT after a finished run; a loop of
-        init/DDP/destroy hangs within 5 rounds in that order, 300 rounds pass in this one).
-        So the wrapper goes first, then the group."""
+        """Leave the process group and free the run directory (every rank calls this, also
+        after an error)."""
         self.train_model = self.model
-        gc.collect()   # a torch.compile'd wrapper keeps DDP in a reference cycle
         teardown(self.dist)
         if self.lock is not None:
             self.lock.release()

@@ -15,7 +15,7 @@ from mt.data.batching import pad_sources, token_batches
 from mt.device import decode_dtype, pick_device
 from mt.model import build_model
 from mt.search import beam_search, greedy
-from mt.tokenizer import PAD
+from mt.tokens import PAD
 
 
 class Translator:

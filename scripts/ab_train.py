@@ -1,8 +1,8 @@
 """A/B of one change to mt's training step: mt as it is (A) against mt with some module
 attributes replaced (B), the two models taking turns batch by batch in one process.
 
-    python scripts/ab_train.py --patch mt.model.fused:FFN_CHUNK_ROWS=512
-    python scripts/ab_train.py --patch mt.model.layers:feed_forward=my_ffn.py:feed_forward
+    python scripts/ab_train.py --patch mt.fast.nodes:FFN_CHUNK_ROWS=512
+    python scripts/ab_train.py --patch mt.fast.modules:feed_forward=my_ffn.py:feed_forward
     python scripts/ab_train.py                   # no patch: A/A, the harness's own noise
 
 A patch is TARGET=VALUE. TARGET is MODULE:NAME, the attribute where mt looks the object up
@@ -32,15 +32,12 @@ import importlib.util
 import json
 import math
 import pkgutil
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import bench_train as bt  # noqa: E402  (its batches, its `ours` and its turn-taking loop)
-from mt.checkpoint import rng_state, set_rng_state  # noqa: E402
+import bench_train as bt  # its batches, its `ours` and its turn-taking loop
+from mt.checkpoint import rng_state, set_rng_state
 
 
 class PatchError(ValueError):
@@ -53,7 +50,7 @@ def resolve_patch(spec: str) -> tuple[object, str, object]:
     module_name, colon, name = target.partition(":")
     if not sep or not colon or not module_name or not name or not source:
         raise PatchError(f"--patch {spec!r}: write MODULE:NAME=VALUE, "
-                         f"e.g. mt.model.fused:FFN_CHUNK_ROWS=512")
+                         f"e.g. mt.fast.nodes:FFN_CHUNK_ROWS=512")
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
@@ -115,11 +112,11 @@ def contenders(patches: list[tuple[object, str, object]], models: dict) -> dict:
     models, to compare their weights afterwards. Both start from the same seed and each draws
     its own dropout masks, so with the same arithmetic they end with the same weights."""
     def maker(label, patches):
-        def make(size, device):
+        def make(size, device, precision="fp32", compile=False):
             rng: dict = {}
             torch.manual_seed(0)
             with patched(patches), own_generator(rng):
-                model, step = bt.ours(size, device)
+                model, step = bt.ours(size, device, precision)
             models[label] = model
 
             def patched_step(batch):

@@ -16,7 +16,6 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # A 3,000-word lexicon of letter strings, so a word is about one BPE token, as in real text.
 _rng = random.Random(1)

@@ -10,20 +10,19 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from mt.data.batching import pad_sources                     # noqa: E402
-from mt.data.corpus import read_lines                        # noqa: E402
-from mt.model import Transformer                             # noqa: E402
-from mt.search import beam_search                            # noqa: E402
-from mt.tokenizer import BOS, EOS, PAD, Tokenizer            # noqa: E402
+from harness import take_turns
+from mt.data.batching import pad_sources
+from mt.data.corpus import read_lines
+from mt.model import Transformer
+from mt.search import beam_search
+from mt.tokenizer import Tokenizer
+from mt.tokens import BOS, EOS, PAD
 
 
 def batches_of(ids: list[np.ndarray], size: int):
@@ -47,17 +46,8 @@ def taking_turns(decoders: dict, ids, args) -> dict:
     (which one goes first rotates) after one untimed warm-up batch each: a drift in the
     machine's speed, which on this VM reaches tens of percent within a minute, then hits all
     alike and the ratio holds."""
-    names = list(decoders)
-    first = next(batches_of(ids, args.batch_size))
-    for decode in decoders.values():
-        decode(first)
-    secs = dict.fromkeys(names, 0.0)
-    for i, src in enumerate(batches_of(ids, args.batch_size)):
-        for name in names[i % len(names):] + names[:i % len(names)]:
-            t0 = time.perf_counter()
-            decoders[name](src)
-            secs[name] += time.perf_counter() - t0
-    return secs
+    batches = list(batches_of(ids, args.batch_size))
+    return take_turns(decoders, batches[:1] + batches, 1, torch.device("cpu"))
 
 
 def ours_decoder(model, args, use_cache: bool):

@@ -20,7 +20,6 @@ mt/__init__.py): the ratios compare the training steps, not allocator settings.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
@@ -34,9 +33,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import mt  # noqa: E402,F401  (its allocator setting, for every contender alike)
+import mt  # noqa: F401  (its allocator setting, for every contender alike)
+from harness import autocast, datasheet_peak, matmul_peak, sync, take_turns
 
 SIZES = {
     "small": dict(layers=3, d_model=256, heads=4, d_ff=1024, vocab=8000, max_tokens=8192),
@@ -84,59 +82,34 @@ def useful_flops(batch, size: dict) -> float:
     return float(3 * (enc + dec + out).sum())
 
 
-# Datasheet dense bf16 tensor-core peaks (FLOP/s), the denominator of MFU.
-DATASHEET_BF16 = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12}
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def matmul_peak(device: torch.device, n: int = 2048, reps: int = 20) -> float:
-    """Measured FLOP/s of one large matrix product: fp32 on CPU, bf16 on CUDA."""
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    n = 8192 if device.type == "cuda" else n
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    for _ in range(3):
-        a @ b
-    sync(device)
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        a @ b
-    sync(device)
-    return 2 * n ** 3 * reps / (time.perf_counter() - t0)
-
-
-def datasheet_peak(device: torch.device) -> float | None:
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(0)
-    return next((v for k, v in DATASHEET_BF16.items() if k in name), None)
-
-
 # -- the three contenders: each returns a step(batch) closure --------------------------------
-def ours(size, device):
-    from mt.loss import linear_smoothed_cross_entropy
-    from mt.model import Transformer
-    from mt.schedule import Adam
-    model = Transformer(src_vocab=size["vocab"], tgt_vocab=size["vocab"], d_model=size["d_model"],
-                        n_heads=size["heads"], enc_layers=size["layers"], dec_layers=size["layers"],
-                        d_ff=size["d_ff"], dropout=0.1, attn_dropout=0.0, pre_norm=False,
-                        tie_embeddings="all", max_positions=256).to(device)
-    # as mt's trainer builds it: one fused Adam kernel, without torch.optim.Optimizer (whose
-    # torch._dynamo import the references pay: 72 MB resident)
-    opt = Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+def ours(size, device, precision="fp32", compile=False):
+    """mt's model and its real training step: Trainer.train_step with the fast paths and the
+    loss that mt.build chooses. Gradient clipping is off here, as the references do none."""
+    from mt import fast
+    from mt.config import DecodeConfig, ModelConfig, TrainConfig
+    from mt.data.batching import Batch
+    from mt.loss import reference_loss
+    from mt.model import build_model
+    from mt.schedule import build_optimizer
+    from mt.trainer import Trainer
+    model_cfg = ModelConfig(d_model=size["d_model"], n_heads=size["heads"],
+                            enc_layers=size["layers"], dec_layers=size["layers"],
+                            d_ff=size["d_ff"], dropout=0.1, attn_dropout=0.0, norm="post",
+                            tie_embeddings="all", max_positions=256)
+    train_cfg = TrainConfig(label_smoothing=0.1, clip_norm=0.0, compile=compile)
+    model = fast.install(build_model(model_cfg, size["vocab"], size["vocab"]).to(device))
+    optimizer, scheduler = build_optimizer(model.parameters(), train_cfg, size["d_model"])
+    trainer = Trainer(model=model, optimizer=optimizer, scheduler=scheduler,
+                      scaler=torch.amp.GradScaler(device.type, enabled=False), train_data=None,
+                      validation=None, tokenizer=None, cfg=train_cfg, decode_cfg=DecodeConfig(),
+                      full_config={}, run_dir=Path("."), device=device,
+                      amp_dtype=torch.bfloat16 if precision == "bf16" else None,
+                      loss_fn=reference_loss if compile else fast.chunked_loss)
 
     def step(batch):
         src, tgt_in, tgt_out = batch
-        keep = tgt_out != PAD
-        h = model(src, tgt_in, src == PAD, keep=keep, project=False)
-        loss, _ = linear_smoothed_cross_entropy(h, model.output_weight, tgt_out[keep], 0.1)
-        opt.zero_grad(set_to_none=True)
-        (loss / keep.sum()).backward()
-        opt.step()
+        trainer.train_step([Batch(src, tgt_in, tgt_out, int((tgt_out != PAD).sum()))])
     return model, step
 
 
@@ -178,12 +151,12 @@ def _reference_step(model, logits_of):
     return model, step
 
 
-def torch_ref(size, device):
+def torch_ref(size, device, precision="fp32", compile=False):
     model = _TorchRef(size).to(device)
     return _reference_step(model, model)
 
 
-def hf_marian(size, device):
+def hf_marian(size, device, precision="fp32", compile=False):
     from transformers import MarianConfig, MarianMTModel
     cfg = MarianConfig(vocab_size=size["vocab"], d_model=size["d_model"],
                        encoder_layers=size["layers"], decoder_layers=size["layers"],
@@ -210,12 +183,6 @@ def device_batches(size: dict, n: int, device: torch.device) -> list[tuple]:
     return [tuple(x.to(device) for x in b) for b in make_batches(size, n)]
 
 
-def autocast(device: torch.device, precision: str):
-    """bf16 autocast around a step, or nothing for fp32."""
-    return (torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16"
-            else contextlib.nullcontext())
-
-
 def target_tokens(batches) -> int:
     return sum(int((b[2] != PAD).sum()) for b in batches)
 
@@ -226,9 +193,7 @@ def run_one(name: str, size: dict, steps: int, warmup: int, device: torch.device
     size of the product that measures the machine's matmul speed (on CPU)."""
     torch.manual_seed(0)
     batches = device_batches(size, warmup + steps, device)
-    model, step = CONTENDERS[name](size, device)
-    if compile_ours and name == "ours":
-        model.forward = torch.compile(model.forward, dynamic=True)
+    model, step = CONTENDERS[name](size, device, precision, compile_ours)
     model.train()
     amp = autocast(device, precision)
 
@@ -271,20 +236,9 @@ def run_interleaved(size: dict, steps: int, warmup: int, device: torch.device,
     steps_of = {}
     for name, make in contenders.items():
         torch.manual_seed(0)
-        model, steps_of[name] = make(size, device)
+        model, steps_of[name] = make(size, device, precision)
         model.train()
-    amp = autocast(device, precision)
-    names = list(contenders)
-    secs = dict.fromkeys(names, 0.0)
-    for i, b in enumerate(batches):
-        for name in names[i % len(names):] + names[:i % len(names)]:
-            sync(device)
-            t0 = time.perf_counter()
-            with amp:
-                steps_of[name](b)
-            sync(device)
-            if i >= warmup:
-                secs[name] += time.perf_counter() - t0
+    secs = take_turns(steps_of, batches, warmup, device, lambda: autocast(device, precision))
     tokens = target_tokens(batches[warmup:])
     return {name: tokens / sec for name, sec in secs.items()}
 

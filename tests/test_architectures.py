@@ -8,7 +8,7 @@ from mt.config import ModelConfig
 from mt.model import build_model
 from mt.model.attention import MultiHeadAttention
 from mt.search import beam_search, greedy
-from mt.tokenizer import PAD
+from mt.tokens import PAD
 from tests.conftest import ROOT, assert_user_error, run_mt
 from tests.test_model import V, make_src
 
@@ -107,8 +107,7 @@ def test_relative_attention_is_invariant_to_shifting_all_positions():
 def test_decoder_only_reads_one_sequence_and_scores_only_the_target():
     model = make("decoder_only-sinusoidal")
     src, tgt = make_src([5, 3]), torch.randint(4, V, (2, 4))
-    keep = torch.ones(2, 4, dtype=torch.bool)
-    assert model(src, tgt, src == PAD, keep=keep).shape == (8, V)      # target positions only
+    assert model(src, tgt, src == PAD).shape == (2, 4, V)             # target positions only
     weights = []
     with torch.no_grad():
         model.decode(tgt, src, src == PAD, weights=weights)

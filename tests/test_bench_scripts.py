@@ -14,7 +14,10 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 
 def _load(name: str):
-    """A script from scripts/ as a module (they are not a package)."""
+    """A script from scripts/ as a module (they are not a package; run as scripts, they find
+    their sibling modules, such as harness.py, on the path Python gives them)."""
+    if str(SCRIPTS) not in sys.path:
+        sys.path.append(str(SCRIPTS))
     spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -82,8 +85,8 @@ def test_ab_train_patch_is_in_place_for_b_only_and_undone(ab_train):
     has its own object back. The patches change no arithmetic here (these batches have fewer
     rows than either chunk size), and each side draws its own dropout masks: equal weights."""
     import torch
-    import mt.model.fused as fused
-    import mt.model.layers as layers
+    import mt.fast.nodes as fused
+    import mt.fast.modules as layers
     calls = {"patched": 0}
     original = layers.feed_forward
 
@@ -105,7 +108,7 @@ def test_ab_train_sees_different_arithmetic(ab_train):
     """A patch that changes what is computed (no dropout in B's feed-forwards) shows in the
     weights after one step."""
     import torch
-    import mt.model.layers as layers
+    import mt.fast.modules as layers
     original = layers.feed_forward
 
     def without_dropout(x, w1, b1, w2, b2, p):
@@ -117,11 +120,11 @@ def test_ab_train_sees_different_arithmetic(ab_train):
 
 
 @pytest.mark.parametrize("spec, says", [
-    ("mt.model.fused", "write MODULE:NAME=VALUE"),
-    ("mt.model.fused:NO_SUCH=1", "has no attribute 'NO_SUCH'"),
+    ("mt.fast.nodes", "write MODULE:NAME=VALUE"),
+    ("mt.fast.nodes:NO_SUCH=1", "has no attribute 'NO_SUCH'"),
     ("no_such_module:x=1", "cannot import no_such_module"),
-    ("mt.model.fused:FFN_CHUNK_ROWS=/nowhere/f.py:g", "no file /nowhere/f.py"),
-    ("mt.model.fused:FFN_CHUNK_ROWS=mt.model.fused:no_such", "cannot load"),
+    ("mt.fast.nodes:FFN_CHUNK_ROWS=/nowhere/f.py:g", "no file /nowhere/f.py"),
+    ("mt.fast.nodes:FFN_CHUNK_ROWS=mt.fast.nodes:no_such", "cannot load"),
 ])
 def test_ab_train_bad_patch_is_one_clear_line(ab_train, spec, says):
     with pytest.raises(ab_train.PatchError, match=says):
@@ -129,12 +132,12 @@ def test_ab_train_bad_patch_is_one_clear_line(ab_train, spec, says):
 
 
 def test_ab_train_patch_values(ab_train, tmp_path):
-    import mt.model.fused as fused
-    assert ab_train.resolve_patch("mt.model.fused:FFN_CHUNK_ROWS=512") == (fused, "FFN_CHUNK_ROWS", 512)
-    assert ab_train.resolve_patch("mt.model.fused:feed_forward=mt.model.fused:add_norm")[2] \
+    import mt.fast.nodes as fused
+    assert ab_train.resolve_patch("mt.fast.nodes:FFN_CHUNK_ROWS=512") == (fused, "FFN_CHUNK_ROWS", 512)
+    assert ab_train.resolve_patch("mt.fast.nodes:feed_forward=mt.fast.nodes:add_norm")[2] \
         is fused.add_norm
     (tmp_path / "mine.py").write_text("def f(*a):\n    return 'mine'\n")
-    assert ab_train.resolve_patch(f"mt.model.fused:feed_forward={tmp_path}/mine.py:f")[2]() == "mine"
+    assert ab_train.resolve_patch(f"mt.fast.nodes:feed_forward={tmp_path}/mine.py:f")[2]() == "mine"
 
 
 # -- scripts/mkl_amd_shim.sh ----------------------------------------------------------------

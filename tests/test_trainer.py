@@ -16,13 +16,13 @@ def _trainer(tmp_path, *overrides):
 
 def _poison(trainer, bad_calls):
     """Make the model's output NaN on the given forward calls (1-based)."""
-    real, calls = trainer.model.forward, [0]
+    real, calls = trainer.model.decode, [0]
 
     def forward(*a, **k):
         calls[0] += 1
         out = real(*a, **k)
         return out * float("nan") if calls[0] in bad_calls else out
-    trainer.model.forward = forward
+    trainer.model.decode = forward
 
 
 def test_nonfinite_update_is_skipped_and_logged(tmp_path):
@@ -74,14 +74,14 @@ def test_gradient_accumulation_equals_one_big_batch(tmp_path):
 
 def test_out_of_memory_batch_is_skipped_and_counted(tmp_path):
     t = _trainer(tmp_path, "train.max_steps=3", "train.valid_every=100")
-    real, calls = t.model.forward, [0]
+    real, calls = t.model.decode, [0]
 
     def forward(*a, **k):
         calls[0] += 1
         if calls[0] == 2:
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
         return real(*a, **k)
-    t.model.forward = forward
+    t.model.decode = forward
     state = t.fit()
     assert state.step == 3 and state.oom_skipped == 1
     assert '"skipped": "out of memory"' in (tmp_path / "run/train_log.jsonl").read_text()
@@ -147,7 +147,7 @@ def test_mixed_precision_training_tracks_fp32(tmp_path, monkeypatch, precision):
     import numpy as np
 
     from mt.data.batching import collate
-    from mt.model import attention, layers
+    from mt.fast import modules
     full = _trainer(tmp_path / "fp32", "model.dropout=0.0")
     mixed = _trainer(tmp_path / precision, "model.dropout=0.0", f"train.precision={precision}")
     mixed.model.load_state_dict(full.model.state_dict())
@@ -157,9 +157,9 @@ def test_mixed_precision_training_tracks_fp32(tmp_path, monkeypatch, precision):
 
     def no_fused(*_):
         raise AssertionError("the fused fp32 CPU path ran under autocast")
-    monkeypatch.setattr(layers, "feed_forward", no_fused)
-    monkeypatch.setattr(layers, "add_norm", no_fused)
-    monkeypatch.setattr(attention, "attention_out", no_fused)
+    monkeypatch.setattr(modules, "feed_forward", no_fused)
+    monkeypatch.setattr(modules, "add_norm", no_fused)
+    monkeypatch.setattr(modules, "attention_out", no_fused)
     for b in batches:
         assert mixed.train_step(b)
     full_loss, mixed_loss = torch.stack(full._window.loss), torch.stack(mixed._window.loss)

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from mt.data.corpus import ParallelData, TokenArray
-from mt.tokenizer import BOS, EOS, PAD
+from mt.tokens import BOS, EOS, PAD
 
 
 def token_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int,

@@ -1,13 +1,16 @@
-"""Multi-head scaled dot-product attention (Vaswani et al. 2017, sec. 3.2) on top of
-`F.scaled_dot_product_attention`, with a key/value cache for incremental decoding."""
+"""Multi-head scaled dot-product attention (Vaswani et al. 2017, sec. 3.2.2):
+
+    MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O,
+    head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V),  Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V
+
+on top of `F.scaled_dot_product_attention`, with a key/value cache for incremental decoding.
+(The fused CPU training node that can replace `forward` lives in mt/fast.)"""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mt.model.dropout import dropout
-from mt.model.fused import attention_out, cpu_fused
 from mt.model.positions import RelativeKeys
 
 
@@ -20,11 +23,11 @@ class MultiHeadAttention(nn.Module):
         self.self_attention = self_attention
         self.dropout = dropout
         if self_attention:
-            self.qkv = nn.Linear(d_model, 3 * d_model)  # one fused matmul for Q, K and V
+            self.qkv = nn.Linear(d_model, 3 * d_model)  # W^Q, W^K, W^V side by side: one matmul
         else:
             self.q = nn.Linear(d_model, d_model)
-            self.kv = nn.Linear(d_model, 2 * d_model)
-        self.out = nn.Linear(d_model, d_model)
+            self.kv = nn.Linear(d_model, 2 * d_model)   # the memory's W^K and W^V
+        self.out = nn.Linear(d_model, d_model)          # W^O
         self.rel = RelativeKeys(relative, self.d_head) if relative else None
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None,
@@ -36,45 +39,60 @@ class MultiHeadAttention(nn.Module):
         cache: dict updated in place; self-attention appends this step's keys/values,
         cross-attention computes the memory's keys/values once and reuses them.
         q_pos, k_pos: positions of the queries and of all keys (cached ones included), needed
-        with relative positions only.
+        with relative positions only. Returns (B, T, D), and the weights (B, H, T, S) when
+        need_weights.
         """
-        # CPU training: one node from the input projections to the output projection, which
-        # keeps less for backward and copies less (see mt/model/fused.py); elsewhere SDPA, or
-        # the explicit softmax where the weights are wanted or dropout runs on CPU.
-        fused = cache is None and not need_weights and cpu_fused(x, self.out.weight,
-                                                                 self.training)
         b, t, d = x.shape
-        if self.self_attention:
-            proj, kv_proj, q, k, v = self._self_projections(x, cache)
-        else:
-            proj, kv_proj, q, k, v = self._cross_projections(x, memory, cache)
-        if b != k.shape[0] and attn_mask is not None:     # grouped queries: one mask row each
-            attn_mask = attn_mask[::b // k.shape[0]]
-        if self.rel is not None:
-            attn_mask = _as_bias(self.rel(q, q_pos, k_pos), attn_mask, is_causal)
-            is_causal = False
+        _, _, q, k, v = self.project(x, memory, cache)
+        attn_mask, is_causal = self.scores_mask(q, k, b, attn_mask, is_causal, q_pos, k_pos)
         dropout_p = self.dropout if self.training else 0.0
-        if is_causal and (fused or attn_mask is not None):
-            # one bool mask: SDPA takes a mask or is_causal, not both (torch >= 2.14 raises)
-            attn_mask = _with_causal(attn_mask, q.shape[-2], k.shape[-2], q.device)
-            is_causal = False
-        if fused:
-            return attention_out(proj, kv_proj, self.n_heads, attn_mask, self.out.weight,
-                                 self.out.bias, dropout_p)
-        if need_weights or (dropout_p > 0.0 and not q.is_cuda):
-            # On CPU, SDPA with dropout takes its math path and draws the mask with bernoulli_
-            # (slow); the explicit path draws it as mt's dropout does.
-            ctx, weights = _attention_explicit(q, k, v, attn_mask, is_causal, dropout_p)
+        if need_weights:
+            ctx, weights = self.attend_explicit(q, k, v, attn_mask, is_causal, dropout_p)
         else:
             ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
                                                  is_causal=is_causal, dropout_p=dropout_p)
-        out = self.out(ctx.transpose(1, 2).reshape(b, t, d))  # (B, T, D)
+        out = self.out(ctx.transpose(1, 2).reshape(b, t, d))        # concat heads, W^O: (B, T, D)
         if not need_weights:
             return out
         if weights.shape[0] != b:                              # grouped: back to (B, H, T, S)
             weights = weights.view(-1, self.n_heads, b // weights.shape[0], t, weights.shape[-1])
             weights = weights.transpose(1, 2).reshape(b, self.n_heads, t, -1)
         return out, weights
+
+    def project(self, x: torch.Tensor, memory: torch.Tensor | None, cache: dict | None):
+        """(proj, kv_proj, q, k, v): the projections as their matmuls give them, and the heads
+        (B, H, T, Dh) of the queries, keys and values (cached ones included)."""
+        if self.self_attention:
+            return self._self_projections(x, cache)
+        return self._cross_projections(x, memory, cache)
+
+    def scores_mask(self, q, k, b: int, attn_mask, is_causal: bool, q_pos, k_pos):
+        """The (attn_mask, is_causal) pair for SDPA: grouped queries take one mask row per
+        sentence; relative positions become an additive bias (with -inf where barred); a bool
+        mask and is_causal together become one mask (SDPA takes one or the other)."""
+        if b != k.shape[0] and attn_mask is not None:     # grouped queries: one mask row each
+            attn_mask = attn_mask[::b // k.shape[0]]
+        if self.rel is not None:
+            return _as_bias(self.rel(q, q_pos, k_pos), attn_mask, is_causal), False
+        if is_causal and attn_mask is not None:
+            return with_causal(attn_mask, q.shape[-2], k.shape[-2], q.device), False
+        return attn_mask, is_causal
+
+    def attend_explicit(self, q, k, v, attn_mask, is_causal, dropout_p: float = 0.0):
+        """dropout(softmax(Q K^T / sqrt(d_k))) V written out, and the weights (before
+        dropout): for when the weights themselves are wanted."""
+        scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5  # (B, H, T, S)
+        if is_causal:
+            attn_mask = with_causal(attn_mask, *scores.shape[-2:], q.device)
+        if attn_mask is not None and attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attn_mask, float("-inf"))
+        elif attn_mask is not None:
+            scores = scores + attn_mask
+        weights = scores.softmax(-1)
+        return self.weights_dropout(weights, dropout_p) @ v, weights
+
+    def weights_dropout(self, weights: torch.Tensor, p: float) -> torch.Tensor:
+        return F.dropout(weights, p, True) if p > 0.0 else weights
 
     def _self_projections(self, x: torch.Tensor, cache: dict | None):
         """The fused Q, K, V projection (B, T, 3D), None (no separate key/value projection) and
@@ -131,30 +149,16 @@ def _append(old: torch.Tensor, new: torch.Tensor, order: torch.Tensor | None) ->
     return out
 
 
-def _attention_explicit(q, k, v, attn_mask, is_causal, dropout_p: float = 0.0):
-    """The explicit dropout(softmax(QK^T/sqrt(d)))V and the weights (before dropout), for when
-    the weights themselves are wanted or dropout runs on CPU."""
-    scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5  # (B, H, T, S)
-    if is_causal:
-        attn_mask = _with_causal(attn_mask, *scores.shape[-2:], q.device)
-    if attn_mask is not None and attn_mask.dtype == torch.bool:
-        scores = scores.masked_fill(~attn_mask, float("-inf"))
-    elif attn_mask is not None:
-        scores = scores + attn_mask
-    weights = scores.softmax(-1)
-    return dropout(weights, dropout_p, True) @ v, weights
-
-
 def _as_bias(bias: torch.Tensor, attn_mask: torch.Tensor | None, is_causal: bool) -> torch.Tensor:
     """One float mask for SDPA: the relative-position bias with -inf where attention is barred."""
     if is_causal:
-        attn_mask = _with_causal(attn_mask, *bias.shape[-2:], bias.device)
+        attn_mask = with_causal(attn_mask, *bias.shape[-2:], bias.device)
     if attn_mask is not None:
         bias = bias.masked_fill(~attn_mask, float("-inf"))
     return bias
 
 
-def _with_causal(attn_mask: torch.Tensor | None, t: int, s: int, device) -> torch.Tensor:
+def with_causal(attn_mask: torch.Tensor | None, t: int, s: int, device) -> torch.Tensor:
     """The bool may-attend mask (True = may attend) with query i barred from the keys after i."""
     causal = torch.ones(t, s, dtype=torch.bool, device=device).tril()
     return causal if attn_mask is None else attn_mask & causal

@@ -16,7 +16,6 @@ import torch
 from torch import nn
 
 from mt.model.base import Seq2Seq, init_weights, make_embeddings
-from mt.model.dropout import Dropout
 from mt.model.layers import EncoderLayer
 from mt.model.positions import AbsolutePositions
 
@@ -35,7 +34,7 @@ class DecoderOnly(Seq2Seq):
         make_embeddings(self, src_vocab, tgt_vocab, d_model, tie_embeddings)
         self.positions = AbsolutePositions(positional, max_positions, d_model)
         self.relative = positional == "relative"
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
         self.layers = nn.ModuleList(
             EncoderLayer(d_model, n_heads, d_ff, dropout, attn_dropout, pre_norm,
                          max_relative if self.relative else 0) for _ in range(layers))

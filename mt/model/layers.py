@@ -6,49 +6,18 @@ import torch
 from torch import nn
 
 from mt.model.attention import MultiHeadAttention
-from mt.model.dropout import Dropout
-from mt.model.fused import add_norm, cpu_fused, feed_forward
-
-
-# Packing the real positions costs a gather and a scatter of the stream, forward and backward
-# (about 4% of the feed-forward sublayer's time): below this much padding it does not pay.
-_MIN_PADDING_TO_PACK = 0.05
-
-
-def real_rows(pad_mask: torch.Tensor) -> torch.Tensor | None:
-    """Flat indices of the real (not padding) positions of a (B, T) padding mask, for
-    `position_wise`, or None where packing would not pay: on GPU (the count needs a host sync)
-    or with less than 5% padding."""
-    if pad_mask.is_cuda:
-        return None
-    flat = pad_mask.reshape(-1)
-    padded = int(flat.sum())
-    if padded < _MIN_PADDING_TO_PACK * flat.numel():
-        return None
-    return (~flat).nonzero().squeeze(1)
-
-
-def position_wise(x: torch.Tensor, rows: torch.Tensor | None, sublayer) -> torch.Tensor:
-    """sublayer(x) for a sublayer that treats each position alone (the feed-forward and its
-    residual), computed on the real positions `rows` only; padding positions keep x. Nothing
-    reads a padding position's state (attention masks it as a key, the loss skips it), so
-    only real positions need the work. rows None: every position."""
-    if rows is None:
-        return sublayer(x)
-    flat = x.reshape(-1, x.shape[-1])
-    return flat.index_copy(0, rows, sublayer(flat.index_select(0, rows))).view_as(x)
 
 
 class FeedForward(nn.Module):
+    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2, applied to each position alone (sec. 3.3), with
+    dropout on the hidden activation."""
+
     def __init__(self, d_model: int, d_ff: int, dropout: float):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(d_model, d_ff), nn.ReLU(), Dropout(dropout),
+        self.net = nn.Sequential(nn.Linear(d_model, d_ff), nn.ReLU(), nn.Dropout(dropout),
                                  nn.Linear(d_ff, d_model))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        first, drop, second = self.net[0], self.net[2], self.net[3]
-        if cpu_fused(x, first.weight, self.training):
-            return feed_forward(x, first.weight, first.bias, second.weight, second.bias, drop.p)
         return self.net(x)
 
 
@@ -58,16 +27,13 @@ class Residual(nn.Module):
     def __init__(self, d_model: int, dropout: float, pre_norm: bool):
         super().__init__()
         self.norm = nn.LayerNorm(d_model)
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
         self.pre_norm = pre_norm
 
     def forward(self, x: torch.Tensor, f) -> torch.Tensor:
         if self.pre_norm:
             return x + self.dropout(f(self.norm(x)))
-        if cpu_fused(x, self.norm.weight, self.training):
-            return add_norm(x, f(x), self.norm.weight, self.norm.bias, self.dropout.p,
-                            self.norm.eps)
-        return self.norm(x + self.dropout(f(x)))
+        return self.norm(x + self.dropout(f(x)))             # LayerNorm(x + Sublayer(x))
 
 
 class EncoderLayer(nn.Module):
@@ -83,9 +49,7 @@ class EncoderLayer(nn.Module):
         self.res2 = Residual(d_model, dropout, pre_norm)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor, cache: dict | None = None,
-                q_pos=None, k_pos=None, weights: list | None = None,
-                rows: torch.Tensor | None = None) -> torch.Tensor:
-        """rows: the real positions for the feed-forward (see real_rows), None = all."""
+                q_pos=None, k_pos=None, weights: list | None = None) -> torch.Tensor:
         def attend(h):
             if weights is None:
                 return self.self_attn(h, attn_mask=attn_mask, cache=cache, q_pos=q_pos, k_pos=k_pos)
@@ -95,7 +59,7 @@ class EncoderLayer(nn.Module):
             return out
 
         x = self.res1(x, attend)
-        return position_wise(x, rows, lambda h: self.res2(h, self.ffn))
+        return self.res2(x, self.ffn)
 
 
 class DecoderLayer(nn.Module):
@@ -110,11 +74,10 @@ class DecoderLayer(nn.Module):
         self.res3 = Residual(d_model, dropout, pre_norm)
 
     def forward(self, x, memory, memory_mask, cache: dict | None = None, weights: list | None = None,
-                q_pos=None, k_pos=None, rows: torch.Tensor | None = None):
+                q_pos=None, k_pos=None):
         """x: (B, T, D); memory: (B, S, D); memory_mask: (B, 1, 1, S) True = may attend.
         With a cache, x holds only the newest position and the past comes from the cache.
         If `weights` is a list, this layer's cross-attention weights (B, H, T, S) go into it.
-        rows: the real positions for the feed-forward (see real_rows), None = all.
         """
         self_cache = cache.setdefault("self", {}) if cache is not None else None
         cross_cache = cache.setdefault("cross", {}) if cache is not None else None
@@ -133,4 +96,4 @@ class DecoderLayer(nn.Module):
             return out
 
         x = self.res2(x, cross)
-        return position_wise(x, rows, lambda h: self.res3(h, self.ffn))
+        return self.res3(x, self.ffn)

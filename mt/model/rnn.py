@@ -12,12 +12,10 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from mt.model.base import Seq2Seq, init_weights, make_embeddings
-from mt.model.dropout import Dropout
 
 
 class AdditiveAttention(nn.Module):
@@ -60,7 +58,7 @@ class RNNSeq2Seq(Seq2Seq):
         self.d_model, self.attention, self.max_positions = d_model, attention, max_positions
         self.dec_layers = dec_layers
         make_embeddings(self, src_vocab, tgt_vocab, d_model, tie_embeddings)
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
         # Each direction has d/2 units, so an encoder state (both directions) has d.
         self.encoder = nn.GRU(d_model, d_model // 2, enc_layers, batch_first=True,
                               bidirectional=True, dropout=dropout if enc_layers > 1 else 0.0)

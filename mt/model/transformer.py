@@ -9,10 +9,8 @@ from torch import nn
 
 from mt.model.cache import reorder_cache  # noqa: F401  (re-exported)
 from mt.model.base import Seq2Seq, init_weights, make_embeddings
-from mt.model.dropout import Dropout
-from mt.model.layers import DecoderLayer, EncoderLayer, real_rows
+from mt.model.layers import DecoderLayer, EncoderLayer
 from mt.model.positions import AbsolutePositions
-from mt.tokenizer import PAD
 
 
 class Transformer(Seq2Seq):
@@ -27,7 +25,7 @@ class Transformer(Seq2Seq):
         make_embeddings(self, src_vocab, tgt_vocab, d_model, tie_embeddings)
         self.positions = AbsolutePositions(positional, max_positions, d_model)
         self.relative = positional == "relative"
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
         layer_args = (d_model, n_heads, d_ff, dropout, attn_dropout, pre_norm,
                       max_relative if self.relative else 0)
         self.encoder = nn.ModuleList(EncoderLayer(*layer_args) for _ in range(enc_layers))
@@ -35,9 +33,6 @@ class Transformer(Seq2Seq):
         # Pre-LN leaves the residual stream unnormalised, so each stack ends with a LayerNorm.
         self.enc_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
         self.dec_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
-        self._init_weights()
-
-    def _init_weights(self) -> None:
         init_weights(self)
 
     def _embed(self, table: nn.Embedding, ids: torch.Tensor, start: int = 0) -> torch.Tensor:
@@ -57,9 +52,8 @@ class Transformer(Seq2Seq):
         x = self._embed(self.src_embed, src)
         mask = self.memory_mask(src_pad_mask)
         pos = torch.arange(src.shape[1], device=src.device) if self.relative else None
-        rows = real_rows(src_pad_mask)
         for layer in self.encoder:
-            x = layer(x, mask, q_pos=pos, k_pos=pos, rows=rows)
+            x = layer(x, mask, q_pos=pos, k_pos=pos)
         return self.enc_norm(x)
 
     def decode(self, tgt_in: torch.Tensor, memory: torch.Tensor, src_pad_mask: torch.Tensor,
@@ -73,11 +67,9 @@ class Transformer(Seq2Seq):
         if self.relative:
             k_pos = torch.arange(start + tgt_in.shape[1], device=tgt_in.device)
             q_pos = k_pos[start:]
-        # teacher forcing: target padding (right of each sentence) needs no feed-forward
-        rows = real_rows(tgt_in == PAD) if cache is None else None
         for i, layer in enumerate(self.decoder):
             x = layer(x, memory, mask, cache=None if cache is None else cache[i], weights=weights,
-                      q_pos=q_pos, k_pos=k_pos, rows=rows)
+                      q_pos=q_pos, k_pos=k_pos)
         return self.dec_norm(x)
 
     def new_cache(self) -> list[dict]:

@@ -120,13 +120,9 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     return _MaskedScale.apply(x, *keep_mask(x.shape, p, x.device))
 
 
-class Dropout(nn.Module):
-    def __init__(self, p: float):
-        super().__init__()
-        self.p = p
+class HashDropout(nn.Dropout):
+    """nn.Dropout with the counter-hash mask on CPU (F.dropout on GPU): swapped in for
+    nn.Dropout by mt.fast.install."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return dropout(x, self.p, self.training)
-
-    def extra_repr(self) -> str:
-        return f"p={self.p}"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from mt.model.dropout import KeepMask, keep_mask
+from mt.fast.dropout import KeepMask, keep_mask
 
 
 def cpu_fused(x: torch.Tensor, weight: torch.Tensor, training: bool) -> bool:

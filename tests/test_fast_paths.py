@@ -1,173 +1,15 @@
-import math
+"""Every fast path of mt/fast equals the reference it replaces, in values and gradients, with
+the same dropout mask: the fused loss, the hash dropout, the fused feed-forward, add & norm and
+attention nodes, the row packing, and a whole model after `install`."""
 
 import pytest
 import torch
-import torch.nn.functional as F
 
+from mt import fast
 from mt.loss import label_smoothed_nll
-from mt.schedule import noam
-
-PAD = 0
-
-
-def _inputs(n=12, v=9, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    lprobs = torch.log_softmax(torch.randn(n, v, generator=g), -1)
-    target = torch.randint(1, v, (n,), generator=g)
-    target[[2, 7]] = PAD
-    return lprobs, target
-
-
-def test_eps_zero_is_plain_nll():
-    lprobs, target = _inputs()
-    loss, nll, n = label_smoothed_nll(lprobs, target, 0.0, PAD)
-    expected = F.nll_loss(lprobs, target, ignore_index=PAD, reduction="sum")
-    torch.testing.assert_close(loss, expected)
-    torch.testing.assert_close(nll, expected)
-    assert int(n) == 10
-
-
-def test_smoothed_loss_is_cross_entropy_with_the_smoothed_distribution():
-    lprobs, target = _inputs()
-    eps, v = 0.1, lprobs.shape[1]
-    q = torch.full_like(lprobs, eps / (v - 1))
-    q.scatter_(1, target[:, None], 1 - eps)
-    keep = target != PAD
-    expected = -(q * lprobs).sum(1)[keep].sum()
-    loss, nll, _ = label_smoothed_nll(lprobs, target, eps, PAD)
-    torch.testing.assert_close(loss, expected)
-    torch.testing.assert_close(nll, F.nll_loss(lprobs, target, ignore_index=PAD, reduction="sum"))
-
-
-def test_padding_counts_for_nothing():
-    lprobs, target = _inputs()
-    loss_all, _, _ = label_smoothed_nll(lprobs, target, 0.1, PAD)
-    keep = target != PAD
-    loss_kept, _, _ = label_smoothed_nll(lprobs[keep], target[keep], 0.1, PAD)
-    torch.testing.assert_close(loss_all, loss_kept)
-
-
-@pytest.mark.parametrize("step,expected", [
-    (1, 512 ** -0.5 * 4000 ** -1.5),
-    (4000, 512 ** -0.5 * 4000 ** -0.5),       # the peak, at the end of warm-up
-    (16000, 512 ** -0.5 * 16000 ** -0.5),     # inverse square-root decay
-])
-def test_noam_known_values(step, expected):
-    assert noam(step, 512, 4000) == pytest.approx(expected)
-
-
-def test_noam_shape_and_factor():
-    lrs = [noam(s, 256, 100, 2.0) for s in range(1, 400)]
-    assert max(lrs) == lrs[99]                                   # peak at step == warmup
-    assert all(a < b for a, b in zip(lrs[:99], lrs[1:100]))      # linear warm-up
-    assert all(a > b for a, b in zip(lrs[100:], lrs[101:]))      # then decays
-    assert lrs[99] == pytest.approx(2.0 * 256 ** -0.5 * 100 ** -0.5)
-    assert noam(50, 256, 100) == pytest.approx(math.sqrt(1 / 256) * 50 * 100 ** -1.5)
-
-
-def test_scheduler_gives_noam_of_the_update_number():
-    from types import SimpleNamespace
-    from mt.schedule import build_optimizer
-    cfg = SimpleNamespace(adam_beta1=0.9, adam_beta2=0.98, adam_eps=1e-9, weight_decay=0.0,
-                          warmup=10, lr_factor=1.0)
-    p = torch.nn.Parameter(torch.zeros(1))
-    opt, sched = build_optimizer([p], cfg, 64)
-    for update in range(1, 25):
-        assert opt.param_groups[0]["lr"] == pytest.approx(noam(update, 64, 10))
-        opt.step()
-        sched.step()
-
-
-def _adam_pair(weight_decay):
-    from mt.schedule import Adam
-    g = torch.Generator().manual_seed(3)
-    shapes = [(5, 4), (4,), (3, 5)]
-    init = [torch.randn(s, generator=g) for s in shapes]
-    grads = [[torch.randn(s, generator=g) for s in shapes] for _ in range(6)]
-    ours = [torch.nn.Parameter(x.clone()) for x in init]
-    theirs = [torch.nn.Parameter(x.clone()) for x in init]
-    kw = dict(betas=(0.9, 0.98), eps=1e-9, weight_decay=weight_decay)
-    ref = torch.optim.Adam(theirs, lr=0.01, **kw)
-    return (ours, Adam(ours, lr=0.01, **kw)), (theirs, ref), grads
-
-
-def _adam_steps(pairs, grads):
-    for step_grads in grads:
-        for params, opt in pairs:
-            for p, gr in zip(params, step_grads):
-                p.grad = gr.clone()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-
-
-@pytest.mark.parametrize("weight_decay", [0.0, 0.01])
-def test_adam_is_torch_adam_and_their_states_are_interchangeable(weight_decay):
-    """mt's Adam (no torch.optim.Optimizer, hence no torch._dynamo import) takes the same
-    steps as torch.optim.Adam, and either one resumes from the other's state_dict."""
-    (ours, opt), (theirs, ref), grads = _adam_pair(weight_decay)
-    _adam_steps([(ours, opt), (theirs, ref)], grads[:3])
-    for a, b in zip(ours, theirs):
-        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
-    assert not torch.equal(ours[0], _adam_pair(weight_decay)[0][0][0])    # it did move
-    # swap: each continues from the other's state (moments and step count)
-    mine, torch_state = opt.state_dict(), ref.state_dict()
-    opt.load_state_dict(torch_state)
-    ref.load_state_dict(mine)
-    _adam_steps([(ours, opt), (theirs, ref)], grads[3:])
-    for a, b in zip(ours, theirs):
-        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
-    assert [s["step"].item() for s in opt.state_dict()["state"].values()] == [6.0] * 3
-
-
-def test_grad_scaler_drives_mt_adam():
-    """fp16 training (GPU) steps mt's Adam through GradScaler: unscaled gradients, a skipped
-    update and a halved scale on inf. Checked on CPU, where GradScaler works the same."""
-    from mt.schedule import Adam
-    torch.manual_seed(0)
-    lin = torch.nn.Linear(4, 4)
-    opt = Adam(lin.parameters(), lr=0.1, betas=(0.9, 0.98), eps=1e-9)
-    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
-    x = torch.randn(3, 4)
-    scaler.scale(lin(x).sum()).backward()
-    scaler.unscale_(opt)
-    torch.testing.assert_close(lin.bias.grad, torch.full((4,), 3.0))   # d sum / d bias = 3
-    before = lin.weight.detach().clone()
-    scaler.step(opt)
-    scaler.update()
-    assert not torch.equal(before, lin.weight)
-    opt.zero_grad()
-    (scaler.scale(lin(x).sum()) * float("inf")).backward()
-    before = lin.weight.detach().clone()
-    scaler.step(opt)
-    scaler.update()
-    assert torch.equal(before, lin.weight) and scaler.get_scale() == 512.0
-
-
-def test_adam_refuses_a_state_for_other_parameters():
-    from mt.schedule import Adam
-    opt = Adam([torch.nn.Parameter(torch.zeros(2))], lr=0.1, betas=(0.9, 0.98), eps=1e-9)
-    other = Adam([torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(3))],
-                 lr=0.1, betas=(0.9, 0.98), eps=1e-9)
-    with pytest.raises(ValueError, match="2 parameters"):
-        opt.load_state_dict(other.state_dict())
-
-
-def test_noam_resumes_from_a_lambdalr_state():
-    """Checkpoints written with torch's LambdaLR (before mt's Noam) resume at the same lr."""
-    from types import SimpleNamespace
-    from mt.schedule import build_optimizer
-    cfg = SimpleNamespace(adam_beta1=0.9, adam_beta2=0.98, adam_eps=1e-9, weight_decay=0.0,
-                          warmup=10, lr_factor=2.0)
-    p = torch.nn.Parameter(torch.zeros(1))
-    ref_opt = torch.optim.Adam([p], lr=1.0)
-    ref = torch.optim.lr_scheduler.LambdaLR(ref_opt, lambda k: noam(k + 1, 64, 10, 2.0))
-    for _ in range(13):
-        ref_opt.step()
-        ref.step()
-    opt, sched = build_optimizer([torch.nn.Parameter(torch.zeros(1))], cfg, 64)
-    sched.load_state_dict(ref.state_dict())
-    assert sched.get_last_lr() == pytest.approx(ref.get_last_lr())
-    assert opt.param_groups[0]["lr"] == pytest.approx(noam(14, 64, 10, 2.0))
+from mt.model import Transformer
+from mt.tokens import PAD
+from tests.test_model import V, make_src
 
 
 @pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])
@@ -175,7 +17,7 @@ def test_noam_resumes_from_a_lambdalr_state():
 def test_fused_projection_and_loss_equal_the_reference_in_value_and_gradient(eps, chunk):
     """Chunked projection + smoothed CE = log_softmax(h W^T) + label_smoothed_nll, gradients
     for h and W included (W shared with the embedding, as when tied)."""
-    from mt.loss import linear_smoothed_cross_entropy
+    from mt.fast.loss import linear_smoothed_cross_entropy
     g = torch.Generator().manual_seed(1)
     h = torch.randn(20, 6, generator=g, dtype=torch.float64)
     w = torch.randn(11, 6, generator=g, dtype=torch.float64) * 2
@@ -195,9 +37,9 @@ def test_fused_projection_and_loss_equal_the_reference_in_value_and_gradient(eps
 
 
 def test_fused_loss_chunk_defaults_to_the_module_constant(monkeypatch):
-    """chunk=None takes mt.loss.LOSS_CHUNK_ROWS when called (what ab_train.py patches): the
+    """chunk=None takes mt.fast.loss.LOSS_CHUNK_ROWS when called (what ab_train.py patches): the
     same sums, bit for bit, as that chunk given explicitly, and not those of another chunk."""
-    from mt import loss as loss_mod
+    from mt.fast import loss as loss_mod
     g = torch.Generator().manual_seed(3)
     h, w = torch.randn(300, 16, generator=g), torch.randn(500, 16, generator=g)
     target = torch.randint(1, 500, (300,), generator=g)
@@ -216,7 +58,7 @@ def test_fused_loss_in_fp32_matches_fp64_also_when_target_probabilities_underflo
     """fp32 against the fp64 reference, with ordinary logits and with logits so spread out that
     many targets' probabilities underflow in fp32 (log p_y down to about -1000): the loss, the
     NLL and the gradients stay finite and right (those rows take logsumexp)."""
-    from mt.loss import linear_smoothed_cross_entropy
+    from mt.fast.loss import linear_smoothed_cross_entropy
     g = torch.Generator().manual_seed(2)
     h = torch.randn(300, 16, generator=g, dtype=torch.float64) * spread
     w = torch.randn(500, 16, generator=g, dtype=torch.float64)
@@ -243,7 +85,7 @@ def test_fast_dropout_keeps_expected_fraction_and_scales(p, bits):
     """Elements are kept with probability 1 - p, p resolved to 1/256 only where that is within
     2% of p (else 1/65536), and scaled by exactly 1 / P(kept): the expectation is kept.
     Backward passes gradient through the kept elements only, with the same scale."""
-    from mt.model.dropout import dropout, keep_mask, lane_bits
+    from mt.fast.dropout import dropout, keep_mask, lane_bits
     assert lane_bits(p) == bits
     levels = 2 ** bits
     resolved = round(p * levels) / levels
@@ -266,7 +108,7 @@ def test_dropout_mask_lanes_are_independent_and_any_shape_works(p, lanes):
     """Four (two) mask elements come from each 32-bit hash: each lane keeps 1 - p, neighbours
     are independent (both kept: (1 - p)^2), the mask comes out in the dtype asked for, and sizes
     that are not a multiple of the lanes per word work."""
-    from mt.model.dropout import keep_mask
+    from mt.fast.dropout import keep_mask
     torch.manual_seed(0)
     keep = keep_mask((100_003, lanes), p, torch.device("cpu"))
     mask = keep.of(torch.float32)
@@ -281,7 +123,6 @@ def test_dropout_mask_lanes_are_independent_and_any_shape_works(p, lanes):
     assert abs(last - (1 - p) ** 2) < 0.01
     odd = keep_mask((7, 3), 0.5, torch.device("cpu"))
     assert odd.of(torch.float64).shape == (7, 3)
-
 
 def _lowbias32_bytes(n: int, k1: int, k2: int) -> bytes:
     """The reference: lowbias32 of counter + k1, k2 mixed in, in Python's exact integers."""
@@ -299,13 +140,14 @@ def _lowbias32_bytes(n: int, k1: int, k2: int) -> bytes:
     return bytes(out[:n])
 
 
+
 def test_random_bytes_are_a_keyed_hash_drawn_from_torchs_generator():
     """The dropout lanes are lowbias32(counter + k1) with k2 between its rounds, computed with
     torch's int32 ops exactly as with exact integers mod 2^32 (where they wrap around); the
     keys come from torch's generator, so the same seed gives the same bytes and the next call
     other bytes; the byte values are uniform (chi-square over 256 bins) and neighbours are
     uncorrelated, also for a mask too large for the counters cached by a smaller one."""
-    from mt.model.dropout import random_bytes
+    from mt.fast.dropout import random_bytes
     cpu = torch.device("cpu")
     torch.manual_seed(3)
     k1, k2 = torch.randint(-2 ** 31, 2 ** 31, (2,), dtype=torch.int64).tolist()
@@ -333,11 +175,11 @@ def test_fused_feed_forward_equals_linear_relu_dropout_linear(p, chunk_rows, mon
     """The CPU training FFN (relu and dropout in place, one hidden tensor kept, rows taken a
     chunk at a time: here all 21 at once, or 5 at a time with a short last chunk) gives the
     values and gradients of the plain module chain with the same dropout mask."""
-    from mt.model import fused
+    from mt.fast import nodes
     from mt.model.layers import FeedForward
-    monkeypatch.setattr(fused, "FFN_CHUNK_ROWS", chunk_rows)
+    monkeypatch.setattr(nodes, "FFN_CHUNK_ROWS", chunk_rows)
     torch.manual_seed(0)
-    ffn = FeedForward(16, 64, p).train()
+    ffn = fast.install(FeedForward(16, 64, p)).train()
     x = torch.randn(3, 7, 16, requires_grad=True)
     upstream = torch.randn(3, 7, 16)
 
@@ -366,15 +208,15 @@ def test_fused_add_norm_equals_layer_norm_of_dropout_residual(p, weight_scale):
     """The CPU training residual LayerNorm(x + dropout(f)), which keeps LayerNorm's output and
     recovers its input from it, gives the values and gradients of the module chain with the
     same mask; also when a LayerNorm weight is zero and the output cannot give the input back."""
-    from mt.model.dropout import Dropout
-    from mt.model.fused import add_norm
+    from mt.fast.dropout import HashDropout
+    from mt.fast.nodes import add_norm
     torch.manual_seed(0)
     norm = torch.nn.LayerNorm(16)
     with torch.no_grad():
         norm.weight.uniform_(0.5, 1.5)
         norm.weight[3] *= weight_scale
         norm.bias.uniform_(-1.0, 1.0)
-    drop = Dropout(p).train()
+    drop = HashDropout(p).train()
     x = (3 * torch.randn(4, 5, 16) + 2).requires_grad_()
     f = torch.randn(4, 5, 16, requires_grad=True)
     upstream = torch.randn(4, 5, 16)
@@ -405,8 +247,8 @@ def test_fused_attention_equals_the_op_by_op_chain(kind, p, monkeypatch):
     on the queries, so its gradient must reach them)."""
     from mt.model.attention import MultiHeadAttention
     torch.manual_seed(0)
-    attn = MultiHeadAttention(16, 2, p, self_attention=kind != "cross",
-                              relative=3 if kind == "relative" else 0).train()
+    attn = fast.install(MultiHeadAttention(16, 2, p, self_attention=kind != "cross",
+                                           relative=3 if kind == "relative" else 0)).train()
     x = torch.randn(3, 5, 16, requires_grad=True)
     memory = torch.randn(3, 7, 16, requires_grad=True)
     s = 7 if kind == "cross" else 5
@@ -430,7 +272,7 @@ def test_fused_attention_equals_the_op_by_op_chain(kind, p, monkeypatch):
 
     nodes = []
     fused = run()
-    monkeypatch.setattr("mt.model.attention.cpu_fused", lambda *a: False)
+    monkeypatch.setattr("mt.fast.modules.cpu_fused", lambda *a: False)
     chain = run()
     assert nodes[0] == "_AttentionOutBackward" != nodes[1]   # the fused node really ran
     for a, b in zip(fused, chain):
@@ -445,7 +287,7 @@ def test_fused_attention_equals_the_op_by_op_chain(kind, p, monkeypatch):
 def test_fused_loss_under_autocast_matches_fp32():
     """Under autocast the projection runs in bf16 (the GPU path), the softmax in fp32: the loss
     and gradients stay those of fp32 within bf16 precision."""
-    from mt.loss import linear_smoothed_cross_entropy
+    from mt.fast.loss import linear_smoothed_cross_entropy
     g = torch.Generator().manual_seed(2)
     h = torch.randn(300, 32, generator=g)
     w = torch.randn(50, 32, generator=g) * 0.3
@@ -460,3 +302,145 @@ def test_fused_loss_under_autocast_matches_fp32():
         grads.append((loss.detach(), nll, hh.grad, ww.grad))
     for a, b in zip(*grads):                     # relative error of the whole tensor
         assert ((b - a).norm() / a.norm()).item() < 1e-2
+
+
+@pytest.mark.parametrize("pre_norm", [False, True])
+def test_feed_forward_on_real_positions_only_trains_the_same(monkeypatch, pre_norm):
+    """With enough padding the feed-forward runs on the real positions alone (fewer rows reach
+    it), and training sees the same real-position outputs and parameter gradients."""
+    import mt.fast.modules as modules
+
+    def run(pack: bool):
+        monkeypatch.setattr(modules, "_MIN_PADDING_TO_PACK", 0.05 if pack else 2.0)
+        torch.manual_seed(0)
+        model = Transformer(src_vocab=V, tgt_vocab=V, d_model=32, n_heads=4, enc_layers=2,
+                            dec_layers=2, d_ff=64, dropout=0.0, attn_dropout=0.0,
+                            pre_norm=pre_norm, tie_embeddings="all", max_positions=64)
+        fast.install(model).train()
+        rows = []
+        for layer in (*model.encoder, *model.decoder):
+            layer.ffn.register_forward_hook(lambda m, i, o: rows.append(i[0].numel() // 32))
+        src = make_src([9, 3, 6, 4])
+        tgt = torch.randint(4, V, (4, 8))
+        tgt[1, 3:], tgt[2, 5:], tgt[3, 2:] = PAD, PAD, PAD
+        keep = tgt != PAD
+        out = model(src, tgt, src == PAD)[keep]
+        (out.log_softmax(-1)[:, 5].sum() + out.square().mean()).backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+        return out, grads, rows
+
+    out, grads, rows = run(pack=True)
+    ref, ref_grads, ref_rows = run(pack=False)
+    assert rows == [9 + 3 + 6 + 4] * 2 + [4 * 8 - 5 - 3 - 6] * 2      # encoder, decoder layers
+    assert ref_rows == [4 * 9] * 2 + [4 * 8] * 2
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    for name, g in grads.items():
+        torch.testing.assert_close(g, ref_grads[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_attention_dropout_on_cpu_is_unbiased_and_respects_padding():
+    """On CPU, training-time attention dropout goes through the explicit path with mt's
+    dropout mask: independent per row, unbiased (the mean over many draws is the output
+    without dropout), and padded keys still get no attention."""
+    from mt.model.attention import MultiHeadAttention
+    torch.manual_seed(0)
+    attn = fast.install(MultiHeadAttention(16, 2, 0.25, self_attention=True))
+    x = torch.randn(1, 5, 16)
+    may_attend = torch.tensor([True, True, True, False, False]).view(1, 1, 1, 5)
+    expected = attn.eval()(x, attn_mask=may_attend)
+    draws = 4000
+    xs = x.expand(draws, 5, 16).clone().requires_grad_()
+    out = attn.train()(xs, attn_mask=may_attend)
+    assert not torch.allclose(out[0], out[1])                        # masks differ per row
+    draws_out = out.detach()
+    spread = draws_out.std(0) / draws ** 0.5                         # standard error of the mean
+    assert float(((draws_out.mean(0) - expected[0].detach()).abs() / spread).max()) < 5
+    out.sum().backward()
+    assert bool(torch.isfinite(xs.grad).all())
+    # what stands at padded key positions cannot change the output at all
+    torch.manual_seed(1)
+    a = attn(x, attn_mask=may_attend)
+    y = x.clone()
+    y[:, 3:] = 100.0
+    torch.manual_seed(1)
+    b = attn(y, attn_mask=may_attend)
+    torch.testing.assert_close(a[:, :3], b[:, :3])
+
+
+def _small_model(arch="transformer", norm="post", dropout=0.0):
+    from mt.config import ModelConfig
+    from mt.model import build_model
+    torch.manual_seed(0)
+    return build_model(ModelConfig(arch=arch, d_model=32, n_heads=4, enc_layers=2, dec_layers=2,
+                                   d_ff=64, dropout=dropout, attn_dropout=dropout, norm=norm,
+                                   max_positions=64), V, V)
+
+
+def _padded_batch():
+    from mt.data.batching import Batch
+    src = make_src([9, 3, 6, 4])
+    tgt = torch.randint(4, V, (4, 9))
+    tgt[1, 4:], tgt[2, 6:], tgt[3, 3:] = PAD, PAD, PAD
+    return Batch(src=src, tgt_in=tgt[:, :-1], tgt_out=tgt[:, 1:],
+                 n_tokens=int((tgt[:, 1:] != PAD).sum()))
+
+
+@pytest.mark.parametrize("arch,norm", [("transformer", "post"), ("transformer", "pre"),
+                                       ("decoder_only", "post"), ("rnn", "post")])
+def test_installed_model_and_chunked_loss_equal_the_reference(arch, norm):
+    """A whole model with the fast paths swapped in and the chunked loss gives the reference
+    model's loss, NLL and every parameter gradient, and keeps its state_dict (checkpoints do
+    not depend on the switch)."""
+    from mt.fast import chunked_loss
+    from mt.loss import reference_loss
+    batch = _padded_batch()
+
+    def run(model, loss_fn):
+        model.train()
+        loss, nll = loss_fn(model, batch, 0.1)
+        (loss * 0.01).backward()
+        return loss.detach(), nll, {n: p.grad.clone() for n, p in model.named_parameters()
+                                    if p.grad is not None}
+    ref_model, fast_model = _small_model(arch, norm), fast.install(_small_model(arch, norm))
+    assert list(ref_model.state_dict()) == list(fast_model.state_dict())
+    assert any(type(m).__module__ == "mt.fast.modules" for m in fast_model.modules()) \
+        or arch == "rnn"
+    ref, got = run(ref_model, reference_loss), run(fast_model, chunked_loss)
+    torch.testing.assert_close(got[0], ref[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[1], ref[1], rtol=1e-5, atol=1e-5)
+    assert got[2].keys() == ref[2].keys()
+    for name, g in ref[2].items():
+        torch.testing.assert_close(got[2][name], g, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def _nodes(t: torch.Tensor) -> set[str]:
+    """The names of every autograd node that produced `t`."""
+    seen, todo, names = set(), [t.grad_fn], set()
+    while todo:
+        fn = todo.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        names.add(type(fn).__name__)
+        todo += [nxt for nxt, _ in fn.next_functions]
+    return names
+
+
+def test_fast_paths_act_only_where_they_apply():
+    """The fused nodes run in fp32 CPU training only: not under autocast, and evaluation gives
+    the reference model's outputs."""
+    model = fast.install(_small_model(dropout=0.1))
+    batch = _padded_batch()
+    model.train()
+    h = model.decode(batch.tgt_in, model.encode(batch.src, batch.src_pad_mask), batch.src_pad_mask)
+    assert {"_FeedForwardBackward", "_AddNormBackward", "_AttentionOutBackward"} <= _nodes(h)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        h = model.decode(batch.tgt_in, model.encode(batch.src, batch.src_pad_mask),
+                         batch.src_pad_mask)
+    assert not {"_FeedForwardBackward", "_AddNormBackward", "_AttentionOutBackward"} & _nodes(h)
+    with torch.no_grad():
+        model.eval()
+        ref = _small_model(dropout=0.1).eval()
+        real = batch.tgt_in != PAD          # packing leaves padding positions uncomputed
+        torch.testing.assert_close(model(batch.src, batch.tgt_in, batch.src_pad_mask)[real],
+                                   ref(batch.src, batch.tgt_in, batch.src_pad_mask)[real])

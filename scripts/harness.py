@@ -1,0 +1,69 @@
+"""What the benchmark scripts share: waiting for the device, the machine's matmul speed, and
+taking turns (contenders run one after another on each batch, who goes first rotating, so
+that a drift in the machine's speed hits all alike).
+
+The scripts import it, and each other, as sibling modules: `python scripts/NAME.py` puts
+scripts/ on the module path, and mt itself comes from the installed package
+(`bash scripts/setup.sh` or `pip install -e .`)."""
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+
+# Datasheet dense bf16 tensor-core peaks (FLOP/s), the denominator of MFU.
+DATASHEET_BF16 = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12}
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def matmul_peak(device: torch.device, n: int = 2048, reps: int = 20) -> float:
+    """Measured FLOP/s of one large matrix product: fp32 on CPU, bf16 on CUDA."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    sync(device)
+    return 2 * n ** 3 * reps / (time.perf_counter() - t0)
+
+
+def datasheet_peak(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(0)
+    return next((v for k, v in DATASHEET_BF16.items() if k in name), None)
+
+
+def autocast(device: torch.device, precision: str):
+    """bf16 autocast around a step, or nothing for fp32."""
+    return (torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16"
+            else contextlib.nullcontext())
+
+
+def take_turns(runners: dict, items: list, warmup: int, device: torch.device,
+               around=contextlib.nullcontext) -> dict:
+    """Each runner (name -> callable(item)) on every item in turn, the one that goes first
+    rotating from item to item (the first timed item in the runners' order); the first
+    `warmup` items are not timed. Returns the seconds each runner spent on the timed items."""
+    names = list(runners)
+    secs = dict.fromkeys(names, 0.0)
+    for i, item in enumerate(items):
+        turn = (i - warmup) % len(names)
+        for name in names[turn:] + names[:turn]:
+            sync(device)
+            t0 = time.perf_counter()
+            with around():
+                runners[name](item)
+            sync(device)
+            if i >= warmup:
+                secs[name] += time.perf_counter() - t0
+    return secs
