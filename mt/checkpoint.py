@@ -63,6 +63,70 @@ def load(path: str | Path) -> dict:
     return ckpt
 
 
+# -- building and reading the format: the one place that knows its keys -------------------
+
+def build(*, config: dict, model_state: dict, tokenizer, train_state: dict,
+          training: tuple | None = None, rank_rng: list[dict] | None = None) -> dict:
+    """A checkpoint: config, weights, the BPE model and the train counters; with
+    `training` = (optimizer, scheduler, scaler) also their states and the random generators,
+    so that training resumes exactly (last.pt, best.pt); without it, a model snapshot
+    (step_N.pt, for averaging). rank_rng: every rank's generators (multi-rank runs)."""
+    ckpt = {"format_version": FORMAT_VERSION, "config": config, "model": model_state,
+            "spm": tokenizer_state(tokenizer), "train_state": train_state}
+    if training is not None:
+        optimizer, scheduler, scaler = training
+        ckpt.update(optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(),
+                    scaler=scaler.state_dict(), rng=rng_state())
+        if rank_rng is not None and len(rank_rng) > 1:
+            ckpt["rank_rng"] = rank_rng
+    return ckpt
+
+
+def restore_training(ckpt: dict, model, optimizer, scheduler, scaler) -> dict:
+    """Load a resumable checkpoint into the training objects; returns its train counters."""
+    model.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+    scheduler.load_state_dict(ckpt["scheduler"])
+    scaler.load_state_dict(ckpt["scaler"])
+    return ckpt["train_state"]
+
+
+def generators_of(ckpt: dict, rank: int, world: int) -> tuple[dict, bool]:
+    """(the generator states this rank resumes with, whether they are its own): each rank's
+    own where as many ranks saved them, else rank 0's."""
+    rank_rng = ckpt.get("rank_rng")
+    own = rank_rng is not None and len(rank_rng) == world
+    return (rank_rng[rank] if own else ckpt["rng"]), own
+
+
+def config_of(ckpt: dict, source: str = "checkpoint"):
+    from mt.config import config_from_dict
+    return config_from_dict(ckpt["config"], source)
+
+
+def model_of(ckpt: dict, source: str = "checkpoint"):
+    """(config, tokenizer, model with the checkpoint's weights) of a checkpoint."""
+    from mt.model import build_model
+    cfg = config_of(ckpt, source)
+    tokenizer = tokenizer_from(ckpt)
+    model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
+    model.load_state_dict(ckpt["model"])
+    return cfg, tokenizer, model
+
+
+def weights_of(ckpt: dict) -> dict:
+    return ckpt["model"]
+
+
+def set_decoding(ckpt: dict, beam: int, length_penalty: float) -> None:
+    """Store decoding settings (what `mt translate RUN_DIR` then uses) in the checkpoint."""
+    ckpt["config"]["decode"].update(beam=beam, length_penalty=length_penalty)
+
+
+def set_train_state(ckpt: dict, train_state: dict) -> None:
+    ckpt["train_state"] = train_state
+
+
 def tokenizer_from(ckpt: dict):
     from mt.tokenizer import Tokenizer
     spm = ckpt["spm"]

@@ -117,28 +117,6 @@ def train_cmd(
     _err(f"stopped at step {state.step}; {best}; checkpoints in {run_dir}")
 
 
-def _read_input(path: Optional[Path]) -> list[str]:
-    from mt.data.corpus import read_lines
-    if path is None or str(path) == "-":
-        data = sys.stdin.buffer.read()
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise MTError(f"stdin: invalid UTF-8 at byte {e.start}")
-        return text.splitlines()
-    return read_lines(path)
-
-
-def _write_output(path: Optional[Path], lines: list[str]) -> None:
-    from mt.outputs import is_stdio, write_text
-    text = "".join(line + "\n" for line in lines)
-    if is_stdio(path):
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    else:
-        write_text(path, text)
-
-
 def _check_device(device: str) -> None:
     if device not in ("auto", "cpu", "cuda"):
         raise MTError(f"--device {device!r}: use auto, cpu or cuda")
@@ -149,25 +127,6 @@ def _check_beam(beam: Optional[int]) -> None:
     if beam is not None and beam > MAX_BEAM:
         raise MTError(f"--beam {beam}: at most {MAX_BEAM} (BLEU stops improving after a beam of "
                       f"about 10, and decoding time grows with the beam); use a smaller --beam")
-
-
-def _interactive(translator, options: dict) -> None:
-    """stdin is a terminal: answer each line as it is typed (Ctrl-D ends)."""
-    _err("type a sentence and press Enter; Ctrl-D to quit")
-    while True:
-        if sys.stdout.isatty():
-            try:
-                line = input("> ")          # with line editing
-            except EOFError:
-                line = None
-        else:                               # stdout is a file: only translations go there
-            sys.stderr.write("> ")
-            sys.stderr.flush()
-            line = sys.stdin.readline() or None
-        if line is None:
-            _err("")
-            return
-        typer.echo(translator.translate([line.rstrip("\n")], **options)[0])
 
 
 @command("translate")
@@ -193,6 +152,7 @@ def translate_cmd(
     """
     from mt import checkpoint
     from mt.outputs import check_output, is_stdio
+    from mt.textio import interactive, read_input, write_output
     from mt.translator import Translator
     _check_device(device)
     _check_beam(beam)
@@ -209,13 +169,13 @@ def translate_cmd(
     _err(f"translating with {path} on {translator.device}: "
          + ("greedy search" if b == 1 else f"beam {b}, length penalty {lp}"))
     if is_stdio(input) and sys.stdin.isatty() and is_stdio(output) and not print_alignment:
-        return _interactive(translator, options)
-    lines = _read_input(input)
+        return interactive(translator, options)
+    lines = read_input(input)
     if print_alignment:
         out = translator.translate_with_alignment(lines, **options)
     else:
         out = translator.translate(lines, **options, progress=True)
-    _write_output(output, out)
+    write_output(output, out)
 
 
 @command("eval")
@@ -353,27 +313,18 @@ def tune_cmd(
 
     Example: mt tune runs/multi30k_de_en --beams 1,5,10 --length-penalties 0.6,1.0,1.4
     """
-    from mt import checkpoint
-    from mt.config import config_from_dict
-    from mt.data.corpus import Stats, drop_empty, read_parallel, split_paths
-    from mt.tuning import tune_decoding
+    from mt.tuning import tune_best, tuning_pairs
     if not (run_dir / "best.pt").is_file():
         raise MTError(f"{run_dir}/best.pt not found: tune a run directory that has validated")
     if (src is None) != (ref is None):
         raise MTError("give both --src and --ref, or neither (the run's valid split)")
-    if src is None:
-        d = config_from_dict(checkpoint.load(run_dir / "best.pt")["config"]).data
-        src, ref = split_paths(d.dir, "valid", d.src_lang, d.tgt_lang)
-    for path in (src, ref):
-        if not Path(path).is_file():
-            raise MTError(f"{path} not found; pass the tuning files with --src and --ref")
     beam_list = _number_list(beams, int, "--beams")
     lp_list = _number_list(penalties, float, "--length-penalties")
     if not beam_list or min(beam_list) < 1 or not lp_list or min(lp_list) < 0:
         raise MTError("--beams needs sizes >= 1 and --length-penalties values >= 0")
     _check_beam(max(beam_list))
-    src_lines, ref_lines = drop_empty(*read_parallel(src, ref), Stats())
-    rec = tune_decoding(run_dir, src_lines, ref_lines, beam_list, lp_list, device)
+    src_lines, ref_lines = tuning_pairs(run_dir / "best.pt", src, ref)
+    rec = tune_best(run_dir / "best.pt", src_lines, ref_lines, beam_list, lp_list, device)
     for g in rec["grid"]:
         typer.echo(f"beam {g['beam']:>3}  length penalty {g['length_penalty']:<4}  "
                    f"BLEU {g['valid_bleu']:.2f}")

@@ -2,10 +2,9 @@
 
 On CPU, tensors live in the C library's heap. glibc keeps freed blocks for reuse, and
 training allocates blocks of a new size for every batch shape, so freed blocks of earlier
-shapes pile up: resident memory stays far above what is live (Multi30k model after 50
-updates: 1,055 MB resident between updates, 416 MB once trimmed). `malloc_trim` returns the
-free pages. Trimming costs the next allocations their page faults again (every update: 12%
-slower training), so it is done between phases (training, validation), not per update.
+shapes pile up: resident memory stays far above what is live. `malloc_trim` returns the free
+pages. Trimming costs the next allocations their page faults again, so it is done between
+phases (training, validation), not per update (figures: docs/performance.md).
 """
 from __future__ import annotations
 

@@ -86,8 +86,8 @@ def _topk_rows(x: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
     """x.topk(m, dim=1) for long rows (beam search: K * vocabulary candidates per sentence),
     through block maxima: cut each row into blocks of about sqrt(length), and the m largest
     values lie in the m blocks with the largest maxima. A max per block and two small top-m
-    make fewer passes than one top-m over the whole row (CPU, 50 x 40,000: 0.5 vs 1.4 ms).
-    On GPU one topk kernel is faster than the several small ones this takes."""
+    make fewer passes than one top-m over the whole row on CPU (docs/performance.md). On GPU
+    one topk kernel is faster than the several small ones this takes."""
     n, length = x.shape
     size = math.isqrt(length)
     blocks = length // size

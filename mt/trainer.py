@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import json
 import math
-import signal
 import sys
 import time
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -21,9 +19,11 @@ from mt import checkpoint
 from mt.data.batching import Batch, collate, describe_batches, epoch_batches
 from mt.data.corpus import ParallelData
 from mt.distributed import Dist, teardown
-from mt.errors import Interrupted, MTError
+from mt.errors import MTError
+from mt.finish import finish_run
 from mt.loss import reference_loss
 from mt.memory import release_free_memory
+from mt.progress import Forecast, lost_work_message, stop_on_signal
 from mt.metrics import score
 from mt.translator import Translator
 
@@ -50,47 +50,6 @@ class Validation:
     refs: list[str]               # raw, untouched references
     data: ParallelData            # the same pairs as token ids, for the loss
     beam: int
-
-
-class Forecast:
-    """How long the run will take, from the speed of its first updates in this process."""
-    MEASURE_STEPS, MEASURE_SECONDS = 5, 10.0
-
-    def __init__(self, step: int, seconds: float):
-        self.start_step, self.start_seconds, self.done = step, seconds, False
-        self.sec_per_step = 0.0
-
-    def update(self, step: int, seconds: float, max_steps: int, budget: float) -> int | None:
-        """The step the run will end at, once (when enough has been measured); else None."""
-        steps, elapsed = step - self.start_step, seconds - self.start_seconds
-        if self.done or steps < self.MEASURE_STEPS or elapsed < self.MEASURE_SECONDS:
-            return None
-        self.done = True
-        self.sec_per_step = elapsed / steps
-        self.now_step, self.now_seconds = step, seconds
-        end = max_steps
-        if budget > 0:
-            end = min(max_steps, step + int(max(0.0, budget - seconds) / self.sec_per_step))
-        self.end_step = max(end, step)
-        return self.end_step
-
-    def describe(self, max_steps: int, max_minutes: float) -> str:
-        left = (self.end_step - self.now_step) * self.sec_per_step
-        msg = (f"{self.sec_per_step:.2f} s per update on this machine: "
-               f"{_duration(left)} of training left")
-        if self.end_step < max_steps:
-            msg += (f"; the {max_minutes:g}-minute budget (train.max_minutes) stops it near "
-                    f"step {self.end_step:,} of {max_steps:,}")
-        else:
-            msg += f" to step {max_steps:,}"
-        return msg + ", plus validation"
-
-
-def _duration(seconds: float) -> str:
-    minutes = int(round(seconds / 60))
-    if minutes < 1:
-        return f"{int(seconds)} s"
-    return f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{minutes} min"
 
 
 @dataclass
@@ -190,6 +149,11 @@ class Trainer:
         self._window.nll += nlls
         self._window.tokens += n_tokens
         self._last_update = (losses, n_tokens)    # this rank's, for the first steps' display
+        return self._update()
+
+    def _update(self) -> bool:
+        """Clip, step the optimizer (through the GradScaler) and the schedule; False when the
+        fp16 GradScaler skipped the update."""
         if self.cfg.clip_norm > 0:
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_norm)
@@ -283,21 +247,14 @@ class Trainer:
         release_free_memory()
         return record
 
-    def checkpoint_dict(self, rank_rng: list[dict] | None = None) -> dict:
+    def checkpoint_dict(self, rank_rng: list[dict] | None = None,
+                        snapshot: bool = False) -> dict:
         """rank_rng: every rank's generator states (`rng_states`), so that a multi-rank run
-        resumes with each rank's own dropout stream."""
-        return {
-            "format_version": checkpoint.FORMAT_VERSION,
-            "config": self.full_config,
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict(),
-            "train_state": self.state.state_dict(),
-            "rng": checkpoint.rng_state(),
-            **({"rank_rng": rank_rng} if rank_rng is not None and len(rank_rng) > 1 else {}),
-            "spm": checkpoint.tokenizer_state(self.tokenizer),
-        }
+        resumes with each rank's own dropout stream; snapshot: the weights alone."""
+        return checkpoint.build(
+            config=self.full_config, model_state=self.model.state_dict(),
+            tokenizer=self.tokenizer, train_state=self.state.state_dict(), rank_rng=rank_rng,
+            training=None if snapshot else (self.optimizer, self.scheduler, self.scaler))
 
     def rng_states(self) -> list[dict]:
         """The generator states of every rank, in rank order (a collective: all ranks call it)."""
@@ -315,39 +272,10 @@ class Trainer:
         """step_N.pt: the model alone (for averaging), keeping the last `keep_checkpoints`."""
         if self.cfg.keep_checkpoints == 0 or not self.dist.is_main:
             return
-        full = self.checkpoint_dict()
-        snap = {k: full[k] for k in ("format_version", "config", "model", "spm", "train_state")}
-        checkpoint.atomic_save(snap, self.run_dir / f"step_{self.state.step}.pt")
+        checkpoint.atomic_save(self.checkpoint_dict(snapshot=True),
+                               self.run_dir / f"step_{self.state.step}.pt")
         for old in checkpoint.snapshots(self.run_dir)[:-self.cfg.keep_checkpoints]:
             old.unlink()
-
-    def average_snapshots(self) -> dict | None:
-        """Average the last `average_last` snapshots into averaged.pt, validate it, and make
-        it best.pt when its validation BLEU beats the best single checkpoint."""
-        paths = checkpoint.snapshots(self.run_dir)[-self.cfg.average_last:]
-        if self.cfg.average_last < 2 or len(paths) < 2:
-            return None
-        averaged = checkpoint.average(paths)
-        checkpoint.atomic_save(averaged, self.run_dir / "averaged.pt")
-        current = {k: v.clone() for k, v in self.model.state_dict().items()}
-        self.model.load_state_dict(averaged["model"])
-        try:
-            self.model.eval()
-            hyps = Translator(self.model, self.tokenizer, self.decode_cfg, self.device,
-                              self.amp_dtype).translate(
-                self.validation.src, beam=self.validation.beam)
-            s = score(hyps, self.validation.refs)
-        finally:
-            self.model.load_state_dict(current)
-        record = {"step": self.state.step, "averaged": len(paths), "valid_bleu": round(s.bleu, 2),
-                  "valid_chrf": round(s.chrf, 2)}
-        if s.bleu > self.state.best_bleu:
-            self.state.best_bleu = s.bleu
-            averaged["train_state"] = self.state.state_dict()
-            checkpoint.atomic_save(averaged, self.run_dir / "best.pt")
-            record["best"] = True
-        self._write_log(record)
-        return record
 
     def plot(self) -> None:
         if not self.dist.is_main:
@@ -368,39 +296,14 @@ class Trainer:
     def _should_stop_early(self) -> bool:
         return self.cfg.patience > 0 and self.state.bad_validations >= self.cfg.patience
 
-    @contextmanager
-    def _stop_on_signal(self):
-        """SIGINT/SIGTERM ask the loop to stop after the current update (and save);
-        a second Ctrl-C falls back to the default handler and stops at once."""
-        self.stop_requested = None
-
-        def handler(signum, frame):
-            self.stop_requested = signal.Signals(signum).name
-            signal.signal(signal.SIGINT, second)
-
-        def second(signum, frame):
-            raise Interrupted(self._lost_work_message())
-
-        try:
-            old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-        except ValueError:  # not the main thread: no signal handling
-            old = {}
-        try:
-            yield
-        finally:
-            for s, h in old.items():
-                signal.signal(s, h)
-
     def _lost_work_message(self) -> str:
-        last = getattr(self, "_saved_step", -1)
-        since = (f"since the last save (step {last}, last.pt)" if last >= 0
-                 else "since this run started or resumed")
-        return (f"interrupted twice at step {self.state.step}: stopped without saving; the "
-                f"updates {since} are lost; run the same command again to resume from last.pt "
-                f"(one Ctrl-C saves before stopping)")
+        return lost_work_message(self.state.step, getattr(self, "_saved_step", -1))
 
     def fit(self) -> TrainState:
-        with self._stop_on_signal():
+        def on_signal(name: str) -> None:
+            self.stop_requested = name
+        self.stop_requested = None
+        with stop_on_signal(on_signal, self._lost_work_message):
             return self._fit()
 
     def _fit(self) -> TrainState:
@@ -486,44 +389,11 @@ class Trainer:
             self.lock.release()
 
     def _finish(self) -> None:
-        st = self.state
         if self._window.loss:
             self.log_train()
         rank_rng = self.rng_states()        # every rank, for the last.pt that rank 0 may save
-        if not self.dist.is_main:
-            return
-        if self._last_valid != st.step and st.best_bleu < 0 and not self.stop_requested:
-            self.validate()
-            self._last_save = -1
-        if self._last_save != st.step:  # not twice in a row: last.pt.prev stays an older state
-            self.save("last.pt", rank_rng)
-        if not self.stop_requested and self.cfg.average_last:
-            if checkpoint.snapshots(self.run_dir)[-1:] != [self.run_dir / f"step_{st.step}.pt"]:
-                self.save_snapshot()
-            rec = self.average_snapshots()
-            if rec:
-                self._say(f"average of the last {rec['averaged']} snapshots: valid BLEU "
-                          f"{rec['valid_bleu']}" + (" (best)" if rec.get("best") else ""))
-        if not self.stop_requested and self.decode_cfg.tune_beams and st.best_bleu >= 0:
-            self._tune()
-        self.plot()
-        if st.fp16_skipped:
-            self._say(f"note: the fp16 loss scaler skipped {st.fp16_skipped} update(s) with "
-                      f"overflowing gradients (not counted as steps)")
-        if st.oom_skipped:
-            self._say(f"warning: {st.oom_skipped} batch(es) were skipped after running out of "
-                      f"memory; lower train.max_tokens to use them")
-
-    def _tune(self) -> None:
-        from mt.tuning import tune_decoding
-        d = self.decode_cfg
-        release_free_memory()
-        rec = tune_decoding(self.run_dir, self.validation.src, self.validation.refs,
-                            d.tune_beams, d.tune_length_penalties, str(self.device))
-        self._write_log({"step": self.state.step, **rec})
-        best = rec["tuned_decoding"]
-        self._say(f"decoding tuned on valid: beam {best['beam']}, length penalty "
-                  f"{best['length_penalty']} (BLEU {best['valid_bleu']}), stored in best.pt")
+        if self.dist.is_main:
+            finish_run(self, rank_rng)
 
     def _say(self, msg: str) -> None:
         if self.dist.is_main:

@@ -10,10 +10,8 @@ import torch
 from tqdm import tqdm
 
 from mt import checkpoint
-from mt.config import config_from_dict
 from mt.data.batching import pad_sources, token_batches
 from mt.device import decode_dtype, pick_device
-from mt.model import build_model
 from mt.search import beam_search, greedy
 from mt.tokens import PAD
 
@@ -30,11 +28,13 @@ class Translator:
     def from_checkpoint(cls, path: str | Path, device: str = "auto",
                         precision: str = "auto") -> "Translator":
         path = checkpoint.resolve(path)
-        ckpt = checkpoint.load(path)
-        cfg = config_from_dict(ckpt["config"], source=str(path))
-        tokenizer = checkpoint.tokenizer_from(ckpt)
-        model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
-        model.load_state_dict(ckpt["model"])
+        return cls.from_dict(checkpoint.load(path), device, precision, str(path))
+
+    @classmethod
+    def from_dict(cls, ckpt: dict, device: str = "auto", precision: str = "auto",
+                  source: str = "checkpoint") -> "Translator":
+        """From a checkpoint already in memory (see mt.checkpoint.load)."""
+        cfg, tokenizer, model = checkpoint.model_of(ckpt, source)
         dev = pick_device(device)
         return cls(model.to(dev).eval(), tokenizer, cfg.decode, dev,
                    decode_dtype(precision, cfg.train.precision, dev))

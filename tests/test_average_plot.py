@@ -16,6 +16,20 @@ def test_averaging_identical_checkpoints_is_identity(tiny_run, tmp_path):
         assert avg["model"][k].dtype == v.dtype
 
 
+def test_averaging_different_checkpoints_gives_their_mean(tiny_run, tmp_path):
+    """Two snapshots of one run, at different steps: every float weight of the average is
+    their element-wise mean, the config and BPE model come from the later one."""
+    first, second = checkpoint.snapshots(tiny_run)[-2:]
+    a, b = checkpoint.load(first), checkpoint.load(second)
+    assert any(not torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    avg = checkpoint.average([first, second])
+    for k, v in a["model"].items():
+        torch.testing.assert_close(avg["model"][k], (v.double() + b["model"][k].double()).div(2)
+                                   .to(v.dtype), rtol=0, atol=1e-7)
+    assert avg["train_state"] == b["train_state"] and avg["averaged_from"] == [first.name,
+                                                                                second.name]
+
+
 def test_averaged_checkpoint_loads_and_translates(tiny_run, tmp_path):
     snaps = checkpoint.snapshots(tiny_run)
     assert snaps, "training keeps step_N.pt snapshots"

@@ -47,6 +47,18 @@ def test_eval_scores_hyp_file_and_model(tiny_run, tmp_path):
     short.write_text("one line\n")
     assert_user_error(run_mt("eval", "--hyp", short, "--ref", ref), "same number of lines")
     assert_user_error(run_mt("eval", "--ref", ref), "nothing to score")
+    # a model: mt eval RUN_DIR translates --src with the run's tuned settings and scores it as
+    # translating and scoring the file does
+    src, tgt = generate(40, seed=5)
+    (tmp_path / "s").write_text("\n".join(src) + "\n")
+    (tmp_path / "t").write_text("\n".join(tgt) + "\n")
+    by_model = run_mt("eval", tiny_run, "--src", tmp_path / "s", "--ref", tmp_path / "t", "--json")
+    assert by_model.returncode == 0, by_model.stderr
+    assert run_mt("translate", tiny_run, "-i", tmp_path / "s", "-o", tmp_path / "h").returncode == 0
+    by_file = run_mt("eval", "--hyp", tmp_path / "h", "--ref", tmp_path / "t", "--json")
+    model_scores = json.loads(by_model.stdout.strip().splitlines()[-1])
+    assert model_scores == json.loads(by_file.stdout.strip().splitlines()[-1])
+    assert 0 < model_scores["bleu"] < 100
 
 
 def test_bad_flags_exit_2(tiny_run, tmp_path):

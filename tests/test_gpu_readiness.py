@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-import mt.build
+import mt.data.prepare
 from mt import checkpoint
 from mt.build import build_trainer
 from mt.config import load_config
@@ -33,12 +33,12 @@ def _slow_rank0_worker(rank, world, port, data_dir, run_dir, delay):
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     if rank == 0:                          # downloading/BPE and validating take `delay` s
-        real_ensure = mt.build.ensure_data
+        real_ensure = mt.data.prepare.ensure_data
 
         def slow_ensure(*a, **k):
             time.sleep(delay)
             return real_ensure(*a, **k)
-        mt.build.ensure_data = slow_ensure
+        mt.data.prepare.ensure_data = slow_ensure
     t = build_trainer(_cfg(data_dir, "train.dist_timeout_minutes=0.05",   # 3 s
                            "train.max_steps=4", "train.valid_every=2", "train.save_every=100",
                            "train.valid_beam=1"), run_dir, log=lambda *_: None)

@@ -90,8 +90,11 @@ def test_out_of_memory_batch_is_skipped_and_counted(tmp_path):
 def test_run_dir_records_versions_and_commit(tmp_path):
     import json
     _trainer(tmp_path, "train.max_steps=1")
+    import subprocess
     info = json.loads((tmp_path / "run/run_info.json").read_text())
-    assert info["torch"] == torch.__version__ and "git_commit" in info
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    assert info["torch"] == torch.__version__
+    assert info["git_commit"] == (head.stdout.strip() or None)     # the code that trained
     assert (tmp_path / "run/config.yaml").is_file()
 
 

@@ -1,23 +1,17 @@
 """Dropout with a cheaper mask on CPU.
 
-`F.dropout` draws one Bernoulli sample per element, which on CPU costs as much as a large
-matmul (measured: 110 ms for 8M floats). Here each element gets a uniform random lane of 8
-bits (16 where 8 cannot express p closely), four (two) of them cut from one 32-bit word, and
-is kept where its lane is at or above a threshold: p is resolved to a multiple of 1/256
+`F.dropout` draws one Bernoulli sample per element from torch's CPU generator, which runs on
+one core, one 32-bit draw at a time. Here each element gets a uniform random lane of 8 bits
+(16 where 8 cannot express p closely), four (two) of them cut from one 32-bit word, and is
+kept where its lane is at or above a threshold: p is resolved to a multiple of 1/256
 (1/65536), and the kept elements are scaled by exactly 1 / P(kept), so that dropout keeps the
-expectation. Fewer bits per element is one lever; the other is where the bits come from.
-torch's CPU generator (mt19937) runs on one core, one 32-bit draw at a time: 1.8 ms for the
-4M 8-bit lanes of a small-model FFN; all masks took 2.3% of a training step. Here the bits
-are a hash of a counter instead (`random_bytes`): 2 random keys from torch's generator per
-mask, then a dozen vectorised integer passes over the counters on all cores (0.6 ms for the
-same lanes; the step ran 1.1-1.5% faster in scripts/ab_train.py).
+expectation. The bits are a hash of a counter (`random_bytes`), keyed by 2 draws from torch's
+generator per mask and computed in vectorised integer passes on all cores.
 
 The lanes, one byte per element, are what a backward pass keeps; the 0/1 mask is compared
-from them straight into the float dtype it multiplies (`KeepMask.of`). A uint8 or bool mask
-would be smaller to keep but far slower to apply: multiplying a float tensor by one converts it
-in a separate pass or takes a slow path (measured on (4272, 256): 1.78 ms for f * uint8, 0.14
-ms for f * float; compare-and-write into float is also faster than into uint8). On GPU,
-F.dropout is used.
+from them straight into the float dtype it multiplies (`KeepMask.of`): multiplying a float
+tensor by a uint8 or bool mask converts it in a separate pass or takes a slow path. On GPU,
+F.dropout is used. The timings behind these choices: docs/performance.md.
 """
 from __future__ import annotations
 

@@ -7,10 +7,10 @@ import torch
 
 from mt.tokens import PAD
 
-# Rows of logits computed at a time by linear_smoothed_cross_entropy. On the 2-core CPU, 512
-# beat 128 (0.967x) and was level with 256 and 1,024 (scripts/ab_train.py). On a GPU, every
-# chunk also reads and writes the whole (V, D) gradient of the output matrix, so larger chunks
-# may pay there: measure with `ab_train.py --device cuda --patch mt.loss:LOSS_CHUNK_ROWS=4096`.
+# Rows of logits computed at a time by linear_smoothed_cross_entropy (chosen by measurement,
+# docs/performance.md). On a GPU every chunk also reads and writes the whole (V, D) gradient
+# of the output matrix, so larger chunks may pay there: measure with
+# `ab_train.py --device cuda --patch mt.fast.loss:LOSS_CHUNK_ROWS=4096`.
 LOSS_CHUNK_ROWS = 512
 
 

@@ -16,8 +16,8 @@ from mt.model.layers import FeedForward, Residual
 from mt.model.transformer import Transformer
 from mt.tokens import PAD
 
-# Packing the real positions costs a gather and a scatter of the stream, forward and backward
-# (about 4% of the feed-forward sublayer's time): below this much padding it does not pay.
+# Packing the real positions costs a gather and a scatter of the stream, forward and backward:
+# below this much padding it does not pay (docs/performance.md).
 _MIN_PADDING_TO_PACK = 0.05
 # (shape (B, T), flat indices of its real positions) of the stream being encoded or decoded
 _REAL_ROWS: ContextVar = ContextVar("mt_fast_real_rows", default=None)

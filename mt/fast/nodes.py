@@ -33,10 +33,8 @@ class _FeedForward(torch.autograd.Function):
     The rows go FFN_CHUNK_ROWS at a time through the chain that produces or consumes the
     hidden activation (forward: matmul, relu, mask, matmul; backward: matmul, relu's and
     dropout's gradient, matmul), each step reading the slice the last one wrote while it is
-    still in cache, and the 0/1 mask lives in one reused chunk-sized buffer. Measured in
-    training steps of the small model (scripts/ab_train.py, two rounds of 20 steps): one
-    chunk per batch (FFN_CHUNK_ROWS=4096) ran at 0.969 and 0.963 of 1,024-row chunks, where
-    A/A runs gave 0.992 and 0.993; the weights after the steps were bit-identical.
+    still in cache, and the 0/1 mask lives in one reused chunk-sized buffer (the chunk size
+    was chosen by measurement: docs/performance.md).
     """
 
     @staticmethod
@@ -151,7 +149,7 @@ class _AttentionOut(torch.autograd.Function):
 
     The op-by-op chain (split the heads, SDPA or softmax, merge them, project) copies every
     head-split tensor twice more in backward (unbind's stack, then the permute's copy into the
-    projection's layout: 13% of a self-attention's time at Multi30k's shapes), keeps the
+    projection's layout), keeps the
     context (dropout(weights) v, the projection's input: one (N, D) tensor per attention) and
     allocates a new tensor at every step (scale, mask, softmax, dropout, scale). Here each
     gradient is written once into its projection's layout, the context is recomputed in
@@ -159,10 +157,7 @@ class _AttentionOut(torch.autograd.Function):
     projection's work), and the scaling, masking and dropout scale run in place or fold into
     the matmuls: one (N, D) tensor less per attention and far fewer allocations of changing
     sizes, which is what keeps a CPU process's heap from growing (see mt/memory.py).
-    Measured in training steps of the small model (in-process interleaved A/B): 3-4% faster
-    than the previous fused node, which took the heads as split views, with attention dropout
-    0.1; without dropout, as fast as SDPA's flash kernel (+1%, within the noise), which also
-    leaves the copies to autograd but cannot drop out on CPU."""
+    Measurements: docs/performance.md."""
 
     @staticmethod
     def forward(ctx, proj, kv_proj, n_heads, attn_mask, weight, bias, p):

@@ -1,0 +1,75 @@
+"""The one entry point from a run's data config and run directory to the data it trains on."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from mt.config import Config
+from mt.data.corpus import (Stats, clean_pairs, drop_empty, encode_pairs, encode_stream,
+                            has_split, iter_parallel, read_parallel, sample_pairs, split_paths)
+from mt.data.download import download
+from mt.errors import MTError
+from mt.tokenizer import Tokenizer
+
+
+def prepare_data(cfg: Config, run_dir: Path, dist, log):
+    """From the data config and the run directory to what training reads: the corpus fetched
+    if the config names one and data.dir has none (rank 0), the run's BPE model (trained by
+    rank 0 the first time), the training split as token ids, and the valid split as text and
+    token ids. Returns (tokenizer, train data, (valid sources, valid references, valid data))."""
+    if dist.is_main:          # one rank downloads and trains BPE; the others wait, then read
+        ensure_data(cfg, log)
+    dist.wait_for_main()
+    d = cfg.data
+    train_stats, valid_stats = Stats(), Stats()
+    train_paths = split_paths(d.dir, "train", d.src_lang, d.tgt_lang)
+    vsrc, vtgt = drop_empty(*read_parallel(*split_paths(d.dir, "valid", d.src_lang, d.tgt_lang)),
+                            valid_stats)
+    if not vsrc:
+        raise MTError(f"{d.dir}: the valid split has no non-empty pairs")
+    if dist.is_main:
+        load_tokenizer(cfg, run_dir, train_paths, log)
+    dist.wait_for_main()
+    tokenizer = load_tokenizer(cfg, run_dir, train_paths, log)
+    # The training split is streamed: text is never held whole, only its token ids.
+    train_data = encode_stream(clean_pairs(iter_parallel(*train_paths), train_stats),
+                               tokenizer, d.max_len, train_stats)
+    valid_data = encode_pairs(vsrc, vtgt, tokenizer, cfg.max_side_len, valid_stats)
+    log(train_stats.describe("train"))
+    log(valid_stats.describe("valid"))
+    if not len(train_data.src):
+        raise MTError(f"{train_paths[0]}: no training pair left (empty, or longer than "
+                      f"data.max_len={d.max_len})")
+    return tokenizer, train_data, (vsrc, vtgt, valid_data)
+
+
+def ensure_data(cfg: Config, log) -> None:
+    d = cfg.data
+    for split in ("train", "valid"):
+        if has_split(d.dir, split, d.src_lang, d.tgt_lang):
+            continue
+        if d.dataset is None:
+            src, tgt = split_paths(d.dir, split, d.src_lang, d.tgt_lang)
+            raise MTError(f"no {split} data: {src} and {tgt} must exist; fetch a corpus with "
+                          f"`mt download` or set data.dir")
+        log(f"{d.dir} has no {split} split: downloading {d.dataset} ...")
+        download(d.dataset, Path(d.dir), config=d.dataset_config,
+                 langs=(d.src_lang, d.tgt_lang) if d.dataset != "synthetic" else None)
+        if not has_split(d.dir, split, d.src_lang, d.tgt_lang):
+            raise MTError(f"{d.dataset} gave no {split} split for {d.src_lang}-{d.tgt_lang}")
+
+
+def load_tokenizer(cfg: Config, run_dir: Path, train_paths: tuple[Path, Path], log) -> Tokenizer:
+    """The run's BPE model, trained on (a sample of) the training split the first time."""
+    tok = Tokenizer.load(run_dir)
+    if tok is None:
+        t = cfg.tokenizer
+        log(f"training {'joint' if t.joint else 'separate'} BPE (vocab {t.vocab_size}) ...")
+        src, tgt = sample_pairs(clean_pairs(iter_parallel(*train_paths), Stats()),
+                                t.max_sentences, cfg.train.seed)
+        if not src:
+            raise MTError(f"{train_paths[0]}: the training split has no non-empty pairs")
+        tok = Tokenizer.train(src, tgt, vocab_size=t.vocab_size, joint=t.joint,
+                              character_coverage=t.character_coverage,
+                              max_sentences=t.max_sentences, seed=cfg.train.seed)
+        tok.save(run_dir)
+    return tok

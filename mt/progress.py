@@ -1,0 +1,79 @@
+"""What a user sees and does while a run trains: how long it will take on this machine, and
+Ctrl-C (once: stop after this update and save; twice: stop now, saying what was lost)."""
+from __future__ import annotations
+
+import signal
+from contextlib import contextmanager
+
+from mt.errors import Interrupted
+
+
+@contextmanager
+def stop_on_signal(on_signal, lost_work):
+    """SIGINT/SIGTERM call on_signal(name) (the loop stops after the current update and
+    saves); a second Ctrl-C raises Interrupted(lost_work()) at once."""
+    def handler(signum, frame):
+        on_signal(signal.Signals(signum).name)
+        signal.signal(signal.SIGINT, second)
+
+    def second(signum, frame):
+        raise Interrupted(lost_work())
+
+    try:
+        old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    except ValueError:  # not the main thread: no signal handling
+        old = {}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def lost_work_message(step: int, saved_step: int) -> str:
+    since = (f"since the last save (step {saved_step}, last.pt)" if saved_step >= 0
+             else "since this run started or resumed")
+    return (f"interrupted twice at step {step}: stopped without saving; the updates {since} "
+            f"are lost; run the same command again to resume from last.pt (one Ctrl-C saves "
+            f"before stopping)")
+
+
+class Forecast:
+    """How long the run will take, from the speed of its first updates in this process."""
+    MEASURE_STEPS, MEASURE_SECONDS = 5, 10.0
+
+    def __init__(self, step: int, seconds: float):
+        self.start_step, self.start_seconds, self.done = step, seconds, False
+        self.sec_per_step = 0.0
+
+    def update(self, step: int, seconds: float, max_steps: int, budget: float) -> int | None:
+        """The step the run will end at, once (when enough has been measured); else None."""
+        steps, elapsed = step - self.start_step, seconds - self.start_seconds
+        if self.done or steps < self.MEASURE_STEPS or elapsed < self.MEASURE_SECONDS:
+            return None
+        self.done = True
+        self.sec_per_step = elapsed / steps
+        self.now_step, self.now_seconds = step, seconds
+        end = max_steps
+        if budget > 0:
+            end = min(max_steps, step + int(max(0.0, budget - seconds) / self.sec_per_step))
+        self.end_step = max(end, step)
+        return self.end_step
+
+    def describe(self, max_steps: int, max_minutes: float) -> str:
+        left = (self.end_step - self.now_step) * self.sec_per_step
+        msg = (f"{self.sec_per_step:.2f} s per update on this machine: "
+               f"{_duration(left)} of training left")
+        if self.end_step < max_steps:
+            msg += (f"; the {max_minutes:g}-minute budget (train.max_minutes) stops it near "
+                    f"step {self.end_step:,} of {max_steps:,}")
+        else:
+            msg += f" to step {max_steps:,}"
+        return msg + ", plus validation"
+
+
+def _duration(seconds: float) -> str:
+    minutes = int(round(seconds / 60))
+    if minutes < 1:
+        return f"{int(seconds)} s"
+    return f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{minutes} min"

@@ -1,0 +1,113 @@
+"""Beam search against a scripted model whose log-probabilities are known: the hypothesis it
+returns is the best one by logp / len^length_penalty, found by enumerating every output."""
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mt.search import beam_search, greedy
+from mt.tokens import BOS, EOS
+
+V = 7                      # PAD, UNK, BOS, EOS and three words
+WORDS = [4, 5, 6]
+
+
+class ScriptedModel(torch.nn.Module):
+    """The next token's log-probabilities depend on the last token only: table[last]. The
+    search's interface without a network: states are one-hot last tokens, `project` looks
+    the row up."""
+    cross_cache_per_sentence = False
+    max_positions = 64
+
+    def __init__(self, table: torch.Tensor):
+        super().__init__()
+        self.table = table                                   # (V, V) log-probabilities
+
+    def encode(self, src, src_pad_mask):
+        return torch.zeros(src.shape[0], src.shape[1], 1)
+
+    def new_cache(self):
+        return [{"self": {}}]
+
+    def decode(self, tgt_in, memory, src_pad_mask, cache=None, start=0, weights=None):
+        return F.one_hot(tgt_in, V).float()                  # (B, T, V)
+
+    def project(self, h):
+        return h @ self.table
+
+
+def _table(seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.full((V, V), -1e9)                        # PAD, UNK, BOS: never
+    for row in range(V):
+        logits[row, [EOS, *WORDS]] = torch.randn(4, generator=g) * 2
+    return torch.log_softmax(logits, -1)
+
+
+def _best_by_enumeration(table, max_tokens: int, lp: float) -> list[int]:
+    """Every output of at most max_tokens - 1 words (the last token, EOS, is forced with
+    probability 1 at the length limit, as the search does), scored like the search."""
+    best = None
+    for n in range(max_tokens):
+        for words in itertools.product(WORDS, repeat=n):
+            seq, logp = [BOS, *words], 0.0
+            for a, b in zip(seq, seq[1:]):
+                logp += float(table[a, b])
+            if n < max_tokens - 1:
+                logp += float(table[seq[-1], EOS])           # ends by choice, not forced
+            score = logp / (n + 1) ** lp
+            if best is None or score > best[0]:
+                best = (score, list(words))
+    return best[1]
+
+
+@pytest.mark.parametrize("lp", [0.0, 1.0, 2.0])
+def test_exhaustive_beam_returns_the_best_scored_hypothesis(lp):
+    """With 3 words and at most 2 before EOS, beam 9 keeps every prefix alive: its answer must
+    be the enumeration's, for every length penalty (over 40 random models)."""
+    src = torch.tensor([[4, 5, EOS]])
+    for seed in range(40):
+        table = _table(seed)
+        got = beam_search(ScriptedModel(table), src, src == 0, 9, lp, max_len_a=0.0,
+                          max_len_b=3)
+        assert got == [_best_by_enumeration(table, 3, lp)], seed
+
+
+def test_the_length_penalty_changes_the_winner_as_the_formula_says():
+    """Some models prefer the short output without normalisation and a long one with it."""
+    src = torch.tensor([[4, 5, EOS]])
+    flipped = 0
+    for seed in range(40):
+        model = ScriptedModel(_table(seed))
+        short = beam_search(model, src, src == 0, 9, 0.0, max_len_a=0.0, max_len_b=3)[0]
+        long = beam_search(model, src, src == 0, 9, 3.0, max_len_a=0.0, max_len_b=3)[0]
+        assert len(long) >= len(short)
+        flipped += len(long) > len(short)
+    assert flipped > 0
+
+
+def test_greedy_follows_the_most_likely_token_and_beam_one_agrees():
+    src = torch.tensor([[4, 5, EOS], [6, EOS, 0]])
+    for seed in range(20):
+        table = _table(seed)
+        expected, last = [], BOS
+        for _ in range(5):                                  # max_len_b 6: 5 words at most
+            nxt = int(table[last].argmax())
+            if nxt == EOS:
+                break
+            expected.append(nxt)
+            last = nxt
+        model = ScriptedModel(table)
+        assert greedy(model, src, src == 0, 0.0, 6) == [expected, expected]
+        assert beam_search(model, src, src == 0, 1, 1.0, 0.0, 6) == [expected, expected]
+
+
+def test_a_sentence_ends_at_its_length_limit_with_eos():
+    """A model that never wants to stop is cut at max_len_b tokens (EOS included)."""
+    table = torch.full((V, V), -1e9)
+    table[:, 4] = 0.0                                         # always the word 4
+    table = torch.log_softmax(table, -1)
+    src = torch.tensor([[4, EOS]])
+    assert greedy(ScriptedModel(table), src, src == 0, 0.0, 4) == [[4, 4, 4]]
+    assert beam_search(ScriptedModel(table), src, src == 0, 3, 1.0, 0.0, 4) == [[4, 4, 4]]
