@@ -19,7 +19,7 @@ class Adam:
     Why not torch.optim.Adam itself: `torch.optim.Optimizer` imports torch._dynamo on first
     use (its methods are wrapped to be skipped by the compiler), which costs 72 MB of
     resident memory, a sixth of what a small model's training needs besides. The update,
-    the state and the state_dict are torch.optim.Adam's (tests/test_loss_schedule.py), so
+    the state and the state_dict are torch.optim.Adam's (tests/test_schedule.py), so
     checkpoints move between the two.
     """
 

@@ -107,6 +107,16 @@ def _until_eos(ids: list[int]) -> list[int]:
     return ids[: ids.index(EOS)] if EOS in ids else ids
 
 
+def _drop_done(done, k: int, per_sentence: bool, cache, alive, scores, hyps, pad_mask, memory):
+    """The live sentences' rows of the search state (and cache), the done ones dropped."""
+    keep_sent = (~done).nonzero().squeeze(1)
+    keep_rows = (keep_sent[:, None] * k + torch.arange(k, device=done.device)).view(-1)
+    memory = memory[keep_sent] if per_sentence else memory[keep_rows]
+    if cache is not None:
+        reorder_cache(cache, keep_rows, cross=keep_sent if per_sentence else True)
+    return alive[keep_sent], scores[keep_sent], hyps[keep_rows], pad_mask[keep_rows], memory
+
+
 def _finish(finished: list[list[tuple[float, list[int]]]], alive: torch.Tensor,
             hyps: torch.Tensor, top_scores: torch.Tensor, top_beam: torch.Tensor,
             top_tok: torch.Tensor, k: int, length_penalty: float) -> None:
@@ -198,11 +208,6 @@ def beam_search(model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor, b
         if cache is not None:
             reorder_cache(cache, src_rows, cross=False)
         if done.any():                                                  # shrink the batch
-            keep_sent = (~done).nonzero().squeeze(1)
-            keep_rows = (keep_sent[:, None] * k + torch.arange(k, device=dev)).view(-1)
-            alive, scores = alive[keep_sent], scores[keep_sent]
-            hyps, pad_mask = hyps[keep_rows], pad_mask[keep_rows]
-            memory = memory[keep_sent] if per_sentence else memory[keep_rows]
-            if cache is not None:
-                reorder_cache(cache, keep_rows, cross=keep_sent if per_sentence else True)
+            alive, scores, hyps, pad_mask, memory = _drop_done(
+                done, k, per_sentence, cache, alive, scores, hyps, pad_mask, memory)
     return [max(f)[1] if f else [] for f in finished]

@@ -76,6 +76,23 @@ def hf_decoder(vocab, args):
     return decode
 
 
+def setup(args):
+    """The BPE model (from the corpus), the test sentences as ids and an untrained model of the
+    Multi30k size (its weights do not change the work: every output has --steps tokens)."""
+    d = args.data_dir
+    tok = Tokenizer.train(read_lines(d / f"train.{args.src}")[:10000],
+                          read_lines(d / f"train.{args.tgt}")[:10000], vocab_size=8000,
+                          joint=True, character_coverage=1.0, max_sentences=20000, seed=0)
+    lines = read_lines(d / f"test.{args.src}")[: args.sentences]
+    ids = [np.asarray(x, dtype=np.int64) for x in tok.encode_src(lines)]
+    torch.manual_seed(0)
+    model = Transformer(src_vocab=tok.src_vocab_size, tgt_vocab=tok.tgt_vocab_size, d_model=256,
+                        n_heads=4, enc_layers=3, dec_layers=3, d_ff=1024, dropout=0.1,
+                        attn_dropout=0.0, pre_norm=False, tie_embeddings="all",
+                        max_positions=256).eval()
+    return tok, ids, model
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data-dir", type=Path, required=True, help="folder with test.SRC and train.*")
@@ -89,18 +106,8 @@ def main() -> None:
     ap.add_argument("--skip-nocache", action="store_true")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    d = args.data_dir
-    tok = Tokenizer.train(read_lines(d / f"train.{args.src}")[:10000],
-                          read_lines(d / f"train.{args.tgt}")[:10000], vocab_size=8000,
-                          joint=True, character_coverage=1.0, max_sentences=20000, seed=0)
-    lines = read_lines(d / f"test.{args.src}")[: args.sentences]
-    ids = [np.asarray(x, dtype=np.int64) for x in tok.encode_src(lines)]
-    torch.manual_seed(0)
-    model = Transformer(src_vocab=tok.src_vocab_size, tgt_vocab=tok.tgt_vocab_size, d_model=256,
-                        n_heads=4, enc_layers=3, dec_layers=3, d_ff=1024, dropout=0.1,
-                        attn_dropout=0.0, pre_norm=False, tie_embeddings="all",
-                        max_positions=256).eval()
-    n = len(lines)
+    tok, ids, model = setup(args)
+    n = len(ids)
     print(f"{n} sentences, beam {args.beam}, batches of {args.batch_size}, {args.steps} output "
           f"tokens each, {torch.get_num_threads()} threads")
     ours_dec, hf_dec = ours_decoder(model, args, use_cache=True), hf_decoder(tok.tgt_vocab_size, args)

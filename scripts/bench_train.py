@@ -270,6 +270,47 @@ def measure(size_name: str, args) -> dict:
     return res
 
 
+def report(size_name: str, res: dict, args, mem: str, kind: str, sheet: float | None) -> None:
+    o, r, h = res["ours"], res["torch"], res["hf"]
+    peak = o["matmul_flop_s"]
+    print(f"\n[{size_name}] {o['params'] / 1e6:.1f}M params, padding {o['padding']:.1%} of target "
+          f"positions; median of {args.repeats} interleaved runs each")
+    print(f"{'':12}{'tgt tok/s':>12}{mem:>14}{'useful GFLOP/s':>16}")
+    for name, label in (("ours", "mt"), ("torch", "nn.Transformer"), ("hf", "HF Marian")):
+        x = res[name]
+        print(f"{label:14}{x['tok_s']:>10.0f}{x['peak_rss_mb']:>14.0f}{x['flop_s'] / 1e9:>16.1f}")
+    print(f"in one process, taking turns batch by batch: mt {o['tok_s_turns']:.0f}, "
+          f"nn.Transformer {r['tok_s_turns']:.0f}, HF Marian {h['tok_s_turns']:.0f} tok/s: "
+          f"{o['tok_s_turns'] / r['tok_s_turns']:.2f}x and "
+          f"{o['tok_s_turns'] / h['tok_s_turns']:.2f}x")
+    print(f"ratio mt / nn.Transformer: {o['tok_s'] / r['tok_s']:.2f}x   "
+          f"mt / HF Marian: {o['tok_s'] / h['tok_s']:.2f}x   "
+          f"FLOP utilization: {o['flop_s'] / peak:.1%} of the measured {kind} matmul "
+          f"({peak / 1e9:.1f} GFLOP/s, around that run)"
+          + (f"   MFU: {o['flop_s'] / sheet:.1%} of the datasheet peak" if sheet else ""))
+
+
+def summarize(size_name: str, res: dict, args, where: str, preload: str,
+              sheet: float | None) -> dict:
+    """The JSON summary of one size."""
+    o, r, h = res["ours"], res["torch"], res["hf"]
+    peak = o["matmul_flop_s"]
+    return {"size": size_name, "ours_tok_s": round(o["tok_s"], 1),
+            "ref_tok_s": round(r["tok_s"], 1), "hf_tok_s": round(h["tok_s"], 1),
+            "ratio_ref": round(o["tok_s"] / r["tok_s"], 3),
+            "ratio_hf": round(o["tok_s"] / h["tok_s"], 3),
+            "ratio_ref_turns": round(o["tok_s_turns"] / r["tok_s_turns"], 3),
+            "ratio_hf_turns": round(o["tok_s_turns"] / h["tok_s_turns"], 3),
+            "flop_utilization": round(o["flop_s"] / peak, 3),
+            "matmul_gflop_s": round(peak / 1e9, 1),
+            "ours_peak_rss_mb": round(o["peak_rss_mb"]),
+            "ref_peak_rss_mb": round(r["peak_rss_mb"]),
+            "hf_peak_rss_mb": round(h["peak_rss_mb"]),
+            "padding": round(o["padding"], 3), "device": where,
+            "precision": args.precision, "ld_preload": preload,
+            **({"mfu": round(o["flop_s"] / sheet, 3)} if sheet else {})}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", choices=["small", "base", "both"], default="both")
@@ -303,38 +344,9 @@ def main() -> None:
     summary = {}
     for size_name in (["small", "base"] if args.size == "both" else [args.size]):
         res = measure(size_name, args)
-        o, r, h = res["ours"], res["torch"], res["hf"]
-        peak = o["matmul_flop_s"]
-        print(f"\n[{size_name}] {o['params'] / 1e6:.1f}M params, padding {o['padding']:.1%} of target "
-              f"positions; median of {args.repeats} interleaved runs each")
-        print(f"{'':12}{'tgt tok/s':>12}{mem:>14}{'useful GFLOP/s':>16}")
-        for name, label in (("ours", "mt"), ("torch", "nn.Transformer"), ("hf", "HF Marian")):
-            x = res[name]
-            print(f"{label:14}{x['tok_s']:>10.0f}{x['peak_rss_mb']:>14.0f}{x['flop_s'] / 1e9:>16.1f}")
-        print(f"in one process, taking turns batch by batch: mt {o['tok_s_turns']:.0f}, "
-              f"nn.Transformer {r['tok_s_turns']:.0f}, HF Marian {h['tok_s_turns']:.0f} tok/s: "
-              f"{o['tok_s_turns'] / r['tok_s_turns']:.2f}x and "
-              f"{o['tok_s_turns'] / h['tok_s_turns']:.2f}x")
-        print(f"ratio mt / nn.Transformer: {o['tok_s'] / r['tok_s']:.2f}x   "
-              f"mt / HF Marian: {o['tok_s'] / h['tok_s']:.2f}x   "
-              f"FLOP utilization: {o['flop_s'] / peak:.1%} of the measured {kind} matmul "
-              f"({peak / 1e9:.1f} GFLOP/s, around that run)"
-              + (f"   MFU: {o['flop_s'] / sheet:.1%} of the datasheet peak" if sheet else ""))
+        report(size_name, res, args, mem, kind, sheet)
         if size_name == "small" or args.size != "both":
-            summary = {"size": size_name, "ours_tok_s": round(o["tok_s"], 1),
-                       "ref_tok_s": round(r["tok_s"], 1), "hf_tok_s": round(h["tok_s"], 1),
-                       "ratio_ref": round(o["tok_s"] / r["tok_s"], 3),
-                       "ratio_hf": round(o["tok_s"] / h["tok_s"], 3),
-                       "ratio_ref_turns": round(o["tok_s_turns"] / r["tok_s_turns"], 3),
-                       "ratio_hf_turns": round(o["tok_s_turns"] / h["tok_s_turns"], 3),
-                       "flop_utilization": round(o["flop_s"] / peak, 3),
-                       "matmul_gflop_s": round(peak / 1e9, 1),
-                       "ours_peak_rss_mb": round(o["peak_rss_mb"]),
-                       "ref_peak_rss_mb": round(r["peak_rss_mb"]),
-                       "hf_peak_rss_mb": round(h["peak_rss_mb"]),
-                       "padding": round(o["padding"], 3), "device": where,
-                       "precision": args.precision, "ld_preload": preload,
-                       **({"mfu": round(o["flop_s"] / sheet, 3)} if sheet else {})}
+            summary = summarize(size_name, res, args, where, preload, sheet)
     if args.json:
         print(json.dumps(summary))
 

@@ -1,7 +1,7 @@
 """Fused CPU training paths: one autograd node for a chain of ops, keeping fewer tensors for
 backward and making fewer passes over memory than the op-by-op chain. They are used when
 training in fp32 on CPU (`cpu_fused`); on GPU, autocast and PyTorch's kernels do the job.
-Each equals its op-by-op chain with the same dropout mask (tests/test_loss_schedule.py)."""
+Each equals its op-by-op chain with the same dropout mask (tests/test_fast_paths.py)."""
 from __future__ import annotations
 
 import torch
