@@ -2,6 +2,7 @@
 and the state of an earlier run when there is one to resume."""
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import torch
@@ -12,7 +13,7 @@ from mt.data.prepare import prepare_data
 from mt.device import amp_dtype, pick_device
 from mt.distributed import setup
 from mt.errors import MTError
-from mt.loss import reference_loss
+from mt.loss import rdrop_loss, reference_loss
 from mt.model import build_model
 from mt.rundir import prepare_run_dir, record_corpus, write_run_info
 from mt.schedule import build_optimizer
@@ -81,6 +82,8 @@ def _build(cfg: Config, run_dir: Path, dist, device_name: str, log, lock) -> Tra
     if t.fast_paths:          # the CPU speed work, beside the reference model (mt/fast)
         fast.install(model)
         loss_fn = reference_loss if t.compile else fast.chunked_loss
+    if t.rdrop_alpha > 0:     # two passes and their KL need the full logits
+        loss_fn = functools.partial(rdrop_loss, alpha=t.rdrop_alpha)
     torch.manual_seed(t.seed + dist.rank)   # same initial weights everywhere, own dropout masks
     log(f"model: {sum(p.numel() for p in model.parameters()):,} parameters on {device}"
         + (f" x {dist.world} ranks" if dist.enabled else ""))

@@ -95,6 +95,9 @@ class TrainConfig(_Section):
     adam_eps: float = Field(1e-9, gt=0.0)
     weight_decay: float = Field(0.0, ge=0.0)
     label_smoothing: float = Field(0.1, ge=0.0, lt=1.0)
+    rdrop_alpha: float = Field(0.0, ge=0.0, description="R-Drop (Liang et al. 2021): two "
+                               "dropout passes per batch and this weight on their symmetric "
+                               "KL; 0 = off")
     clip_norm: float = Field(1.0, ge=0.0, description="0 disables clipping")
     log_every: int = Field(100, ge=1)
     valid_every: int = Field(1000, ge=1)

@@ -35,3 +35,33 @@ def reference_loss(model, batch, eps: float) -> tuple[torch.Tensor, torch.Tensor
     lprobs = torch.log_softmax(logits.float(), dim=-1).view(-1, logits.shape[-1])
     loss, nll, _ = label_smoothed_nll(lprobs, batch.tgt_out.reshape(-1), eps, PAD)
     return loss, nll
+
+
+def symmetric_kl(lprobs_a: torch.Tensor, lprobs_b: torch.Tensor,
+                 keep: torch.Tensor) -> torch.Tensor:
+    """sum over the kept positions of (KL(a || b) + KL(b || a)) / 2, from log-probabilities
+    (N, V) of the same targets: R-Drop's regulariser (Liang et al. 2021, eq. 2)."""
+    pa, pb = lprobs_a.exp(), lprobs_b.exp()
+    per_position = ((pa * (lprobs_a - lprobs_b)).sum(-1) + (pb * (lprobs_b - lprobs_a)).sum(-1))
+    return (per_position * keep).sum() / 2
+
+
+def rdrop_loss(model, batch, eps: float, alpha: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """R-Drop (Liang et al., NeurIPS 2021): the batch goes through the model twice, with two
+    different dropout masks; the loss is the mean of the two passes' label-smoothed losses
+    plus alpha times the symmetric KL between their predictions (summed over target tokens,
+    like the loss). The mean keeps the loss on the plain loss's scale, so alpha 0 trains as
+    without R-Drop (with the gradient of two masks). In evaluation the passes are equal: the
+    plain loss."""
+    if not model.training:
+        return reference_loss(model, batch, eps)
+    v_target = batch.tgt_out.reshape(-1)
+    keep = (v_target != PAD).to(torch.float32)
+    passes = []
+    for _ in range(2):
+        logits = model(batch.src, batch.tgt_in, batch.src_pad_mask)     # (B, T, V)
+        passes.append(torch.log_softmax(logits.float(), -1).view(-1, logits.shape[-1]))
+    (loss_a, nll_a, _), (loss_b, nll_b, _) = (label_smoothed_nll(lp, v_target, eps, PAD)
+                                              for lp in passes)
+    kl = symmetric_kl(passes[0], passes[1], keep)
+    return (loss_a + loss_b) / 2 + alpha * kl, (nll_a + nll_b) / 2
