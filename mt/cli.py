@@ -44,6 +44,13 @@ def command(name: str):
             except MTError as e:
                 _err(f"error: {e}")
                 raise typer.Exit(2)
+            except OSError as e:
+                if e.filename is None:
+                    raise
+                # a file mt reads or writes along the way (a log, a config, a BPE model)
+                from mt.outputs import describe_os_error
+                _err(f"error: {describe_os_error(e)}")
+                raise typer.Exit(2)
         return app.command(name)(run)
     return wrap
 

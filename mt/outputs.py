@@ -85,6 +85,13 @@ def describe_write_error(path: Path, e: BaseException) -> str:
     return f"could not write {path} ({reason})"
 
 
+def describe_os_error(e: OSError) -> str:
+    """One line for an OSError about a file mt read or wrote along the way."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return describe_write_error(Path(e.filename), e)
+    return f"{e.filename}: {e.strerror}"
+
+
 @contextmanager
 def atomic_file(path: str | Path, mode: str = "wb", keep_as: Path | None = None) -> Iterator:
     """Open a temp file beside `path`; on success it is flushed, synced and renamed over `path`

@@ -1,9 +1,13 @@
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+from mt.tokens import EOS, PAD
 
 os.environ["HF_HUB_OFFLINE"] = "1"       # the hub is unreachable here; fail fast, not after retries
 os.environ["HF_DATASETS_OFFLINE"] = "1"
@@ -37,3 +41,31 @@ def tiny_run(tmp_path_factory):
                   "train.valid_every=60", "train.save_every=30", "train.log_every=20")
     assert proc.returncode == 0, proc.stderr
     return run
+
+
+# -- small models and batches shared by the model, search and fast-path tests -------------
+V = 40
+
+
+def make_model(pre_norm=False, tie="all", seed=0):
+    from mt.model import Transformer
+    torch.manual_seed(seed)
+    return Transformer(src_vocab=V, tgt_vocab=V, d_model=32, n_heads=4, enc_layers=2,
+                       dec_layers=2, d_ff=64, dropout=0.1, attn_dropout=0.1, pre_norm=pre_norm,
+                       tie_embeddings=tie, max_positions=64).eval()
+
+
+def make_src(lengths, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    src = torch.full((len(lengths), max(lengths)), PAD)
+    for i, n in enumerate(lengths):
+        src[i, :n - 1] = torch.randint(4, V, (n - 1,), generator=g)
+        src[i, n - 1] = EOS
+    return src
+
+
+def free_port() -> int:
+    """A free TCP port on localhost, for a process group's rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -10,7 +10,7 @@ from mt.model.attention import MultiHeadAttention
 from mt.search import beam_search, greedy
 from mt.tokens import PAD
 from tests.conftest import ROOT, assert_user_error, run_mt
-from tests.test_model import V, make_src
+from tests.conftest import V, make_src
 
 VARIANTS = {
     "transformer-post-sinusoidal": dict(arch="transformer"),

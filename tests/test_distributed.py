@@ -2,7 +2,6 @@
 import os
 import re
 import shutil
-import socket
 
 import numpy as np
 import torch
@@ -12,7 +11,7 @@ from mt.build import build_trainer
 from mt.config import load_config
 from mt.data.batching import collate
 from mt.data.download import download
-from tests.conftest import ROOT
+from tests.conftest import ROOT, free_port
 
 HALVES = (list(range(0, 24)), list(range(24, 48)))
 
@@ -37,19 +36,13 @@ def _worker(rank, world, port, data_dir, run_dir, out):
     assert not torch.distributed.is_initialized()
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_ranks_with_batch_b_equal_one_rank_with_2b(tmp_path):
     data = tmp_path / "data"
     download("synthetic", data)
     single = build_trainer(_cfg(data), tmp_path / "single", log=lambda *_: None)
     (tmp_path / "ddp").mkdir()
     shutil.copy(tmp_path / "single/spm.model", tmp_path / "ddp/spm.model")   # same BPE
-    mp.spawn(_worker, args=(2, _free_port(), data, tmp_path / "ddp", tmp_path / "ddp.pt"),
+    mp.spawn(_worker, args=(2, free_port(), data, tmp_path / "ddp", tmp_path / "ddp.pt"),
              nprocs=2, join=True)
     before = {k: v.clone() for k, v in single.model.state_dict().items()}
     for _ in range(3):
@@ -79,7 +72,7 @@ def test_torchrun_two_processes_resume_equals_uninterrupted(tmp_path):
 
     def train(run, steps):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-               "--master_port", str(_free_port()), "-m", "mt", "train",
+               "--master_port", str(free_port()), "-m", "mt", "train",
                str(ROOT / "configs/tiny.yaml"), "--run-dir", str(tmp_path / run), "--set",
                f"data.dir={tmp_path / 'd'}", "model.dropout=0.2", "train.log_every=10",
                "train.valid_every=20", "train.save_every=20", "train.valid_beam=1",

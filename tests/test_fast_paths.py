@@ -9,7 +9,7 @@ from mt import fast
 from mt.loss import label_smoothed_nll
 from mt.model import Transformer
 from mt.tokens import PAD
-from tests.test_model import V, make_src
+from tests.conftest import V, make_src
 
 
 @pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])

@@ -16,8 +16,7 @@ from mt.data.batching import collate
 from mt.data.download import download
 from mt.device import amp_dtype, decode_dtype
 from mt.errors import MTError
-from tests.conftest import ROOT
-from tests.test_distributed import _free_port
+from tests.conftest import ROOT, free_port
 
 TINY = ROOT / "configs" / "tiny.yaml"
 
@@ -56,7 +55,7 @@ def _slow_rank0_worker(rank, world, port, data_dir, run_dir, delay):
 
 
 def test_rank0_solo_work_longer_than_the_collective_timeout_is_waited_for(tmp_path):
-    mp.spawn(_slow_rank0_worker, args=(2, _free_port(), tmp_path / "data", tmp_path / "run", 6),
+    mp.spawn(_slow_rank0_worker, args=(2, free_port(), tmp_path / "data", tmp_path / "run", 6),
              nprocs=2, join=True)
     assert (tmp_path / "run" / "last.pt").is_file()
 
@@ -89,7 +88,7 @@ def _oom_worker(rank, world, port, data_dir, run_dir, out):
 def test_out_of_memory_on_one_rank_is_skipped_by_all_ranks(tmp_path):
     download("synthetic", tmp_path / "data")
     (tmp_path / "out").mkdir()
-    mp.spawn(_oom_worker, args=(2, _free_port(), tmp_path / "data", tmp_path / "run",
+    mp.spawn(_oom_worker, args=(2, free_port(), tmp_path / "data", tmp_path / "run",
                                 tmp_path / "out"), nprocs=2, join=True)
     r0, r1 = (torch.load(tmp_path / "out" / f"rank{r}.pt") for r in (0, 1))
     assert r0["done"] == r1["done"] == [True, False, True]

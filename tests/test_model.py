@@ -1,28 +1,10 @@
 import pytest
 import torch
 
-from mt.model import Transformer, reorder_cache
+from mt.model import reorder_cache
 from mt.search import beam_search, greedy
 from mt.tokens import EOS, PAD
-
-V = 40
-
-
-def make_model(pre_norm=False, tie="all", seed=0):
-    torch.manual_seed(seed)
-    return Transformer(src_vocab=V, tgt_vocab=V, d_model=32, n_heads=4, enc_layers=2,
-                       dec_layers=2, d_ff=64, dropout=0.1, attn_dropout=0.1, pre_norm=pre_norm,
-                       tie_embeddings=tie, max_positions=64).eval()
-
-
-def make_src(lengths, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    src = torch.full((len(lengths), max(lengths)), PAD)
-    for i, n in enumerate(lengths):
-        src[i, :n - 1] = torch.randint(4, V, (n - 1,), generator=g)
-        src[i, n - 1] = EOS
-    return src
-
+from tests.conftest import V, make_model, make_src
 
 def test_padding_does_not_change_outputs():
     """A padded batch gives each sentence the same logits as running it alone."""

@@ -318,3 +318,15 @@ def test_attention_labels_show_words_not_sentencepiece_marks():
     from mt.alignment import readable_pieces
     assert readable_pieces(["\u2581Ein", "\u2581Hund", "e", "\u2581", "</s>"]) == \
         ["Ein", "Hund", "##e", "\u2423", "</s>"]
+
+
+@needs_mount
+def test_training_on_a_disk_that_fills_stops_with_one_line(tmp_path):
+    """The run directory on a 1 MB filesystem: the BPE model and the config fit, the first
+    checkpoint does not."""
+    disk = tmp_path / "disk"
+    data = tmp_path / "data"
+    assert run_mt("download", "synthetic", "--out", data).returncode == 0
+    proc = run_on_mount(disk, "size=1m", "train", TINY, "--run-dir", disk / "run", "--set",
+                        f"data.dir={data}", "train.max_steps=20", "train.save_every=5")
+    assert_user_error(proc, "disk is full")
