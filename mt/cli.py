@@ -187,12 +187,16 @@ def translate_cmd(
 
 @command("eval")
 def eval_cmd(
-    model: Optional[Path] = typer.Argument(None, help="run directory or checkpoint to translate --src"),
+    models: Optional[List[Path]] = typer.Argument(None, help="run directories or checkpoints "
+                                                  "that translate --src (several: compared)"),
     src: Optional[Path] = typer.Option(None, "--src", help="source file to translate"),
     ref: Path = typer.Option(..., "--ref", help="reference translations (raw text)"),
-    hyp: Optional[Path] = typer.Option(None, "--hyp", help="score this file instead of translating"),
+    hyps: Optional[List[Path]] = typer.Option(None, "--hyp", help="score this file instead of "
+                                              "translating; repeat to compare systems"),
     beam: Optional[int] = typer.Option(None, "--beam", min=1),
     length_penalty: Optional[float] = typer.Option(None, "--length-penalty", min=0.0),
+    ci: bool = typer.Option(False, "--ci", help="bootstrap 95% confidence intervals "
+                                                "(1,000 resamples)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     device: str = typer.Option("auto", "--device"),
     precision: str = typer.Option("auto", "--precision", help="as for mt translate"),
@@ -200,40 +204,27 @@ def eval_cmd(
         None, "--lc-tok", help="also report lowercased Moses-tokenized BLEU for this target "
                                "language (the Multi30k papers' metric), e.g. --lc-tok en"),
 ):
-    """Score with sacreBLEU (BLEU, chrF) against raw references, printing the signature.
+    """Score with sacreBLEU (BLEU, chrF, chrF++, TER) against raw references, printing the
+    signatures. Two or more systems (--hyp files or models) are compared with the first as
+    the baseline: paired bootstrap resampling and approximate randomisation, with p-values.
 
     Examples: mt eval runs/multi30k_de_en --src test.de --ref test.en
-              mt eval --hyp out.en --ref test.en
+              mt eval --hyp out.en --ref test.en --ci
+              mt eval --hyp base.en --hyp new.en --ref test.en
     """
-    from mt.data.corpus import read_lines
-    from mt.metrics import check_moses_lang, score
+    from mt import evaluate
     _check_device(device)
     _check_beam(beam)
-    if moses_lang:
-        check_moses_lang(moses_lang)
-    if hyp is not None and model is not None:
-        raise MTError("give either --hyp FILE or a model with --src, not both")
-    if hyp is not None:
-        hyps = read_lines(hyp)
-    elif model is not None and src is not None:
-        from mt.translator import Translator
-        hyps = Translator.from_checkpoint(model, device, precision).translate(
-            read_lines(src), beam=beam, length_penalty=length_penalty)
+    systems = evaluate.systems(list(models or []), list(hyps or []), src, beam=beam,
+                               length_penalty=length_penalty, device=device,
+                               precision=precision)
+    refs = evaluate.references(ref)
+    if len(systems) == 1:
+        result = evaluate.one_system(systems[0][1], refs, ci, moses_lang)
+        typer.echo(json.dumps(result) if as_json else evaluate.describe_one(result, moses_lang))
     else:
-        raise MTError("nothing to score: pass --hyp FILE, or a model and --src FILE")
-    refs = read_lines(ref)
-    s = score(hyps, refs)
-    result = s.to_dict()
-    if moses_lang:
-        from mt.metrics import lc_tok_bleu
-        result["bleu_lc_tok"] = round(lc_tok_bleu(hyps, refs, moses_lang), 2)
-    if as_json:
-        typer.echo(json.dumps(result))
-        return
-    typer.echo(f"BLEU = {s.bleu:.2f}  ({s.signature})")
-    typer.echo(f"chrF = {s.chrf:.2f}  ({s.chrf_signature})")
-    if moses_lang:
-        typer.echo(f"BLEU (lowercased, Moses-tokenized, {moses_lang}) = {result['bleu_lc_tok']:.2f}")
+        rows = evaluate.compare(systems, refs)
+        typer.echo(json.dumps({"systems": rows}) if as_json else evaluate.describe_table(rows))
 
 
 @command("attention")

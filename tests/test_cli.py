@@ -40,7 +40,8 @@ def test_eval_scores_hyp_file_and_model(tiny_run, tmp_path):
     proc = run_mt("eval", "--hyp", ref, "--ref", ref, "--json")
     assert proc.returncode == 0, proc.stderr
     res = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert res["bleu"] == 100.0 and res["chrf"] == 100.0 and "nrefs:1" in res["signature"]
+    assert res["bleu"] == 100.0 and res["chrf"] == 100.0 and "nrefs:1" in res["bleu_signature"]
+    assert res["chrf_pp"] == 100.0 and res["ter"] == 0.0 and "nw:2" in res["chrf_pp_signature"]
     proc = run_mt("eval", "--hyp", ref, "--ref", ref)
     assert "BLEU = 100.00" in proc.stdout and "version:" in proc.stdout
     short = tmp_path / "short"
@@ -112,3 +113,47 @@ def test_alignment_and_attention_picture(tiny_run, tmp_path):
     assert (tmp_path / "a.png").read_bytes()[:4] == b"\x89PNG"
     assert_user_error(run_mt("attention", tiny_run, "lo", "--layer", "9", "-o", tmp_path / "b.png"),
                       "--layer 9")
+
+
+def test_eval_reports_chrf_pp_ter_and_bootstrap_intervals_as_sacrebleu_does(tmp_path):
+    import sacrebleu
+    src, ref = generate(60, seed=11)
+    hyp = [" ".join(line.split()[:-1]) or line for line in ref]         # drop each last word
+    (tmp_path / "h").write_text("\n".join(hyp) + "\n")
+    (tmp_path / "r").write_text("\n".join(ref) + "\n")
+    proc = run_mt("eval", "--hyp", tmp_path / "h", "--ref", tmp_path / "r", "--ci", "--json")
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert res["chrf_pp"] == round(sacrebleu.CHRF(word_order=2).corpus_score(hyp, [ref]).score, 2)
+    assert res["ter"] == round(sacrebleu.TER().corpus_score(hyp, [ref]).score, 2)
+    for m in ("bleu", "chrf", "chrf_pp", "ter"):
+        assert res[f"{m}_ci"] > 0 and abs(res[f"{m}_mean"] - res[m]) < 3 * res[f"{m}_ci"]
+    text = run_mt("eval", "--hyp", tmp_path / "h", "--ref", tmp_path / "r").stdout
+    assert "chrF++ = " in text and "TER = " in text and "bootstrap" not in text
+
+
+def test_eval_compares_systems_with_paired_tests(tmp_path):
+    """The first system is the baseline; a clearly better system gets small p-values from
+    both tests; a copy of the baseline has nothing to test (no p-value)."""
+    _, ref = generate(80, seed=12)
+    worse = [" ".join(line.split()[:-2]) or line for line in ref]
+    better = [" ".join(line.split()[:-1]) or line for line in ref]
+    for name, lines in (("r", ref), ("worse", worse), ("copy", worse), ("better", better)):
+        (tmp_path / name).write_text("\n".join(lines) + "\n")
+    proc = run_mt("eval", "--hyp", tmp_path / "worse", "--hyp", tmp_path / "copy",
+                  "--hyp", tmp_path / "better", "--ref", tmp_path / "r", "--json")
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout.strip().splitlines()[-1])["systems"]
+    assert [r["system"].rsplit("/", 1)[-1] for r in rows] == ["worse", "copy", "better"]
+    assert rows[0]["bleu_p_bs"] is None                               # the baseline
+    assert rows[1]["bleu"] == rows[0]["bleu"] and rows[1]["same_as_baseline"]
+    assert rows[1]["bleu_p_ar"] is None and rows[1]["chrf_p_bs"] is None
+    assert rows[2]["bleu"] > rows[0]["bleu"]
+    assert rows[2]["bleu_p_bs"] < 0.01 and rows[2]["bleu_p_ar"] < 0.01
+    assert rows[2]["chrf_p_bs"] < 0.01 and rows[2]["chrf_p_ar"] < 0.01
+    table = run_mt("eval", "--hyp", tmp_path / "worse", "--hyp", tmp_path / "better",
+                   "--ref", tmp_path / "r").stdout
+    assert "baseline" in table and "p (ar)" in table
+    (tmp_path / "short").write_text("one line\n")
+    assert_user_error(run_mt("eval", "--hyp", tmp_path / "worse", "--hyp", tmp_path / "short",
+                             "--ref", tmp_path / "r"), "short", "lines")
