@@ -63,13 +63,15 @@ def describe_table(rows: list[dict]) -> str:
     for i, r in enumerate(rows):
         cells = [f"{r['system']:<{width}}"]
         for m in ("bleu", "chrf"):
-            if i == 0 or r.get("same_as_baseline"):
-                p_bs, p_ar = ("baseline", "") if i == 0 else ("same", "output")
+            if i == 0:
+                p_bs, p_ar = "baseline", ""
             else:
                 p_bs, p_ar = f"{r[m + '_p_bs']:.4f}", f"{r[m + '_p_ar']:.4f}"
             cells.append(f"{r[m]:>{7 if m == 'bleu' else 8}.2f}"
                          f"{r[m + '_mean']:>9.2f} ± {r[m + '_ci']:<4.2f}{p_bs:>9}{p_ar:>9}")
         out.append("".join(cells))
+    if any(r.get("same_as_baseline") for r in rows):
+        out.append("(an output identical to the baseline's: p = 1, nothing differs)")
     out.append("p: the probability of a difference at least this large by chance (paired "
                "bootstrap, 1,000 resamples; approximate randomisation, 10,000 trials)")
     return "\n".join(out)

@@ -108,10 +108,10 @@ def paired_significance(systems: list[tuple[str, list[str]]], refs: list[str],
                     row[f"{key}_mean"], row[f"{key}_ci"] = _round(r.mean), _round(r.ci)
                 row[f"{key}_p_{test}"] = _round(r.p_value, 4)
     # sacreBLEU (after MultEval) does not count a zero difference as chance, so an output
-    # identical to the baseline's gets the smallest p-value: there is nothing to test
+    # identical to the baseline's would get the smallest p-value: it is p = 1, no difference
     for row, (_, hyps) in zip(rows[1:], systems[1:]):
         if hyps == systems[0][1]:
-            row.update({k: None for k in row if "_p_" in k}, same_as_baseline=True)
+            row.update({k: 1.0 for k in row if "_p_" in k}, same_as_baseline=True)
     return rows
 
 

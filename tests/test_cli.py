@@ -134,7 +134,7 @@ def test_eval_reports_chrf_pp_ter_and_bootstrap_intervals_as_sacrebleu_does(tmp_
 
 def test_eval_compares_systems_with_paired_tests(tmp_path):
     """The first system is the baseline; a clearly better system gets small p-values from
-    both tests; a copy of the baseline has nothing to test (no p-value)."""
+    both tests; a copy of the baseline gets p = 1."""
     _, ref = generate(80, seed=12)
     worse = [" ".join(line.split()[:-2]) or line for line in ref]
     better = [" ".join(line.split()[:-1]) or line for line in ref]
@@ -147,7 +147,7 @@ def test_eval_compares_systems_with_paired_tests(tmp_path):
     assert [r["system"].rsplit("/", 1)[-1] for r in rows] == ["worse", "copy", "better"]
     assert rows[0]["bleu_p_bs"] is None                               # the baseline
     assert rows[1]["bleu"] == rows[0]["bleu"] and rows[1]["same_as_baseline"]
-    assert rows[1]["bleu_p_ar"] is None and rows[1]["chrf_p_bs"] is None
+    assert rows[1]["bleu_p_ar"] == rows[1]["bleu_p_bs"] == rows[1]["chrf_p_bs"] == 1.0
     assert rows[2]["bleu"] > rows[0]["bleu"]
     assert rows[2]["bleu_p_bs"] < 0.01 and rows[2]["bleu_p_ar"] < 0.01
     assert rows[2]["chrf_p_bs"] < 0.01 and rows[2]["chrf_p_ar"] < 0.01
