@@ -14,3 +14,12 @@ os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # The Python API, imported on first use so that `import mt` (and `mt --help`) stays light:
+    # from mt import Translator, Sampling
+    if name in ("Translator", "Sampling"):
+        from mt import translator
+        return getattr(translator, name)
+    raise AttributeError(f"module 'mt' has no attribute {name!r}")

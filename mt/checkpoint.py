@@ -134,6 +134,12 @@ def tokenizer_from(ckpt: dict):
                      tensor_to_bytes(spm["tgt"]) if "tgt" in spm else None)
 
 
+def same_tokenizer(a: dict, b: dict) -> bool:
+    """Whether two checkpoints hold the same BPE model(s)."""
+    return a["spm"].keys() == b["spm"].keys() and all(
+        torch.equal(a["spm"][k], b["spm"][k]) for k in a["spm"])
+
+
 def tokenizer_state(tokenizer) -> dict:
     state = {"src": bytes_to_tensor(tokenizer.src_model)}
     if not tokenizer.joint:

@@ -138,12 +138,25 @@ def _check_beam(beam: Optional[int]) -> None:
 
 @command("translate")
 def translate_cmd(
-    model: Path = typer.Argument(..., help="run directory (best.pt, else last.pt) or checkpoint"),
+    models: List[Path] = typer.Argument(..., help="run directory (best.pt, else last.pt) or "
+                                        "checkpoint; several: an ensemble"),
     input: Optional[Path] = typer.Option(None, "--input", "-i", help="input file (default stdin)"),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="output file (default stdout)"),
     beam: Optional[int] = typer.Option(None, "--beam", min=1, help="beam size (default: config)"),
     greedy: bool = typer.Option(False, "--greedy", help="greedy search (= --beam 1)"),
     length_penalty: Optional[float] = typer.Option(None, "--length-penalty", min=0.0),
+    nbest: int = typer.Option(1, "--nbest", min=1, help="write the N best translations of each "
+                              "line (N <= beam) as LINE<TAB>SCORE<TAB>TRANSLATION"),
+    sample: bool = typer.Option(False, "--sample", help="draw each token instead of searching"),
+    temperature: float = typer.Option(1.0, "--temperature", help="with --sample: > 1 flatter, "
+                                      "< 1 sharper"),
+    topk: int = typer.Option(0, "--topk", min=0, help="with --sample: only the k most likely "
+                             "tokens (0: all)"),
+    topp: float = typer.Option(1.0, "--topp", help="with --sample: nucleus, the smallest set "
+                               "of tokens with this probability (1: all)"),
+    seed: Optional[int] = typer.Option(None, "--seed", help="with --sample: fixed random draws"),
+    prefix: Optional[str] = typer.Option(None, "--prefix", help="every translation starts "
+                                         "with this text"),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda"),
     precision: str = typer.Option("auto", "--precision", help="auto (on a GPU: the run's "
                                   "train.precision; on CPU: fp32), fp32, bf16 or fp16"),
@@ -155,33 +168,38 @@ def translate_cmd(
     """Translate a file or stdin, one output line per input line (typed lines are answered one
     by one when stdin is a terminal).
 
-    Example: mt translate runs/multi30k_de_en -i test.de -o test.en --beam 5
+    Examples: mt translate runs/multi30k_de_en -i test.de -o test.en --beam 5
+              mt translate runs/a runs/b -i test.de --nbest 3 --beam 5     (an ensemble)
+              mt translate runs/a -i mono.de --sample --topp 0.9 --seed 1
     """
     from mt import checkpoint
     from mt.outputs import check_output, is_stdio
-    from mt.textio import interactive, read_input, write_output
-    from mt.translator import Translator
+    from mt.textio import format_nbest, interactive, read_input, write_output
+    from mt.threads import choose_threads
+    from mt.translator import Sampling, Translator
     _check_device(device)
     _check_beam(beam)
-    path = checkpoint.resolve(model)
-    check_output(output, force=force, inputs=[input, path])
+    sampling = Sampling.from_flags(sample, temperature, topk, topp, seed, beam, nbest)
+    if print_alignment and (len(models) > 1 or nbest > 1 or sampling):
+        raise MTError("--print-alignment works with one model and one translation per line")
+    paths = [checkpoint.resolve(m) for m in models]
+    check_output(output, force=force, inputs=[input, *paths])
     if not is_stdio(input) and not input.is_file():
         raise MTError(f"input file {input} not found")
-    from mt.threads import choose_threads
     choose_threads(0, _err)
-    translator = Translator.from_checkpoint(path, device, precision)
-    options = {"beam": 1 if greedy else beam, "length_penalty": length_penalty}
-    b = options["beam"] or translator.cfg.beam
-    lp = translator.cfg.length_penalty if length_penalty is None else length_penalty
-    _err(f"translating with {path} on {translator.device}: "
-         + ("greedy search" if b == 1 else f"beam {b}, length penalty {lp}"))
-    if is_stdio(input) and sys.stdin.isatty() and is_stdio(output) and not print_alignment:
-        return interactive(translator, options)
+    translator = Translator.load(paths, device, precision)
+    options = {"beam": 1 if greedy else beam, "length_penalty": length_penalty, "prefix": prefix}
+    _err(translator.describe(paths, options, nbest, sampling))
+    if is_stdio(input) and sys.stdin.isatty() and is_stdio(output) and not print_alignment \
+            and nbest == 1:
+        return interactive(translator, dict(options, sampling=sampling))
     lines = read_input(input)
     if print_alignment:
-        out = translator.translate_with_alignment(lines, **options)
+        out = translator.translate_with_alignment(lines, options["beam"], length_penalty)
+    elif nbest > 1:
+        out = format_nbest(translator.translate_nbest(lines, nbest, progress=True, **options))
     else:
-        out = translator.translate(lines, **options, progress=True)
+        out = translator.translate(lines, **options, sampling=sampling, progress=True)
     write_output(output, out)
 
 

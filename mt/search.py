@@ -15,10 +15,41 @@ from mt.tokens import BOS, EOS, PAD, UNK
 BANNED = [PAD, BOS, UNK]
 
 
-def max_lengths(src_pad_mask: torch.Tensor, a: float, b: int, limit: int) -> torch.Tensor:
-    """Per sentence: at most a * src_len + b output tokens (EOS included), within `limit`."""
+def max_lengths(src_pad_mask: torch.Tensor, a: float, b: int, limit: int,
+                forced: int = 0) -> torch.Tensor:
+    """Per sentence: at most a * src_len + b output tokens (EOS included), and room for a
+    forced prefix of `forced` tokens and EOS, within `limit`."""
     src_len = (~src_pad_mask).sum(1)
-    return (src_len.float() * a + b).long().clamp(1, limit)
+    return (src_len.float() * a + b).long().clamp(min=forced + 1).clamp(1, limit)
+
+
+def _force_prefix(lprobs: torch.Tensor, step: int, forced: list[int]) -> None:
+    """While the forced prefix lasts, its token is the only choice (its log-prob kept, so
+    scores stay comparable)."""
+    if step < len(forced):
+        keep = lprobs[:, forced[step]].clone()
+        lprobs.fill_(-float("inf"))
+        lprobs[:, forced[step]] = keep
+
+
+def sampler(temperature: float = 1.0, topk: int = 0, topp: float = 1.0,
+            generator: torch.Generator | None = None):
+    """pick() for `greedy` that draws the next token: from softmax(logits / temperature),
+    restricted to the `topk` most likely tokens (0: all) and to the smallest set whose
+    probability reaches `topp` (nucleus sampling, Holtzman et al. 2020; 1: all)."""
+    def pick(lprobs: torch.Tensor) -> torch.Tensor:
+        logits = lprobs / temperature                                   # (N, V)
+        if topk > 0:
+            kth = logits.topk(min(topk, logits.shape[-1]), dim=-1).values[:, -1:]
+            logits = logits.masked_fill(logits < kth, -float("inf"))
+        if topp < 1.0:
+            sorted_logits, order = logits.sort(dim=-1, descending=True)
+            probs = sorted_logits.softmax(-1)
+            # drop a token when the more likely ones already reach topp (the first never)
+            drop = (probs.cumsum(-1) - probs) >= topp
+            logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, -float("inf")))
+        return torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(1)
+    return pick
 
 
 def _step_lprobs(model, tokens, memory, src_pad_mask, cache, step, uncached_prefix):
@@ -40,12 +71,16 @@ def _step_lprobs(model, tokens, memory, src_pad_mask, cache, step, uncached_pref
 @torch.no_grad()
 def greedy(model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor,
            max_len_a: float = 1.5, max_len_b: int = 10, use_cache: bool = True,
-           min_len: int = 0) -> list[list[int]]:
+           min_len: int = 0, pick=None, forced: list[int] = ()) -> list[list[int]]:
     """src: (B, S). Returns B token-id lists (without BOS/EOS). EOS is not allowed before
-    `min_len` tokens (benchmarks use it to force equal output lengths)."""
+    `min_len` tokens (benchmarks use it to force equal output lengths). pick(lprobs (N, V))
+    -> (N,) next tokens: the most likely by default (a `sampler` draws instead). forced: a
+    target prefix every output starts with."""
     b = src.shape[0]
+    pick = pick or (lambda lprobs: lprobs.argmax(-1))
     memory = model.encode(src, src_pad_mask)
-    limits = max_lengths(src_pad_mask, max_len_a, max_len_b, model.max_positions - 1)
+    limits = max_lengths(src_pad_mask, max_len_a, max_len_b, model.max_positions - 1,
+                         len(forced))
     alive = torch.arange(b, device=src.device)             # original row of each live row
     out = torch.full((b, int(limits.max())), EOS, dtype=torch.long, device=src.device)
     tokens = torch.full((b, 1), BOS, dtype=torch.long, device=src.device)
@@ -57,7 +92,8 @@ def greedy(model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor,
         if step < min_len:
             lprobs[:, EOS] = -float("inf")
         _force_eos(lprobs, step + 1 >= limits[alive])           # out of room: must end here
-        nxt = lprobs.argmax(-1)                                # (N,)
+        _force_prefix(lprobs, step, forced)
+        nxt = pick(lprobs)                                     # (N,)
         out[alive, step] = nxt
         going = nxt != EOS
         if not going.any():
@@ -166,11 +202,25 @@ def _sentences_done(finished: list[list], alive: torch.Tensor, k: int) -> torch.
 @torch.no_grad()
 def beam_search(model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor, beam: int,
                 length_penalty: float = 1.0, max_len_a: float = 1.5, max_len_b: int = 10,
-                use_cache: bool = True, min_len: int = 0) -> list[list[int]]:
+                use_cache: bool = True, min_len: int = 0,
+                forced: list[int] = ()) -> list[list[int]]:
+    """The best hypothesis of each sentence (token ids without BOS/EOS); see beam_nbest."""
+    return [hyps[0][0] if hyps else [] for hyps in beam_nbest(
+        model, src, src_pad_mask, beam, 1, length_penalty, max_len_a, max_len_b, use_cache,
+        min_len, forced)]
+
+
+@torch.no_grad()
+def beam_nbest(model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor, beam: int,
+               nbest: int, length_penalty: float = 1.0, max_len_a: float = 1.5,
+               max_len_b: int = 10, use_cache: bool = True, min_len: int = 0,
+               forced: list[int] = ()) -> list[list[tuple[list[int], float]]]:
     """Keeps `beam` live hypotheses per sentence. Each step takes the top 2*beam extensions;
     those ending in EOS among the top `beam` are finished, with score logp / len^length_penalty
     (len counts EOS), and the best `beam` others stay live. A sentence is done once it has
-    `beam` finished hypotheses or reaches its length limit; done sentences leave the batch."""
+    `beam` finished hypotheses or reaches its length limit; done sentences leave the batch.
+    Returns each sentence's `nbest` (<= beam) finished hypotheses as (ids, score), best
+    first. forced: a target prefix every hypothesis starts with."""
     b, k, dev = src.shape[0], beam, src.device
     memory_once = model.encode(src, src_pad_mask)                     # (B, S, D)
     # A model whose cross-attention cache may hold one row per sentence (its K hypotheses'
@@ -178,7 +228,8 @@ def beam_search(model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor, b
     per_sentence = use_cache and model.cross_cache_per_sentence
     memory = memory_once if per_sentence else memory_once.repeat_interleave(k, 0)
     pad_mask = src_pad_mask.repeat_interleave(k, 0)
-    limits = max_lengths(src_pad_mask, max_len_a, max_len_b, model.max_positions - 1)
+    limits = max_lengths(src_pad_mask, max_len_a, max_len_b, model.max_positions - 1,
+                         len(forced))
     scores = torch.full((b, k), -float("inf"), device=dev)
     scores[:, 0] = 0.0                                   # only one live hypothesis at first
     hyps = torch.full((b * k, 1), BOS, dtype=torch.long, device=dev)  # with BOS
@@ -196,6 +247,7 @@ def beam_search(model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor, b
         if step < min_len:
             lprobs[:, EOS] = -float("inf")
         _force_eos(lprobs, (step + 1 >= limits[alive]).repeat_interleave(k))
+        _force_prefix(lprobs, step, forced)
         cand = lprobs.view(n, k, v).add_(scores[:, :, None]).view(n, k * v)   # in place
         top_scores, top_idx = _topk_rows(cand, min(2 * k, k * v))         # (n, 2K)
         top_beam, top_tok = top_idx // v, top_idx % v
@@ -210,4 +262,5 @@ def beam_search(model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor, b
         if done.any():                                                  # shrink the batch
             alive, scores, hyps, pad_mask, memory = _drop_done(
                 done, k, per_sentence, cache, alive, scores, hyps, pad_mask, memory)
-    return [max(f)[1] if f else [] for f in finished]
+    return [[(ids, score) for score, ids in sorted(f, key=lambda x: -x[0])[:nbest]]
+            for f in finished]

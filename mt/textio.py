@@ -35,6 +35,11 @@ def write_output(path: Optional[Path], lines: list[str]) -> None:
         write_text(path, text)
 
 
+def format_nbest(nbest: list[list[tuple[str, float]]]) -> list[str]:
+    """N lines per input line, best first: LINE (0-based) TAB SCORE TAB TRANSLATION."""
+    return [f"{i}\t{score:.4f}\t{text}" for i, hyps in enumerate(nbest) for text, score in hyps]
+
+
 def interactive(translator, options: dict) -> None:
     """stdin is a terminal: answer each line as it is typed (Ctrl-D ends)."""
     _say("type a sentence and press Enter; Ctrl-D to quit")

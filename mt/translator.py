@@ -2,7 +2,9 @@
 and validation during training, so their BLEU scores agree."""
 from __future__ import annotations
 
+import secrets
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -12,17 +14,78 @@ from tqdm import tqdm
 from mt import checkpoint
 from mt.data.batching import pad_sources, token_batches
 from mt.device import decode_dtype, pick_device
-from mt.search import beam_search, greedy
+from mt.errors import MTError
+from mt.search import beam_nbest, greedy, sampler
 from mt.tokens import PAD
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """Draw each next token instead of searching (back-translation, diverse outputs)."""
+    temperature: float = 1.0
+    topk: int = 0            # only the k most likely tokens; 0: all
+    topp: float = 1.0        # only the smallest set reaching this probability; 1: all
+    seed: int | None = None  # the same seed and input give the same outputs
+
+    @classmethod
+    def from_flags(cls, sample: bool, temperature: float, topk: int, topp: float, seed,
+                   beam, nbest: int) -> "Sampling | None":
+        """The options of `mt translate --sample ...`, or None; sampling flags without
+        --sample, or with a beam or n-best, are refused."""
+        if not sample:
+            if temperature != 1.0 or topk or topp != 1.0 or seed is not None:
+                raise MTError("--temperature, --topk, --topp and --seed apply to --sample only")
+            return None
+        if beam is not None or nbest > 1:
+            raise MTError("--sample draws one translation per line: leave out --beam and "
+                          "--nbest")
+        if temperature <= 0:
+            raise MTError(f"--temperature {temperature}: must be > 0")
+        if not 0.0 < topp <= 1.0:
+            raise MTError(f"--topp {topp}: must be in (0, 1]")
+        return cls(temperature, topk, topp, seed)
+
+
 class Translator:
+    """The Python API: load a run directory or checkpoint (or several: an ensemble) once,
+    translate lists of strings with the CLI's options.
+
+        from mt import Translator
+        t = Translator.load("runs/multi30k_de_en")
+        t.translate(["Ein Hund läuft im Schnee."], beam=5)
+        t.translate_nbest(["Ein Hund läuft im Schnee."], nbest=3, beam=5)
+        t.translate(["Ein Hund läuft."], sampling=Sampling(topp=0.9, seed=1))
+    """
+
     def __init__(self, model, tokenizer, decode_cfg, device: torch.device,
                  amp_dtype: torch.dtype | None = None):
         """amp_dtype: autocast dtype for the encoder and decoder layers (None: fp32); the output
         layer and log-softmax are fp32 either way (mt.search)."""
         self.model, self.tokenizer, self.cfg, self.device = model, tokenizer, decode_cfg, device
         self.amp_dtype = amp_dtype
+
+    @classmethod
+    def load(cls, paths: str | Path | list, device: str = "auto",
+             precision: str = "auto") -> "Translator":
+        """A run directory (its best.pt, else last.pt) or checkpoint; several make an ensemble
+        that averages the models' log-probabilities at every step (one BPE model required;
+        decoding settings and precision from the first)."""
+        if isinstance(paths, (str, Path)) or len(paths) == 1:
+            return cls.from_checkpoint(paths if isinstance(paths, (str, Path)) else paths[0],
+                                       device, precision)
+        from mt.ensemble import Ensemble
+        resolved = [checkpoint.resolve(p) for p in paths]
+        ckpts = [checkpoint.load(p) for p in resolved]
+        for path, ckpt in zip(resolved[1:], ckpts[1:]):
+            if not checkpoint.same_tokenizer(ckpt, ckpts[0]):
+                raise MTError(f"{path} uses another BPE model than {resolved[0]}: the models "
+                              f"of an ensemble must share one tokenizer (trained on the same "
+                              f"data with the same tokenizer config)")
+        first = cls.from_dict(ckpts[0], device, precision, str(resolved[0]))
+        models = [first.model] + [checkpoint.model_of(c, str(p))[2].to(first.device).eval()
+                                  for p, c in zip(resolved[1:], ckpts[1:])]
+        return cls(Ensemble(models).eval(), first.tokenizer, first.cfg, first.device,
+                   first.amp_dtype)
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str = "auto",
@@ -39,52 +102,104 @@ class Translator:
         return cls(model.to(dev).eval(), tokenizer, cfg.decode, dev,
                    decode_dtype(precision, cfg.train.precision, dev))
 
+    def describe(self, paths: list, options: dict, nbest: int = 1,
+                 sampling: Sampling | None = None) -> str:
+        """One line: which model(s) and which decoding settings a translation uses."""
+        what = f"an ensemble of {len(paths)} models" if len(paths) > 1 else str(paths[0])
+        b = options.get("beam") or self.cfg.beam
+        lp = options.get("length_penalty")
+        lp = self.cfg.length_penalty if lp is None else lp
+        if sampling:
+            how = (f"sampling (temperature {sampling.temperature}, top-k "
+                   f"{sampling.topk or 'all'}, top-p {sampling.topp}, seed {sampling.seed})")
+        else:
+            how = "greedy search" if b == 1 else f"beam {b}, length penalty {lp}"
+        return (f"translating with {what} on {self.device}: {how}"
+                + (f", {nbest}-best" if nbest > 1 else "")
+                + (f", prefix {options['prefix']!r}" if options.get("prefix") else ""))
+
     def search(self, lines: list[str], beam: int | None = None,
                length_penalty: float | None = None, use_cache: bool = True,
-               progress: bool = False) -> list[tuple[list[int], list[int]] | None]:
-        """Per input line: (source ids, output ids), or None for an empty line; input order.
-        progress: a bar of sentences on stderr when it is a terminal."""
+               progress: bool = False, nbest: int = 1, sampling: Sampling | None = None,
+               prefix: str | None = None) -> list[tuple[list[int], list] | None]:
+        """Per input line: (source ids, [(output ids, score), ...] best first: one, or
+        `nbest` from beam search; the score is None for greedy search and sampling), or None
+        for an empty line; input order. progress: a bar on stderr when it is a terminal."""
         beam = beam or self.cfg.beam
-        lp = self.cfg.length_penalty if length_penalty is None else length_penalty
+        if nbest > beam and sampling is None:
+            raise MTError(f"--nbest {nbest} needs a beam of at least {nbest} (it is {beam})")
         texts = [" ".join(line.split()) for line in lines]
         todo = [i for i, t in enumerate(texts) if t]
-        ids = self.tokenizer.encode_src([texts[i] for i in todo])
-        limit = self.model.max_positions - 1
-        n_long = sum(len(x) > limit for x in ids)
-        if n_long:
-            print(f"warning: {n_long} input line(s) longer than {limit} subwords were truncated",
-                  file=sys.stderr)
-        ids = [x[:limit] for x in ids]
-        out: list[tuple[list[int], list[int]] | None] = [None] * len(lines)
+        ids = self._source_ids([texts[i] for i in todo])
+        forced = self.tokenizer.encode_tgt([prefix])[0] if prefix else []
+        generator = None
+        if sampling is not None:
+            generator = torch.Generator(self.device)
+            generator.manual_seed(sampling.seed if sampling.seed is not None
+                                  else secrets.randbits(63))
+        out: list = [None] * len(lines)
         lens = np.array([len(x) + 1 for x in ids], dtype=np.int64)
         bar = tqdm(total=len(ids), unit="sent", desc="translate", file=sys.stderr,
                    disable=None if progress and len(ids) > 1 else True, mininterval=1.0)
         # Sorted by length (no shuffling) so each batch has little padding.
         for batch in token_batches(lens, np.zeros_like(lens), self.cfg.max_tokens, seed=None):
             src = pad_sources([np.asarray(ids[i], dtype=np.int64) for i in batch]).to(self.device)
-            mask = src == PAD
             with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32,
                                 enabled=self.amp_dtype is not None):
-                if beam == 1:
-                    hyps = greedy(self.model, src, mask, self.cfg.max_len_a, self.cfg.max_len_b,
-                                  use_cache=use_cache)
-                else:
-                    hyps = beam_search(self.model, src, mask, beam, lp, self.cfg.max_len_a,
-                                       self.cfg.max_len_b, use_cache=use_cache)
+                hyps = self._decode(src, src == PAD, beam, length_penalty, nbest, sampling,
+                                    generator, forced, use_cache)
             for i, hyp in zip(batch, hyps):
                 out[todo[i]] = (ids[i], hyp)
             bar.update(len(batch))
         bar.close()
         return out
 
+    def _source_ids(self, texts: list[str]) -> list[list[int]]:
+        ids = self.tokenizer.encode_src(texts)
+        limit = self.model.max_positions - 1
+        n_long = sum(len(x) > limit for x in ids)
+        if n_long:
+            print(f"warning: {n_long} input line(s) longer than {limit} subwords were truncated",
+                  file=sys.stderr)
+        return [x[:limit] for x in ids]
+
+    def _decode(self, src, mask, beam, length_penalty, nbest, sampling, generator, forced,
+                use_cache) -> list[list[tuple[list[int], float | None]]]:
+        c = self.cfg
+        lp = c.length_penalty if length_penalty is None else length_penalty
+        if sampling is not None or (beam == 1 and nbest == 1):
+            pick = None if sampling is None else sampler(sampling.temperature, sampling.topk,
+                                                         sampling.topp, generator)
+            hyps = greedy(self.model, src, mask, c.max_len_a, c.max_len_b, use_cache=use_cache,
+                          pick=pick, forced=forced)
+            return [[(h, None)] for h in hyps]
+        return beam_nbest(self.model, src, mask, beam, nbest, lp, c.max_len_a, c.max_len_b,
+                          use_cache=use_cache, forced=forced)
+
     def translate(self, lines: list[str], beam: int | None = None,
                   length_penalty: float | None = None, use_cache: bool = True,
-                  progress: bool = False) -> list[str]:
+                  progress: bool = False, sampling: Sampling | None = None,
+                  prefix: str | None = None) -> list[str]:
         """One output per input line, in input order; empty lines give empty outputs."""
-        found = self.search(lines, beam, length_penalty, use_cache, progress)
-        hyps = self.tokenizer.decode_tgt([f[1] for f in found if f is not None])
-        it = iter(hyps)
-        return [next(it) if f is not None else "" for f in found]
+        found = self.search(lines, beam, length_penalty, use_cache, progress,
+                            sampling=sampling, prefix=prefix)
+        return [text[0][0] for text in self._texts(found)]
+
+    def translate_nbest(self, lines: list[str], nbest: int, beam: int | None = None,
+                        length_penalty: float | None = None, progress: bool = False,
+                        prefix: str | None = None) -> list[list[tuple[str, float]]]:
+        """Per input line, its `nbest` translations with their scores (log-probability over
+        length^length_penalty, the beam's ranking), best first; [] for an empty line."""
+        found = self.search(lines, beam, length_penalty, progress=progress, nbest=nbest,
+                            prefix=prefix)
+        return [[] if f is None else texts for f, texts in zip(found, self._texts(found))]
+
+    def _texts(self, found: list) -> list[list[tuple[str, float | None]]]:
+        """The hypotheses of `search` detokenized ([("", None)] for an empty line)."""
+        flat = [ids for f in found if f is not None for ids, _ in f[1]]
+        it = iter(self.tokenizer.decode_tgt(flat))
+        return [[("", None)] if f is None else [(next(it), score) for _, score in f[1]]
+                for f in found]
 
     def translate_with_alignment(self, lines: list[str], beam: int | None = None,
                                  length_penalty: float | None = None) -> list[str]:
@@ -95,8 +210,9 @@ class Translator:
             if found is None:
                 out.append("\t")
                 continue
-            weights = cross_attention(self.model, found[0], found[1], self.device)
-            text = self.tokenizer.decode_tgt([found[1]])[0]
+            hyp = found[1][0][0]
+            weights = cross_attention(self.model, found[0], hyp, self.device)
+            text = self.tokenizer.decode_tgt([hyp])[0]
             out.append(f"{text}\t{format_alignment(hard_alignment(weights))}")
         return out
 
@@ -105,9 +221,8 @@ class Translator:
         from mt.alignment import cross_attention
         found = self.search([line], beam)[0]
         if found is None:
-            from mt.errors import MTError
             raise MTError("the sentence is empty: give some text to translate")
-        src_ids, hyp = found
+        src_ids, hyp = found[0], found[1][0][0]
         weights = cross_attention(self.model, src_ids, hyp, self.device)
         src_labels = [self.tokenizer.src.IdToPiece(i) for i in src_ids] + ["</s>"]
         tgt_labels = self.tokenizer.tgt_pieces_of(hyp) + ["</s>"]
