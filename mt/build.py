@@ -96,7 +96,7 @@ def _build(cfg: Config, run_dir: Path, dist, device_name: str, log, lock) -> Tra
         validation=Validation(vsrc, vtgt, valid_data, t.valid_beam or cfg.decode.beam),
         tokenizer=tokenizer, cfg=t, decode_cfg=cfg.decode, full_config=cfg.to_dict(),
         run_dir=run_dir, device=device, amp_dtype=dtype, log=log, dist=dist, lock=lock,
-        loss_fn=loss_fn)
+        loss_fn=loss_fn, tensorboard=t.tensorboard)
     found = checkpoint.load_for_resume(run_dir / "last.pt", log)
     if found is not None:
         _resume(trainer, *found, log)

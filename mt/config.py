@@ -119,6 +119,9 @@ class TrainConfig(_Section):
     dist_wait_minutes: float = Field(240.0, gt=0.0, description="multi-rank runs: how long "
                                      "the other ranks wait while rank 0 alone downloads the "
                                      "corpus, trains BPE or validates")
+    tensorboard: bool = Field(False, description="also write train_log.jsonl's scalars as "
+                              "TensorBoard events in RUN_DIR/tensorboard (pip install "
+                              "'mt[tensorboard]')")
     fast_paths: bool = Field(True, description="swap in mt/fast (fused CPU training nodes, "
                              "hash dropout, row packing, chunked loss) where they apply; false: "
                              "the reference model and loss as written")

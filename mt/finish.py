@@ -26,13 +26,22 @@ def finish_run(trainer, rank_rng: list[dict]) -> None:
                          f"{rec['valid_bleu']}" + (" (best)" if rec.get("best") else ""))
     if not trainer.stop_requested and trainer.decode_cfg.tune_beams and st.best_bleu >= 0:
         tune_best_in_memory(trainer)
-    trainer.plot()
+    draw_training_picture(trainer.run_dir, trainer._say)
     if st.fp16_skipped:
         trainer._say(f"note: the fp16 loss scaler skipped {st.fp16_skipped} update(s) with "
                      f"overflowing gradients (not counted as steps)")
     if st.oom_skipped:
         trainer._say(f"warning: {st.oom_skipped} batch(es) were skipped after running out of "
                      f"memory; lower train.max_tokens to use them")
+
+
+def draw_training_picture(run_dir, say) -> None:
+    """RUN_DIR/training.png, redrawn after every validation; a picture never stops a run."""
+    from mt.plot import plot_run
+    try:
+        plot_run(run_dir)
+    except Exception as e:
+        say(f"warning: could not draw training.png ({e})")
 
 
 def _with_weights(trainer, weights: dict, work):

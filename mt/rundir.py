@@ -20,7 +20,7 @@ from mt.outputs import check_folder_writable
 # moved corpus is the same run, another corpus is not.)
 RESUMABLE = ("train.max_steps", "train.max_minutes", "train.log_every", "train.valid_every",
              "train.save_every", "train.patience", "train.device", "train.num_threads",
-             "train.valid_beam", "train.compile", "train.fast_paths", "train.dist_timeout_minutes",
+             "train.valid_beam", "train.compile", "train.fast_paths", "train.tensorboard", "train.dist_timeout_minutes",
              "train.dist_wait_minutes", "decode", "data.dir")
 # Keys no flag can change in a run that has a checkpoint: the weights, the optimizer's moments
 # and the BPE model were made for them.

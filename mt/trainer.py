@@ -4,7 +4,6 @@
 """
 from __future__ import annotations
 
-import json
 import math
 import sys
 import time
@@ -20,9 +19,10 @@ from mt.data.batching import Batch, collate, describe_batches, epoch_batches
 from mt.data.corpus import ParallelData
 from mt.distributed import Dist, teardown
 from mt.errors import MTError
-from mt.finish import finish_run
+from mt.finish import draw_training_picture, finish_run
 from mt.loss import reference_loss
 from mt.memory import release_free_memory
+from mt.tracking import RunLog
 from mt.progress import Forecast, lost_work_message, stop_on_signal
 from mt.metrics import score
 from mt.translator import Translator
@@ -65,7 +65,7 @@ class Trainer:
                  validation: Validation, tokenizer, cfg, decode_cfg, full_config: dict,
                  run_dir: Path, device: torch.device, amp_dtype: torch.dtype | None,
                  state: TrainState | None = None, log=print, dist: Dist = Dist(), lock=None,
-                 loss_fn=reference_loss):
+                 loss_fn=reference_loss, tensorboard: bool = False):
         """loss_fn(model, batch, eps) -> (smoothed loss sum, NLL sum): mt.loss.reference_loss
         or mt.fast.chunked_loss."""
         self.model, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler
@@ -84,6 +84,7 @@ class Trainer:
         self.state = state or TrainState()
         self.log = log
         self.lock = lock              # the run directory's RunLock (rank 0), released by close()
+        self.run_log = RunLog(run_dir, tensorboard) if dist.is_main else None
         self._window = LogWindow()
 
     # -- data -----------------------------------------------------------------------------
@@ -198,10 +199,8 @@ class Trainer:
 
     # -- logging, validation, checkpoints -------------------------------------------------
     def _write_log(self, record: dict) -> None:
-        if not self.dist.is_main:
-            return
-        with open(self.run_dir / "train_log.jsonl", "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+        if self.dist.is_main:
+            self.run_log.write(record)
 
     def log_train(self) -> dict:
         w = self._window
@@ -277,15 +276,6 @@ class Trainer:
         for old in checkpoint.snapshots(self.run_dir)[:-self.cfg.keep_checkpoints]:
             old.unlink()
 
-    def plot(self) -> None:
-        if not self.dist.is_main:
-            return
-        from mt.plot import plot_run
-        try:
-            plot_run(self.run_dir)
-        except Exception as e:  # a picture must never stop training
-            self._say(f"warning: could not draw training.png ({e})")
-
     # -- the loop -------------------------------------------------------------------------
     def _out_of_time(self) -> bool:
         """The time budget (train.max_minutes) is spent; all ranks agree."""
@@ -357,7 +347,7 @@ class Trainer:
             if self.dist.is_main:
                 rec = self.validate()
                 self._last_valid = st.step
-                self.plot()
+                draw_training_picture(self.run_dir, self._say)
                 self._say(f"step {st.step}: valid loss {rec['valid_loss']} ppl "
                           f"{rec['valid_ppl']} BLEU {rec['valid_bleu']} chrF {rec['valid_chrf']}"
                           + (" (best)" if rec.get("best") else ""))
@@ -384,6 +374,8 @@ class Trainer:
         """Leave the process group and free the run directory (every rank calls this, also
         after an error)."""
         self.train_model = self.model
+        if self.run_log is not None:
+            self.run_log.close()
         teardown(self.dist)
         if self.lock is not None:
             self.lock.release()

@@ -172,3 +172,24 @@ def test_mixed_precision_training_tracks_fp32(tmp_path, monkeypatch, precision):
     mixed.save("last.pt")
     saved = checkpoint.load(tmp_path / precision / "run/last.pt")
     assert saved["scaler"].get("scale", None) == (65536.0 if precision == "fp16" else None)
+
+
+def test_tensorboard_events_hold_the_logged_scalars(tmp_path):
+    """train.tensorboard: the event files hold what train_log.jsonl holds (training loss,
+    validation BLEU, the tuning grid) at the same steps."""
+    import json
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    t = _trainer(tmp_path, "train.max_steps=6", "train.valid_every=3", "train.tensorboard=true",
+                 "decode.tune_beams=[1,2]")
+    t.fit()
+    t.close()
+    events = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
+    events.Reload()
+    tags = events.Tags()["scalars"]
+    log = [json.loads(x) for x in (tmp_path / "run/train_log.jsonl").read_text().splitlines()]
+    train = [(r["step"], r["loss"]) for r in log if "loss" in r]
+    assert [(e.step, round(e.value, 4)) for e in events.Scalars("train/loss")] == train
+    valid = [(r["step"], r["valid_bleu"]) for r in log if "valid_loss" in r]
+    assert [(e.step, round(e.value, 2)) for e in events.Scalars("valid/bleu")] == valid
+    assert "tune/beam_1_lp_1.0" in tags and "tune/beam_2_lp_1.0" in tags
