@@ -283,6 +283,25 @@ def attention_cmd(
     typer.echo(f"wrote {output}")
 
 
+@command("export")
+def export_cmd(
+    run: Path = typer.Argument(..., help="run directory (best.pt, else last.pt) or checkpoint"),
+    to: str = typer.Option("ctranslate2", "--to", help="the format: ctranslate2"),
+    out: Path = typer.Argument(..., help="folder to write the exported model into"),
+    quantization: Optional[str] = typer.Option(None, "--quantization",
+                                               help="int8, float16, ... (default: float32)"),
+    force: bool = typer.Option(False, "--force", help="replace an earlier export in OUT"),
+):
+    """Export a Transformer run for a fast inference engine (CTranslate2).
+
+    Example: mt export runs/multi30k_de_en ct2_de_en --quantization int8
+    """
+    from mt.export import export
+    if to != "ctranslate2":
+        raise MTError(f"--to {to!r}: the one format is ctranslate2")
+    typer.echo(f"wrote {export(run, out, quantization, force)}")
+
+
 @command("average")
 def average_cmd(
     run_dir: Path = typer.Argument(..., help="run directory holding step_N.pt snapshots"),

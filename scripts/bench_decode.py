@@ -58,6 +58,31 @@ def ours_decoder(model, args, use_cache: bool):
     return decode
 
 
+def ct2_decoder(model, tok, args, folder):
+    """The same model exported with mt.export, decoded by CTranslate2 with the same beam and
+    the same number of output tokens, on as many threads as torch uses."""
+    import ctranslate2
+
+    from mt.config import Config, ModelConfig
+    from mt.export import model_spec
+
+    class Converter(ctranslate2.converters.Converter):
+        def _load(self):
+            cfg = Config(model=ModelConfig(d_model=256, n_heads=4, enc_layers=3, dec_layers=3,
+                                           d_ff=1024, norm="post", max_positions=256))
+            return model_spec(model, cfg, tok)
+    Converter().convert(str(folder), force=True)
+    ct2 = ctranslate2.Translator(str(folder), device="cpu", inter_threads=1,
+                                 intra_threads=torch.get_num_threads())
+
+    def decode(src):
+        batch = [[tok.src.IdToPiece(int(i)) for i in row if i not in (PAD, EOS)] for row in src]
+        out = ct2.translate_batch(batch, beam_size=args.beam, max_decoding_length=args.steps,
+                                  min_decoding_length=args.steps, length_penalty=1.0)
+        assert all(len(r.hypotheses[0]) == args.steps for r in out)
+    return decode
+
+
 def hf_decoder(vocab, args):
     from transformers import MarianConfig, MarianMTModel
     cfg = MarianConfig(vocab_size=vocab, d_model=256, encoder_layers=3, decoder_layers=3,
@@ -104,12 +129,25 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30, help="output tokens per sentence")
     ap.add_argument("--repeats", type=int, default=3, help="timed passes per cached contender (median)")
     ap.add_argument("--skip-nocache", action="store_true")
+    ap.add_argument("--ctranslate2", action="store_true",
+                    help="also CTranslate2 on the same model (pip install 'mt[export]')")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     tok, ids, model = setup(args)
+    print(f"{len(ids)} sentences, beam {args.beam}, batches of {args.batch_size}, {args.steps} "
+          f"output tokens each, {torch.get_num_threads()} threads")
+    result = measure(args, tok, ids, model)
+    if "ratio_nocache" in result:
+        print(f"speed-up over no cache: {result['ratio_nocache']:.2f}x")
+    print(f"speed-up over HF generate: {result['ratio_hf']:.2f}x ({result['ratio_hf_turns']:.2f}x "
+          f"taking turns)" + (f"; CTranslate2 took {result['ratio_ct2_turns']:.2f}x mt's time "
+                              f"taking turns" if "ratio_ct2_turns" in result else ""))
+    if args.json:
+        print(json.dumps(result))
+
+
+def measure(args, tok, ids, model) -> dict:
     n = len(ids)
-    print(f"{n} sentences, beam {args.beam}, batches of {args.batch_size}, {args.steps} output "
-          f"tokens each, {torch.get_num_threads()} threads")
     ours_dec, hf_dec = ours_decoder(model, args, use_cache=True), hf_decoder(tok.tgt_vocab_size, args)
     runs = {"ours": [], "hf": []}
     for _ in range(args.repeats):          # interleaved, so drift in machine load hits both
@@ -118,22 +156,24 @@ def main() -> None:
     ours, hf = statistics.median(runs["ours"]), statistics.median(runs["hf"])
     print(f"mt (KV cache)      {ours:7.2f} s  {n / ours:7.1f} sent/s   (median of {args.repeats})")
     print(f"HF Marian generate {hf:7.2f} s  {n / hf:7.1f} sent/s")
-    turns = taking_turns({"ours": ours_dec, "hf": hf_dec}, ids, args)
-    print(f"taking turns batch by batch: mt {turns['ours']:.2f} s, HF {turns['hf']:.2f} s")
+    contenders = {"ours": ours_dec, "hf": hf_dec}
+    if args.ctranslate2:
+        import tempfile
+        contenders["ct2"] = ct2_decoder(model, tok, args, Path(tempfile.mkdtemp()) / "ct2")
+    turns = taking_turns(contenders, ids, args)
+    print("taking turns batch by batch: " + ", ".join(f"{k} {v:.2f} s" for k, v in turns.items()))
     result = {"sentences": n, "ours_s": round(ours, 2), "ours_sent_s": round(n / ours, 2),
               "hf_s": round(hf, 2), "ratio_hf": round(hf / ours, 2),
               "ours_s_turns": round(turns["ours"], 2), "hf_s_turns": round(turns["hf"], 2),
               "ratio_hf_turns": round(turns["hf"] / turns["ours"], 2)}
+    if "ct2" in turns:
+        result.update(ct2_s_turns=round(turns["ct2"], 2),
+                      ratio_ct2_turns=round(turns["ct2"] / turns["ours"], 2))
     if not args.skip_nocache:
         nocache = timed(ours_decoder(model, args, use_cache=False), ids, args)
         print(f"mt without cache   {nocache:7.1f} s  {n / nocache:7.1f} sent/s")
         result.update(nocache_s=round(nocache, 2), ratio_nocache=round(nocache / ours, 2))
-    if "ratio_nocache" in result:
-        print(f"speed-up over no cache: {result['ratio_nocache']:.2f}x")
-    print(f"speed-up over HF generate: {result['ratio_hf']:.2f}x ({result['ratio_hf_turns']:.2f}x "
-          f"taking turns)")
-    if args.json:
-        print(json.dumps(result))
+    return result
 
 
 if __name__ == "__main__":
