@@ -140,41 +140,33 @@ def _check_beam(beam: Optional[int]) -> None:
 def translate_cmd(
     models: List[Path] = typer.Argument(..., help="run directory (best.pt, else last.pt) or "
                                         "checkpoint; several: an ensemble"),
-    input: Optional[Path] = typer.Option(None, "--input", "-i", help="input file (default stdin)"),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="output file (default stdout)"),
-    beam: Optional[int] = typer.Option(None, "--beam", min=1, help="beam size (default: config)"),
+    input: Optional[Path] = typer.Option(None, "-i", "--input", help="default stdin"),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="default stdout"),
+    beam: Optional[int] = typer.Option(None, "--beam", min=1, help="default: the config's"),
     greedy: bool = typer.Option(False, "--greedy", help="greedy search (= --beam 1)"),
     length_penalty: Optional[float] = typer.Option(None, "--length-penalty", min=0.0),
-    nbest: int = typer.Option(1, "--nbest", min=1, help="write the N best translations of each "
-                              "line (N <= beam) as LINE<TAB>SCORE<TAB>TRANSLATION"),
+    nbest: int = typer.Option(1, "--nbest", min=1, help="N best per line: LINE TAB SCORE TAB TEXT"),
     sample: bool = typer.Option(False, "--sample", help="draw each token instead of searching"),
-    temperature: float = typer.Option(1.0, "--temperature", help="with --sample: > 1 flatter, "
-                                      "< 1 sharper"),
-    topk: int = typer.Option(0, "--topk", min=0, help="with --sample: only the k most likely "
-                             "tokens (0: all)"),
-    topp: float = typer.Option(1.0, "--topp", help="with --sample: nucleus, the smallest set "
-                               "of tokens with this probability (1: all)"),
-    seed: Optional[int] = typer.Option(None, "--seed", help="with --sample: fixed random draws"),
-    prefix: Optional[str] = typer.Option(None, "--prefix", help="every translation starts "
-                                         "with this text"),
+    temperature: float = typer.Option(1.0, "--temperature", help="--sample: <1 sharper, >1 flatter"),
+    topk: int = typer.Option(0, "--topk", min=0, help="--sample: the k likeliest tokens (0: all)"),
+    topp: float = typer.Option(1.0, "--topp", help="--sample: the nucleus of this probability"),
+    seed: Optional[int] = typer.Option(None, "--seed", help="--sample: repeatable draws"),
+    prefix: Optional[str] = typer.Option(None, "--prefix", help="translations start with this"),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda"),
-    precision: str = typer.Option("auto", "--precision", help="auto (on a GPU: the run's "
-                                  "train.precision; on CPU: fp32), fp32, bf16 or fp16"),
-    print_alignment: bool = typer.Option(
-        False, "--print-alignment", help="append TAB and source-target subword links (s-t, "
-                                         "0-based) from the last layer's cross-attention"),
+    precision: str = typer.Option("auto", "--precision", help="auto (GPU: the run's precision; "
+                                  "CPU: fp32), fp32, bf16 or fp16"),
+    print_alignment: bool = typer.Option(False, "--print-alignment", help="append TAB and "
+                                         "source-target subword links (s-t, 0-based)"),
     force: bool = typer.Option(False, "--force", help="overwrite --output if it exists"),
 ):
     """Translate a file or stdin, one output line per input line (typed lines are answered one
     by one when stdin is a terminal).
 
-    Examples: mt translate runs/multi30k_de_en -i test.de -o test.en --beam 5
-              mt translate runs/a runs/b -i test.de --nbest 3 --beam 5     (an ensemble)
-              mt translate runs/a -i mono.de --sample --topp 0.9 --seed 1
+    Example: mt translate runs/multi30k_de_en -i test.de -o test.en --beam 5
     """
     from mt import checkpoint
-    from mt.outputs import check_output, is_stdio
-    from mt.textio import format_nbest, interactive, read_input, write_output
+    from mt.outputs import is_stdio
+    from mt.textio import check_input_output, interactive, read_input, write_output
     from mt.threads import choose_threads
     from mt.translator import Sampling, Translator
     _check_device(device)
@@ -183,9 +175,7 @@ def translate_cmd(
     if print_alignment and (len(models) > 1 or nbest > 1 or sampling):
         raise MTError("--print-alignment works with one model and one translation per line")
     paths = [checkpoint.resolve(m) for m in models]
-    check_output(output, force=force, inputs=[input, *paths])
-    if not is_stdio(input) and not input.is_file():
-        raise MTError(f"input file {input} not found")
+    check_input_output(input, output, force, paths)
     choose_threads(0, _err)
     translator = Translator.load(paths, device, precision)
     options = {"beam": 1 if greedy else beam, "length_penalty": length_penalty, "prefix": prefix}
@@ -193,14 +183,8 @@ def translate_cmd(
     if is_stdio(input) and sys.stdin.isatty() and is_stdio(output) and not print_alignment \
             and nbest == 1:
         return interactive(translator, dict(options, sampling=sampling))
-    lines = read_input(input)
-    if print_alignment:
-        out = translator.translate_with_alignment(lines, options["beam"], length_penalty)
-    elif nbest > 1:
-        out = format_nbest(translator.translate_nbest(lines, nbest, progress=True, **options))
-    else:
-        out = translator.translate(lines, **options, sampling=sampling, progress=True)
-    write_output(output, out)
+    write_output(output, translator.translate_lines(read_input(input), options, nbest,
+                                                    sampling, print_alignment))
 
 
 @command("eval")

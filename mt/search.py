@@ -215,16 +215,15 @@ def beam_nbest(model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor, be
                nbest: int, length_penalty: float = 1.0, max_len_a: float = 1.5,
                max_len_b: int = 10, use_cache: bool = True, min_len: int = 0,
                forced: list[int] = ()) -> list[list[tuple[list[int], float]]]:
-    """Keeps `beam` live hypotheses per sentence. Each step takes the top 2*beam extensions;
-    those ending in EOS among the top `beam` are finished, with score logp / len^length_penalty
-    (len counts EOS), and the best `beam` others stay live. A sentence is done once it has
-    `beam` finished hypotheses or reaches its length limit; done sentences leave the batch.
-    Returns each sentence's `nbest` (<= beam) finished hypotheses as (ids, score), best
-    first. forced: a target prefix every hypothesis starts with."""
+    """Keeps `beam` live hypotheses per sentence; each step's top 2*beam extensions that end
+    in EOS among the top `beam` finish, scored logp / len^length_penalty (len counts EOS), the
+    best `beam` others stay live. A sentence is done with `beam` finished hypotheses or at its
+    length limit, and leaves the batch. Returns each sentence's `nbest` (<= beam) finished
+    hypotheses as (ids, score), best first. forced: a prefix every hypothesis starts with."""
     b, k, dev = src.shape[0], beam, src.device
     memory_once = model.encode(src, src_pad_mask)                     # (B, S, D)
-    # A model whose cross-attention cache may hold one row per sentence (its K hypotheses'
-    # queries then share it) needs no K copies of the memory or of that cache.
+    # With a cross-attention cache of one row per sentence (its K hypotheses' queries share
+    # it), no K copies of the memory or of that cache.
     per_sentence = use_cache and model.cross_cache_per_sentence
     memory = memory_once if per_sentence else memory_once.repeat_interleave(k, 0)
     pad_mask = src_pad_mask.repeat_interleave(k, 0)
@@ -238,11 +237,10 @@ def beam_nbest(model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor, be
     cache = model.new_cache() if use_cache else None
     for step in range(int(limits.max())):
         n = len(alive)
-        if step == 0 and use_cache:
-            lprobs = _first_step_lprobs(model, memory_once, src_pad_mask, cache, k, per_sentence)
-        else:
-            lprobs = _step_lprobs(model, hyps[:, -1:], memory, pad_mask, cache, step,
-                                  None if use_cache else hyps)
+        lprobs = (_first_step_lprobs(model, memory_once, src_pad_mask, cache, k, per_sentence)
+                  if step == 0 and use_cache else
+                  _step_lprobs(model, hyps[:, -1:], memory, pad_mask, cache, step,
+                               None if use_cache else hyps))
         v = lprobs.shape[-1]
         if step < min_len:
             lprobs[:, EOS] = -float("inf")

@@ -13,6 +13,15 @@ def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def check_input_output(input: Optional[Path], output: Optional[Path], force: bool,
+                       models: list[Path]) -> None:
+    """Before any work: the input exists, the output is writable and none of the inputs."""
+    from mt.outputs import check_output, is_stdio
+    check_output(output, force=force, inputs=[input, *models])
+    if not is_stdio(input) and not Path(input).is_file():
+        raise MTError(f"input file {input} not found")
+
+
 def read_input(path: Optional[Path]) -> list[str]:
     from mt.data.corpus import read_lines
     if path is None or str(path) == "-":
@@ -33,11 +42,6 @@ def write_output(path: Optional[Path], lines: list[str]) -> None:
         sys.stdout.flush()
     else:
         write_text(path, text)
-
-
-def format_nbest(nbest: list[list[tuple[str, float]]]) -> list[str]:
-    """N lines per input line, best first: LINE (0-based) TAB SCORE TAB TRANSLATION."""
-    return [f"{i}\t{score:.4f}\t{text}" for i, hyps in enumerate(nbest) for text, score in hyps]
 
 
 def interactive(translator, options: dict) -> None:

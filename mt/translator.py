@@ -201,6 +201,20 @@ class Translator:
         return [[("", None)] if f is None else [(next(it), score) for _, score in f[1]]
                 for f in found]
 
+    def translate_lines(self, lines: list[str], options: dict, nbest: int = 1,
+                        sampling: Sampling | None = None, alignment: bool = False) -> list[str]:
+        """The output lines of `mt translate`: translations, n-best rows
+        (LINE TAB SCORE TAB TEXT) or translations with their alignment."""
+        if alignment:
+            return self.translate_with_alignment(lines, options["beam"],
+                                                 options["length_penalty"])
+        if nbest > 1:
+            return [f"{i}\t{score:.4f}\t{text}"
+                    for i, hyps in enumerate(self.translate_nbest(lines, nbest, progress=True,
+                                                                  **options))
+                    for text, score in hyps]
+        return self.translate(lines, **options, sampling=sampling, progress=True)
+
     def translate_with_alignment(self, lines: list[str], beam: int | None = None,
                                  length_penalty: float | None = None) -> list[str]:
         """"translation<TAB>s-t s-t ...": 0-based source-subword to output-subword links."""
