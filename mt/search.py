@@ -215,11 +215,10 @@ def beam_nbest(model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor, be
                nbest: int, length_penalty: float = 1.0, max_len_a: float = 1.5,
                max_len_b: int = 10, use_cache: bool = True, min_len: int = 0,
                forced: list[int] = ()) -> list[list[tuple[list[int], float]]]:
-    """Keeps `beam` live hypotheses per sentence; each step's top 2*beam extensions that end
-    in EOS among the top `beam` finish, scored logp / len^length_penalty (len counts EOS), the
-    best `beam` others stay live. A sentence is done with `beam` finished hypotheses or at its
-    length limit, and leaves the batch. Returns each sentence's `nbest` (<= beam) finished
-    hypotheses as (ids, score), best first. forced: a prefix every hypothesis starts with."""
+    """`beam` live hypotheses per sentence: of each step's top 2*beam extensions, those ending
+    in EOS among the top `beam` finish (score logp / len^length_penalty, len counting EOS) and
+    the best `beam` others stay live; a sentence with `beam` finished or at its length limit
+    leaves the batch. Returns its `nbest` (<= beam) finished (ids, score), best first."""
     b, k, dev = src.shape[0], beam, src.device
     memory_once = model.encode(src, src_pad_mask)                     # (B, S, D)
     # With a cross-attention cache of one row per sentence (its K hypotheses' queries share
@@ -233,7 +232,7 @@ def beam_nbest(model: Seq2Seq, src: torch.Tensor, src_pad_mask: torch.Tensor, be
     scores[:, 0] = 0.0                                   # only one live hypothesis at first
     hyps = torch.full((b * k, 1), BOS, dtype=torch.long, device=dev)  # with BOS
     alive = torch.arange(b, device=dev)
-    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(b)]
+    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(b)]  # (score, ids)
     cache = model.new_cache() if use_cache else None
     for step in range(int(limits.max())):
         n = len(alive)
