@@ -48,6 +48,19 @@ def format_alignment(pairs: list[tuple[int, int]]) -> str:
 def plot_attention(weights: np.ndarray, src_labels: list[str], tgt_labels: list[str],
                    out: Path, layer: int | None = None, head: int | None = None,
                    grid: bool = False, title: str = "") -> Path:
+    """Draw attention_figure into the PNG file `out`."""
+    import matplotlib.pyplot as plt
+    fig = attention_figure(weights, src_labels, tgt_labels, layer, head, grid, title)
+    with atomic_file(out) as f:
+        fig.savefig(f, format="png", dpi=110)
+    plt.close(fig)
+    return out
+
+
+def attention_figure(weights: np.ndarray, src_labels: list[str], tgt_labels: list[str],
+                     layer: int | None = None, head: int | None = None, grid: bool = False,
+                     title: str = ""):
+    """Cross-attention heat maps: the mean over layers and heads, one layer/head, or a grid."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -81,10 +94,7 @@ def plot_attention(weights: np.ndarray, src_labels: list[str], tgt_labels: list[
                                                                       fontsize=8)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    with atomic_file(out) as f:
-        fig.savefig(f, format="png", dpi=110)
-    plt.close(fig)
-    return out
+    return fig
 
 
 def readable_pieces(pieces: list[str]) -> list[str]:

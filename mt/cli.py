@@ -286,6 +286,38 @@ def export_cmd(
     typer.echo(f"wrote {export(run, out, quantization, force)}")
 
 
+@command("report")
+def report_cmd(
+    run_dir: Path = typer.Argument(..., help="run directory"),
+    output: Path = typer.Option(..., "--output", "-o", help="the HTML page to write"),
+    baseline: Optional[Path] = typer.Option(None, "--baseline", help="another run to compare "
+                                            "with (significance on the test split)"),
+    src: Optional[Path] = typer.Option(None, "--src", help="test source (default: the run's "
+                                       "test split)"),
+    ref: Optional[Path] = typer.Option(None, "--ref", help="test references"),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda"),
+    force: bool = typer.Option(False, "--force", help="overwrite --output if it exists"),
+):
+    """One self-contained HTML page about a run: config, curves, validation, tuning, test
+    scores with confidence intervals, attention, best and worst translations, a baseline.
+
+    Example: mt report runs/multi30k_de_en --baseline runs/rnn -o report.html
+    """
+    from mt.outputs import check_output, write_text
+    from mt.report import build_report
+    _check_device(device)
+    if (src is None) != (ref is None):
+        raise MTError("give both --src and --ref, or neither (the run's test split)")
+    if not (run_dir / "train_log.jsonl").is_file():
+        raise MTError(f"{run_dir} is not a run directory (no train_log.jsonl)")
+    check_output(output, force=force, what="report")
+    for path in (src, ref):
+        if path is not None and not path.is_file():
+            raise MTError(f"{path} not found")
+    write_text(output, build_report(run_dir, baseline, src, ref, device))
+    typer.echo(f"wrote {output}")
+
+
 @command("average")
 def average_cmd(
     run_dir: Path = typer.Argument(..., help="run directory holding step_N.pt snapshots"),

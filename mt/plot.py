@@ -22,6 +22,18 @@ def read_log(run_dir: Path) -> list[dict]:
 
 
 def plot_run(run_dir: Path, out: Path | None = None) -> Path:
+    """Draw training_figure into `out` (default RUN_DIR/training.png)."""
+    import matplotlib.pyplot as plt
+    fig = training_figure(run_dir)
+    out = out or run_dir / "training.png"
+    with atomic_file(out) as f:
+        fig.savefig(f, format="png", dpi=100)
+    plt.close(fig)
+    return out
+
+
+def training_figure(run_dir: Path):
+    """Training and validation loss, and validation BLEU (best.pt marked), by step."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -61,8 +73,4 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
     ax_bleu.grid(alpha=0.3)
     fig.suptitle(run_dir.name)
     fig.tight_layout()
-    out = out or run_dir / "training.png"
-    with atomic_file(out) as f:
-        fig.savefig(f, format="png", dpi=100)
-    plt.close(fig)
-    return out
+    return fig
