@@ -2,11 +2,12 @@
 # Check that pyproject's lower bounds are true: a fresh venv gets every dependency at exactly
 # its lower bound (torch from PyTorch's CPU index), mt without its dependencies, and the fast
 # tests run there.
-#   bash scripts/check_min_versions.sh [VENV_DIR]     (default /tmp/mt-min-venv)
+#   bash scripts/check_min_versions.sh [VENV_DIR [PYTEST ARGS...]]   (default /tmp/mt-min-venv)
 #   TORCH_SPEC=torch==2.13.0 bash scripts/check_min_versions.sh   another torch, e.g. offline
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${1:-/tmp/mt-min-venv}
+shift || true
 rm -rf "$venv"
 python3 -m venv "$venv"
 py="$venv/bin/python"
@@ -30,4 +31,4 @@ echo "== the others at their lower bounds:" $others
 "$py" -m pip install -q $others
 "$py" -m pip install -q --no-deps -e .
 "$py" -m pip list 2>/dev/null | grep -iE "^($(echo "$pins" | sed 's/==.*//' | paste -sd'|')) "
-HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 "$py" -m pytest -q -x -p no:cacheprovider
+HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 "$py" -m pytest -q -x -p no:cacheprovider "$@"

@@ -9,7 +9,8 @@ from tests.conftest import ROOT, assert_user_error, run_mt
 
 
 def test_help_for_every_command():
-    for cmd in ("download", "train", "translate", "eval", "average", "tune", "plot", "attention"):
+    for cmd in ("download", "configs", "train", "translate", "eval", "attention", "export",
+                "report", "average", "tune", "plot"):
         proc = run_mt(cmd, "--help")
         assert proc.returncode == 0 and "Example" in proc.stdout, proc.stdout
 

@@ -1,0 +1,77 @@
+"""`mt download`, `mt configs`, `mt train`: from a corpus to a trained run."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from mt.cli.app import _err, command
+from mt.errors import MTError
+
+
+@command("download")
+def download_cmd(
+    name: str = typer.Argument(..., help="multi30k, wmt14, synthetic, or a hub dataset id"),
+    out: Path = typer.Option(..., "--out", "-o", help="folder to write {train,valid,test}.{lang}"),
+    from_dir: Optional[Path] = typer.Option(
+        None, "--from-dir", help="import local files (Multi30k raw layout, plain splits, or a "
+                                 "datasets save_to_disk folder) instead of the hub"),
+    config: Optional[str] = typer.Option(None, "--config", help="hub dataset config, e.g. de-en"),
+    src: Optional[str] = typer.Option(None, "--src", help="source language / column"),
+    tgt: Optional[str] = typer.Option(None, "--tgt", help="target language / column"),
+    force: bool = typer.Option(False, "--force", help="overwrite existing split files"),
+):
+    """Fetch a parallel corpus and write plain text splits.
+
+    Example: mt download multi30k --out data/multi30k
+    Offline:  mt download multi30k --from-dir ~/multi30k/data/task1/raw --out data/multi30k
+    """
+    from mt.data.download import download
+    if (src is None) != (tgt is None):
+        raise MTError("give both --src and --tgt, or neither")
+    counts = download(name, out, config=config, from_path=from_dir,
+                      langs=(src, tgt) if src else None, force=force)
+    for split, n in counts.items():
+        typer.echo(f"{split}: {n} pairs")
+    typer.echo(f"wrote {out}")
+
+@command("configs")
+def configs_cmd():
+    """List the built-in configs: `mt train NAME` finds them from any folder.
+
+    Example: mt configs
+    """
+    from mt.config import builtin_configs, describe_config
+    for name, path in builtin_configs().items():
+        typer.echo(f"{name:<20} {describe_config(path)}")
+    typer.echo(f"(files in {next(iter(builtin_configs().values())).parent}; copy one to change it)")
+
+@command("train")
+def train_cmd(
+    config: Path = typer.Argument(..., help="YAML config, e.g. configs/multi30k_de_en.yaml, or "
+                                            "a built-in config's name (mt configs lists them)"),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="default: runs/<config name>"),
+    overrides: List[str] = typer.Option([], "--set", help="override a key: --set train.max_steps=500"),
+    more: Optional[List[str]] = typer.Argument(None, help="more KEY=VALUE overrides after --set",
+                                               show_default=False),
+    allow_config_change: bool = typer.Option(
+        False, "--allow-config-change", help="continue a run dir that holds a different config"),
+):
+    """Train BPE and a Transformer; rerunning on the same run dir resumes from last.pt.
+
+    Example: mt train configs/multi30k_de_en.yaml --set data.dir=data/multi30k
+    """
+    from mt.build import build_trainer
+    from mt.config import load_config
+    cfg = load_config(config, list(overrides) + list(more or []))
+    run_dir = run_dir or Path("runs") / config.stem
+    trainer = build_trainer(cfg, run_dir, allow_config_change, log=_err)
+    try:
+        state = trainer.fit()
+    finally:
+        trainer.close()
+    if not trainer.dist.is_main:
+        return
+    best = f"best valid BLEU {state.best_bleu:.2f}" if state.best_bleu >= 0 else "not validated yet"
+    _err(f"stopped at step {state.step}; {best}; checkpoints in {run_dir}")
