@@ -102,7 +102,8 @@ def test_alignment_and_attention_picture(tiny_run, tmp_path):
     out = proc.stdout.split("\n")[:-1]
     assert len(out) == 3 and out[1] == "\t"
     assert [o.split("\t")[0] for o in out] == tr.translate(lines)
-    src_ids, hyp = tr.search(["lo ka mi"])[0]
+    src_ids, found = tr.search(["lo ka mi"])[0]
+    hyp = found[0][0]                                                # the best hypothesis
     w = cross_attention(tr.model, src_ids, hyp, tr.device)
     assert w.shape[2:] == (len(hyp) + 1, len(src_ids) + 1)
     np.testing.assert_allclose(w.sum(-1), 1.0, rtol=1e-5)          # rows are distributions
