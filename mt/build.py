@@ -17,6 +17,7 @@ from mt.loss import rdrop_loss, reference_loss
 from mt.model import build_model
 from mt.rundir import prepare_run_dir, record_corpus, write_run_info
 from mt.schedule import build_optimizer
+from mt.scheduled_sampling import ScheduledSamplingLoss
 from mt.threads import choose_threads
 from mt.trainer import Trainer, TrainState, Validation
 
@@ -97,6 +98,11 @@ def _build(cfg: Config, run_dir: Path, dist, device_name: str, log, lock) -> Tra
         tokenizer=tokenizer, cfg=t, decode_cfg=cfg.decode, full_config=cfg.to_dict(),
         run_dir=run_dir, device=device, amp_dtype=dtype, log=log, dist=dist, lock=lock,
         loss_fn=loss_fn, tensorboard=t.tensorboard)
+    if t.scheduled_sampling is not None:   # a wrapper around the loss, fed the update count
+        ss = t.scheduled_sampling
+        two_pass = ss.mode == "two_pass" or (ss.mode == "auto" and cfg.model.arch != "rnn")
+        trainer.loss_fn = ScheduledSamplingLoss(ss, trainer.loss_fn, lambda: trainer.state.step,
+                                                two_pass, seed=t.seed + dist.rank)
     found = checkpoint.load_for_resume(run_dir / "last.pt", log)
     if found is not None:
         _resume(trainer, *found, log)

@@ -81,6 +81,29 @@ class ModelConfig(_Section):
         return self
 
 
+class ScheduledSamplingConfig(_Section):
+    """Feed the model its own predictions instead of the gold previous tokens, with a gold
+    probability that decays over updates (Bengio et al. 2015); see mt/scheduled_sampling.py."""
+    schedule: Literal["linear", "exponential", "inverse_sigmoid"] = "inverse_sigmoid"
+    k: float = Field(2000.0, gt=0.0, description="linear: the start probability; "
+                     "exponential: the decay base (< 1); inverse_sigmoid: the step scale (>= 1)")
+    c: float = Field(0.0, ge=0.0, description="linear: the decrease per update")
+    min_gold: float = Field(0.0, ge=0.0, le=1.0, description="the gold probability's floor")
+    # auto: two parallel decoder passes for Transformers (Duckworth et al. 2019), the decoder
+    # step by step for the RNN (Bengio et al.)
+    mode: Literal["auto", "two_pass", "step_by_step"] = "auto"
+
+    @model_validator(mode="after")
+    def _k_fits_schedule(self) -> "ScheduledSamplingConfig":
+        if self.schedule == "exponential" and self.k >= 1:
+            raise ValueError(f"train.scheduled_sampling.k ({self.k}) must be < 1 for the "
+                             f"exponential schedule (the gold probability is k ** step)")
+        if self.schedule == "inverse_sigmoid" and self.k < 1:
+            raise ValueError(f"train.scheduled_sampling.k ({self.k}) must be >= 1 for the "
+                             f"inverse_sigmoid schedule")
+        return self
+
+
 class TrainConfig(_Section):
     max_steps: int = Field(20000, ge=1, description="optimizer updates")
     max_minutes: float = Field(0.0, ge=0.0, description="also stop (validate, average, tune) "
@@ -95,6 +118,7 @@ class TrainConfig(_Section):
     adam_eps: float = Field(1e-9, gt=0.0)
     weight_decay: float = Field(0.0, ge=0.0)
     label_smoothing: float = Field(0.1, ge=0.0, lt=1.0)
+    scheduled_sampling: ScheduledSamplingConfig | None = None
     rdrop_alpha: float = Field(0.0, ge=0.0, description="R-Drop (Liang et al. 2021): two "
                                "dropout passes per batch and this weight on their symmetric "
                                "KL; 0 = off")
