@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from mt.cli.app import _check_beam, _check_device, _number_list, command
+from mt.cli.app import _check_beam, _err, _check_device, _number_list, command
 from mt.errors import MTError
 
 
@@ -116,3 +116,24 @@ def plot_cmd(
     else:
         check_output(output, force=force, inputs=[run_dir / "train_log.jsonl"], what="picture")
     typer.echo(f"wrote {plot_run(run_dir, output)}")
+
+
+@command("distill")
+def distill_cmd(
+    teacher: Path = typer.Argument(..., help="the teacher: run directory or checkpoint"),
+    data: Path = typer.Option(..., "--data", help="corpus folder with the training split"),
+    out: Path = typer.Option(..., "--out", help="folder for the distilled corpus"),
+    beam: Optional[int] = typer.Option(None, "--beam", min=1, help="default: the teacher's"),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda"),
+    force: bool = typer.Option(False, "--force", help="overwrite files in --out"),
+):
+    """Sequence-level knowledge distillation: the teacher's translations of the training
+    sources become the training targets of a new corpus (valid/test copied unchanged).
+
+    Example: mt distill runs/multi30k_de_en --data data/multi30k --out data/multi30k_kd
+    """
+    from mt.distill import distill
+    _check_device(device)
+    _check_beam(beam)
+    n = distill(teacher, data, out, beam, device, force, log=_err)
+    typer.echo(f"wrote {out}: {n} training pairs with the teacher's translations")
