@@ -15,7 +15,8 @@ from mt.distributed import setup
 from mt.errors import MTError
 from mt.loss import rdrop_loss, reference_loss
 from mt.model import build_model
-from mt.rundir import prepare_run_dir, record_corpus, write_run_info
+from mt.pretrain import init_encoder
+from mt.rundir import has_checkpoint, prepare_run_dir, record_corpus, write_run_info
 from mt.schedule import build_optimizer
 from mt.scheduled_sampling import ScheduledSamplingLoss
 from mt.threads import choose_threads
@@ -78,7 +79,10 @@ def _build(cfg: Config, run_dir: Path, dist, device_name: str, log, lock) -> Tra
         record_corpus(cfg, run_dir)
         write_run_info(run_dir)
     device = pick_device(device_name)
-    model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size).to(device)
+    model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
+    if cfg.model.init_encoder and not has_checkpoint(run_dir):   # a resumed run has its own
+        init_encoder(model, cfg.model.init_encoder, tokenizer, log)
+    model = model.to(device)
     loss_fn = reference_loss
     if t.fast_paths:          # the CPU speed work, beside the reference model (mt/fast)
         fast.install(model)

@@ -59,6 +59,8 @@ class ModelConfig(_Section):
     # all: source, target and output share one matrix (needs tokenizer.joint).
     tie_embeddings: Literal["none", "decoder", "all"] = "all"
     max_positions: int = Field(1024, ge=8)
+    # a masked-LM pretrained encoder (RUN_DIR/pretrained.pt of `mt pretrain`) to start from
+    init_encoder: str | None = None
 
     @model_validator(mode="after")
     def _heads_divide(self) -> "ModelConfig":

@@ -75,3 +75,25 @@ def train_cmd(
         return
     best = f"best valid BLEU {state.best_bleu:.2f}" if state.best_bleu >= 0 else "not validated yet"
     _err(f"stopped at step {state.step}; {best}; checkpoints in {run_dir}")
+
+
+@command("pretrain")
+def pretrain_cmd(
+    config: Path = typer.Argument(..., help="YAML config or built-in name: its data, tokenizer "
+                                  "and model (the encoder is trained), train.max_steps etc."),
+    run_dir: Path = typer.Option(..., "--run-dir", help="where pretrained.pt is written"),
+    overrides: List[str] = typer.Option([], "--set", help="override a key: --set train.max_steps=500"),
+    more: Optional[List[str]] = typer.Argument(None, help="more KEY=VALUE overrides after --set",
+                                               show_default=False),
+):
+    """Masked-LM pretraining of the encoder on the training split's source side (BERT's 15%
+    masking); then start translation runs from it with model.init_encoder=RUN_DIR/pretrained.pt.
+
+    Example: mt pretrain multi30k_de_en --run-dir runs/mlm_de --set train.max_steps=2000
+    """
+    from mt.config import load_config
+    from mt.pretrain import pretrain
+    cfg = load_config(config, list(overrides) + list(more or []))
+    record = pretrain(cfg, run_dir, log=_err)
+    typer.echo(f"wrote {run_dir / 'pretrained.pt'} after {record['step']} updates "
+               f"(masked-LM loss {record.get('mlm_loss', '-')})")

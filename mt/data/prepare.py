@@ -61,6 +61,11 @@ def ensure_data(cfg: Config, log) -> None:
 def load_tokenizer(cfg: Config, run_dir: Path, train_paths: tuple[Path, Path], log) -> Tokenizer:
     """The run's BPE model, trained on (a sample of) the training split the first time."""
     tok = Tokenizer.load(run_dir)
+    if tok is None and cfg.model.init_encoder:     # the pretrained encoder's vocabulary
+        from mt import checkpoint
+        tok = checkpoint.tokenizer_from(checkpoint.load(Path(cfg.model.init_encoder)))
+        log(f"using the BPE model of {cfg.model.init_encoder} (model.init_encoder)")
+        tok.save(run_dir)
     if tok is None:
         t = cfg.tokenizer
         log(f"training {'joint' if t.joint else 'separate'} BPE (vocab {t.vocab_size}) ...")

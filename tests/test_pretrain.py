@@ -1,0 +1,76 @@
+"""Masked-LM encoder pretraining: the masking rates, and init_encoder loading exactly the
+encoder's weights."""
+import torch
+
+from mt import checkpoint
+from mt.config import ModelConfig
+from mt.model import build_model
+from mt.pretrain import MASK, encoder_keys, init_encoder, mask_tokens
+from mt.tokens import BOS, EOS, PAD
+from tests.conftest import ROOT, assert_user_error, run_mt
+
+
+def test_masking_rates_are_berts_and_spare_special_positions():
+    g = torch.Generator().manual_seed(0)
+    src = torch.randint(4, 500, (400, 60), generator=g)
+    src[:, -1] = EOS
+    src[::3, 40:] = PAD
+    src[:, 0] = BOS
+    inputs, targets = mask_tokens(src, 500, g)
+    real = (src >= 4)
+    chosen = targets != PAD
+    assert not (chosen & ~real).any()                                  # never PAD, BOS, EOS
+    assert torch.equal(targets[chosen], src[chosen])                   # the originals
+    assert torch.equal(inputs[~chosen], src[~chosen])                  # the rest untouched
+    rate = chosen.sum() / real.sum()
+    masked = (inputs[chosen] == MASK).float().mean()
+    kept = (inputs[chosen] == src[chosen]).float().mean()
+    assert abs(float(rate) - 0.15) < 0.01
+    assert abs(float(masked) - 0.8) < 0.02
+    assert abs(float(kept) - 0.1) < 0.02              # (a random draw may also hit the original)
+
+
+def test_init_encoder_loads_exactly_the_encoder(tmp_path):
+    cfg = ModelConfig(d_model=32, n_heads=4, enc_layers=2, dec_layers=2, d_ff=64,
+                      tie_embeddings="decoder")
+    torch.manual_seed(1)
+    pretrained = build_model(cfg, 50, 50)
+    run = tmp_path / "pre"
+    run.mkdir()
+    from mt.tokenizer import Tokenizer
+    lines = [f"w{i} w{i % 7} x{i % 3}" for i in range(200)]
+    tok = Tokenizer.train(lines, lines, vocab_size=50, joint=True, character_coverage=1.0,
+                          max_sentences=1000, seed=0)
+    ckpt = checkpoint.build(config={}, model_state=pretrained.state_dict(), tokenizer=tok,
+                            train_state={})
+    checkpoint.atomic_save(ckpt, run / "pretrained.pt")
+    torch.manual_seed(2)
+    fresh = build_model(cfg, 50, 50)
+    before = {k: v.clone() for k, v in fresh.state_dict().items()}
+    init_encoder(fresh, str(run / "pretrained.pt"), tok, log=lambda *_: None)
+    after, theirs = fresh.state_dict(), pretrained.state_dict()
+    enc = set(encoder_keys(after))
+    assert enc and any(k.startswith("encoder.") for k in enc) and "src_embed.weight" in enc
+    for k, v in after.items():
+        expected = theirs[k] if k in enc else before[k]
+        assert torch.equal(v, expected), k
+    assert any(not torch.equal(after[k], theirs[k]) for k in after if k.startswith("decoder."))
+
+
+def test_pretrain_then_translate_from_the_pretrained_encoder(tmp_path):
+    data = tmp_path / "d"
+    proc = run_mt("pretrain", ROOT / "configs/tiny.yaml", "--run-dir", tmp_path / "mlm", "--set",
+                  f"data.dir={data}", "train.max_steps=20", "train.log_every=10")
+    assert proc.returncode == 0, proc.stderr
+    log = (tmp_path / "mlm" / "pretrain_log.jsonl").read_text().splitlines()
+    assert len(log) == 2
+    pre = str(tmp_path / "mlm" / "pretrained.pt")
+    proc = run_mt("train", ROOT / "configs/tiny.yaml", "--run-dir", tmp_path / "mt", "--set",
+                  f"data.dir={data}", "train.max_steps=4", f"model.init_encoder={pre}")
+    assert proc.returncode == 0, proc.stderr
+    assert "encoder initialised from" in proc.stderr
+    assert (tmp_path / "mt" / "spm.model").read_bytes() == \
+        (tmp_path / "mlm" / "spm.model").read_bytes()              # the pretraining's BPE
+    assert_user_error(run_mt("train", ROOT / "configs/tiny.yaml", "--run-dir", tmp_path / "bad",
+                             "--set", f"data.dir={data}", "model.d_model=32",
+                             f"model.init_encoder={pre}"), "does not fit this model")
