@@ -15,6 +15,7 @@ from mt.distributed import setup
 from mt.errors import MTError
 from mt.loss import rdrop_loss, reference_loss
 from mt.model import build_model
+from mt.nat import nat_loss
 from mt.pretrain import init_encoder
 from mt.rundir import has_checkpoint, prepare_run_dir, record_corpus, write_run_info
 from mt.schedule import build_optimizer
@@ -87,6 +88,8 @@ def _build(cfg: Config, run_dir: Path, dist, device_name: str, log, lock) -> Tra
     if t.fast_paths:          # the CPU speed work, beside the reference model (mt/fast)
         fast.install(model)
         loss_fn = reference_loss if t.compile else fast.chunked_loss
+    if cfg.model.arch == "nat":
+        loss_fn = nat_loss
     if t.rdrop_alpha > 0:     # two passes and their KL need the full logits
         loss_fn = functools.partial(rdrop_loss, alpha=t.rdrop_alpha)
     torch.manual_seed(t.seed + dist.rank)   # same initial weights everywhere, own dropout masks

@@ -40,7 +40,8 @@ class TokenizerConfig(_Section):
 class ModelConfig(_Section):
     # transformer: encoder-decoder (Vaswani et al. 2017); rnn: bidirectional GRU encoder and
     # GRU decoder; decoder_only: one causal Transformer over `source <sep> target`.
-    arch: Literal["transformer", "rnn", "decoder_only"] = "transformer"
+    # nat: the non-autoregressive Transformer of Mask-Predict (Ghazvininejad et al. 2019).
+    arch: Literal["transformer", "rnn", "decoder_only", "nat"] = "transformer"
     # rnn only: bahdanau (additive), luong (multiplicative), none (one fixed context vector).
     attention: Literal["bahdanau", "luong", "none"] = "bahdanau"
     # transformer / decoder_only: sinusoidal or learned absolute positions, or relative
@@ -172,6 +173,9 @@ class DecodeConfig(_Section):
     length_penalty: float = Field(1.0, ge=0.0)
     max_len_a: float = Field(1.5, ge=0.0, description="max output length = a * src_len + b")
     max_len_b: int = Field(10, ge=1)
+    # model.arch nat: mask-predict's refinement iterations and candidate lengths
+    nat_iterations: int = Field(10, ge=1)
+    nat_length_beam: int = Field(3, ge=1)
     max_tokens: int = Field(4000, ge=16, description="source tokens per translation batch")
     # At the end of `mt train`: try these beams x length penalties on the valid split with
     # best.pt and store the best pair in it (mt translate then uses it). Empty: no tuning.
@@ -206,6 +210,14 @@ class Config(_Section):
                              f"model.max_positions ({self.model.max_positions}): {what} must be "
                              f"<= model.max_positions; raise model.max_positions to {need} or "
                              f"lower data.max_len")
+        return self
+
+    @model_validator(mode="after")
+    def _nat_trains_its_own_way(self) -> "Config":
+        if self.model.arch == "nat" and (self.train.scheduled_sampling is not None
+                                         or self.train.rdrop_alpha > 0):
+            raise ValueError("model.arch nat learns from masked targets: train.scheduled_sampling"
+                             " and train.rdrop_alpha apply to the autoregressive models only")
         return self
 
     @model_validator(mode="after")

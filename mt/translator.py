@@ -15,7 +15,8 @@ from mt import checkpoint
 from mt.data.batching import pad_sources, token_batches
 from mt.device import decode_dtype, pick_device
 from mt.errors import MTError
-from mt.search import beam_nbest, greedy, sampler
+from mt.nat import mask_predict
+from mt.search import beam_nbest, greedy, max_lengths, sampler
 from mt.tokens import PAD
 
 
@@ -82,6 +83,9 @@ class Translator:
                               f"of an ensemble must share one tokenizer (trained on the same "
                               f"data with the same tokenizer config)")
         first = cls.from_dict(ckpts[0], device, precision, str(resolved[0]))
+        if any(checkpoint.config_of(c).model.arch == "nat" for c in ckpts):
+            raise MTError("an ensemble decodes autoregressively: model.arch nat runs cannot "
+                          "join one")
         models = [first.model] + [checkpoint.model_of(c, str(p))[2].to(first.device).eval()
                                   for p, c in zip(resolved[1:], ckpts[1:])]
         return cls(Ensemble(models).eval(), first.tokenizer, first.cfg, first.device,
@@ -109,7 +113,10 @@ class Translator:
         b = options.get("beam") or self.cfg.beam
         lp = options.get("length_penalty")
         lp = self.cfg.length_penalty if lp is None else lp
-        if sampling:
+        if getattr(self.model, "non_autoregressive", False):
+            how = (f"mask-predict, {self.cfg.nat_iterations} iterations, "
+                   f"{self.cfg.nat_length_beam} candidate lengths")
+        elif sampling:
             how = (f"sampling (temperature {sampling.temperature}, top-k "
                    f"{sampling.topk or 'all'}, top-p {sampling.topp}, seed {sampling.seed})")
         else:
@@ -166,6 +173,14 @@ class Translator:
     def _decode(self, src, mask, beam, length_penalty, nbest, sampling, generator, forced,
                 use_cache) -> list[list[tuple[list[int], float | None]]]:
         c = self.cfg
+        if getattr(self.model, "non_autoregressive", False):
+            if nbest > 1 or sampling is not None or forced:
+                raise MTError("model.arch nat decodes by mask-predict: --nbest, --sample and "
+                              "--prefix apply to the autoregressive models only")
+            limit = int(max_lengths(mask, c.max_len_a, c.max_len_b, self.model.max_positions - 1)
+                        .max())
+            return [[(h, None)] for h in mask_predict(self.model, src, mask, c.nat_iterations,
+                                                      c.nat_length_beam, limit)]
         lp = c.length_penalty if length_penalty is None else length_penalty
         if sampling is not None or (beam == 1 and nbest == 1):
             pick = None if sampling is None else sampler(sampling.temperature, sampling.topk,

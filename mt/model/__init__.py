@@ -3,10 +3,12 @@ with or without attention, and the decoder-only Transformer. All speak `Seq2Seq`
 from mt.model.base import Seq2Seq
 from mt.model.cache import reorder_cache
 from mt.model.decoder_only import DecoderOnly
+from mt.model.nat import NATransformer
 from mt.model.rnn import RNNSeq2Seq
 from mt.model.transformer import Transformer
 
-__all__ = ["Seq2Seq", "Transformer", "RNNSeq2Seq", "DecoderOnly", "build_model", "reorder_cache"]
+__all__ = ["Seq2Seq", "Transformer", "RNNSeq2Seq", "DecoderOnly", "NATransformer", "build_model",
+           "reorder_cache"]
 
 
 def build_model(cfg, src_vocab: int, tgt_vocab: int) -> Seq2Seq:
@@ -22,4 +24,6 @@ def build_model(cfg, src_vocab: int, tgt_vocab: int) -> Seq2Seq:
                 max_relative=cfg.max_relative, **common)
     if cfg.arch == "decoder_only":
         return DecoderOnly(layers=cfg.dec_layers, **attn)
+    if cfg.arch == "nat":
+        return NATransformer(enc_layers=cfg.enc_layers, dec_layers=cfg.dec_layers, **attn)
     return Transformer(enc_layers=cfg.enc_layers, dec_layers=cfg.dec_layers, **attn)

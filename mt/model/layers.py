@@ -74,18 +74,20 @@ class DecoderLayer(nn.Module):
         self.res3 = Residual(d_model, dropout, pre_norm)
 
     def forward(self, x, memory, memory_mask, cache: dict | None = None, weights: list | None = None,
-                q_pos=None, k_pos=None):
+                q_pos=None, k_pos=None, self_mask: torch.Tensor | None = None):
         """x: (B, T, D); memory: (B, S, D); memory_mask: (B, 1, 1, S) True = may attend.
         With a cache, x holds only the newest position and the past comes from the cache.
         If `weights` is a list, this layer's cross-attention weights (B, H, T, S) go into it.
+        self_mask: (B, 1, 1, T) may-attend over the target, given by the non-autoregressive
+        decoder (mt/model/nat.py), which sees the whole target without the causal mask.
         """
         self_cache = cache.setdefault("self", {}) if cache is not None else None
         cross_cache = cache.setdefault("cross", {}) if cache is not None else None
         # Training sees the whole target at once and needs the causal mask; a cached step
         # holds one query that may see every cached key.
-        causal = cache is None
-        x = self.res1(x, lambda h: self.self_attn(h, is_causal=causal, cache=self_cache,
-                                                  q_pos=q_pos, k_pos=k_pos))
+        causal = cache is None and self_mask is None
+        x = self.res1(x, lambda h: self.self_attn(h, attn_mask=self_mask, is_causal=causal,
+                                                  cache=self_cache, q_pos=q_pos, k_pos=k_pos))
 
         def cross(h):
             if weights is None:
