@@ -58,6 +58,16 @@ def test_multi30k_validation_bleu_rises(tmp_path):
     assert len(bleu) == 2 and bleu[1] > bleu[0] and bleu[1] > 10, bleu
     averaged = [r for r in log if "averaged" in r]                     # the config averages at the end
     assert len(averaged) == 1 and "valid_bleu" in averaged[0]
+    # the run exported to CTranslate2 decodes real test sentences as mt does (post-LN model)
+    pytest.importorskip("ctranslate2")
+    from tests.test_export import _ct2_greedy
+    from mt.translator import Translator
+    assert run_mt("export", tmp_path / "r", tmp_path / "ct2").returncode == 0
+    t = Translator.load(tmp_path / "r", "cpu")
+    sources = (tmp_path / "m" / "test.de").read_text().splitlines()[:100]
+    ct2, ours = _ct2_greedy(tmp_path / "ct2", t, sources), t.translate(sources, beam=1)
+    assert sum(a == b for a, b in zip(ct2, ours)) >= 98, [(a, b) for a, b in zip(ct2, ours)
+                                                          if a != b][:3]
 
 
 @pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
