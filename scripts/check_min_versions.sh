@@ -23,8 +23,12 @@ PY
 torch_pin=$(echo "$pins" | grep '^torch==')
 spec=${TORCH_SPEC:-$torch_pin}
 echo "== torch: $spec"
-"$py" -m pip install -q "$spec" --index-url https://download.pytorch.org/whl/cpu \
-  || "$py" -m pip install -q "$spec"
+cpu_index=https://download.pytorch.org/whl/cpu
+if "$py" -c "import urllib.request as u; u.urlopen('$cpu_index/', timeout=5)" 2>/dev/null; then
+  "$py" -m pip install -q "$spec" --index-url "$cpu_index" --extra-index-url https://pypi.org/simple
+else
+  "$py" -m pip install -q "$spec"
+fi
 others=$(echo "$pins" | grep -v '^torch==')
 echo "== the others at their lower bounds:" $others
 # shellcheck disable=SC2086
