@@ -65,9 +65,9 @@ def _best_by_enumeration(table, max_tokens: int, lp: float) -> list[int]:
 @pytest.mark.parametrize("lp", [0.0, 1.0, 2.0])
 def test_exhaustive_beam_returns_the_best_scored_hypothesis(lp):
     """With 3 words and at most 2 before EOS, beam 9 keeps every prefix alive: its answer must
-    be the enumeration's, for every length penalty (over 40 random models)."""
+    be the enumeration's, for every length penalty (over 15 random models)."""
     src = torch.tensor([[4, 5, EOS]])
-    for seed in range(40):
+    for seed in range(15):
         table = _table(seed)
         got = beam_search(ScriptedModel(table), src, src == 0, 9, lp, max_len_a=0.0,
                           max_len_b=3)
@@ -78,7 +78,7 @@ def test_the_length_penalty_changes_the_winner_as_the_formula_says():
     """Some models prefer the short output without normalisation and a long one with it."""
     src = torch.tensor([[4, 5, EOS]])
     flipped = 0
-    for seed in range(40):
+    for seed in range(25):
         model = ScriptedModel(_table(seed))
         short = beam_search(model, src, src == 0, 9, 0.0, max_len_a=0.0, max_len_b=3)[0]
         long = beam_search(model, src, src == 0, 9, 3.0, max_len_a=0.0, max_len_b=3)[0]
