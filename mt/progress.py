@@ -3,6 +3,7 @@ Ctrl-C (once: stop after this update and save; twice: stop now, saying what was 
 from __future__ import annotations
 
 import signal
+import sys
 from contextlib import contextmanager
 
 from mt.errors import Interrupted
@@ -15,6 +16,9 @@ def stop_on_signal(on_signal, lost_work):
     def handler(signum, frame):
         on_signal(signal.Signals(signum).name)
         signal.signal(signal.SIGINT, second)
+        sys.stderr.write(f"\n{signal.Signals(signum).name}: stopping after this update and "
+                         f"saving last.pt (Ctrl-C again to stop at once, losing it)\n")
+        sys.stderr.flush()
 
     def second(signum, frame):
         raise Interrupted(lost_work())
