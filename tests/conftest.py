@@ -69,3 +69,16 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def out_of_memory_on_call(model, n: int) -> None:
+    """The model's n-th decode call (1-based) raises CUDA's out-of-memory error: both losses
+    decode through it."""
+    real, calls = model.decode, [0]
+
+    def decode(*a, **k):
+        calls[0] += 1
+        if calls[0] == n:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(*a, **k)
+    model.decode = decode

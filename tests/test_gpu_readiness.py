@@ -16,7 +16,7 @@ from mt.data.batching import collate
 from mt.data.download import download
 from mt.device import amp_dtype, decode_dtype
 from mt.errors import MTError
-from tests.conftest import ROOT, free_port
+from tests.conftest import ROOT, free_port, out_of_memory_on_call
 
 TINY = ROOT / "configs" / "tiny.yaml"
 
@@ -70,14 +70,7 @@ def _oom_worker(rank, world, port, data_dir, run_dir, out):
                       log=lambda *_: None)
     assert t.train_model is t.model         # no DDP wrapper (and no buffers re-sent)
     if rank == 1:                                          # rank 1 runs out of memory once
-        real, calls = t.model.decode, [0]
-
-        def forward(*a, **k):
-            calls[0] += 1
-            if calls[0] == 2:
-                raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
-            return real(*a, **k)
-        t.model.decode = forward
+        out_of_memory_on_call(t.model, 2)
     done = [t.train_step([collate(t.train_data, np.arange(rank * 24, rank * 24 + 24))])
             for _ in range(3)]
     torch.save({"done": done, "state": t.state.state_dict(), "model": t.model.state_dict()},

@@ -5,7 +5,7 @@ from mt import checkpoint
 from mt.build import build_trainer
 from mt.config import load_config
 from mt.errors import MTError
-from tests.conftest import ROOT
+from tests.conftest import ROOT, out_of_memory_on_call
 
 
 def _trainer(tmp_path, *overrides):
@@ -74,14 +74,7 @@ def test_gradient_accumulation_equals_one_big_batch(tmp_path):
 
 def test_out_of_memory_batch_is_skipped_and_counted(tmp_path):
     t = _trainer(tmp_path, "train.max_steps=3", "train.valid_every=100")
-    real, calls = t.model.decode, [0]
-
-    def forward(*a, **k):
-        calls[0] += 1
-        if calls[0] == 2:
-            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
-        return real(*a, **k)
-    t.model.decode = forward
+    out_of_memory_on_call(t.model, 2)
     state = t.fit()
     assert state.step == 3 and state.oom_skipped == 1
     assert '"skipped": "out of memory"' in (tmp_path / "run/train_log.jsonl").read_text()
