@@ -298,14 +298,10 @@ def test_version_and_builtin_configs_from_any_folder(tmp_path):
     assert_user_error(run_mt("train", "nonesuch", cwd=tmp_path), "nonesuch", "mt configs")
 
 
-def test_training_picture_marks_best_and_draws_a_single_point(tmp_path, monkeypatch):
+def test_training_picture_marks_best_and_draws_a_single_point(tmp_path):
     import json
 
-    import matplotlib.pyplot as plt
-
-    from mt.plot import plot_run
-    figures = []
-    monkeypatch.setattr(plt, "close", figures.append)
+    from mt.plot import plot_run, training_figure
     run = tmp_path / "run"
     run.mkdir()
     (run / "train_log.jsonl").write_text("\n".join(json.dumps(r) for r in [
@@ -313,7 +309,7 @@ def test_training_picture_marks_best_and_draws_a_single_point(tmp_path, monkeypa
         {"step": 10, "valid_loss": 4.0, "valid_bleu": 12.3, "valid_chrf": 30.0, "best": True},
     ]) + "\n")
     assert plot_run(run).is_file()
-    loss_ax, bleu_ax = figures[0].axes
+    loss_ax, bleu_ax = training_figure(run).axes
     assert any(line.get_marker() == "o" and len(line.get_xdata()) == 1
                for line in loss_ax.get_lines())                  # one point is still seen
     assert "best.pt: 12.30" in [t.get_text() for t in bleu_ax.get_legend().get_texts()]
