@@ -7,12 +7,6 @@ import os
 # opt out; it has no effect when torch made a large allocation before mt was imported.
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
-# OpenMP threads that spin while they wait (libgomp's default) make a busy machine many times
-# slower: a thread whose core is taken keeps the others spinning at every barrier. Passive
-# waiting sleeps at once. Read when torch loads libgomp, so it is set before torch is imported;
-# any value the user set wins (mt/threads.py, scripts/bench_threads.py).
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 __version__ = "0.1.0"
 
 

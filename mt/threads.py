@@ -1,10 +1,11 @@
 """CPU threads on a shared machine.
 
-OpenMP threads that wait for each other by spinning (torch's default) turn a busy neighbour
-into a 7-60x slowdown on a 2-core machine: a thread that lost its core keeps the others
-spinning at every barrier. So mt (a) asks OpenMP to sleep soon instead of spinning (set in
-mt/__init__.py, before torch loads its OpenMP runtime), and (b) uses only the cores that other
-processes leave free when it starts, and says so. `train.num_threads` or MT_THREADS choose.
+OpenMP threads that wait for each other by spinning (libgomp's default) turn a busy neighbour
+into a many-fold slowdown on a 2-core machine: a thread that lost its core keeps the others
+spinning at every barrier. So mt uses only the cores that other processes leave free when it
+starts, and says so; `train.num_threads` or MT_THREADS choose. It keeps libgomp's spinning
+wait: sleeping at once (OMP_WAIT_POLICY=PASSIVE) avoids the slowdown too, but made the idle
+machine's small-op training 1.5x slower (scripts/bench_threads.py, docs/performance.md).
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 config, 40 updates) on an idle machine and beside a busy neighbour process (a torch matmul
 loop on one thread, what another user's job looks like), with:
 
-  - mt as shipped (passive OpenMP waits, threads = the cores other processes leave free),
+  - mt as shipped (threads = the cores other processes leave free, libgomp's default waits),
   - torch's own behaviour: all cores, libgomp's default wait policy (spin, then sleep),
   - all cores with passive waits (mt's wait policy without its thread choice),
   - one thread.
