@@ -12,7 +12,7 @@ from pathlib import Path
 from mt import checkpoint
 from mt.data.corpus import SPLITS, has_split, read_lines, split_paths
 from mt.errors import MTError
-from mt.outputs import check_folder_writable, write_text
+from mt.outputs import check_folder_creatable, write_text
 
 
 def distill(teacher: Path, data: Path, out: Path, beam: int | None = None,
@@ -32,7 +32,7 @@ def distill(teacher: Path, data: Path, out: Path, beam: int | None = None,
     if existing and not force:
         raise MTError(f"{existing[0]} already exists; pass --force to overwrite it or choose "
                       f"another --out")
-    _check_creatable(out)
+    check_folder_creatable(out, "--out")
     out.mkdir(parents=True, exist_ok=True)
     src_path, _ = split_paths(data, "train", d.src_lang, d.tgt_lang)
     sources = read_lines(src_path)
@@ -49,9 +49,3 @@ def distill(teacher: Path, data: Path, out: Path, beam: int | None = None,
                 shutil.copyfile(a, b)
     return len(sources)
 
-
-def _check_creatable(out: Path) -> None:
-    existing = out
-    while not existing.exists():
-        existing = existing.parent
-    check_folder_writable(existing, "--out")

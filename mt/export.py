@@ -13,6 +13,7 @@ import torch
 
 from mt import checkpoint
 from mt.errors import MTError
+from mt.outputs import check_folder_creatable
 
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int16", "float16", "bfloat16",
                  "float32")
@@ -140,6 +141,7 @@ def export(run: Path, out: Path, quantization: str | None = None, force: bool = 
 def _check_out(out: Path, force: bool) -> None:
     if out.exists() and not out.is_dir():
         raise MTError(f"{out} is a file; give a folder for the CTranslate2 model")
+    check_folder_creatable(out.parent, "export")     # OUT is removed and made again in it
     if out.exists() and any(out.iterdir()):
         if not force:
             raise MTError(f"{out} already exists and is not empty; pass --force to replace it")
@@ -147,8 +149,3 @@ def _check_out(out: Path, force: bool) -> None:
             raise MTError(f"{out} is not an exported model (no model.bin): mt will not replace "
                           f"it even with --force; choose another folder")
         shutil.rmtree(out)
-    parent = out.parent
-    while not parent.exists():
-        parent = parent.parent
-    from mt.outputs import check_folder_writable
-    check_folder_writable(parent, "export")

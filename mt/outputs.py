@@ -49,6 +49,16 @@ def check_folder_writable(folder: Path, what: str = "output") -> None:
                       f"path") from None
 
 
+def check_folder_creatable(folder: Path, what: str = "output") -> None:
+    """`folder` is a folder or can be made one: its nearest existing ancestor is writable."""
+    if folder.exists() and not folder.is_dir():
+        raise MTError(f"the {what} {folder} is a file; give a folder")
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    check_folder_writable(existing, what)
+
+
 def check_output(path: str | Path | None, *, force: bool = False,
                  inputs: Iterable[str | Path | None] = (), what: str = "output") -> None:
     """Raise MTError before any work if writing `path` would fail or destroy something."""

@@ -13,7 +13,7 @@ from typing import Any
 from mt.data import synthetic
 from mt.data.corpus import SPLITS, read_lines
 from mt.errors import MTError
-from mt.outputs import check_folder_writable, write_text
+from mt.outputs import check_folder_creatable, write_text
 
 # Short names -> (hub id, dataset config). Any other name is passed to the hub as it is.
 HUB_ALIASES = {
@@ -114,19 +114,9 @@ def from_hub(name: str, config: str | None, langs: tuple[str, str] | None, out: 
     return from_datasets(dd, langs)
 
 
-def check_out_folder(out: Path) -> None:
-    """--out can be created and written, checked before anything is fetched."""
-    if out.exists() and not out.is_dir():
-        raise MTError(f"--out {out} is a file; give a folder")
-    existing = out
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    check_folder_writable(existing, "--out")
-
-
 def download(name: str, out: Path, *, config: str | None = None, from_path: Path | None = None,
              langs: tuple[str, str] | None = None, force: bool = False) -> dict[str, int]:
-    check_out_folder(out)
+    check_folder_creatable(out, "--out")   # before anything is fetched
     if name == "synthetic":
         splits = {s: {"src": a, "tgt": b} for s, (a, b) in synthetic.splits().items()}
     elif from_path is not None:
