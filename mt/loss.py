@@ -27,14 +27,23 @@ def label_smoothed_nll(lprobs: torch.Tensor, target: torch.Tensor, eps: float,
     return loss.sum(), nll.sum(), keep.sum()
 
 
+def flat_lprobs(logits: torch.Tensor) -> torch.Tensor:
+    """(..., V) logits -> (N, V) log-probabilities, in fp32 also under autocast."""
+    return torch.log_softmax(logits.float(), dim=-1).view(-1, logits.shape[-1])
+
+
+def logits_loss(logits: torch.Tensor, target: torch.Tensor,
+                eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(smoothed loss sum, NLL sum) of logits (..., V) against target (...), PAD not scored."""
+    loss, nll, _ = label_smoothed_nll(flat_lprobs(logits), target.reshape(-1), eps, PAD)
+    return loss, nll
+
+
 def reference_loss(model, batch, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The training loss of a batch as the paper computes it: logits for every target
     position, log-softmax (in fp32, also under autocast), label-smoothed NLL over the tokens
     that are not padding. Returns (smoothed loss sum, NLL sum) over the batch's target tokens."""
-    logits = model(batch.src, batch.tgt_in, batch.src_pad_mask)           # (B, T, V)
-    lprobs = torch.log_softmax(logits.float(), dim=-1).view(-1, logits.shape[-1])
-    loss, nll, _ = label_smoothed_nll(lprobs, batch.tgt_out.reshape(-1), eps, PAD)
-    return loss, nll
+    return logits_loss(model(batch.src, batch.tgt_in, batch.src_pad_mask), batch.tgt_out, eps)
 
 
 def symmetric_kl(lprobs_a: torch.Tensor, lprobs_b: torch.Tensor,
@@ -59,8 +68,7 @@ def rdrop_loss(model, batch, eps: float, alpha: float) -> tuple[torch.Tensor, to
     keep = (v_target != PAD).to(torch.float32)
     passes = []
     for _ in range(2):
-        logits = model(batch.src, batch.tgt_in, batch.src_pad_mask)     # (B, T, V)
-        passes.append(torch.log_softmax(logits.float(), -1).view(-1, logits.shape[-1]))
+        passes.append(flat_lprobs(model(batch.src, batch.tgt_in, batch.src_pad_mask)))
     (loss_a, nll_a, _), (loss_b, nll_b, _) = (label_smoothed_nll(lp, v_target, eps, PAD)
                                               for lp in passes)
     kl = symmetric_kl(passes[0], passes[1], keep)

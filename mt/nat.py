@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from mt.data.batching import Batch
-from mt.loss import label_smoothed_nll
+from mt.loss import logits_loss
 from mt.tokens import BOS, EOS, PAD, UNK
 
 MASK = UNK                       # as in masked-LM pretraining: <unk> never occurs in text
@@ -49,9 +49,7 @@ def nat_loss(model, batch: Batch, eps: float, generator=None):
     inputs = tokens.masked_fill(hidden, MASK)
     memory = model.encode(batch.src, batch.src_pad_mask)
     logits = model.project(model.decode(inputs, memory, batch.src_pad_mask))   # (B, T, V)
-    lprobs = torch.log_softmax(logits.float(), -1).view(-1, logits.shape[-1])
-    target = tokens.masked_fill(~hidden, PAD).reshape(-1)                 # scored: hidden only
-    loss, nll, _ = label_smoothed_nll(lprobs, target, eps, PAD)
+    loss, nll = logits_loss(logits, tokens.masked_fill(~hidden, PAD), eps)   # hidden only
     length_logits = model.predict_length(memory, batch.src_pad_mask).float()
     lengths = (tokens != PAD).sum(1).clamp(max=length_logits.shape[-1] - 1)
     length_loss = torch.nn.functional.cross_entropy(length_logits, lengths, reduction="sum")

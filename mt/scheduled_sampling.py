@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from mt.data.batching import Batch
-from mt.loss import label_smoothed_nll
+from mt.loss import logits_loss
 from mt.schedule import gold_probability
 from mt.tokens import PAD
 
@@ -77,7 +77,4 @@ class ScheduledSamplingLoss:
                 use_gold = torch.rand(gold.shape, generator=self._draws(gold),
                                       device=gold.device) < p
                 token = torch.where(use_gold | (gold == PAD), gold, guess)[:, None]
-        logits = model.project(torch.cat(states, 1))               # (B, T, V)
-        lprobs = torch.log_softmax(logits.float(), -1).view(-1, logits.shape[-1])
-        loss, nll, _ = label_smoothed_nll(lprobs, batch.tgt_out.reshape(-1), eps, PAD)
-        return loss, nll
+        return logits_loss(model.project(torch.cat(states, 1)), batch.tgt_out, eps)
