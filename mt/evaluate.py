@@ -1,12 +1,12 @@
 """`mt eval`: the systems to score (hypothesis files, or models translating a source file),
-one system's scores, or several compared against the first."""
+one system's scores and the table of several compared against the first."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from mt.data.corpus import read_lines
 from mt.errors import MTError
-from mt.metrics import check_moses_lang, full_scores, lc_tok_bleu, paired_significance
+from mt.metrics import full_scores, lc_tok_bleu
 
 
 def systems(models: list[Path], hyps: list[Path], src: Path | None, **decode) -> list:
@@ -25,13 +25,7 @@ def systems(models: list[Path], hyps: list[Path], src: Path | None, **decode) ->
             for m in models]
 
 
-def references(path: Path) -> list[str]:
-    return read_lines(path)
-
-
 def one_system(hyps: list[str], refs: list[str], ci: bool, moses_lang: str | None) -> dict:
-    if moses_lang:
-        check_moses_lang(moses_lang)
     result = full_scores(hyps, refs, n_bootstrap=1000 if ci else 0)
     if moses_lang:
         result["bleu_lc_tok"] = round(lc_tok_bleu(hyps, refs, moses_lang), 2)
@@ -47,10 +41,6 @@ def describe_one(r: dict, moses_lang: str | None) -> str:
     if moses_lang:
         lines.append(f"BLEU (lowercased, Moses-tokenized, {moses_lang}) = {r['bleu_lc_tok']:.2f}")
     return "\n".join(lines)
-
-
-def compare(named: list, refs: list[str]) -> list[dict]:
-    return paired_significance(named, refs)
 
 
 def describe_table(rows: list[dict]) -> str:

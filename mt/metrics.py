@@ -2,6 +2,7 @@
 references; bootstrap confidence intervals and paired significance tests between systems."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import sacrebleu
@@ -16,10 +17,6 @@ class Scores:
     signature: str          # sacreBLEU's BLEU signature
     chrf_signature: str
 
-    def to_dict(self) -> dict:
-        return {"bleu": round(self.bleu, 2), "chrf": round(self.chrf, 2),
-                "signature": self.signature, "chrf_signature": self.chrf_signature}
-
 
 def _check_counts(hyps: list[str], refs: list[str]) -> None:
     if len(hyps) != len(refs):
@@ -29,6 +26,7 @@ def _check_counts(hyps: list[str], refs: list[str]) -> None:
         raise MTError("nothing to score: the hypotheses and references have no lines")
 
 
+@functools.lru_cache(maxsize=1)
 def moses_languages() -> list[str]:
     from sacremoses.corpus import NonbreakingPrefixes
     return sorted({code for code in NonbreakingPrefixes().available_langs.values()})

@@ -90,17 +90,21 @@ def eval_cmd(
               mt eval --hyp base.en --hyp new.en --ref test.en
     """
     from mt import evaluate
+    from mt.data.corpus import read_lines
+    from mt.metrics import check_moses_lang, paired_significance
     _check_device(device)
     _check_beam(beam)
+    if moses_lang:
+        check_moses_lang(moses_lang)          # before any translating
     systems = evaluate.systems(list(models or []), list(hyps or []), src, beam=beam,
                                length_penalty=length_penalty, device=device,
                                precision=precision)
-    refs = evaluate.references(ref)
+    refs = read_lines(ref)
     if len(systems) == 1:
         result = evaluate.one_system(systems[0][1], refs, ci, moses_lang)
         typer.echo(json.dumps(result) if as_json else evaluate.describe_one(result, moses_lang))
     else:
-        rows = evaluate.compare(systems, refs)
+        rows = paired_significance(systems, refs)
         typer.echo(json.dumps({"systems": rows}) if as_json else evaluate.describe_table(rows))
 
 @command("attention")
