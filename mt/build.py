@@ -113,7 +113,7 @@ def _build(cfg: Config, run_dir: Path, dist, device_name: str, log, lock) -> Tra
     found = checkpoint.load_for_resume(run_dir / "last.pt", log)
     if found is not None:
         _resume(trainer, *found, log)
-    elif (run_dir / "last.pt").exists() or checkpoint.previous(run_dir / "last.pt").exists():
+    elif has_checkpoint(run_dir):
         raise MTError(f"no readable last.pt in {run_dir} to resume from; move the damaged "
                       f"files away to start over")
     return trainer

@@ -20,8 +20,8 @@ from mt.outputs import check_folder_writable
 # moved corpus is the same run, another corpus is not.)
 RESUMABLE = ("train.max_steps", "train.max_minutes", "train.log_every", "train.valid_every",
              "train.save_every", "train.patience", "train.device", "train.num_threads",
-             "train.valid_beam", "train.compile", "train.fast_paths", "train.tensorboard", "train.dist_timeout_minutes",
-             "train.dist_wait_minutes", "decode", "data.dir")
+             "train.valid_beam", "train.compile", "train.fast_paths", "train.tensorboard",
+             "train.dist_timeout_minutes", "train.dist_wait_minutes", "decode", "data.dir")
 # Keys no flag can change in a run that has a checkpoint: the weights, the optimizer's moments
 # and the BPE model were made for them.
 FIXED_SECTIONS = ("model", "tokenizer")
@@ -107,9 +107,8 @@ def check_config_change(cfg: Config, run_dir: Path, allow_config_change: bool) -
         raise MTError(f"{run_dir} holds a trained run whose {_names(fixed)} cannot change "
                       f"({'; '.join(fixed[:3])}): its weights and BPE model were made for the "
                       f"old values; use another --run-dir for the new config")
-    moved = _corpus_moved(cfg, run_dir)
     needs_flag = [c for c in changed if not _key(c).startswith(RESUMABLE)
-                  or (_key(c) == "data.dir" and not moved)]
+                  or (_key(c) == "data.dir" and not _corpus_moved(cfg, run_dir))]
     if needs_flag and not allow_config_change:
         raise MTError(f"{run_dir} holds a run with a different config "
                       f"({'; '.join(needs_flag[:3])}{'; ...' if len(needs_flag) > 3 else ''}); "

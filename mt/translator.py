@@ -82,10 +82,10 @@ class Translator:
                 raise MTError(f"{path} uses another BPE model than {resolved[0]}: the models "
                               f"of an ensemble must share one tokenizer (trained on the same "
                               f"data with the same tokenizer config)")
-        first = cls.from_dict(ckpts[0], device, precision, str(resolved[0]))
         if any(checkpoint.config_of(c).model.arch == "nat" for c in ckpts):
             raise MTError("an ensemble decodes autoregressively: model.arch nat runs cannot "
                           "join one")
+        first = cls.from_dict(ckpts[0], device, precision, str(resolved[0]))
         models = [first.model] + [checkpoint.model_of(c, str(p))[2].to(first.device).eval()
                                   for p, c in zip(resolved[1:], ckpts[1:])]
         return cls(Ensemble(models).eval(), first.tokenizer, first.cfg, first.device,
