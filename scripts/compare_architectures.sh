@@ -14,7 +14,7 @@ mkdir -p "$out"
 # first 600 steps of the README's Multi30k CPU run; validation (greedy) at steps 300 and 600.
 budget=(data.dir=$data train.max_steps=600 train.max_tokens=4096 train.warmup=800
         train.valid_every=300 train.valid_beam=1 train.save_every=300 train.log_every=50
-        train.keep_checkpoints=0 "decode.tune_beams=[]")
+        train.keep_checkpoints=0 train.average_last=0 "decode.tune_beams=[]")
 declare -A variants=(
   [rnn-none]="model.arch=rnn model.attention=none"
   [rnn-bahdanau]="model.arch=rnn model.attention=bahdanau"

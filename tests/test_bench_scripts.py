@@ -1,6 +1,7 @@
 """The benchmark scripts import mt's internals; a refactor must not leave them broken. One
 training step per contender (no timing is asserted) keeps them runnable."""
 import importlib.util
+import json
 import os
 import platform
 import shutil
@@ -9,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import ROOT, run_mt
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
@@ -40,6 +43,28 @@ def test_bench_train_contenders_take_a_step_on_the_same_batches(bench_train, nam
     assert r["tok_s"] > 0 and r["peak_rss_mb"] > 0 and r["matmul_flop_s"] > 0
     assert 0 <= r["padding"] < 0.2
     assert 7_000_000 < r["params"] < 8_500_000       # the three models have the same size
+
+
+def test_bench_nat_scores_and_times_every_decoder(tiny_run, tmp_path):
+    """scripts/bench_nat.py on a NAT run and an autoregressive one: a BLEU per decoder, and
+    sentences/s at batch 1 and in batches for each, in the JSON it writes."""
+    data = tiny_run.parent / "data"
+    nat = run_mt("train", ROOT / "configs/tiny.yaml", "--run-dir", tmp_path / "nat", "--set",
+                 f"data.dir={data}", "model.arch=nat", "train.max_steps=10",
+                 "train.valid_every=10")
+    assert nat.returncode == 0, nat.stderr
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPTS / "bench_nat.py"), "--nat", str(tmp_path / "nat"),
+         "--ar", str(tiny_run), "--data-dir", str(data), "--src-lang", "src", "--tgt-lang",
+         "tgt", "--iterations", "1,3", "--sentences", "4", "--batch", "2", "--json",
+         str(tmp_path / "nat.json")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((tmp_path / "nat.json").read_text())
+    names = {"AR greedy", "AR beam 5", "NAT T=1", "NAT T=3"}
+    assert set(result["quality"]) == names
+    assert all(0 <= row["bleu"] <= 100 for row in result["quality"].values())
+    for label in ("batch 1", "batches of 2"):
+        assert set(result[label]) == names and all(r > 0 for r in result[label].values())
 
 
 def test_bench_decode_and_data_import():

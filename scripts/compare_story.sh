@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The rest of the attention story on Multi30k German->English, at the fixed budget of
+# scripts/compare_architectures.sh (600 updates of about 4,096 tokens, warmup 800, d_model 256,
+# 3+3 layers), so that its rows sit beside that table's:
+#   ss        the post-LN Transformer with scheduled sampling (two parallel decoder passes;
+#             gold probability 1 - step/2,000, floored at 0.75 from update 500) against its
+#             plain twin (which is also the autoregressive model of the NAT speed comparison)
+#   nat       Mask-Predict (model.arch nat) on the raw corpus, decoded with T = 1, 4, 10
+#             iterations; decoding speed against the autoregressive model (scripts/bench_nat.py)
+#   pretrain  a low-resource slice (the first 3,000 training pairs) trained with and without an
+#             encoder pretrained by masked-LM on all 29,000 German training sentences (the
+#             anchor's small shape: 4+4 layers, d_model 128, FFN 256; 600 updates of each)
+# Each run is scored on test_2016_flickr (beam 5 for the autoregressive models).
+#   scripts/compare_story.sh [RAW_DIR] [ss|nat|pretrain ...]
+set -euo pipefail
+raw=${1:-../shared/data/multi30k}
+shift || true
+data=data/multi30k
+out=runs/story
+[ -f "$data/train.de" ] || mt download multi30k --from-dir "$raw" --out "$data"
+mkdir -p "$out"
+budget=(data.dir=$data train.max_steps=600 train.max_tokens=4096 train.warmup=800
+        train.valid_every=300 train.valid_beam=1 train.save_every=300 train.log_every=50
+        train.keep_checkpoints=0 train.average_last=0 "decode.tune_beams=[]")
+
+train() {  # NAME CONFIG --set ...: train, time it, translate test with beam 5 and score it
+  local name=$1 config=$2; shift 2
+  local run=$out/$name start
+  start=$(date +%s)
+  mt train "$config" --run-dir "$run" --set "$@" 2>&1 | tr '\r' '\n' | grep -v "^\s*$\|it/s" \
+    > "$run.log"
+  echo $(( $(date +%s) - start )) > "$run.seconds"
+  mt translate "$run" -i "$data/test.de" -o "$run/test.hyp.en" --beam 5 --force 2>/dev/null
+  mt eval --hyp "$run/test.hyp.en" --ref "$data/test.en" --lc-tok en --json > "$run/test.json"
+  echo "== $name: $(cat "$run.seconds") s, $(tail -1 "$run/test.json")"
+}
+
+ss() {
+  # Linear decay from teacher forcing (k = 1) by c = 1/2,000 per update, floored at 0.75:
+  # from update 500 on, a quarter of the previous tokens the decoder reads are its own.
+  train transformer-plain configs/multi30k_de_en.yaml "${budget[@]}"
+  train transformer-ss configs/multi30k_de_en.yaml "${budget[@]}" \
+    train.scheduled_sampling.schedule=linear train.scheduled_sampling.k=1.0 \
+    train.scheduled_sampling.c=0.0005 train.scheduled_sampling.min_gold=0.75
+}
+
+nat() {
+  train nat configs/multi30k_de_en.yaml "${budget[@]}" model.arch=nat
+  [ -d "$out/transformer-plain" ] || train transformer-plain configs/multi30k_de_en.yaml "${budget[@]}"
+  python scripts/bench_nat.py --nat "$out/nat" --ar "$out/transformer-plain" \
+    --data-dir "$data" --json "$out/nat_bench.json" | tee "$out/nat_bench.txt"
+}
+
+pretrain() {
+  local slice=data/multi30k_3k shape=(model.enc_layers=4 model.dec_layers=4 model.d_model=128
+        model.d_ff=256 model.n_heads=4)
+  mkdir -p "$slice"
+  for lang in de en; do
+    head -n 3000 "$data/train.$lang" > "$slice/train.$lang"
+    cp "$data/valid.$lang" "$data/test.$lang" "$slice/"
+  done
+  # The encoder learns German from all 29,000 training sources (no English is read).
+  mt pretrain configs/multi30k_de_en.yaml --run-dir "$out/mlm" --set data.dir=$data \
+    train.max_steps=1000 train.max_tokens=4096 train.warmup=800 train.log_every=100 \
+    "${shape[@]}" 2>&1 | grep -v "^\s*$" > "$out/mlm.log"
+  # Both slice runs use the pretraining's BPE model, so only the encoder's start differs.
+  mkdir -p "$out/slice-plain"
+  cp "$out/mlm/spm.model" "$out/slice-plain/"
+  train slice-plain configs/multi30k_de_en.yaml "${budget[@]}" "${shape[@]}" data.dir=$slice
+  train slice-mlm configs/multi30k_de_en.yaml "${budget[@]}" "${shape[@]}" data.dir=$slice \
+    model.init_encoder=$out/mlm/pretrained.pt
+}
+
+parts=("$@")
+[ ${#parts[@]} -gt 0 ] || parts=(ss nat pretrain)
+for part in "${parts[@]}"; do "$part"; done
