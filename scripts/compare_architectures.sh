@@ -6,15 +6,9 @@
 set -euo pipefail
 raw=${1:-../shared/data/multi30k}
 shift || true
-data=data/multi30k
+source "$(dirname "$0")/fixed_budget.sh" "$raw"
 out=runs/compare
-[ -f "$data/train.de" ] || mt download multi30k --from-dir "$raw" --out "$data"
 mkdir -p "$out"
-# The fixed budget: 600 updates of about 4,096 tokens (2.4M tokens, about 3 epochs), the
-# first 600 steps of the README's Multi30k CPU run; validation (greedy) at steps 300 and 600.
-budget=(data.dir=$data train.max_steps=600 train.max_tokens=4096 train.warmup=800
-        train.valid_every=300 train.valid_beam=1 train.save_every=300 train.log_every=50
-        train.keep_checkpoints=0 train.average_last=0 "decode.tune_beams=[]")
 declare -A variants=(
   [rnn-none]="model.arch=rnn model.attention=none"
   [rnn-bahdanau]="model.arch=rnn model.attention=bahdanau"
@@ -30,28 +24,8 @@ order=(transformer-post rnn-bahdanau rnn-none decoder_only rnn-luong transformer
 [ $# -gt 0 ] && order=("$@")
 sentence="Ein kleines Mädchen klettert in ein Spielhaus aus Holz."
 for name in "${order[@]}"; do
-  run=$out/$name
-  start=$(date +%s)
   # shellcheck disable=SC2086
-  mt train configs/multi30k_de_en.yaml --run-dir "$run" --set "${budget[@]}" ${variants[$name]} \
-    2>&1 | grep -v "^\s*$" > "$run.log"
-  echo $(( $(date +%s) - start )) > "$run.seconds"
-  mt translate "$run" -i "$data/test.de" -o "$run/test.hyp.en" --beam 5 --force
-  mt eval --hyp "$run/test.hyp.en" --ref "$data/test.en" --lc-tok en --json > "$run/test.json"
-  mt attention "$run" "$sentence" -o "$out/attention_$name.png" --force > /dev/null 2>&1 || true
-  echo "== $name: $(cat "$run.seconds") s, $(tail -1 "$run/test.json")"
+  train_and_score "$out/$name" configs/multi30k_de_en.yaml ${variants[$name]}
+  mt attention "$out/$name" "$sentence" -o "$out/attention_$name.png" --force > /dev/null 2>&1 || true
 done
-python - "$out" "${order[@]}" <<'PY' | tee "$out/results.md"
-import json, re, sys
-from pathlib import Path
-out = Path(sys.argv[1])
-print("| variant | parameters | training time | test BLEU | lc-tok BLEU | chrF |")
-print("|---|---|---|---|---|---|")
-for name in sys.argv[2:]:
-    log = (out / f"{name}.log").read_text()
-    params = re.search(r"model: ([\d,]+) parameters", log).group(1)
-    secs = int((out / f"{name}.seconds").read_text())
-    res = json.loads((out / name / "test.json").read_text().strip().splitlines()[-1])
-    print(f"| {name} | {params} | {secs / 60:.1f} min | {res['bleu']:.2f} | "
-          f"{res['bleu_lc_tok']:.2f} | {res['chrf']:.2f} |")
-PY
+results_table "$out" "${order[@]}" | tee "$out/results.md"

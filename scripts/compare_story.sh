@@ -15,38 +15,28 @@
 set -euo pipefail
 raw=${1:-../shared/data/multi30k}
 shift || true
-data=data/multi30k
+source "$(dirname "$0")/fixed_budget.sh" "$raw"
 out=runs/story
-[ -f "$data/train.de" ] || mt download multi30k --from-dir "$raw" --out "$data"
 mkdir -p "$out"
-budget=(data.dir=$data train.max_steps=600 train.max_tokens=4096 train.warmup=800
-        train.valid_every=300 train.valid_beam=1 train.save_every=300 train.log_every=50
-        train.keep_checkpoints=0 train.average_last=0 "decode.tune_beams=[]")
 
-train() {  # NAME CONFIG --set ...: train, time it, translate test with beam 5 and score it
-  local name=$1 config=$2; shift 2
-  local run=$out/$name start
-  start=$(date +%s)
-  mt train "$config" --run-dir "$run" --set "$@" 2>&1 | tr '\r' '\n' | grep -v "^\s*$\|it/s" \
-    > "$run.log"
-  echo $(( $(date +%s) - start )) > "$run.seconds"
-  mt translate "$run" -i "$data/test.de" -o "$run/test.hyp.en" --beam 5 --force 2>/dev/null
-  mt eval --hyp "$run/test.hyp.en" --ref "$data/test.en" --lc-tok en --json > "$run/test.json"
-  echo "== $name: $(cat "$run.seconds") s, $(tail -1 "$run/test.json")"
+train() {  # NAME CONFIG [KEY=VALUE ...]
+  local name=$1
+  shift
+  train_and_score "$out/$name" "$@"
 }
 
 ss() {
   # Linear decay from teacher forcing (k = 1) by c = 1/2,000 per update, floored at 0.75:
   # from update 500 on, a quarter of the previous tokens the decoder reads are its own.
-  train transformer-plain configs/multi30k_de_en.yaml "${budget[@]}"
-  train transformer-ss configs/multi30k_de_en.yaml "${budget[@]}" \
+  train transformer-plain configs/multi30k_de_en.yaml
+  train transformer-ss configs/multi30k_de_en.yaml \
     train.scheduled_sampling.schedule=linear train.scheduled_sampling.k=1.0 \
     train.scheduled_sampling.c=0.0005 train.scheduled_sampling.min_gold=0.75
 }
 
 nat() {
-  train nat configs/multi30k_de_en.yaml "${budget[@]}" model.arch=nat
-  [ -d "$out/transformer-plain" ] || train transformer-plain configs/multi30k_de_en.yaml "${budget[@]}"
+  train nat configs/multi30k_de_en.yaml model.arch=nat
+  [ -d "$out/transformer-plain" ] || train transformer-plain configs/multi30k_de_en.yaml
   python scripts/bench_nat.py --nat "$out/nat" --ar "$out/transformer-plain" \
     --data-dir "$data" --json "$out/nat_bench.json" | tee "$out/nat_bench.txt"
 }
@@ -66,11 +56,16 @@ pretrain() {
   # Both slice runs use the pretraining's BPE model, so only the encoder's start differs.
   mkdir -p "$out/slice-plain"
   cp "$out/mlm/spm.model" "$out/slice-plain/"
-  train slice-plain configs/multi30k_de_en.yaml "${budget[@]}" "${shape[@]}" data.dir=$slice
-  train slice-mlm configs/multi30k_de_en.yaml "${budget[@]}" "${shape[@]}" data.dir=$slice \
+  train slice-plain configs/multi30k_de_en.yaml "${shape[@]}" data.dir=$slice
+  train slice-mlm configs/multi30k_de_en.yaml "${shape[@]}" data.dir=$slice \
     model.init_encoder=$out/mlm/pretrained.pt
 }
 
 parts=("$@")
 [ ${#parts[@]} -gt 0 ] || parts=(ss nat pretrain)
 for part in "${parts[@]}"; do "$part"; done
+runs=()
+for name in transformer-plain transformer-ss nat slice-plain slice-mlm; do
+  [ -f "$out/$name/test.json" ] && runs+=("$name")
+done
+results_table "$out" "${runs[@]}" | tee "$out/results.md"
