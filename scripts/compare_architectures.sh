@@ -6,9 +6,7 @@
 set -euo pipefail
 raw=${1:-../shared/data/multi30k}
 shift || true
-source "$(dirname "$0")/fixed_budget.sh" "$raw"
-out=runs/compare
-mkdir -p "$out"
+source "$(dirname "$0")/fixed_budget.sh" "$raw" runs/compare
 declare -A variants=(
   [rnn-none]="model.arch=rnn model.attention=none"
   [rnn-bahdanau]="model.arch=rnn model.attention=bahdanau"

@@ -15,9 +15,7 @@
 set -euo pipefail
 raw=${1:-../shared/data/multi30k}
 shift || true
-source "$(dirname "$0")/fixed_budget.sh" "$raw"
-out=runs/story
-mkdir -p "$out"
+source "$(dirname "$0")/fixed_budget.sh" "$raw" runs/story
 
 train() {  # NAME CONFIG [KEY=VALUE ...]
   local name=$1

@@ -1,8 +1,10 @@
 # Sourced by compare_architectures.sh and compare_story.sh: the Multi30k corpus, the fixed
 # training budget of the README's comparison tables, and one run trained, timed and scored.
-#   source scripts/fixed_budget.sh RAW_DIR
+#   source scripts/fixed_budget.sh RAW_DIR OUT    (runs go to the folder OUT, made here)
 data=data/multi30k
 [ -f "$data/train.de" ] || mt download multi30k --from-dir "$1" --out "$data"
+out=$2
+mkdir -p "$out"
 # The fixed budget: 600 updates of about 4,096 tokens (2.4M tokens, about 3 epochs), the
 # first 600 steps of the README's Multi30k CPU run; validation (greedy) at steps 300 and 600.
 budget=(data.dir=$data train.max_steps=600 train.max_tokens=4096 train.warmup=800
