@@ -50,7 +50,8 @@ pretrain() {
   # The encoder learns German from all 29,000 training sources (no English is read).
   mt pretrain configs/multi30k_de_en.yaml --run-dir "$out/mlm" --set data.dir=$data \
     train.max_steps=1000 train.max_tokens=4096 train.warmup=800 train.log_every=100 \
-    "${shape[@]}" 2>&1 | grep -v "^\s*$" > "$out/mlm.log"
+    tokenizer.vocab_size=8000 train.lr_factor=1.0 train.max_minutes=0 "${shape[@]}" 2>&1 \
+    | grep -v "^\s*$" > "$out/mlm.log"
   # Both slice runs use the pretraining's BPE model, so only the encoder's start differs.
   mkdir -p "$out/slice-plain"
   cp "$out/mlm/spm.model" "$out/slice-plain/"
