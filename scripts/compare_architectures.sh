@@ -23,7 +23,7 @@ order=(transformer-post rnn-bahdanau rnn-none decoder_only rnn-luong transformer
 sentence="Ein kleines Mädchen klettert in ein Spielhaus aus Holz."
 for name in "${order[@]}"; do
   # shellcheck disable=SC2086
-  train_and_score "$out/$name" configs/multi30k_de_en.yaml ${variants[$name]}
+  train_and_score "$out/$name" "$base" ${variants[$name]}
   mt attention "$out/$name" "$sentence" -o "$out/attention_$name.png" --force > /dev/null 2>&1 || true
 done
 results_table "$out" "${order[@]}" | tee "$out/results.md"

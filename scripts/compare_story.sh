@@ -26,15 +26,15 @@ train() {  # NAME CONFIG [KEY=VALUE ...]
 ss() {
   # Linear decay from teacher forcing (k = 1) by c = 1/2,000 per update, floored at 0.75:
   # from update 500 on, a quarter of the previous tokens the decoder reads are its own.
-  train transformer-plain configs/multi30k_de_en.yaml
-  train transformer-ss configs/multi30k_de_en.yaml \
+  train transformer-plain "$base"
+  train transformer-ss "$base" \
     train.scheduled_sampling.schedule=linear train.scheduled_sampling.k=1.0 \
     train.scheduled_sampling.c=0.0005 train.scheduled_sampling.min_gold=0.75
 }
 
 nat() {
-  train nat configs/multi30k_de_en.yaml model.arch=nat
-  [ -d "$out/transformer-plain" ] || train transformer-plain configs/multi30k_de_en.yaml
+  train nat "$base" model.arch=nat
+  [ -d "$out/transformer-plain" ] || train transformer-plain "$base"
   python scripts/bench_nat.py --nat "$out/nat" --ar "$out/transformer-plain" \
     --data-dir "$data" --json "$out/nat_bench.json" | tee "$out/nat_bench.txt"
 }
@@ -48,15 +48,14 @@ pretrain() {
     cp "$data/valid.$lang" "$data/test.$lang" "$slice/"
   done
   # The encoder learns German from all 29,000 training sources (no English is read).
-  mt pretrain configs/multi30k_de_en.yaml --run-dir "$out/mlm" --set data.dir=$data \
+  mt pretrain "$base" --run-dir "$out/mlm" --set data.dir=$data \
     train.max_steps=1000 train.max_tokens=4096 train.warmup=800 train.log_every=100 \
-    tokenizer.vocab_size=8000 train.lr_factor=1.0 train.max_minutes=0 "${shape[@]}" 2>&1 \
-    | grep -v "^\s*$" > "$out/mlm.log"
+    "${shape[@]}" 2>&1 | grep -v "^\s*$" > "$out/mlm.log"
   # Both slice runs use the pretraining's BPE model, so only the encoder's start differs.
   mkdir -p "$out/slice-plain"
   cp "$out/mlm/spm.model" "$out/slice-plain/"
-  train slice-plain configs/multi30k_de_en.yaml "${shape[@]}" data.dir=$slice
-  train slice-mlm configs/multi30k_de_en.yaml "${shape[@]}" data.dir=$slice \
+  train slice-plain "$base" "${shape[@]}" data.dir=$slice
+  train slice-mlm "$base" "${shape[@]}" data.dir=$slice \
     model.init_encoder=$out/mlm/pretrained.pt
 }
 
