@@ -3,13 +3,17 @@ attributes replaced (B), the two models taking turns batch by batch in one proce
 
     python scripts/ab_train.py --patch mt.fast.nodes:FFN_CHUNK_ROWS=512
     python scripts/ab_train.py --patch mt.fast.modules:feed_forward=my_ffn.py:feed_forward
+    python scripts/ab_train.py --b-precision bf16 --size tiny   # B trains under bf16 autocast
     python scripts/ab_train.py                   # no patch: A/A, the harness's own noise
 
 A patch is TARGET=VALUE. TARGET is MODULE:NAME, the attribute where mt looks the object up
 when it runs (a name that a module imported with `from X import f` is looked up in that
 module, not in X). VALUE is a Python literal (512, 0.1, None, "x"), MODULE:NAME, or
 FILE.py:NAME for an object defined in a file of your own. B's patches are in place while its
-model is built and while it takes its steps, and undone around A's.
+model is built and while it takes its steps, and undone around A's. --b-precision bf16 makes
+the change B's training precision instead (or as well): B's Trainer runs its forward and loss
+under bf16 autocast, where mt's fused fp32 CPU nodes step aside for PyTorch's ops, as they do
+in `mt train --set train.precision=bf16`.
 
 On this VM the speed of the machine drifts by tens of percent within minutes, so two separate
 runs cannot resolve a change of a few percent; taking turns in one process (which side goes
@@ -107,16 +111,18 @@ def own_generator(state: dict):
         set_rng_state(outer)
 
 
-def contenders(patches: list[tuple[object, str, object]], models: dict) -> dict:
-    """A: bench_train's `ours`; B: the same with `patches` in place. `models` receives both
-    models, to compare their weights afterwards. Both start from the same seed and each draws
-    its own dropout masks, so with the same arithmetic they end with the same weights."""
-    def maker(label, patches):
+def contenders(patches: list[tuple[object, str, object]], models: dict,
+               b_precision: str | None = None) -> dict:
+    """A: bench_train's `ours`; B: the same with `patches` in place (and trained in
+    `b_precision` when given). `models` receives both models, to compare their weights
+    afterwards. Both start from the same seed and each draws its own dropout masks, so with
+    the same arithmetic they end with the same weights."""
+    def maker(label, patches, own_precision=None):
         def make(size, device, precision="fp32", compile=False):
             rng: dict = {}
             torch.manual_seed(0)
             with patched(patches), own_generator(rng):
-                model, step = bt.ours(size, device, precision)
+                model, step = bt.ours(size, device, own_precision or precision)
             models[label] = model
 
             def patched_step(batch):
@@ -124,11 +130,11 @@ def contenders(patches: list[tuple[object, str, object]], models: dict) -> dict:
                     step(batch)
             return model, patched_step
         return make
-    return {"A": maker("A", []), "B": maker("B", patches)}
+    return {"A": maker("A", []), "B": maker("B", patches, b_precision)}
 
 
 def run_ab(size: dict, steps: int, warmup: int, patches: list, device=torch.device("cpu"),
-           precision: str = "fp32", rounds: int = 2) -> dict:
+           precision: str = "fp32", rounds: int = 2, b_precision: str | None = None) -> dict:
     """`rounds` runs of `steps` timed steps each, fresh models every round, the side that is
     built first (and goes first on even batches) alternating from round to round: in A/A runs
     on this VM the model built second ran 2.5-5.6% slower in three of three runs, a bias that
@@ -136,7 +142,7 @@ def run_ab(size: dict, steps: int, warmup: int, patches: list, device=torch.devi
     per_round, diff = [], 0.0
     for r in range(rounds):
         models: dict = {}
-        sides = contenders(patches, models)
+        sides = contenders(patches, models, b_precision)
         if r % 2:
             sides = {"B": sides["B"], "A": sides["A"]}
         rates = bt.run_interleaved(size, steps, warmup, device, precision, sides)
@@ -164,6 +170,8 @@ def main() -> None:
                     help="tokens per batch (source + target); default: the size's 8192")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    ap.add_argument("--b-precision", choices=["fp32", "bf16"],
+                    help="B's own training precision (default: --precision, as A's)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.steps < 1 or args.warmup < 0 or args.rounds < 1:
@@ -175,8 +183,10 @@ def main() -> None:
     except PatchError as e:
         ap.error(str(e))
     r = run_ab(bt.size_of(args.size, args.max_tokens), args.steps, args.warmup, patches,
-               torch.device(args.device), args.precision, args.rounds)
-    what = ", ".join(args.patch) or "no patch (A/A: the harness's noise)"
+               torch.device(args.device), args.precision, args.rounds, args.b_precision)
+    changes = args.patch + ([f"trained in {args.b_precision}"]
+                            if args.b_precision and args.b_precision != args.precision else [])
+    what = ", ".join(changes) or "no patch (A/A: the harness's noise)"
     print(f"{args.rounds} rounds of {args.steps} steps of the {args.size} model each "
           f"({args.warmup} warm-up), taking turns batch by batch, {args.device} {args.precision}")
     print(f"  A  mt as it is{r['a_tok_s']:>12.0f} target tok/s")

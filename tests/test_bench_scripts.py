@@ -144,6 +144,25 @@ def test_ab_train_sees_different_arithmetic(ab_train):
     assert r["max_param_diff"] > 0
 
 
+def test_ab_train_b_precision_trains_b_alone_under_bf16_autocast(ab_train, monkeypatch):
+    """--b-precision bf16: B's forward runs under bf16 autocast and A's in fp32, so with no
+    patch at all (an A/A otherwise, 0.0 apart) the weights differ after one step."""
+    import torch
+    import mt.trainer as trainer_module
+    seen = []
+    original = trainer_module.Trainer._loss
+
+    def recording(self, batch, model=None):
+        seen.append(self.amp_dtype)
+        return original(self, batch, model)
+    monkeypatch.setattr(trainer_module.Trainer, "_loss", recording)
+    size = dict(ab_train.bt.SIZES["tiny"], max_tokens=600)
+    r = ab_train.run_ab(size, steps=1, warmup=0, patches=[], device=torch.device("cpu"),
+                        rounds=1, b_precision="bf16")
+    assert sorted(map(str, seen)) == ["None", "torch.bfloat16"]     # one step each side
+    assert r["max_param_diff"] > 0 and r["a_tok_s"] > 0 and r["b_tok_s"] > 0
+
+
 @pytest.mark.parametrize("spec, says", [
     ("mt.fast.nodes", "write MODULE:NAME=VALUE"),
     ("mt.fast.nodes:NO_SUCH=1", "has no attribute 'NO_SUCH'"),
