@@ -116,6 +116,9 @@ class TrainConfig(_Section):
     accum_steps: int = Field(1, ge=1, description="batches accumulated into one update")
     lr_factor: float = Field(1.0, gt=0.0)
     warmup: int = Field(4000, ge=1)
+    cooldown: float = Field(0.0, ge=0.0, le=1.0, description="in this last fraction of the "
+                            "budget (max_steps, or max_minutes when that ends first) the "
+                            "learning rate falls linearly to 0; 0 = no cool-down")
     adam_beta1: float = Field(0.9, ge=0.0, lt=1.0)
     adam_beta2: float = Field(0.98, ge=0.0, lt=1.0)
     adam_eps: float = Field(1e-9, gt=0.0)

@@ -77,6 +77,14 @@ class Dist:
         dist.all_gather_object(out, obj)
         return out
 
+    def max(self, value: float, device: torch.device) -> float:
+        """The largest of every rank's value, on every rank."""
+        if not self.enabled:
+            return value
+        t = torch.tensor([value], dtype=torch.float64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t.item())
+
     def any(self, flag: bool, device: torch.device) -> bool:
         """True on every rank if it is True on any rank (so all ranks stop together)."""
         if not self.enabled:

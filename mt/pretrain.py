@@ -60,7 +60,7 @@ def pretrain(cfg: Config, run_dir: Path, log=print) -> dict:
     from mt.distributed import Dist
     from mt.rundir import prepare_run_dir
     from mt.model import build_model
-    from mt.schedule import build_optimizer
+    from mt.schedule import budget_progress, build_optimizer
     if cfg.model.arch != "transformer":
         raise MTError(f"model.arch {cfg.model.arch}: mt pretrain trains a Transformer encoder")
     t = cfg.train
@@ -98,8 +98,11 @@ def _loop(model, data, optimizer, scheduler, generator, t, run_dir: Path, log) -
             optimizer.step()
             scheduler.step()
             step += 1
+            seconds = time.perf_counter() - start
+            if t.cooldown > 0:
+                scheduler.set_progress(budget_progress(step, seconds, t.max_steps, t.max_minutes))
             window = [window[0] + float(loss), window[1] + n]
-            out_of_time = t.max_minutes and time.perf_counter() - start > 60 * t.max_minutes
+            out_of_time = t.max_minutes and seconds > 60 * t.max_minutes
             if step % t.log_every == 0 or step == t.max_steps or out_of_time:
                 record = {"step": step, "mlm_loss": round(window[0] / window[1], 4),
                           "mlm_ppl": round(math.exp(min(window[0] / window[1], 50)), 2),

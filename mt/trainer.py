@@ -24,6 +24,7 @@ from mt.loss import reference_loss
 from mt.memory import release_free_memory
 from mt.tracking import RunLog
 from mt.progress import Forecast, lost_work_message, stop_on_signal
+from mt.schedule import budget_progress
 from mt.metrics import score
 from mt.translator import Translator
 
@@ -283,6 +284,14 @@ class Trainer:
             return False
         return self.dist.any(self.state.train_seconds >= 60 * self.cfg.max_minutes, self.device)
 
+    def _progress(self) -> float:
+        """The share of the budget spent, the same on every rank (rank clocks differ, and the
+        learning rate must not)."""
+        seconds = self.state.train_seconds
+        if self.cfg.max_minutes > 0:
+            seconds = self.dist.max(seconds, self.device)
+        return budget_progress(self.state.step, seconds, self.cfg.max_steps, self.cfg.max_minutes)
+
     def _should_stop_early(self) -> bool:
         return self.cfg.patience > 0 and self.state.bad_validations >= self.cfg.patience
 
@@ -314,6 +323,8 @@ class Trainer:
                         f"(last.pt); lower train.lr_factor or raise train.warmup")
                 continue
             st.train_seconds = time.perf_counter() - t0
+            if cfg.cooldown > 0:
+                self.scheduler.set_progress(self._progress())
             bar.update(1)
             self._show_progress(bar)
             if self._after_step(bar):

@@ -128,7 +128,8 @@ def _train_args(tmp_path, run, steps):
     return ["train", ROOT / "configs/tiny.yaml", "--run-dir", tmp_path / run, "--set",
             f"data.dir={tmp_path / 'd'}", "train.log_every=5", "train.valid_every=20",
             "train.save_every=20", "model.dropout=0.1", "train.valid_beam=1",
-            f"train.max_steps={steps}"]
+            # the cool-down starts at step 6, so the kill at step 20 falls inside it
+            "train.cooldown=0.9", f"train.max_steps={steps}"]
 
 
 def _last_weights(path):

@@ -29,7 +29,7 @@ def test_scheduler_gives_noam_of_the_update_number():
     from types import SimpleNamespace
     from mt.schedule import build_optimizer
     cfg = SimpleNamespace(adam_beta1=0.9, adam_beta2=0.98, adam_eps=1e-9, weight_decay=0.0,
-                          warmup=10, lr_factor=1.0)
+                          warmup=10, lr_factor=1.0, cooldown=0.0)
     p = torch.nn.Parameter(torch.zeros(1))
     opt, sched = build_optimizer([p], cfg, 64)
     for update in range(1, 25):
@@ -117,7 +117,7 @@ def test_noam_resumes_from_a_lambdalr_state():
     from types import SimpleNamespace
     from mt.schedule import build_optimizer
     cfg = SimpleNamespace(adam_beta1=0.9, adam_beta2=0.98, adam_eps=1e-9, weight_decay=0.0,
-                          warmup=10, lr_factor=2.0)
+                          warmup=10, lr_factor=2.0, cooldown=0.0)
     p = torch.nn.Parameter(torch.zeros(1))
     ref_opt = torch.optim.Adam([p], lr=1.0)
     ref = torch.optim.lr_scheduler.LambdaLR(ref_opt, lambda k: noam(k + 1, 64, 10, 2.0))
@@ -128,3 +128,40 @@ def test_noam_resumes_from_a_lambdalr_state():
     sched.load_state_dict(ref.state_dict())
     assert sched.get_last_lr() == pytest.approx(ref.get_last_lr())
     assert opt.param_groups[0]["lr"] == pytest.approx(noam(14, 64, 10, 2.0))
+
+
+def test_budget_progress_is_the_larger_share_of_steps_and_clock():
+    from mt.schedule import budget_progress
+    assert budget_progress(250, 9999.0, 1000, 0.0) == 0.25        # no time budget: steps only
+    assert budget_progress(250, 60.0 * 5, 1000, 10.0) == 0.5      # the clock is further on
+    assert budget_progress(900, 60.0 * 5, 1000, 10.0) == 0.9      # the steps are
+    assert budget_progress(10, 60.0 * 30, 1000, 10.0) == 1.0      # never past the end
+
+
+def test_cooldown_is_flat_then_a_straight_line_to_zero():
+    from mt.schedule import cooldown_scale
+    assert cooldown_scale(0.99, 0.0) == 1.0                       # off
+    assert [cooldown_scale(p, 0.2) for p in (0.0, 0.5, 0.8)] == pytest.approx([1.0, 1.0, 1.0])
+    assert cooldown_scale(0.9, 0.2) == pytest.approx(0.5)
+    assert cooldown_scale(0.95, 0.2) == pytest.approx(0.25)
+    assert cooldown_scale(1.0, 0.2) == 0.0
+    assert cooldown_scale(1.0, 1.0) == 0.0 and cooldown_scale(0.0, 1.0) == 1.0
+
+
+def test_noam_with_cooldown_scales_the_update_rate_and_resumes_with_it():
+    from types import SimpleNamespace
+    from mt.schedule import build_optimizer, cooldown_scale
+    cfg = SimpleNamespace(adam_beta1=0.9, adam_beta2=0.98, adam_eps=1e-9, weight_decay=0.0,
+                          warmup=10, lr_factor=1.0, cooldown=0.5)
+    opt, sched = build_optimizer([torch.nn.Parameter(torch.zeros(1))], cfg, 64)
+    for update in range(1, 20):
+        sched.step()
+        sched.set_progress(update / 20)
+        lr = noam(update + 1, 64, 10) * cooldown_scale(update / 20, 0.5)
+        assert opt.param_groups[0]["lr"] == pytest.approx(lr)
+    assert sched.scale == pytest.approx(0.1)
+    opt2, sched2 = build_optimizer([torch.nn.Parameter(torch.zeros(1))], cfg, 64)
+    sched2.load_state_dict(sched.state_dict())          # a resumed run goes on at the same lr
+    assert opt2.param_groups[0]["lr"] == opt.param_groups[0]["lr"]
+    sched2.load_state_dict({"last_epoch": 19})          # a checkpoint from before cool-down
+    assert opt2.param_groups[0]["lr"] == pytest.approx(noam(20, 64, 10))

@@ -186,3 +186,20 @@ def test_tensorboard_events_hold_the_logged_scalars(tmp_path):
     valid = [(r["step"], r["valid_bleu"]) for r in log if "valid_loss" in r]
     assert [(e.step, round(e.value, 2)) for e in events.Scalars("valid/bleu")] == valid
     assert "tune/beam_1_lp_1.0" in tags and "tune/beam_2_lp_1.0" in tags
+
+
+def test_cooldown_brings_the_learning_rate_down_to_zero_at_the_last_step(tmp_path):
+    """train.cooldown 0.5 over 10 updates: the Noam rate until update 5, then a straight line
+    that reaches 0 where the budget ends (the rate logged after update k is update k+1's)."""
+    import json
+    from mt.schedule import noam
+    t = _trainer(tmp_path, "train.max_steps=10", "train.cooldown=0.5", "train.valid_every=100")
+    t.fit()
+    logged = {r["step"]: r["lr"] for r in map(json.loads, (tmp_path / "run/train_log.jsonl")
+                                               .read_text().splitlines()) if "lr" in r}
+    assert sorted(logged) == [2, 4, 6, 8, 10]
+    ratio = {k: logged[k] / noam(k + 1, 1, t.cfg.warmup, t.cfg.lr_factor) for k in logged}
+    flat = ratio[2]                                             # d_model ** -0.5
+    assert ratio[4] == pytest.approx(flat)
+    assert ratio[6] == pytest.approx(0.8 * flat) and ratio[8] == pytest.approx(0.4 * flat)
+    assert logged[10] == 0.0
