@@ -66,11 +66,13 @@ def load(path: str | Path) -> dict:
 # -- building and reading the format: the one place that knows its keys -------------------
 
 def build(*, config: dict, model_state: dict, tokenizer, train_state: dict,
-          training: tuple | None = None, rank_rng: list[dict] | None = None) -> dict:
+          training: tuple | None = None, rank_rng: list[dict] | None = None,
+          ema: dict | None = None) -> dict:
     """A checkpoint: config, weights, the BPE model and the train counters; with
     `training` = (optimizer, scheduler, scaler) also their states and the random generators,
     so that training resumes exactly (last.pt, best.pt); without it, a model snapshot
-    (step_N.pt, for averaging). rank_rng: every rank's generators (multi-rank runs)."""
+    (step_N.pt, for averaging). rank_rng: every rank's generators (multi-rank runs); ema: the
+    weight average's state, when `model_state` holds the raw weights (last.pt)."""
     ckpt = {"format_version": FORMAT_VERSION, "config": config, "model": model_state,
             "spm": tokenizer_state(tokenizer), "train_state": train_state}
     if training is not None:
@@ -79,6 +81,8 @@ def build(*, config: dict, model_state: dict, tokenizer, train_state: dict,
                     scaler=scaler.state_dict(), rng=rng_state())
         if rank_rng is not None and len(rank_rng) > 1:
             ckpt["rank_rng"] = rank_rng
+    if ema is not None:      # train.ema_decay: the weight average, beside the raw weights
+        ckpt["ema"] = ema
     return ckpt
 
 
@@ -89,6 +93,11 @@ def restore_training(ckpt: dict, model, optimizer, scheduler, scaler) -> dict:
     scheduler.load_state_dict(ckpt["scheduler"])
     scaler.load_state_dict(ckpt["scaler"])
     return ckpt["train_state"]
+
+
+def ema_of(ckpt: dict) -> dict | None:
+    """The weight average a resumable checkpoint carries (train.ema_decay), if any."""
+    return ckpt.get("ema")
 
 
 def generators_of(ckpt: dict, rank: int, world: int) -> tuple[dict, bool]:

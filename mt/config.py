@@ -119,6 +119,9 @@ class TrainConfig(_Section):
     cooldown: float = Field(0.0, ge=0.0, le=1.0, description="in this last fraction of the "
                             "budget (max_steps, or max_minutes when that ends first) the "
                             "learning rate falls linearly to 0; 0 = no cool-down")
+    ema_decay: float = Field(0.0, ge=0.0, lt=1.0, description="keep an exponential moving "
+                             "average of the weights with this decay (e.g. 0.999) for "
+                             "validation, snapshots and best.pt; 0 = off")
     adam_beta1: float = Field(0.9, ge=0.0, lt=1.0)
     adam_beta2: float = Field(0.98, ge=0.0, lt=1.0)
     adam_eps: float = Field(1e-9, gt=0.0)

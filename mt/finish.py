@@ -44,7 +44,7 @@ def draw_training_picture(run_dir, say) -> None:
         say(f"warning: could not draw training.png ({e})")
 
 
-def _with_weights(trainer, weights: dict, work):
+def with_weights(trainer, weights: dict, work):
     """work() with the model holding `weights`, its own weights back afterwards."""
     current = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     trainer.model.load_state_dict(weights)
@@ -69,7 +69,7 @@ def average_snapshots(trainer) -> dict | None:
     averaged = checkpoint.average(paths)
     checkpoint.atomic_save(averaged, trainer.run_dir / "averaged.pt")
     v = trainer.validation
-    s = _with_weights(trainer, checkpoint.weights_of(averaged), lambda: score(
+    s = with_weights(trainer, checkpoint.weights_of(averaged), lambda: score(
         _translator(trainer).translate(v.src, beam=v.beam), v.refs))
     record = {"step": trainer.state.step, "averaged": len(paths),
               "valid_bleu": round(s.bleu, 2), "valid_chrf": round(s.chrf, 2)}
@@ -90,7 +90,7 @@ def tune_best_in_memory(trainer) -> None:
     release_free_memory()
     path = trainer.run_dir / "best.pt"
     ckpt = checkpoint.load(path)
-    rec = _with_weights(trainer, checkpoint.weights_of(ckpt), lambda: tune_decoding(
+    rec = with_weights(trainer, checkpoint.weights_of(ckpt), lambda: tune_decoding(
         _translator(trainer), v.src, v.refs, d.tune_beams, d.tune_length_penalties))
     best = rec["tuned_decoding"]
     checkpoint.set_decoding(ckpt, best["beam"], best["length_penalty"])

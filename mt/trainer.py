@@ -19,7 +19,8 @@ from mt.data.batching import Batch, collate, describe_batches, epoch_batches
 from mt.data.corpus import ParallelData
 from mt.distributed import Dist, teardown
 from mt.errors import MTError
-from mt.finish import draw_training_picture, finish_run
+from mt.ema import WeightAverage
+from mt.finish import draw_training_picture, finish_run, with_weights
 from mt.loss import reference_loss
 from mt.memory import release_free_memory
 from mt.tracking import RunLog
@@ -86,6 +87,9 @@ class Trainer:
         self.log = log
         self.lock = lock              # the run directory's RunLock (rank 0), released by close()
         self.run_log = RunLog(run_dir, tensorboard) if dist.is_main else None
+        # train.ema_decay: rank 0 alone validates and saves, so it alone keeps the average
+        self.ema = WeightAverage(model, cfg.ema_decay) if cfg.ema_decay > 0 and dist.is_main \
+            else None
         self._window = LogWindow()
 
     # -- data -----------------------------------------------------------------------------
@@ -171,6 +175,8 @@ class Trainer:
             return False
         self.scheduler.step()
         self.state.step += 1
+        if self.ema is not None:
+            self.ema.update()
         return True
 
     def _skip_out_of_memory(self, batches: list[Batch], here: bool) -> None:
@@ -218,8 +224,15 @@ class Trainer:
         self._window = LogWindow()
         return record
 
-    @torch.no_grad()
     def validate(self) -> dict:
+        """Valid loss and BLEU (of the weight average with train.ema_decay); best.pt when
+        the BLEU is the best so far."""
+        if self.ema is None:
+            return self._validate()
+        return with_weights(self, self.ema.weights(self.model), self._validate)
+
+    @torch.no_grad()
+    def _validate(self) -> dict:
         release_free_memory()        # what training freed, before decoding allocates its own
         self.model.eval()
         v = self.validation
@@ -247,14 +260,23 @@ class Trainer:
         release_free_memory()
         return record
 
-    def checkpoint_dict(self, rank_rng: list[dict] | None = None,
-                        snapshot: bool = False) -> dict:
+    def checkpoint_dict(self, rank_rng: list[dict] | None = None, snapshot: bool = False,
+                        for_resume: bool = False) -> dict:
         """rank_rng: every rank's generator states (`rng_states`), so that a multi-rank run
-        resumes with each rank's own dropout stream; snapshot: the weights alone."""
+        resumes with each rank's own dropout stream; snapshot: the weights alone. With
+        train.ema_decay the weights are the average, except in the checkpoint training
+        resumes from (for_resume: last.pt), which holds the raw weights and the average."""
+        weights, ema = self.model.state_dict(), None
+        if self.ema is not None:
+            if for_resume:
+                ema = self.ema.state_dict(self.model)
+            else:
+                weights = self.ema.weights(self.model)
         return checkpoint.build(
-            config=self.full_config, model_state=self.model.state_dict(),
+            config=self.full_config, model_state=weights,
             tokenizer=self.tokenizer, train_state=self.state.state_dict(), rank_rng=rank_rng,
-            training=None if snapshot else (self.optimizer, self.scheduler, self.scaler))
+            training=None if snapshot else (self.optimizer, self.scheduler, self.scaler),
+            ema=ema)
 
     def rng_states(self) -> list[dict]:
         """The generator states of every rank, in rank order (a collective: all ranks call it)."""
@@ -263,7 +285,8 @@ class Trainer:
     def save(self, name: str, rank_rng: list[dict] | None = None) -> None:
         if not self.dist.is_main:
             return
-        checkpoint.atomic_save(self.checkpoint_dict(rank_rng), self.run_dir / name,
+        checkpoint.atomic_save(self.checkpoint_dict(rank_rng, for_resume=name == "last.pt"),
+                               self.run_dir / name,
                                keep_previous=name == "last.pt")
         if name == "last.pt":
             self._saved_step = self.state.step

@@ -128,8 +128,9 @@ def _train_args(tmp_path, run, steps):
     return ["train", ROOT / "configs/tiny.yaml", "--run-dir", tmp_path / run, "--set",
             f"data.dir={tmp_path / 'd'}", "train.log_every=5", "train.valid_every=20",
             "train.save_every=20", "model.dropout=0.1", "train.valid_beam=1",
-            # the cool-down starts at step 6, so the kill at step 20 falls inside it
-            "train.cooldown=0.9", f"train.max_steps={steps}"]
+            # the cool-down starts at step 6, so the kill at step 20 falls inside it; the
+            # weight average (snapshots) must resume as exactly as the raw weights
+            "train.cooldown=0.9", "train.ema_decay=0.9", f"train.max_steps={steps}"]
 
 
 def _last_weights(path):
@@ -155,8 +156,9 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
     proc.wait()
     proc = run_mt(*_train_args(tmp_path, "k", 60))
     assert proc.returncode == 0, proc.stderr
-    a, b = _last_weights(tmp_path / "straight/last.pt"), _last_weights(tmp_path / "k/last.pt")
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    for name in ("last.pt", "step_60.pt"):
+        a, b = (_last_weights(tmp_path / run / name) for run in ("straight", "k"))
+        assert all(torch.equal(a[k], b[k]) for k in a)
     logs = [[(r["step"], r["loss"]) for r in map(json.loads, (tmp_path / d / "train_log.jsonl")
                                                   .read_text().splitlines()) if "loss" in r]
             for d in ("straight", "k")]
