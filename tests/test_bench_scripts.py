@@ -236,3 +236,18 @@ def test_mkl_shim_without_a_compiler_says_so_and_builds_nothing(tmp_path):
     assert built.returncode == 1 and built.stdout == ""
     assert built.stderr.count("\n") == 1 and "no C compiler '/no/such/cc'" in built.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_recipe_summary_reads_a_run_log(tmp_path):
+    """scripts/recipe_summary.py: the curve, the average (kept or not) and the tuned beam."""
+    records = [{"step": 1000, "valid_bleu": 17.7, "valid_loss": 3.9},
+               {"step": 1000, "loss": 4.0},
+               {"step": 2000, "valid_bleu": 27.0, "best": True},
+               {"step": 2000, "averaged": 10, "valid_bleu": 26.5},
+               {"step": 2000, "tuned_decoding": {"beam": 5, "length_penalty": 1.4,
+                                                 "valid_bleu": 28.1}}]
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r/train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    line = _load("recipe_summary").summary(tmp_path / "r")
+    assert line == ("r: greedy valid BLEU 1000: 17.7, 2000: 27.0; average of the last 10: 26.5 "
+                    "(not kept); tuned: beam 5, length penalty 1.4, 28.1")
