@@ -31,10 +31,10 @@ def _quiet(*_args) -> None:
 def _resume(trainer: Trainer, ckpt: dict, path: Path, log) -> None:
     trainer.state = TrainState(**checkpoint.restore_training(
         ckpt, trainer.model, trainer.optimizer, trainer.scheduler, trainer.scaler))
-    # each rank continues its own dropout stream if saved by as many ranks; else rank 0's
     ema = checkpoint.ema_of(ckpt)
     if trainer.ema is not None and ema is not None:   # else the average starts from here
         trainer.ema.load_state_dict(ema, trainer.model)
+    # each rank continues its own dropout stream if saved by as many ranks; else rank 0's
     rng, own = checkpoint.generators_of(ckpt, trainer.dist.rank, trainer.dist.world)
     checkpoint.set_rng_state(rng, log)
     if trainer.dist.rank > 0 and not own:

@@ -301,19 +301,13 @@ class Trainer:
             old.unlink()
 
     # -- the loop -------------------------------------------------------------------------
-    def _out_of_time(self) -> bool:
-        """The time budget (train.max_minutes) is spent; all ranks agree."""
+    def _agreed_seconds(self) -> float:
+        """The training time on the slowest rank's clock, the same on every rank, so that the
+        time budget stops all ranks together and the cool-down gives them one learning rate;
+        one collective per update, and none without a time budget."""
         if self.cfg.max_minutes <= 0:
-            return False
-        return self.dist.any(self.state.train_seconds >= 60 * self.cfg.max_minutes, self.device)
-
-    def _progress(self) -> float:
-        """The share of the budget spent, the same on every rank (rank clocks differ, and the
-        learning rate must not)."""
-        seconds = self.state.train_seconds
-        if self.cfg.max_minutes > 0:
-            seconds = self.dist.max(seconds, self.device)
-        return budget_progress(self.state.step, seconds, self.cfg.max_steps, self.cfg.max_minutes)
+            return self.state.train_seconds
+        return self.dist.max(self.state.train_seconds, self.device)
 
     def _should_stop_early(self) -> bool:
         return self.cfg.patience > 0 and self.state.bad_validations >= self.cfg.patience
@@ -346,11 +340,13 @@ class Trainer:
                         f"(last.pt); lower train.lr_factor or raise train.warmup")
                 continue
             st.train_seconds = time.perf_counter() - t0
+            seconds = self._agreed_seconds()
             if cfg.cooldown > 0:
-                self.scheduler.set_progress(self._progress())
+                self.scheduler.set_progress(budget_progress(st.step, seconds, cfg.max_steps,
+                                                            cfg.max_minutes))
             bar.update(1)
             self._show_progress(bar)
-            if self._after_step(bar):
+            if self._after_step(bar, seconds):
                 break
         bar.close()
         self._finish()
@@ -370,10 +366,12 @@ class Trainer:
             bar.total = end_step     # a time budget ends the bar (and its ETA) earlier
             bar.refresh()
 
-    def _after_step(self, bar) -> bool:
-        """Log, validate and save on schedule; True when training should stop now."""
+    def _after_step(self, bar, seconds: float) -> bool:
+        """Log, validate and save on schedule; True when training should stop now (`seconds`:
+        the ranks' agreed training time, against train.max_minutes)."""
         cfg, st = self.cfg, self.state
-        final = st.step == cfg.max_steps or self._out_of_time()
+        out_of_time = cfg.max_minutes > 0 and seconds >= 60 * cfg.max_minutes
+        final = st.step == cfg.max_steps or out_of_time
         if st.step % cfg.log_every == 0 or final:
             rec = self.log_train()
             bar.set_postfix(loss=rec["loss"], lr=f"{rec['lr']:.2e}", tok_s=rec["tok_s"])
