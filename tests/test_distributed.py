@@ -97,3 +97,35 @@ def test_torchrun_two_processes_resume_equals_uninterrupted(tmp_path):
     assert len(a["rank_rng"]) == 2
     assert not torch.equal(a["rank_rng"][0]["torch"], a["rank_rng"][1]["torch"])
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+
+
+def _clock_worker(rank, world, port, data_dir, run_dir, out):
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    from mt.schedule import budget_progress
+    cfg = load_config(ROOT / "configs/tiny.yaml", [f"data.dir={data_dir}", "train.max_minutes=1",
+                                                    "train.max_steps=1000", "train.cooldown=1.0"])
+    t = build_trainer(cfg, run_dir, log=lambda *_: None)
+    t.state.train_seconds = 6.0 + 24.0 * rank            # the ranks' clocks disagree
+    seconds = t._agreed_seconds()
+    t.scheduler.set_progress(budget_progress(t.state.step, seconds, 1000, 1.0))
+    torch.save({"seconds": seconds, "lr": t.scheduler.get_last_lr()[0],
+                "scale": t.scheduler.scale}, f"{out}.{rank}")
+    t.close()
+
+
+def test_ranks_agree_on_the_clock_that_ends_the_budget_and_cools_the_rate(tmp_path):
+    """With a time budget every rank takes the slowest clock (30 s of 60 here), so the budget
+    stops them together and the cool-down gives them one learning rate (half of Noam's)."""
+    data = tmp_path / "data"
+    download("synthetic", data)
+    build_trainer(_cfg(data), tmp_path / "one", log=lambda *_: None).close()   # trains the BPE
+    (tmp_path / "ddp").mkdir()
+    shutil.copy(tmp_path / "one/spm.model", tmp_path / "ddp/spm.model")
+    mp.spawn(_clock_worker, args=(2, free_port(), data, tmp_path / "ddp", tmp_path / "clock"),
+             nprocs=2, join=True)
+    seen = [torch.load(f"{tmp_path / 'clock'}.{rank}") for rank in (0, 1)]
+    assert seen[0]["seconds"] == seen[1]["seconds"] == 30.0
+    assert seen[0]["lr"] == seen[1]["lr"] > 0
+    assert seen[0]["scale"] == seen[1]["scale"] == 0.5
