@@ -13,6 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from mt.errors import MTError
+from mt.outputs import atomic_file
 
 
 class _Section(BaseModel):
@@ -382,7 +383,10 @@ def config_from_dict(raw: dict[str, Any], source: str = "checkpoint") -> Config:
 
 
 def save_config(cfg: Config, path: Path) -> None:
-    path.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False), encoding="utf-8")
+    """Written whole or not at all (a temp file renamed over `path`): the other ranks of a
+    torchrun start read the run's config.yaml while rank 0 writes it."""
+    with atomic_file(path, "w") as f:
+        f.write(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
 
 
 def diff_configs(a: Config, b: Config, ignore: tuple[str, ...] = ()) -> list[str]:

@@ -81,3 +81,23 @@ def test_cli_config_errors_exit_2_without_traceback(tmp_path):
     assert_user_error(run_mt("train", tmp_path / "missing.yaml"), "not found")
     assert_user_error(run_mt("train", ROOT / "configs/tiny.yaml", "--run-dir", tmp_path / "r",
                              "--set", "train.warmup=0"), "train.warmup")
+
+
+def test_save_config_writes_the_whole_file_or_leaves_the_old_one(tmp_path, monkeypatch):
+    """config.yaml is read by the other ranks while rank 0 writes it: a reader must never
+    see half a file, so a write that fails leaves the old one whole and no temp file."""
+    import yaml
+    from mt.config import save_config
+    cfg = load_config(ROOT / "configs/tiny.yaml")
+    path = tmp_path / "config.yaml"
+    save_config(cfg, path)
+    before = path.read_text(encoding="utf-8")
+    assert load_config(path) == cfg
+
+    real_dump = yaml.safe_dump
+    # text that fails to encode at its end: the write dies after the file was opened
+    monkeypatch.setattr(yaml, "safe_dump", lambda *a, **k: real_dump(*a, **k) + "\udc80")
+    with pytest.raises(UnicodeEncodeError):
+        save_config(cfg, path)
+    assert path.read_text(encoding="utf-8") == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml"]
