@@ -53,26 +53,48 @@ def mlm_loss(model, src: torch.Tensor, generator=None) -> tuple[torch.Tensor, in
     return F.cross_entropy(logits.float(), targets[chosen], reduction="sum"), int(chosen.sum())
 
 
+# what `mt train` does with these and `mt pretrain` does not: said once, not an error, since
+# one config usually serves both commands
+TRAIN_ONLY = ("ema_decay", "rdrop_alpha", "scheduled_sampling", "compile")
+
+
 def pretrain(cfg: Config, run_dir: Path, log=print) -> dict:
     """Train the encoder of cfg.model with the masked-LM loss on data.dir's training sources,
-    for train.max_steps updates (or train.max_minutes); writes RUN_DIR/pretrained.pt."""
+    for train.max_steps updates (or train.max_minutes) on train.device, in train.precision,
+    accum_steps batches per update; writes RUN_DIR/pretrained.pt."""
+    import os
     from mt.data.prepare import prepare_data
+    from mt.device import amp_dtype, pick_device
     from mt.distributed import Dist
-    from mt.rundir import prepare_run_dir
     from mt.model import build_model
-    from mt.schedule import budget_progress, build_optimizer
+    from mt.rundir import prepare_run_dir
+    from mt.schedule import build_optimizer
+    from mt.threads import choose_threads
     if cfg.model.arch != "transformer":
         raise MTError(f"model.arch {cfg.model.arch}: mt pretrain trains a Transformer encoder")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise MTError("mt pretrain runs as one process: start it with `mt pretrain`, not "
+                      "torchrun (the masked-LM encoder trains in minutes on one device)")
     t = cfg.train
+    ignored = [f"train.{k}" for k in TRAIN_ONLY
+               if getattr(t, k) != type(t).model_fields[k].get_default(call_default_factory=True)]
+    if ignored:
+        log(f"mt pretrain does not use {', '.join(ignored)} (mt train does)")
+    device = pick_device(t.device)
     lock = prepare_run_dir(cfg, run_dir, allow_config_change=True, log=log)
     try:
+        choose_threads(t.num_threads, log)
         torch.manual_seed(t.seed)
         tokenizer, data, _ = prepare_data(cfg, run_dir, Dist(), log)
         model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
+        model = model.to(device)
+        log(f"pretraining the encoder on {device}")
         optimizer, scheduler = build_optimizer(encoder_parameters(model), t, cfg.model.d_model)
-        generator = torch.Generator().manual_seed(t.seed)
-        record = _loop(model, data, optimizer, scheduler, generator, t, run_dir, log)
-        ckpt = checkpoint.build(config=cfg.to_dict(), model_state=model.state_dict(),
+        generator = torch.Generator(device=device).manual_seed(t.seed)   # the masks' stream
+        record = _loop(model, data, optimizer, scheduler, generator, t, run_dir, log,
+                       device, amp_dtype(t.precision, device))
+        state = {k: v.cpu() for k, v in model.state_dict().items()}
+        ckpt = checkpoint.build(config=cfg.to_dict(), model_state=state,
                                 tokenizer=tokenizer, train_state={"step": record["step"]})
         ckpt["pretrained"] = "masked-lm encoder"
         checkpoint.atomic_save(ckpt, run_dir / "pretrained.pt")
@@ -81,40 +103,69 @@ def pretrain(cfg: Config, run_dir: Path, log=print) -> dict:
         lock.release()
 
 
-def _loop(model, data, optimizer, scheduler, generator, t, run_dir: Path, log) -> dict:
+def _batches(data, t, device):
+    """The training split's source sides, batch after batch, epoch after epoch."""
+    epoch = 0
+    while True:
+        for indices in epoch_batches(data, t.max_tokens, t.seed, epoch):
+            yield collate(data, indices).src.to(device)
+        epoch += 1
+
+
+def _update(model, batches, optimizer, scaler, generator, t, dtype) -> tuple[float, int]:
+    """One optimizer update from t.accum_steps batches, normalised by all their masked
+    tokens (so accumulation equals one big batch); (summed loss, masked tokens)."""
+    optimizer.zero_grad(set_to_none=True)
+    device = next(model.parameters()).device
+    losses, n_total = [], 0
+    for src in batches:
+        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+            loss, n = mlm_loss(model, src, generator)
+        losses.append(loss)
+        n_total += n
+    if n_total == 0:
+        return 0.0, 0
+    scaler.scale(sum(losses) / n_total).backward()
+    scaler.unscale_(optimizer)
+    if t.clip_norm > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return float(sum(losses)), n_total
+
+
+def _loop(model, data, optimizer, scheduler, generator, t, run_dir: Path, log,
+          device=torch.device("cpu"), dtype=None) -> dict:
+    from mt.schedule import budget_progress
     model.train()
-    step, epoch, start = 0, 0, time.perf_counter()
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
+    batches = _batches(data, t, device)
+    step, start = 0, time.perf_counter()
     window = [0.0, 0]
     record = {"step": 0}
     while step < t.max_steps:
-        for indices in epoch_batches(data, t.max_tokens, t.seed, epoch):
-            optimizer.zero_grad(set_to_none=True)
-            loss, n = mlm_loss(model, collate(data, indices).src, generator)
-            if n == 0:
-                continue
-            (loss / n).backward()
-            if t.clip_norm > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm)
-            optimizer.step()
-            scheduler.step()
-            step += 1
-            seconds = time.perf_counter() - start
-            if t.cooldown > 0:
-                scheduler.set_progress(budget_progress(step, seconds, t.max_steps, t.max_minutes))
-            window = [window[0] + float(loss), window[1] + n]
-            out_of_time = t.max_minutes and seconds > 60 * t.max_minutes
-            if step % t.log_every == 0 or step == t.max_steps or out_of_time:
-                record = {"step": step, "mlm_loss": round(window[0] / window[1], 4),
-                          "mlm_ppl": round(math.exp(min(window[0] / window[1], 50)), 2),
-                          "masked_tokens": window[1]}
-                with open(run_dir / "pretrain_log.jsonl", "a", encoding="utf-8") as f:
-                    f.write(json.dumps(record) + "\n")
-                log(f"step {step}: masked-LM loss {record['mlm_loss']} "
-                    f"(ppl {record['mlm_ppl']})")
-                window = [0.0, 0]
-            if step >= t.max_steps or out_of_time:
-                return record
-        epoch += 1
+        loss, n = _update(model, [next(batches) for _ in range(t.accum_steps)], optimizer,
+                          scaler, generator, t, dtype)
+        if n == 0:
+            continue
+        scheduler.step()
+        step += 1
+        seconds = time.perf_counter() - start
+        if t.cooldown > 0:
+            scheduler.set_progress(budget_progress(step, seconds, t.max_steps, t.max_minutes))
+        window = [window[0] + loss, window[1] + n]
+        out_of_time = t.max_minutes and seconds > 60 * t.max_minutes
+        if step % t.log_every == 0 or step == t.max_steps or out_of_time:
+            record = {"step": step, "mlm_loss": round(window[0] / window[1], 4),
+                      "mlm_ppl": round(math.exp(min(window[0] / window[1], 50)), 2),
+                      "masked_tokens": window[1]}
+            with open(run_dir / "pretrain_log.jsonl", "a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+            log(f"step {step}: masked-LM loss {record['mlm_loss']} "
+                f"(ppl {record['mlm_ppl']})")
+            window = [0.0, 0]
+        if out_of_time:
+            break
     return record
 
 

@@ -74,3 +74,37 @@ def test_pretrain_then_translate_from_the_pretrained_encoder(tmp_path):
     assert_user_error(run_mt("train", ROOT / "configs/tiny.yaml", "--run-dir", tmp_path / "bad",
                              "--set", f"data.dir={data}", "model.d_model=32",
                              f"model.init_encoder={pre}"), "does not fit this model")
+
+
+def _pretrain_log(tmp_path, name, *sets):
+    proc = run_mt("pretrain", ROOT / "configs/tiny.yaml", "--run-dir", tmp_path / name, "--set",
+                  f"data.dir={tmp_path / 'd'}", "train.log_every=1", *sets)
+    assert proc.returncode == 0, proc.stderr
+    import json
+    lines = (tmp_path / name / "pretrain_log.jsonl").read_text().splitlines()
+    return [json.loads(x) for x in lines], proc.stderr
+
+
+def test_accumulated_batches_make_one_update_with_all_their_masked_tokens(tmp_path):
+    # the masks come from one generator in batch order, whatever the model does, so one update
+    # of two batches masks exactly the tokens of two updates of one batch each
+    one, _ = _pretrain_log(tmp_path, "one", "train.max_steps=2")
+    two, _ = _pretrain_log(tmp_path, "two", "train.max_steps=1", "train.accum_steps=2")
+    assert [r["step"] for r in one] == [1, 2] and [r["step"] for r in two] == [1]
+    assert two[0]["masked_tokens"] == one[0]["masked_tokens"] + one[1]["masked_tokens"]
+
+
+def test_pretrain_says_which_train_options_it_does_not_use(tmp_path):
+    records, stderr = _pretrain_log(tmp_path, "ema", "train.max_steps=1", "train.ema_decay=0.9",
+                                    "train.precision=bf16")
+    assert "mt pretrain does not use train.ema_decay (mt train does)" in stderr
+    assert records[-1]["step"] == 1 and records[-1]["mlm_loss"] > 0     # bf16 autocast on CPU
+    _, plain = _pretrain_log(tmp_path, "plain", "train.max_steps=1")
+    assert "does not use" not in plain
+
+
+def test_pretrain_under_torchrun_is_a_one_line_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert_user_error(run_mt("pretrain", ROOT / "configs/tiny.yaml", "--run-dir", tmp_path / "m",
+                             "--set", f"data.dir={tmp_path / 'd'}"), "not torchrun")
+    assert not (tmp_path / "m").exists()
