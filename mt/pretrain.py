@@ -112,11 +112,11 @@ def _batches(data, t, device):
         epoch += 1
 
 
-def _update(model, batches, optimizer, scaler, generator, t, dtype) -> tuple[float, int]:
+def _update(model, batches, optimizer, scaler, generator, t, device,
+            dtype) -> tuple[float, int]:
     """One optimizer update from t.accum_steps batches, normalised by all their masked
     tokens (so accumulation equals one big batch); (summed loss, masked tokens)."""
     optimizer.zero_grad(set_to_none=True)
-    device = next(model.parameters()).device
     losses, n_total = [], 0
     for src in batches:
         with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
@@ -125,17 +125,18 @@ def _update(model, batches, optimizer, scaler, generator, t, dtype) -> tuple[flo
         n_total += n
     if n_total == 0:
         return 0.0, 0
-    scaler.scale(sum(losses) / n_total).backward()
+    total = sum(losses)
+    scaler.scale(total / n_total).backward()
     scaler.unscale_(optimizer)
     if t.clip_norm > 0:
         torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm)
     scaler.step(optimizer)
     scaler.update()
-    return float(sum(losses)), n_total
+    return float(total), n_total
 
 
-def _loop(model, data, optimizer, scheduler, generator, t, run_dir: Path, log,
-          device=torch.device("cpu"), dtype=None) -> dict:
+def _loop(model, data, optimizer, scheduler, generator, t, run_dir: Path, log, device,
+          dtype) -> dict:
     from mt.schedule import budget_progress
     model.train()
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
@@ -145,7 +146,7 @@ def _loop(model, data, optimizer, scheduler, generator, t, run_dir: Path, log,
     record = {"step": 0}
     while step < t.max_steps:
         loss, n = _update(model, [next(batches) for _ in range(t.accum_steps)], optimizer,
-                          scaler, generator, t, dtype)
+                          scaler, generator, t, device, dtype)
         if n == 0:
             continue
         scheduler.step()
