@@ -93,8 +93,9 @@ def _build(cfg: Config, run_dir: Path, dist, device_name: str, log, lock) -> Tra
         loss_fn = reference_loss if t.compile else fast.chunked_loss
     if cfg.model.arch == "nat":
         loss_fn = nat_loss
-    if t.rdrop_alpha > 0:     # two passes and their KL need the full logits
-        loss_fn = functools.partial(rdrop_loss, alpha=t.rdrop_alpha)
+    if t.rdrop_alpha > 0:     # the reference: two passes, each with its full logits
+        rdrop = fast.chunked_rdrop_loss if loss_fn is fast.chunked_loss else rdrop_loss
+        loss_fn = functools.partial(rdrop, alpha=t.rdrop_alpha)
     torch.manual_seed(t.seed + dist.rank)   # same initial weights everywhere, own dropout masks
     log(f"model: {sum(p.numel() for p in model.parameters()):,} parameters on {device}"
         + (f" x {dist.world} ranks" if dist.enabled else ""))

@@ -327,3 +327,66 @@ def test_fast_paths_act_only_where_they_apply():
         real = batch.tgt_in != PAD          # packing leaves padding positions uncomputed
         torch.testing.assert_close(model(batch.src, batch.tgt_in, batch.src_pad_mask)[real],
                                    ref(batch.src, batch.tgt_in, batch.src_pad_mask)[real])
+
+
+@pytest.mark.parametrize("eps,alpha", [(0.1, 2.5), (0.0, 5.0), (0.1, 0.0)])
+@pytest.mark.parametrize("chunk", [3, 2048])
+def test_fused_rdrop_equals_the_reference_in_value_and_gradient(eps, alpha, chunk):
+    """The fused R-Drop node on two different sets of decoder states = the mean of the two
+    passes' label-smoothed losses of log_softmax(h W^T) plus alpha times mt.loss.symmetric_kl,
+    with the gradients for both passes' states and W."""
+    from mt.fast.loss import linear_rdrop_loss
+    from mt.loss import symmetric_kl
+    g = torch.Generator().manual_seed(2)
+    h_a, h_b = (torch.randn(10, 6, generator=g, dtype=torch.float64) for _ in range(2))
+    w = torch.randn(11, 6, generator=g, dtype=torch.float64) * 2
+    target = torch.randint(1, 11, (10,), generator=g)
+    ref_in = [t.clone().requires_grad_() for t in (h_a, h_b, w)]
+    got_in = [t.clone().requires_grad_() for t in (h_a, h_b, w)]
+    lp_a, lp_b = (torch.log_softmax(h @ ref_in[2].t(), -1) for h in ref_in[:2])
+    (loss_a, nll_a, _), (loss_b, nll_b, _) = (label_smoothed_nll(lp, target, eps, PAD)
+                                              for lp in (lp_a, lp_b))
+    kl = symmetric_kl(lp_a, lp_b, torch.ones(10, dtype=torch.float64))
+    assert kl > 0.1                                     # the two passes really differ
+    ref = (loss_a + loss_b) / 2 + alpha * kl
+    loss, nll = linear_rdrop_loss(*got_in, target, eps, alpha, chunk=chunk)
+    torch.testing.assert_close(loss, ref)
+    torch.testing.assert_close(nll, (nll_a + nll_b) / 2)
+    (3.0 * ref).backward()
+    (3.0 * loss).backward()
+    for got, want in zip(got_in, ref_in):
+        torch.testing.assert_close(got.grad, want.grad)
+
+
+def test_fused_rdrop_on_a_model_is_the_plain_loss_when_the_passes_agree():
+    """The whole fused R-Drop step (the batch stacked on itself, one pass): without dropout the
+    two halves are the same pass, so the KL is zero and loss, NLL and every gradient are the
+    reference model's plain loss's; in evaluation it is the plain loss."""
+    from mt.fast import chunked_rdrop_loss
+    from mt.loss import reference_loss
+    batch = _padded_batch()
+    ref_model, fast_model = _small_model(), fast.install(_small_model())
+    ref_loss, ref_nll = reference_loss(ref_model.train(), batch, 0.1)
+    (ref_loss * 0.01).backward()
+    loss, nll = chunked_rdrop_loss(fast_model.train(), batch, 0.1, alpha=5.0)
+    (loss * 0.01).backward()
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(nll, ref_nll, rtol=1e-5, atol=1e-5)
+    for (name, p), q in zip(fast_model.named_parameters(), ref_model.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)
+    with torch.no_grad():
+        torch.testing.assert_close(chunked_rdrop_loss(fast_model.eval(), batch, 0.1, alpha=5.0)[0],
+                                   reference_loss(ref_model.eval(), batch, 0.1)[0],
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_fused_rdrop_draws_its_own_mask_for_each_pass():
+    """With dropout the two stacked copies get different masks: the KL term is positive (the
+    loss grows with alpha) and alpha 0 is not the KL-weighted loss."""
+    from mt.fast import chunked_rdrop_loss
+    model, batch = fast.install(_small_model(dropout=0.3)).train(), _padded_batch()
+    values = []
+    for alpha in (0.0, 1.0):
+        torch.manual_seed(11)
+        values.append(chunked_rdrop_loss(model, batch, 0.1, alpha=alpha)[0].item())
+    assert values[1] > values[0] + 1e-3

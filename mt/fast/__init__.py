@@ -9,7 +9,8 @@ The reference model (mt/model) is the paper written plainly. What made CPU train
 - dropout.py: dropout masks from a counter hash instead of torch's one-core generator;
 - modules.py: the subclasses that use them, and the packing of the feed-forward sublayers'
               rows to the real (not padding) positions;
-- loss.py:    the output projection fused with the label-smoothed loss, in chunks of rows.
+- loss.py:    the output projection fused with the label-smoothed loss, in chunks of rows,
+              and with R-Drop's two losses and their symmetric KL.
 
 `install` changes the class of the model's modules to their fast subclasses: the parameters,
 the state_dict and the checkpoints stay exactly those of the reference model, and each fast
@@ -21,7 +22,7 @@ from __future__ import annotations
 from torch import nn
 
 from mt.fast.dropout import HashDropout
-from mt.fast.loss import chunked_loss
+from mt.fast.loss import chunked_loss, chunked_rdrop_loss
 from mt.fast.modules import (FastFeedForward, FastMultiHeadAttention, FastResidual,
                              FastTransformer)
 from mt.model.attention import MultiHeadAttention
@@ -31,7 +32,7 @@ from mt.model.transformer import Transformer
 FAST = {nn.Dropout: HashDropout, FeedForward: FastFeedForward, Residual: FastResidual,
         MultiHeadAttention: FastMultiHeadAttention, Transformer: FastTransformer}
 
-__all__ = ["install", "chunked_loss", "FAST"]
+__all__ = ["install", "chunked_loss", "chunked_rdrop_loss", "FAST"]
 
 
 def install(model: nn.Module) -> nn.Module:

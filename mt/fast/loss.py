@@ -115,3 +115,91 @@ def chunked_loss(model, batch, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     h = model.decode(batch.tgt_in, model.encode(batch.src, batch.src_pad_mask),
                      batch.src_pad_mask)[keep]                            # (N, D)
     return linear_smoothed_cross_entropy(h, model.output_weight, batch.tgt_out[keep], eps)
+
+
+class _LinearRDropLoss(torch.autograd.Function):
+    """mt.loss.rdrop_loss's value on two passes' decoder states, fused with the output
+    projection and computed in chunks of rows like _LinearSmoothedCrossEntropy: the mean of the
+    two passes' label-smoothed losses plus alpha times their symmetric KL (Liang et al. 2021).
+
+    A row's symmetric KL needs no log-softmax: with z the logits and d = z_a - z_b,
+    sum_j (p_a - p_b)_j (log p_a - log p_b)_j = sum_j (p_a - p_b)_j d_j = p_a.d - p_b.d, since
+    the log-normalisers multiply sum_j (p_a - p_b)_j = 0. Its gradient for z_a is
+    (p_a - p_b) + p_a * (d - p_a.d) (the softmax Jacobian is symmetric), for z_b the same with
+    a and b swapped (d -> -d). The NLL output (the passes' mean) is for logging."""
+
+    @staticmethod
+    def forward(ctx, h_a, h_b, weight, target, eps, alpha, chunk):
+        n, v = h_a.shape[0], weight.shape[0]
+        acc = torch.float64 if h_a.dtype == torch.float64 else torch.float32
+        loss_sum = h_a.new_zeros((), dtype=acc)
+        nll_sum = h_a.new_zeros((), dtype=acc)
+        grad_a, grad_b = torch.empty_like(h_a), torch.empty_like(h_b)
+        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device)
+        off = eps / (v - 1) if eps > 0.0 else 0.0
+        half = alpha / 2                  # rdrop_loss weighs (KL(a||b) + KL(b||a)) / 2 by alpha
+        w_t = weight.t()
+        for i in range(0, n, chunk):
+            ha, hb, y = h_a[i:i + chunk], h_b[i:i + chunk], target[i:i + chunk]
+            z_a, z_b = (ha @ w_t).to(acc), (hb @ w_t).to(acc)
+            p_a, p_b = torch.softmax(z_a, -1), torch.softmax(z_b, -1)
+            loss_a, nll_a = _smoothed_nll(z_a, p_a, y, None, eps)
+            loss_b, nll_b = _smoothed_nll(z_b, p_b, y, None, eps)
+            d = z_a.sub_(z_b)                                  # z_a is not needed any more
+            pd_a = (p_a * d).sum(-1, keepdim=True)             # (c, 1)
+            pd_b = (p_b * d).sum(-1, keepdim=True)
+            loss_sum += (loss_a + loss_b) / 2 + half * (pd_a - pd_b).sum()
+            nll_sum += (nll_a + nll_b) / 2
+            # d loss/d z_a = (p_a - q) / 2 + half * ((p_a - p_b) + p_a * (d - p_a.d)), with
+            # q = off + (1 - eps - off) * onehot(y); the uniform off / 2 is taken off after the loop
+            g_a = d.sub(pd_a).mul_(half).add_(0.5 + half).mul_(p_a).sub_(p_b, alpha=half)
+            g_b = d.sub_(pd_b).mul_(-half).add_(0.5 + half).mul_(p_b).sub_(p_a, alpha=half)
+            hit = p_a.new_full((y.shape[0], 1), -(1.0 - eps - off) / 2)
+            g_a.scatter_add_(-1, y[:, None], hit)
+            g_b.scatter_add_(-1, y[:, None], hit)
+            grad_a[i:i + chunk] = (g_a.to(weight.dtype) @ weight).to(h_a.dtype)
+            grad_b[i:i + chunk] = (g_b.to(weight.dtype) @ weight).to(h_b.dtype)
+            grad_w += (g_a.t().to(ha.dtype) @ ha).to(acc)
+            grad_w += (g_b.t().to(hb.dtype) @ hb).to(acc)
+        if off:
+            colsum = weight.sum(0, dtype=acc)                  # (1 ... 1) W
+            grad_a.sub_((off / 2 * colsum).to(h_a.dtype))
+            grad_b.sub_((off / 2 * colsum).to(h_b.dtype))
+            grad_w.sub_(off / 2 * (h_a.sum(0, dtype=acc) + h_b.sum(0, dtype=acc)))
+        ctx.mark_non_differentiable(nll_sum)
+        ctx.save_for_backward(grad_a, grad_b, grad_w.to(weight.dtype))
+        return loss_sum, nll_sum
+
+    @staticmethod
+    def backward(ctx, g_loss, _g_nll):
+        grad_a, grad_b, grad_w = ctx.saved_tensors
+        return (grad_a * g_loss.to(grad_a.dtype), grad_b * g_loss.to(grad_b.dtype),
+                grad_w * g_loss.to(grad_w.dtype), None, None, None, None)
+
+
+def linear_rdrop_loss(h_a: torch.Tensor, h_b: torch.Tensor, weight: torch.Tensor,
+                      target: torch.Tensor, eps: float, alpha: float,
+                      chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """h_a, h_b: (N, D) two dropout passes' decoder states of the same N target tokens;
+    weight: (V, D). Returns (R-Drop loss sum, mean NLL sum of the two passes), the values of
+    mt.loss.rdrop_loss on those logits with the gradient of the first, `chunk` rows of logits
+    at a time (LOSS_CHUNK_ROWS when None)."""
+    return _LinearRDropLoss.apply(h_a, h_b, weight, target, eps, alpha,
+                                  chunk or LOSS_CHUNK_ROWS)
+
+
+def chunked_rdrop_loss(model, batch, eps: float, alpha: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """mt.loss.rdrop_loss with both passes in one: the batch goes through the model stacked on
+    itself (each copy draws its own dropout masks, as in Liang et al.'s code), and the two
+    halves' decoder states go into the fused R-Drop loss. Twice the plain step's work in two
+    batches' worth of rows, instead of two passes that each also build (N, V) logits and their
+    KL's (N, V) temporaries. In evaluation the passes are equal: the plain loss."""
+    if not model.training:
+        return chunked_loss(model, batch, eps)
+    src, tgt_in = torch.cat([batch.src, batch.src]), torch.cat([batch.tgt_in, batch.tgt_in])
+    src_pad_mask = src == PAD
+    h = model.decode(tgt_in, model.encode(src, src_pad_mask), src_pad_mask)   # (2B, T, D)
+    keep = batch.tgt_out != PAD
+    b = keep.shape[0]
+    return linear_rdrop_loss(h[:b][keep], h[b:][keep], model.output_weight,
+                             batch.tgt_out[keep], eps, alpha)
