@@ -93,7 +93,7 @@ def _build(cfg: Config, run_dir: Path, dist, device_name: str, log, lock) -> Tra
         loss_fn = reference_loss if t.compile else fast.chunked_loss
     if cfg.model.arch == "nat":
         loss_fn = nat_loss
-    if t.rdrop_alpha > 0:     # the reference: two passes, each with its full logits
+    if t.rdrop_alpha > 0:     # fused like the plain loss where that is, else the reference
         rdrop = fast.chunked_rdrop_loss if loss_fn is fast.chunked_loss else rdrop_loss
         loss_fn = functools.partial(rdrop, alpha=t.rdrop_alpha)
     torch.manual_seed(t.seed + dist.rank)   # same initial weights everywhere, own dropout masks
