@@ -85,9 +85,10 @@ def useful_flops(batch, size: dict) -> float:
 
 
 # -- the three contenders: each returns a step(batch) closure --------------------------------
-def ours(size, device, precision="fp32", compile=False):
+def ours(size, device, precision="fp32", compile=False, loss_fn=None, dropout=0.1):
     """mt's model and its real training step: Trainer.train_step with the fast paths and the
-    loss that mt.build chooses. Gradient clipping is off here, as the references do none."""
+    loss that mt.build chooses (or `loss_fn`, e.g. an R-Drop loss: scripts/bench_rdrop.py).
+    Gradient clipping is off here, as the references do none."""
     from mt import fast
     from mt.config import DecodeConfig, ModelConfig, TrainConfig
     from mt.data.batching import Batch
@@ -97,7 +98,7 @@ def ours(size, device, precision="fp32", compile=False):
     from mt.trainer import Trainer
     model_cfg = ModelConfig(d_model=size["d_model"], n_heads=size["heads"],
                             enc_layers=size["layers"], dec_layers=size["layers"],
-                            d_ff=size["d_ff"], dropout=0.1, attn_dropout=0.0, norm="post",
+                            d_ff=size["d_ff"], dropout=dropout, attn_dropout=0.0, norm="post",
                             tie_embeddings="all", max_positions=256)
     train_cfg = TrainConfig(label_smoothing=0.1, clip_norm=0.0, compile=compile)
     model = fast.install(build_model(model_cfg, size["vocab"], size["vocab"]).to(device))
@@ -107,7 +108,7 @@ def ours(size, device, precision="fp32", compile=False):
                       validation=None, tokenizer=None, cfg=train_cfg, decode_cfg=DecodeConfig(),
                       full_config={}, run_dir=Path("."), device=device,
                       amp_dtype=torch.bfloat16 if precision == "bf16" else None,
-                      loss_fn=reference_loss if compile else fast.chunked_loss)
+                      loss_fn=loss_fn or (reference_loss if compile else fast.chunked_loss))
 
     def step(batch):
         src, tgt_in, tgt_out = batch

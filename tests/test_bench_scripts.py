@@ -81,6 +81,32 @@ def test_bench_train_turns_give_every_contender_its_own_rate(bench_train):
     assert set(rates) == {"ours", "torch", "hf"} and all(r > 0 for r in rates.values())
 
 
+def test_bench_rdrop_times_the_trainer_step_with_each_loss(bench_train):
+    """scripts/bench_rdrop.py's contenders are bench_train's `ours` (Trainer.train_step) with
+    the loss swapped: every loss it names is the one the trainer calls, and the script runs."""
+    import torch
+    from mt.loss import reference_loss
+    called = []
+
+    def loss(model, batch, eps):
+        called.append(batch.n_tokens)
+        return reference_loss(model, batch, eps)
+    size = dict(bench_train.SIZES["tiny"], max_tokens=512)
+    batches = bench_train.device_batches(size, 2, torch.device("cpu"))
+    _, step = bench_train.ours(size, torch.device("cpu"), loss_fn=loss, dropout=0.3)
+    for b in batches:
+        step(b)
+    assert called == [int((b[2] != bench_train.PAD).sum()) for b in batches]
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "bench_rdrop.py"), "--steps", "1",
+                           "--warmup", "0"], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if "s/step" in line]
+    assert [r.split("  ")[0].strip() for r in rows] == [
+        "plain (fused)", "R-Drop, reference", "R-Drop, fused"]
+    assert rows[0].endswith("x1.00 the plain step")
+
+
 def test_bench_decode_turns_rotate_who_goes_first():
     """Every contender decodes every batch once (after one warm-up batch), and the one that
     goes first rotates, so neither always meets the machine warmed (or slowed) by the other."""
