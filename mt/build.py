@@ -9,7 +9,7 @@ import torch
 
 from mt import checkpoint, fast
 from mt.config import Config
-from mt.data.prepare import prepare_data
+from mt.data.prepare import bpe_dropout_epochs, prepare_data
 from mt.device import amp_dtype, pick_device
 from mt.distributed import setup
 from mt.errors import MTError
@@ -108,7 +108,8 @@ def _build(cfg: Config, run_dir: Path, dist, device_name: str, log, lock) -> Tra
         validation=Validation(vsrc, vtgt, valid_data, t.valid_beam or cfg.decode.beam),
         tokenizer=tokenizer, cfg=t, decode_cfg=cfg.decode, full_config=cfg.to_dict(),
         run_dir=run_dir, device=device, amp_dtype=dtype, log=log, dist=dist, lock=lock,
-        loss_fn=loss_fn, tensorboard=t.tensorboard)
+        loss_fn=loss_fn, tensorboard=t.tensorboard,
+        epoch_data=bpe_dropout_epochs(cfg, tokenizer) if t.bpe_dropout > 0 else None)
     if t.scheduled_sampling is not None:   # a wrapper around the loss, fed the update count
         ss = t.scheduled_sampling
         two_pass = ss.mode == "two_pass" or (ss.mode == "auto" and cfg.model.arch != "rnn")

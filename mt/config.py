@@ -132,6 +132,13 @@ class TrainConfig(_Section):
     rdrop_alpha: float = Field(0.0, ge=0.0, description="R-Drop (Liang et al. 2021): two "
                                "dropout passes per batch and this weight on their symmetric "
                                "KL; 0 = off")
+    # BPE-dropout (Provilkov et al., ACL 2020): every epoch the training split is segmented
+    # anew, each merge skipped with this probability, so the model sees many segmentations of
+    # a word; valid, test and translation keep the deterministic segmentation. A train
+    # setting, not a tokenizer one: the BPE model it samples from is the same.
+    bpe_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="BPE-dropout probability "
+                               "for the training split, resampled every epoch (Provilkov "
+                               "et al. 2020 use 0.1); 0 = off")
     clip_norm: float = Field(1.0, ge=0.0, description="0 disables clipping")
     log_every: int = Field(100, ge=1)
     valid_every: int = Field(1000, ge=1)

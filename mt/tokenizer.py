@@ -47,6 +47,15 @@ def _load(model: bytes) -> spm.SentencePieceProcessor:
     return sp
 
 
+def _encode(sp: spm.SentencePieceProcessor, lines: list[str], dropout: float) -> list[list[int]]:
+    if not dropout:
+        return sp.Encode(lines)
+    # For a BPE model, sentencepiece's sampling with alpha = p is BPE-dropout (each merge
+    # skipped with probability p). One thread: with several, the segmentation a seed gives
+    # depends on the thread schedule, and the ranks (or a resumed run) would disagree.
+    return sp.Encode(lines, enable_sampling=True, alpha=dropout, nbest_size=-1, num_threads=1)
+
+
 class Tokenizer:
     """Source and target sentencepiece models (the same object when the vocabulary is joint)."""
 
@@ -65,11 +74,17 @@ class Tokenizer:
     def tgt_vocab_size(self) -> int:
         return self.tgt.GetPieceSize()
 
-    def encode_src(self, lines: list[str]) -> list[list[int]]:
-        return self.src.Encode(lines)
+    def encode_src(self, lines: list[str], dropout: float = 0.0) -> list[list[int]]:
+        return _encode(self.src, lines, dropout)
 
-    def encode_tgt(self, lines: list[str]) -> list[list[int]]:
-        return self.tgt.Encode(lines)
+    def encode_tgt(self, lines: list[str], dropout: float = 0.0) -> list[list[int]]:
+        return _encode(self.tgt, lines, dropout)
+
+    @staticmethod
+    def seed_dropout(seed: int) -> None:
+        """Seed the sampling of `dropout` > 0 encodings (sentencepiece has one generator per
+        process), so that every rank, and a resumed run, segments an epoch identically."""
+        spm.set_random_generator_seed(seed)
 
     def decode_tgt(self, ids: list[list[int]]) -> list[str]:
         return self.tgt.Decode(ids)

@@ -67,9 +67,10 @@ class Trainer:
                  validation: Validation, tokenizer, cfg, decode_cfg, full_config: dict,
                  run_dir: Path, device: torch.device, amp_dtype: torch.dtype | None,
                  state: TrainState | None = None, log=print, dist: Dist = Dist(), lock=None,
-                 loss_fn=reference_loss, tensorboard: bool = False):
+                 loss_fn=reference_loss, tensorboard: bool = False, epoch_data=None):
         """loss_fn(model, batch, eps) -> (smoothed loss sum, NLL sum): mt.loss.reference_loss
-        or mt.fast.chunked_loss."""
+        or mt.fast.chunked_loss. epoch_data(epoch) -> ParallelData: the training data of each
+        epoch where it changes from epoch to epoch (BPE-dropout); None: train_data always."""
         self.model, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler
         self.dist, self.loss_fn = dist, loss_fn
         # Data parallel without a DDP wrapper: every rank starts from rank 0's weights, and
@@ -81,6 +82,7 @@ class Trainer:
         if cfg.compile:      # shapes vary with every batch: compile for dynamic shapes once
             self.train_model = torch.compile(model, dynamic=True)
         self.train_data, self.validation, self.tokenizer = train_data, validation, tokenizer
+        self.epoch_data = epoch_data
         self.cfg, self.decode_cfg, self.full_config = cfg, decode_cfg, full_config
         self.run_dir, self.device, self.amp_dtype = run_dir, device, amp_dtype
         self.state = state or TrainState()
@@ -101,16 +103,17 @@ class Trainer:
         world, rank = self.dist.world, self.dist.rank
         described = False
         while True:
-            order = epoch_batches(self.train_data, self.cfg.max_tokens, self.cfg.seed,
-                                  self.state.epoch)
+            data = self.train_data if self.epoch_data is None else \
+                self.epoch_data(self.state.epoch)
+            order = epoch_batches(data, self.cfg.max_tokens, self.cfg.seed, self.state.epoch)
             if not described:           # the first epoch this run walks: its padding
-                self._say(describe_batches(self.train_data, order, self.cfg.max_tokens))
+                self._say(describe_batches(data, order, self.cfg.max_tokens))
                 described = True
             usable = len(order) - len(order) % world   # every rank gets as many batches
             while self.state.batch_in_epoch < usable:
                 indices = order[self.state.batch_in_epoch + rank]
                 self.state.batch_in_epoch += world
-                yield collate(self.train_data, indices, pin=pin).to(self.device)
+                yield collate(data, indices, pin=pin).to(self.device)
             self.state.epoch += 1
             self.state.batch_in_epoch = 0
 

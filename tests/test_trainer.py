@@ -203,3 +203,35 @@ def test_cooldown_brings_the_learning_rate_down_to_zero_at_the_last_step(tmp_pat
     assert ratio[4] == pytest.approx(flat)
     assert ratio[6] == pytest.approx(0.8 * flat) and ratio[8] == pytest.approx(0.4 * flat)
     assert logged[10] == 0.0
+
+
+def test_bpe_dropout_segments_each_epoch_anew_and_the_same_on_every_rank_and_resume(tmp_path):
+    """train.bpe_dropout (Provilkov et al. 2020): each epoch trains on a new segmentation of
+    the same text (it decodes to the same sentences, in more pieces than the deterministic
+    segmentation); an epoch's segmentation depends on (seed, epoch) alone, so another rank or
+    a resumed run gets the same batches at the same (epoch, position)."""
+    t = _trainer(tmp_path, "train.bpe_dropout=0.1", "train.max_tokens=256")
+
+    def seqs(arr):
+        return [arr[i].tolist() for i in range(len(arr))]
+    plain, e0, e1 = t.train_data, t.epoch_data(0), t.epoch_data(1)
+    assert seqs(t.epoch_data(0).src) == seqs(e0.src) and seqs(t.epoch_data(0).tgt) == seqs(e0.tgt)
+    assert seqs(e0.tgt) != seqs(e1.tgt) and seqs(e0.src) != seqs(plain.src)
+    assert t.tokenizer.decode_tgt(seqs(e0.tgt)) == t.tokenizer.decode_tgt(seqs(plain.tgt))
+    assert t.tokenizer.src.Decode(seqs(e1.src)) == t.tokenizer.src.Decode(seqs(plain.src))
+    assert e0.tgt.lengths.sum() > plain.tgt.lengths.sum()
+
+    asked, epoch_data = [], t.epoch_data
+    t.epoch_data = lambda epoch: asked.append(epoch) or epoch_data(epoch)
+    batches = t._batches()
+    while (t.state.epoch, t.state.batch_in_epoch) != (1, 2):
+        next(batches)
+    first = [next(batches) for _ in range(3)]
+    assert asked == [0, 1]                          # the trainer walks each epoch's own data
+    t.close()
+    again = _trainer(tmp_path, "train.bpe_dropout=0.1", "train.max_tokens=256")
+    again.state.epoch, again.state.batch_in_epoch = 1, 2          # where a resume would start
+    second = [b for b, _ in zip(again._batches(), range(3))]
+    again.close()
+    assert all(torch.equal(a.src, b.src) and torch.equal(a.tgt_out, b.tgt_out)
+               for a, b in zip(first, second))

@@ -162,11 +162,12 @@ class ParallelData:
 
 
 def encode_stream(pairs: Iterable[tuple[str, str]], tokenizer, max_len: int, stats: Stats,
-                  chunk: int = 20_000) -> ParallelData:
+                  chunk: int = 20_000, dropout: float = 0.0) -> ParallelData:
     """Tokenize and drop pairs whose either side exceeds `max_len` subwords (+EOS/BOS).
     Streams in chunks, so only one chunk ever exists as Python strings and lists of ints
     (~36 bytes per token); the result is uint16 arrays (2 bytes per token) when the
-    vocabulary fits, int32 otherwise."""
+    vocabulary fits, int32 otherwise. dropout > 0: BPE-dropout segmentations (seeded by
+    Tokenizer.seed_dropout)."""
     big = max(tokenizer.src_vocab_size, tokenizer.tgt_vocab_size) > np.iinfo(np.uint16).max
     dtype = np.int32 if big else np.uint16
     src_parts, tgt_parts = [], []
@@ -174,8 +175,8 @@ def encode_stream(pairs: Iterable[tuple[str, str]], tokenizer, max_len: int, sta
     buf: list[tuple[str, str]] = []
 
     def flush():
-        src_ids = tokenizer.encode_src([s for s, _ in buf])
-        tgt_ids = tokenizer.encode_tgt([t for _, t in buf])
+        src_ids = tokenizer.encode_src([s for s, _ in buf], dropout)
+        tgt_ids = tokenizer.encode_tgt([t for _, t in buf], dropout)
         keep = [i for i in range(len(buf))
                 if len(src_ids[i]) + 1 <= max_len and len(tgt_ids[i]) + 1 <= max_len]
         stats.too_long += len(buf) - len(keep)

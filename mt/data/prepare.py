@@ -4,8 +4,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from mt.config import Config
-from mt.data.corpus import (Stats, clean_pairs, drop_empty, encode_pairs, encode_stream,
-                            has_split, iter_parallel, read_parallel, sample_pairs, split_paths)
+from mt.data.corpus import (ParallelData, Stats, clean_pairs, drop_empty, encode_pairs,
+                            encode_stream, has_split, iter_parallel, read_parallel, sample_pairs,
+                            split_paths)
 from mt.data.download import download
 from mt.errors import MTError
 from mt.tokenizer import Tokenizer
@@ -40,6 +41,26 @@ def prepare_data(cfg: Config, run_dir: Path, dist, log):
         raise MTError(f"{train_paths[0]}: no training pair left (empty, or longer than "
                       f"data.max_len={d.max_len})")
     return tokenizer, train_data, (vsrc, vtgt, valid_data)
+
+
+def bpe_dropout_epochs(cfg: Config, tokenizer: Tokenizer):
+    """train.bpe_dropout > 0: a function from an epoch to that epoch's training data, the
+    training split segmented anew with BPE-dropout (streamed from disk again, as in
+    prepare_data). The sampling is seeded by train.seed and the epoch, so every rank walks
+    the same data and a resumed run sees the segmentation it would have seen."""
+    d, t = cfg.data, cfg.train
+    paths = split_paths(d.dir, "train", d.src_lang, d.tgt_lang)
+
+    def epoch_data(epoch: int) -> ParallelData:
+        tokenizer.seed_dropout(t.seed * 100_003 + epoch)
+        stats = Stats()
+        data = encode_stream(clean_pairs(iter_parallel(*paths), stats), tokenizer, d.max_len,
+                             stats, dropout=t.bpe_dropout)
+        if not len(data.src):
+            raise MTError(f"{paths[0]}: with train.bpe_dropout={t.bpe_dropout} no training "
+                          f"pair fits data.max_len={d.max_len}; raise data.max_len")
+        return data
+    return epoch_data
 
 
 def ensure_data(cfg: Config, log) -> None:
