@@ -95,10 +95,16 @@ def collate(data: ParallelData, indices: np.ndarray, pin: bool = False) -> Batch
     return Batch(*tensors, n_tokens=sum(len(t) + 1 for t in tgts))
 
 
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The seed of one epoch's random draws (its shuffle, its BPE-dropout segmentation): a
+    function of (train.seed, epoch) alone, so every rank and a resumed run draw the same."""
+    return seed * 100_003 + epoch
+
+
 def epoch_batches(data: ParallelData, max_tokens: int, seed: int, epoch: int) -> list[np.ndarray]:
     # +1 on each side for EOS / BOS, the lengths the tensors will actually have.
     return token_batches(data.src.lengths + 1, data.tgt.lengths + 1, max_tokens,
-                         seed=seed * 100_003 + epoch)
+                         seed=epoch_seed(seed, epoch))
 
 
 def padding_fraction(arr: TokenArray, batches: list[np.ndarray]) -> float:

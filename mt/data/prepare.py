@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mt.config import Config
+from mt.data.batching import epoch_seed
 from mt.data.corpus import (ParallelData, Stats, clean_pairs, drop_empty, encode_pairs,
                             encode_stream, has_split, iter_parallel, read_parallel, sample_pairs,
                             split_paths)
@@ -52,7 +53,7 @@ def bpe_dropout_epochs(cfg: Config, tokenizer: Tokenizer):
     paths = split_paths(d.dir, "train", d.src_lang, d.tgt_lang)
 
     def epoch_data(epoch: int) -> ParallelData:
-        tokenizer.seed_dropout(t.seed * 100_003 + epoch)
+        tokenizer.seed_dropout(epoch_seed(t.seed, epoch))
         stats = Stats()
         data = encode_stream(clean_pairs(iter_parallel(*paths), stats), tokenizer, d.max_len,
                              stats, dropout=t.bpe_dropout)
