@@ -104,7 +104,7 @@ def _build(cfg: Config, run_dir: Path, dist, device_name: str, log, lock) -> Tra
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     trainer = Trainer(
         model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
-        train_data=train_data,
+        train_data=None if t.bpe_dropout > 0 else train_data,
         validation=Validation(vsrc, vtgt, valid_data, t.valid_beam or cfg.decode.beam),
         tokenizer=tokenizer, cfg=t, decode_cfg=cfg.decode, full_config=cfg.to_dict(),
         run_dir=run_dir, device=device, amp_dtype=dtype, log=log, dist=dist, lock=lock,

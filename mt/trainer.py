@@ -63,14 +63,16 @@ class LogWindow:
 
 
 class Trainer:
-    def __init__(self, *, model, optimizer, scheduler, scaler, train_data: ParallelData,
+    def __init__(self, *, model, optimizer, scheduler, scaler, train_data: ParallelData | None,
                  validation: Validation, tokenizer, cfg, decode_cfg, full_config: dict,
                  run_dir: Path, device: torch.device, amp_dtype: torch.dtype | None,
                  state: TrainState | None = None, log=print, dist: Dist = Dist(), lock=None,
                  loss_fn=reference_loss, tensorboard: bool = False, epoch_data=None):
         """loss_fn(model, batch, eps) -> (smoothed loss sum, NLL sum): mt.loss.reference_loss
         or mt.fast.chunked_loss. epoch_data(epoch) -> ParallelData: the training data of each
-        epoch where it changes from epoch to epoch (BPE-dropout); None: train_data always."""
+        epoch where it changes from epoch to epoch (BPE-dropout), and then train_data is None:
+        the plain segmentation would be a second copy of the split kept for nothing; None:
+        train_data always."""
         self.model, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler
         self.dist, self.loss_fn = dist, loss_fn
         # Data parallel without a DDP wrapper: every rank starts from rank 0's weights, and

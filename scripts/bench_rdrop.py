@@ -8,7 +8,7 @@ Every contender is bench_train's `ours`, the step `mt train` runs (Trainer.train
 of three losses: the plain fused loss (mt.fast.chunked_loss), R-Drop as the paper writes it (two
 passes, full logits and their KL: mt.loss.rdrop_loss) and the fused R-Drop
 (mt.fast.chunked_rdrop_loss, what `mt train` uses with the fast paths). They take turns batch by
-batch in one process (bench_train.run_interleaved), so a drift in the machine's speed hits all
+batch in one process (bench_train.interleaved_seconds), so a drift in the machine's speed hits all
 alike. Prints seconds per step and each one's ratio to the plain step; R-Drop's floor is 2x
 (every batch goes through the model twice)."""
 from __future__ import annotations
@@ -18,7 +18,7 @@ import functools
 
 import torch
 
-from bench_train import SIZES, device_batches, ours, run_interleaved, target_tokens
+from bench_train import SIZES, interleaved_seconds, ours
 from mt import fast
 from mt.loss import rdrop_loss
 
@@ -38,14 +38,12 @@ def main() -> None:
             ours, dropout=0.3, loss_fn=functools.partial(fast.chunked_rdrop_loss,
                                                          alpha=args.alpha)),
     }
-    tok_s = run_interleaved(size, args.steps, args.warmup, cpu, "fp32", contenders)
-    tokens = target_tokens(device_batches(size, args.warmup + args.steps, cpu)[args.warmup:])
-    plain = tok_s["plain (fused)"]
+    secs, tokens = interleaved_seconds(size, args.steps, args.warmup, cpu, "fp32", contenders)
+    plain = secs["plain (fused)"]
     print(f"{torch.get_num_threads()} threads, {args.steps} steps each, "
           f"{tokens // args.steps} target tokens per batch")
-    for name, rate in tok_s.items():
-        print(f"{name:20s} {tokens / rate / args.steps:.3f} s/step  "
-              f"x{plain / rate:.2f} the plain step")
+    for name, sec in secs.items():
+        print(f"{name:20s} {sec / args.steps:.3f} s/step  x{sec / plain:.2f} the plain step")
 
 
 if __name__ == "__main__":

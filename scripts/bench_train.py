@@ -227,13 +227,13 @@ def run_one(name: str, size: dict, steps: int, warmup: int, device: torch.device
             "params": sum(p.numel() for p in model.parameters())}
 
 
-def run_interleaved(size: dict, steps: int, warmup: int, device: torch.device,
-                    precision: str, contenders: dict | None = None) -> dict:
+def interleaved_seconds(size: dict, steps: int, warmup: int, device: torch.device,
+                        precision: str, contenders: dict | None = None) -> tuple[dict, int]:
     """All three contenders (or `contenders`: name -> maker like `ours`) in this one process,
     taking turns batch by batch (which one goes first rotates): a drift in the machine's speed,
     which on this VM reaches tens of percent within a minute, then hits all alike, and the
-    ratios hold. Returns target tokens/s per contender; memory is left to the separate runs
-    (here the contenders share one heap)."""
+    ratios hold. Returns (seconds of the timed steps per contender, target tokens in them);
+    memory is left to the separate runs (here the contenders share one heap)."""
     contenders = contenders or CONTENDERS
     batches = device_batches(size, warmup + steps, device)
     steps_of = {}
@@ -242,7 +242,13 @@ def run_interleaved(size: dict, steps: int, warmup: int, device: torch.device,
         model, steps_of[name] = make(size, device, precision)
         model.train()
     secs = take_turns(steps_of, batches, warmup, device, lambda: autocast(device, precision))
-    tokens = target_tokens(batches[warmup:])
+    return secs, target_tokens(batches[warmup:])
+
+
+def run_interleaved(size: dict, steps: int, warmup: int, device: torch.device,
+                    precision: str, contenders: dict | None = None) -> dict:
+    """interleaved_seconds as target tokens/s per contender."""
+    secs, tokens = interleaved_seconds(size, steps, warmup, device, precision, contenders)
     return {name: tokens / sec for name, sec in secs.items()}
 
 

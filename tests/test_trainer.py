@@ -210,11 +210,15 @@ def test_bpe_dropout_segments_each_epoch_anew_and_the_same_on_every_rank_and_res
     the same text (it decodes to the same sentences, in more pieces than the deterministic
     segmentation); an epoch's segmentation depends on (seed, epoch) alone, so another rank or
     a resumed run gets the same batches at the same (epoch, position)."""
+    first = _trainer(tmp_path)                     # the same run directory: the same BPE model
+    plain = first.train_data
+    first.close()
     t = _trainer(tmp_path, "train.bpe_dropout=0.1", "train.max_tokens=256")
+    assert t.train_data is None          # no second copy of the split in the plain segmentation
 
     def seqs(arr):
         return [arr[i].tolist() for i in range(len(arr))]
-    plain, e0, e1 = t.train_data, t.epoch_data(0), t.epoch_data(1)
+    e0, e1 = t.epoch_data(0), t.epoch_data(1)
     assert seqs(t.epoch_data(0).src) == seqs(e0.src) and seqs(t.epoch_data(0).tgt) == seqs(e0.tgt)
     assert seqs(e0.tgt) != seqs(e1.tgt) and seqs(e0.src) != seqs(plain.src)
     assert t.tokenizer.decode_tgt(seqs(e0.tgt)) == t.tokenizer.decode_tgt(seqs(plain.tgt))
