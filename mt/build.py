@@ -78,7 +78,8 @@ def _build(cfg: Config, run_dir: Path, dist, device_name: str, log, lock) -> Tra
     if t.num_threads or not dist.enabled:   # ranks sharing a machine would count each other
         choose_threads(t.num_threads, log)
     torch.manual_seed(t.seed)
-    tokenizer, train_data, (vsrc, vtgt, valid_data) = prepare_data(cfg, run_dir, dist, log)
+    tokenizer, train_data, (vsrc, vtgt, valid_data) = prepare_data(cfg, run_dir, dist, log,
+                                                                 t.bpe_dropout)
     if dist.is_main:
         record_corpus(cfg, run_dir)
         write_run_info(run_dir)
@@ -109,7 +110,8 @@ def _build(cfg: Config, run_dir: Path, dist, device_name: str, log, lock) -> Tra
         tokenizer=tokenizer, cfg=t, decode_cfg=cfg.decode, full_config=cfg.to_dict(),
         run_dir=run_dir, device=device, amp_dtype=dtype, log=log, dist=dist, lock=lock,
         loss_fn=loss_fn, tensorboard=t.tensorboard,
-        epoch_data=bpe_dropout_epochs(cfg, tokenizer) if t.bpe_dropout > 0 else None)
+        epoch_data=bpe_dropout_epochs(cfg, tokenizer, train_data) if t.bpe_dropout > 0
+        else None)
     if t.scheduled_sampling is not None:   # a wrapper around the loss, fed the update count
         ss = t.scheduled_sampling
         two_pass = ss.mode == "two_pass" or (ss.mode == "auto" and cfg.model.arch != "rnn")

@@ -205,6 +205,25 @@ def test_cooldown_brings_the_learning_rate_down_to_zero_at_the_last_step(tmp_pat
     assert logged[10] == 0.0
 
 
+def test_with_bpe_dropout_the_start_up_log_counts_the_segmentation_epoch_0_trains_on(tmp_path):
+    """With train.bpe_dropout the plain segmentation is never encoded: the counts logged at
+    start-up (pairs kept, pairs longer than data.max_len) are those of epoch 0's dropout
+    segmentation, the data the first epoch walks."""
+    first = _trainer(tmp_path)                     # the same run directory: the same BPE model
+    plain = first.train_data
+    first.close()
+    fits = int(max(plain.src.lengths.max(), plain.tgt.lengths.max())) + 1
+    assert plain.stats.too_long == 0               # every plain pair fits data.max_len=fits
+    logged = []
+    cfg = load_config(ROOT / "configs/tiny.yaml", [
+        f"data.dir={tmp_path / 'd'}", "train.bpe_dropout=0.1", f"data.max_len={fits}"])
+    t = build_trainer(cfg, tmp_path / "run", log=lambda *a, **_: logged.extend(map(str, a)))
+    epoch0 = t.epoch_data(0)
+    t.close()
+    assert epoch0.stats.too_long > 0               # dropout's longer segmentations do not fit
+    assert epoch0.stats.describe("train") in logged
+
+
 def test_bpe_dropout_segments_each_epoch_anew_and_the_same_on_every_rank_and_resume(tmp_path):
     """train.bpe_dropout (Provilkov et al. 2020): each epoch trains on a new segmentation of
     the same text (it decodes to the same sentences, in more pieces than the deterministic
@@ -218,7 +237,7 @@ def test_bpe_dropout_segments_each_epoch_anew_and_the_same_on_every_rank_and_res
 
     def seqs(arr):
         return [arr[i].tolist() for i in range(len(arr))]
-    e0, e1 = t.epoch_data(0), t.epoch_data(1)
+    e0, e1 = t.epoch_data(0), t.epoch_data(1)    # e0: the one prepare_data encoded, then a copy
     assert seqs(t.epoch_data(0).src) == seqs(e0.src) and seqs(t.epoch_data(0).tgt) == seqs(e0.tgt)
     assert seqs(e0.tgt) != seqs(e1.tgt) and seqs(e0.src) != seqs(plain.src)
     assert t.tokenizer.decode_tgt(seqs(e0.tgt)) == t.tokenizer.decode_tgt(seqs(plain.tgt))

@@ -13,11 +13,13 @@ from mt.errors import MTError
 from mt.tokenizer import Tokenizer
 
 
-def prepare_data(cfg: Config, run_dir: Path, dist, log):
+def prepare_data(cfg: Config, run_dir: Path, dist, log, bpe_dropout: float = 0.0):
     """From the data config and the run directory to what training reads: the corpus fetched
     if the config names one and data.dir has none (rank 0), the run's BPE model (trained by
     rank 0 the first time), the training split as token ids, and the valid split as text and
-    token ids. Returns (tokenizer, train data, (valid sources, valid references, valid data))."""
+    token ids. Returns (tokenizer, train data, (valid sources, valid references, valid data)).
+    bpe_dropout > 0: the training data is epoch 0's BPE-dropout segmentation (the plain one is
+    never trained on), so the logged counts are those of what the first epoch walks."""
     if dist.is_main:          # one rank downloads and trains BPE; the others wait, then read
         ensure_data(cfg, log)
     dist.wait_for_main()
@@ -32,35 +34,43 @@ def prepare_data(cfg: Config, run_dir: Path, dist, log):
         load_tokenizer(cfg, run_dir, train_paths, log)
     dist.wait_for_main()
     tokenizer = load_tokenizer(cfg, run_dir, train_paths, log)
-    # The training split is streamed: text is never held whole, only its token ids.
-    train_data = encode_stream(clean_pairs(iter_parallel(*train_paths), train_stats),
-                               tokenizer, d.max_len, train_stats)
+    train_data = encode_train(cfg, tokenizer, train_stats, bpe_dropout, epoch=0)
     valid_data = encode_pairs(vsrc, vtgt, tokenizer, cfg.max_side_len, valid_stats)
     log(train_stats.describe("train"))
     log(valid_stats.describe("valid"))
-    if not len(train_data.src):
-        raise MTError(f"{train_paths[0]}: no training pair left (empty, or longer than "
-                      f"data.max_len={d.max_len})")
     return tokenizer, train_data, (vsrc, vtgt, valid_data)
 
 
-def bpe_dropout_epochs(cfg: Config, tokenizer: Tokenizer):
-    """train.bpe_dropout > 0: a function from an epoch to that epoch's training data, the
-    training split segmented anew with BPE-dropout (streamed from disk again, as in
-    prepare_data). The sampling is seeded by train.seed and the epoch, so every rank walks
-    the same data and a resumed run sees the segmentation it would have seen."""
-    d, t = cfg.data, cfg.train
+def encode_train(cfg: Config, tokenizer: Tokenizer, stats: Stats, bpe_dropout: float,
+                 epoch: int) -> ParallelData:
+    """The training split as token ids, streamed from disk (text is never held whole, only
+    its ids); bpe_dropout > 0: the segmentation of `epoch`, seeded by train.seed and the epoch
+    alone, so every rank and a resumed run get the same one."""
+    d = cfg.data
     paths = split_paths(d.dir, "train", d.src_lang, d.tgt_lang)
+    if bpe_dropout > 0:
+        tokenizer.seed_dropout(epoch_seed(cfg.train.seed, epoch))
+    data = encode_stream(clean_pairs(iter_parallel(*paths), stats), tokenizer, d.max_len,
+                         stats, dropout=bpe_dropout)
+    if not len(data.src):
+        why = f"with train.bpe_dropout={bpe_dropout} no training pair fits data.max_len=" \
+              f"{d.max_len}; raise data.max_len" if bpe_dropout > 0 else \
+              f"no training pair left (empty, or longer than data.max_len={d.max_len})"
+        raise MTError(f"{paths[0]}: {why}")
+    return data
+
+
+def bpe_dropout_epochs(cfg: Config, tokenizer: Tokenizer, first: ParallelData):
+    """train.bpe_dropout > 0: a function from an epoch to that epoch's training data, the
+    training split segmented anew with BPE-dropout (Provilkov et al., ACL 2020). `first` is
+    epoch 0's, already encoded by prepare_data: handed out once, then dropped."""
+    kept = {0: first}
 
     def epoch_data(epoch: int) -> ParallelData:
-        tokenizer.seed_dropout(epoch_seed(t.seed, epoch))
-        stats = Stats()
-        data = encode_stream(clean_pairs(iter_parallel(*paths), stats), tokenizer, d.max_len,
-                             stats, dropout=t.bpe_dropout)
-        if not len(data.src):
-            raise MTError(f"{paths[0]}: with train.bpe_dropout={t.bpe_dropout} no training "
-                          f"pair fits data.max_len={d.max_len}; raise data.max_len")
-        return data
+        data = kept.pop(epoch, None)
+        kept.clear()                  # a resumed run starts past epoch 0: not held for nothing
+        return data if data is not None else \
+            encode_train(cfg, tokenizer, Stats(), cfg.train.bpe_dropout, epoch)
     return epoch_data
 
 
