@@ -237,7 +237,7 @@ def test_bpe_dropout_segments_each_epoch_anew_and_the_same_on_every_rank_and_res
 
     def seqs(arr):
         return [arr[i].tolist() for i in range(len(arr))]
-    e0, e1 = t.epoch_data(0), t.epoch_data(1)    # e0: the one prepare_data encoded, then a copy
+    e0, e1 = t.epoch_data(0), t.epoch_data(1)    # e0: prepare_data's encoding; then re-encoded
     assert seqs(t.epoch_data(0).src) == seqs(e0.src) and seqs(t.epoch_data(0).tgt) == seqs(e0.tgt)
     assert seqs(e0.tgt) != seqs(e1.tgt) and seqs(e0.src) != seqs(plain.src)
     assert t.tokenizer.decode_tgt(seqs(e0.tgt)) == t.tokenizer.decode_tgt(seqs(plain.tgt))
