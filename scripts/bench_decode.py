@@ -4,6 +4,11 @@ the same size. All decode exactly --steps output tokens per sentence (EOS is sup
 then), so every contender does the same work.
 
     python scripts/bench_decode.py --data-dir data/multi30k [--sentences 1000] [--json]
+    python scripts/bench_decode.py --data-dir data/multi30k --device cuda --precision bf16
+
+On a GPU both contenders run on it, under the same autocast (--precision), and the timers wait
+for the GPU (harness.sync) so that queued kernels are counted. Target tokens/s = sentences x
+--steps / seconds (the unit of CTranslate2's published table).
 """
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from harness import take_turns
+from harness import autocast, sync, take_turns
 from mt.data.batching import pad_sources
 from mt.data.corpus import read_lines
 from mt.model import Transformer
@@ -35,9 +40,11 @@ def timed(decode, ids, args) -> float:
     """Seconds for `decode` over all batches, after one untimed warm-up batch (first-call
     allocations and kernel selection would otherwise count against whoever runs first)."""
     decode(next(batches_of(ids, args.batch_size)))
+    sync(args.device)
     t0 = time.perf_counter()
     for src in batches_of(ids, args.batch_size):
         decode(src)
+    sync(args.device)
     return time.perf_counter() - t0
 
 
@@ -47,13 +54,16 @@ def taking_turns(decoders: dict, ids, args) -> dict:
     machine's speed, which on this VM reaches tens of percent within a minute, then hits all
     alike and the ratio holds."""
     batches = list(batches_of(ids, args.batch_size))
-    return take_turns(decoders, batches[:1] + batches, 1, torch.device("cpu"))
+    return take_turns(decoders, batches[:1] + batches, 1, args.device)
 
 
 def ours_decoder(model, args, use_cache: bool):
+    @torch.no_grad()
     def decode(src):
-        out = beam_search(model, src, src == PAD, args.beam, max_len_a=0, max_len_b=args.steps,
-                          min_len=args.steps - 1, use_cache=use_cache)
+        src = src.to(args.device)
+        with autocast(args.device, args.precision):
+            out = beam_search(model, src, src == PAD, args.beam, max_len_a=0,
+                              max_len_b=args.steps, min_len=args.steps - 1, use_cache=use_cache)
         assert all(len(h) == args.steps - 1 for h in out)
     return decode
 
@@ -90,13 +100,15 @@ def hf_decoder(vocab, args):
                        decoder_ffn_dim=1024, activation_function="relu", max_position_embeddings=256,
                        pad_token_id=PAD, eos_token_id=EOS, decoder_start_token_id=BOS,
                        forced_eos_token_id=None, share_encoder_decoder_embeddings=True)
-    model = MarianMTModel(cfg).eval()
+    model = MarianMTModel(cfg).eval().to(args.device)
 
     @torch.no_grad()
     def decode(src):
-        out = model.generate(input_ids=src, attention_mask=src != PAD, num_beams=args.beam,
-                             min_new_tokens=args.steps, max_new_tokens=args.steps,
-                             do_sample=False, early_stopping=False)
+        src = src.to(args.device)
+        with autocast(args.device, args.precision):
+            out = model.generate(input_ids=src, attention_mask=src != PAD, num_beams=args.beam,
+                                 min_new_tokens=args.steps, max_new_tokens=args.steps,
+                                 do_sample=False, early_stopping=False)
         assert out.shape[1] == args.steps + 1                         # + decoder start token
     return decode
 
@@ -114,7 +126,7 @@ def setup(args):
     model = Transformer(src_vocab=tok.src_vocab_size, tgt_vocab=tok.tgt_vocab_size, d_model=256,
                         n_heads=4, enc_layers=3, dec_layers=3, d_ff=1024, dropout=0.1,
                         attn_dropout=0.0, pre_norm=False, tie_embeddings="all",
-                        max_positions=256).eval()
+                        max_positions=256).eval().to(args.device)
     return tok, ids, model
 
 
@@ -131,11 +143,19 @@ def main() -> None:
     ap.add_argument("--skip-nocache", action="store_true")
     ap.add_argument("--ctranslate2", action="store_true",
                     help="also CTranslate2 on the same model (pip install 'mt[export]')")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                    help="autocast for both contenders (bf16 is meant for a GPU)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    args.device = torch.device(args.device)
+    if args.ctranslate2 and args.device.type != "cpu":
+        ap.error("--ctranslate2 is measured on the CPU only")
     tok, ids, model = setup(args)
+    where = (torch.cuda.get_device_name(0) if args.device.type == "cuda"
+             else f"{torch.get_num_threads()} threads")
     print(f"{len(ids)} sentences, beam {args.beam}, batches of {args.batch_size}, {args.steps} "
-          f"output tokens each, {torch.get_num_threads()} threads")
+          f"output tokens each, {where}, {args.precision}")
     result = measure(args, tok, ids, model)
     if "ratio_nocache" in result:
         print(f"speed-up over no cache: {result['ratio_nocache']:.2f}x")
@@ -154,8 +174,10 @@ def measure(args, tok, ids, model) -> dict:
         runs["ours"].append(timed(ours_dec, ids, args))
         runs["hf"].append(timed(hf_dec, ids, args))
     ours, hf = statistics.median(runs["ours"]), statistics.median(runs["hf"])
-    print(f"mt (KV cache)      {ours:7.2f} s  {n / ours:7.1f} sent/s   (median of {args.repeats})")
-    print(f"HF Marian generate {hf:7.2f} s  {n / hf:7.1f} sent/s")
+    tok_s = n * args.steps
+    print(f"mt (KV cache)      {ours:7.2f} s  {n / ours:7.1f} sent/s  {tok_s / ours:9.0f} tgt tok/s"
+          f"   (median of {args.repeats})")
+    print(f"HF Marian generate {hf:7.2f} s  {n / hf:7.1f} sent/s  {tok_s / hf:9.0f} tgt tok/s")
     contenders = {"ours": ours_dec, "hf": hf_dec}
     if args.ctranslate2:
         import tempfile
@@ -163,6 +185,7 @@ def measure(args, tok, ids, model) -> dict:
     turns = taking_turns(contenders, ids, args)
     print("taking turns batch by batch: " + ", ".join(f"{k} {v:.2f} s" for k, v in turns.items()))
     result = {"sentences": n, "ours_s": round(ours, 2), "ours_sent_s": round(n / ours, 2),
+              "ours_tgt_tok_s": round(tok_s / ours), "hf_tgt_tok_s": round(tok_s / hf),
               "hf_s": round(hf, 2), "ratio_hf": round(hf / ours, 2),
               "ours_s_turns": round(turns["ours"], 2), "hf_s_turns": round(turns["hf"], 2),
               "ratio_hf_turns": round(turns["hf"] / turns["ours"], 2)}

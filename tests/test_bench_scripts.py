@@ -111,6 +111,7 @@ def test_bench_decode_turns_rotate_who_goes_first():
     """Every contender decodes every batch once (after one warm-up batch), and the one that
     goes first rotates, so neither always meets the machine warmed (or slowed) by the other."""
     import numpy as np
+    import torch
     bench = _load("bench_decode")
     calls = []
     decoders = {name: (lambda src, name=name: calls.append((name, src.shape[0])))
@@ -118,6 +119,7 @@ def test_bench_decode_turns_rotate_who_goes_first():
 
     class Args:
         batch_size = 2
+        device = torch.device("cpu")
     ids = [np.arange(1, n + 2) for n in range(7)]                    # 4 batches: 2, 2, 2, 1
     secs = bench.taking_turns(decoders, ids, Args)
     assert set(secs) == {"ours", "hf"} and all(s >= 0 for s in secs.values())

@@ -1,0 +1,141 @@
+"""On a CUDA GPU, the code paths a CPU never takes: the fast model and the fused loss on CUDA
+tensors, bf16 autocast, fp16 with the GradScaler, and decoding on the GPU against the CPU.
+Skipped where no GPU is visible (CI); run on a lent GPU by scripts/gpu_check.sh."""
+import json
+
+import pytest
+import torch
+
+from mt import fast
+from mt.loss import label_smoothed_nll, reference_loss
+from mt.tokens import PAD
+from tests.conftest import ROOT, run_mt
+from tests.test_fast_paths import _padded_batch, _small_model
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+CUDA = torch.device("cuda")
+
+
+@pytest.fixture(autouse=True)
+def exact_fp32_matmuls():
+    """fp32 comparisons mean fp32: TF32 matmuls (10-bit mantissa) would need bf16 tolerances."""
+    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double().cpu(), b.double().cpu()
+    return ((a - b).norm() / b.norm()).item()
+
+
+def _loss_and_grads(model, batch, loss_fn, device, amp=None):
+    model.to(device).train()
+    with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
+        loss, nll = loss_fn(model, batch.to(device), 0.1)
+    (loss * 0.01).backward()
+    return loss.detach().float(), nll.detach().float(), {
+        n: p.grad.detach() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("arch,norm", [("transformer", "post"), ("transformer", "pre"),
+                                       ("decoder_only", "post"), ("rnn", "post")])
+def test_fast_model_on_cuda_equals_the_reference_on_cpu(arch, norm):
+    """The model as training runs it on a GPU (fast modules installed, chunked loss, CUDA
+    kernels) gives the CPU reference model's loss and every gradient, in fp32."""
+    from mt.fast import chunked_loss
+    batch = _padded_batch()
+    ref = _loss_and_grads(_small_model(arch, norm), batch, reference_loss, torch.device("cpu"))
+    got = _loss_and_grads(fast.install(_small_model(arch, norm)), batch, chunked_loss, CUDA)
+    assert _rel(got[0], ref[0]) < 1e-5 and _rel(got[1], ref[1]) < 1e-5
+    assert got[2].keys() == ref[2].keys()
+    for name, g in ref[2].items():
+        assert _rel(got[2][name], g) < 1e-4, name
+
+
+@pytest.mark.parametrize("amp", [torch.bfloat16, torch.float16])
+def test_autocast_training_step_tracks_fp32(amp):
+    """Under bf16 / fp16 autocast the loss and gradients stay fp32's within half precision, and
+    the loss comes back in fp32 (log-softmax and the loss are computed in fp32)."""
+    from mt.fast import chunked_loss
+    batch = _padded_batch()
+    ref = _loss_and_grads(fast.install(_small_model()), batch, chunked_loss, CUDA)
+    model = fast.install(_small_model())
+    model.to(CUDA).train()
+    with torch.autocast("cuda", dtype=amp):
+        loss, _ = chunked_loss(model, batch.to(CUDA), 0.1)
+    assert loss.dtype == torch.float32
+    got = _loss_and_grads(fast.install(_small_model()), batch, chunked_loss, CUDA, amp=amp)
+    assert _rel(got[0], ref[0]) < 1e-2
+    for name, g in ref[2].items():
+        # whole-tensor relative error; 0.06 (bf16) and 0.07 (fp16, unscaled small gradients)
+        # seen with CPU autocast
+        assert _rel(got[2][name], g) < 0.15, name
+        assert got[2][name].dtype == torch.float32, name     # fp32 master weights
+
+
+@pytest.mark.parametrize("spread", [1.0, 40.0])
+def test_fused_loss_on_cuda_matches_fp64(spread):
+    """The fused projection + loss on CUDA (where every chunk takes the logsumexp branch)
+    against the fp64 CPU reference, also when target probabilities underflow in fp32."""
+    from mt.fast.loss import linear_smoothed_cross_entropy
+    g = torch.Generator().manual_seed(5)
+    h = torch.randn(700, 32, generator=g, dtype=torch.float64)
+    w = torch.randn(300, 32, generator=g, dtype=torch.float64) * spread / 6
+    y = torch.randint(1, 300, (700,), generator=g)
+    ha, wa = h.clone().requires_grad_(), w.clone().requires_grad_()
+    ref_loss, ref_nll, _ = label_smoothed_nll(torch.log_softmax(ha @ wa.t(), -1), y, 0.1, PAD)
+    ref_loss.backward()
+    hb = h.float().to(CUDA).requires_grad_()
+    wb = w.float().to(CUDA).requires_grad_()
+    loss, nll = linear_smoothed_cross_entropy(hb, wb, y.to(CUDA), 0.1, chunk=256)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(hb.grad).all()
+    assert _rel(loss.detach(), ref_loss.detach()) < 1e-5
+    assert _rel(nll, ref_nll.detach()) < 1e-5
+    assert _rel(hb.grad, ha.grad) < 1e-4 and _rel(wb.grad, wa.grad) < 1e-4
+
+
+def _train(tmp_path, precision):
+    run = tmp_path / precision
+    proc = run_mt("train", ROOT / "configs/tiny.yaml", "--run-dir", run,
+                  "--set", f"data.dir={tmp_path / 'data'}", "train.max_steps=200",
+                  "train.valid_every=200", "train.save_every=100", "train.log_every=20",
+                  "train.device=cuda", f"train.precision={precision}")
+    assert proc.returncode == 0, proc.stderr
+    return run
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mt_train_on_cuda_learns_and_saves_fp32_weights(tmp_path, precision):
+    """`mt train` on the GPU in bf16 and fp16: the training loss falls, every logged loss is
+    finite, the checkpoint holds fp32 weights on the CPU side of torch.load, and fp16 keeps its
+    GradScaler state (so a resumed run scales as the interrupted one did)."""
+    run = _train(tmp_path, precision)
+    records = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in records if "loss" in r and "valid_bleu" not in r]
+    assert losses and all(l == l and l < 1e4 for l in losses), losses   # no NaN, no overflow
+    assert losses[-1] < 0.7 * losses[0], losses
+    ckpt = torch.load(run / "last.pt", map_location="cpu", weights_only=False)
+    assert all(t.dtype == torch.float32 for t in ckpt["model"].values() if t.is_floating_point())
+    assert ckpt["config"]["train"]["precision"] == precision
+    if precision == "fp16":
+        assert ckpt["scaler"].get("scale", 0) > 0, ckpt["scaler"]
+
+
+def test_decoding_on_cuda_equals_decoding_on_cpu(tmp_path):
+    """One checkpoint, decoded on the GPU in fp32 and on the CPU: the same translations (beam
+    search with length penalty, batched with padding), apart from rare near-ties."""
+    run = _train(tmp_path, "bf16")
+    src = tmp_path / "data" / "valid.src"
+    outs = {}
+    for device in ["cuda", "cpu"]:
+        hyp = tmp_path / f"hyp.{device}"
+        proc = run_mt("translate", run, "-i", src, "-o", hyp, "--device", device,
+                      "--precision", "fp32")
+        assert proc.returncode == 0, proc.stderr
+        outs[device] = hyp.read_text().splitlines()
+    assert len(outs["cuda"]) == len(outs["cpu"]) > 50
+    same = sum(a == b for a, b in zip(outs["cuda"], outs["cpu"]))
+    assert same >= 0.95 * len(outs["cpu"]), same
