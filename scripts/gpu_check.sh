@@ -46,7 +46,7 @@ python3 -c "import torch, mt; print('torch', torch.__version__, 'cuda', torch.ve
 step "item 5: one CPU-trained checkpoint decoded on the GPU (auto precision, then fp32)"
 for prec in auto fp32; do
     t0=$(date +%s.%N)
-    timeout 120 mt translate .gpu/en_de/best.pt -i data/multi30k/test.en -o "$out/gpu_$prec.hyp.de" \
+    timeout 60 mt translate .gpu/en_de/best.pt -i data/multi30k/test.en -o "$out/gpu_$prec.hyp.de" \
         --device cuda --precision "$prec" --force
     echo "decode $prec: $(python3 -c "print(round($(date +%s.%N) - $t0, 1))") s for the whole command"
     mt eval --hyp "$out/gpu_$prec.hyp.de" --ref data/multi30k/test.de --lc-tok de
@@ -59,17 +59,17 @@ done
 mt eval --hyp .gpu/en_de/cpu.test.hyp.de --ref data/multi30k/test.de --lc-tok de
 
 step "item 2: training throughput, bf16"
-timeout 150 python3 scripts/bench_train.py --device cuda --precision bf16 --size base --max-tokens 32768
-timeout 100 python3 scripts/bench_train.py --device cuda --precision bf16 --size small --max-tokens 32768
+timeout 110 python3 scripts/bench_train.py --device cuda --precision bf16 --size base --max-tokens 32768 --repeats 2
+timeout 70 python3 scripts/bench_train.py --device cuda --precision bf16 --size small --max-tokens 32768 --repeats 1
 
 step "item 3: beam-5 decoding speed, bf16 and fp32"
-timeout 100 python3 scripts/bench_decode.py --data-dir data/multi30k --device cuda --precision bf16 --skip-nocache
-timeout 60 python3 scripts/bench_decode.py --data-dir data/multi30k --device cuda --precision fp32 --skip-nocache --repeats 1
+timeout 80 python3 scripts/bench_decode.py --data-dir data/multi30k --device cuda --precision bf16 --skip-nocache
+timeout 40 python3 scripts/bench_decode.py --data-dir data/multi30k --device cuda --precision fp32 --skip-nocache --repeats 1
 
 step "item 1: the test suite on the GPU (item 4's shipped En->De run trains beside it)"
 mt train configs/multi30k_en_de.yaml --run-dir runs/gpu_en_de > "$out/train_en_de.log" 2>&1 &
 train=$!
-timeout ${PYTEST_SECONDS:-200} python3 -m pytest -q -n 8 -p no:cacheprovider --timeout 150 \
+timeout ${PYTEST_SECONDS:-170} python3 -m pytest -q -n 8 -p no:cacheprovider --timeout 150 \
     > "$out/pytest.log" 2>&1
 tail -40 "$out/pytest.log"
 kill -INT $train 2>/dev/null; sleep 5
