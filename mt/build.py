@@ -10,7 +10,7 @@ import torch
 from mt import checkpoint, fast
 from mt.config import Config
 from mt.data.prepare import bpe_dropout_epochs, prepare_data
-from mt.device import amp_dtype, pick_device
+from mt.device import PRECISION_NAMES, amp_dtype, pick_device
 from mt.distributed import setup
 from mt.errors import MTError
 from mt.loss import rdrop_loss, reference_loss
@@ -123,4 +123,5 @@ def _build(cfg: Config, run_dir: Path, dist, device_name: str, log, lock) -> Tra
     elif has_checkpoint(run_dir):
         raise MTError(f"no readable last.pt in {run_dir} to resume from; move the damaged "
                       f"files away to start over")
+    trainer.state.precision = PRECISION_NAMES[dtype]
     return trainer

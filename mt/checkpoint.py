@@ -132,6 +132,14 @@ def set_decoding(ckpt: dict, beam: int, length_penalty: float) -> None:
     ckpt["config"]["decode"].update(beam=beam, length_penalty=length_penalty)
 
 
+def trained_precision(ckpt: dict) -> str:
+    """What the run computed in: the precision its trainer resolved (train.precision "auto"
+    is fp32 on a CPU, bf16 on an Ampere or later GPU), else, in checkpoints from before that
+    was recorded, the config's train.precision."""
+    return ckpt.get("train_state", {}).get("precision") or ckpt["config"]["train"].get(
+        "precision", "auto")
+
+
 def set_train_state(ckpt: dict, train_state: dict) -> None:
     ckpt["train_state"] = train_state
 

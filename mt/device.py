@@ -6,6 +6,7 @@ import torch
 from mt.errors import MTError
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+PRECISION_NAMES = {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 def pick_device(name: str) -> torch.device:
@@ -34,8 +35,9 @@ def amp_dtype(precision: str, device: torch.device) -> torch.dtype | None:
 
 
 def decode_dtype(requested: str, trained: str, device: torch.device) -> torch.dtype | None:
-    """Decoding precision: "auto" follows the checkpoint's train.precision on a GPU (a run
-    trained in fp32 is decoded in fp32) and is fp32 on CPU; anything else is taken as asked."""
+    """Decoding precision: "auto" follows the precision the run trained in on a GPU (a run
+    trained in fp32, e.g. on a CPU, is decoded in fp32; see checkpoint.trained_precision) and
+    is fp32 on CPU; anything else is taken as asked."""
     if requested not in PRECISIONS:
         raise MTError(f"--precision {requested!r}: use one of {', '.join(PRECISIONS)}")
     if requested == "auto":

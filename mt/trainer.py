@@ -41,6 +41,9 @@ class TrainState:
     nonfinite_in_a_row: int = 0
     oom_skipped: int = 0          # updates dropped after running out of memory (any rank)
     fp16_skipped: int = 0         # updates the fp16 GradScaler skipped (inf/NaN gradients)
+    # what training last computed in ("fp32", "bf16", "fp16"): train.precision "auto"
+    # resolved on the device it ran on, so that decoding can follow the run, not its config
+    precision: str = ""
 
     def state_dict(self) -> dict:
         return asdict(self)

@@ -104,7 +104,7 @@ class Translator:
         cfg, tokenizer, model = checkpoint.model_of(ckpt, source)
         dev = pick_device(device)
         return cls(model.to(dev).eval(), tokenizer, cfg.decode, dev,
-                   decode_dtype(precision, cfg.train.precision, dev))
+                   decode_dtype(precision, checkpoint.trained_precision(ckpt), dev))
 
     def describe(self, paths: list, options: dict, nbest: int = 1,
                  sampling: Sampling | None = None) -> str:
