@@ -56,11 +56,25 @@ class Forecast:
         if self.done or steps < self.MEASURE_STEPS or elapsed < self.MEASURE_SECONDS:
             return None
         self.done = True
-        self.sec_per_step = elapsed / steps
+        return self._end(step, seconds, elapsed / steps, max_steps, budget)
+
+    def revise(self, step: int, seconds: float, max_steps: int, budget: float) -> int | None:
+        """The end step again, from the speed since the last forecast (validations included,
+        which the time budget counts too); None before the first forecast. On a GPU the first
+        updates ran about 5 times slower than later ones (docs/gpu.md), so a forecast made from
+        them alone would end the progress bar thousands of steps early."""
+        if not self.done or step <= self.now_step or seconds <= self.now_seconds:
+            return None
+        return self._end(step, seconds, (seconds - self.now_seconds) / (step - self.now_step),
+                         max_steps, budget)
+
+    def _end(self, step: int, seconds: float, sec_per_step: float, max_steps: int,
+             budget: float) -> int:
+        self.sec_per_step = sec_per_step
         self.now_step, self.now_seconds = step, seconds
         end = max_steps
         if budget > 0:
-            end = min(max_steps, step + int(max(0.0, budget - seconds) / self.sec_per_step))
+            end = min(max_steps, step + int(max(0.0, budget - seconds) / sec_per_step))
         self.end_step = max(end, step)
         return self.end_step
 

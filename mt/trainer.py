@@ -371,6 +371,11 @@ class Trainer:
                                          60 * cfg.max_minutes)
         if end_step is not None:
             self._say(self._forecast.describe(cfg.max_steps, cfg.max_minutes))
+        elif st.step % cfg.valid_every == 0:
+            # silently, from the speed since: the first updates can be unrepresentative
+            end_step = self._forecast.revise(st.step, st.train_seconds, cfg.max_steps,
+                                             60 * cfg.max_minutes)
+        if end_step is not None and end_step != bar.total:
             bar.total = end_step     # a time budget ends the bar (and its ETA) earlier
             bar.refresh()
 

@@ -258,3 +258,19 @@ def test_bpe_dropout_segments_each_epoch_anew_and_the_same_on_every_rank_and_res
     again.close()
     assert all(torch.equal(a.src, b.src) and torch.equal(a.tgt_out, b.tgt_out)
                for a, b in zip(first, second))
+
+
+def test_forecast_is_revised_from_the_recent_speed():
+    """The first forecast comes from the first updates; a revision uses the speed since then,
+    so a run whose first updates were slow (a GPU's, docs/gpu.md) is forecast to reach
+    max_steps once it is fast, and a budget still cuts it when the speed does not allow it."""
+    from mt.progress import Forecast
+    f = Forecast(step=0, seconds=0.0)
+    assert f.revise(100, 10.0, 30_000, 3600.0) is None            # nothing forecast yet
+    assert f.update(50, 12.5, 30_000, 3600.0) == 50 + int(3587.5 / 0.25)   # 0.25 s/update
+    assert f.update(60, 15.0, 30_000, 3600.0) is None              # said once
+    assert f.revise(1050, 62.5, 30_000, 3600.0) == 30_000          # 0.05 s/update since
+    assert f.sec_per_step == pytest.approx(0.05)
+    assert f.revise(1050, 62.5, 30_000, 3600.0) is None            # no step since
+    assert f.revise(2050, 362.5, 30_000, 3600.0) == 2050 + int(3237.5 / 0.3)
+    assert f.revise(3050, 400.0, 30_000, 0.0) == 30_000            # no budget: max_steps
