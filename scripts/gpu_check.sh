@@ -55,9 +55,12 @@ probe)
     ;;
 tests)
     step "item 1: the test suite on the GPU, alone"
-    timeout "${PYTEST_SECONDS:-240}" python3 -m pytest -q -n 12 -p no:cacheprovider -rf \
+    # -v: each result is named as it happens, so a run cut by the time limit still says which
+    # tests failed (the first lease's -q log ended at the limit with two unnamed F's)
+    timeout "${PYTEST_SECONDS:-240}" python3 -m pytest -v -n 12 -p no:cacheprovider -rf \
         --timeout 200 > "$out/pytest.log" 2>&1
-    grep -v "PytestBenchmarkWarning\|warner(" "$out/pytest.log" | tail -40
+    grep -c " PASSED " "$out/pytest.log"
+    grep -E " (FAILED|ERROR) |^(FAILED|ERROR) |passed|failed" "$out/pytest.log" | tail -40
     ;;
 decode)
     step "item 5: one CPU-trained checkpoint decoded on the GPU (auto precision, then fp32)"
