@@ -6,7 +6,9 @@ import torch
 from mt.errors import MTError
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
-PRECISION_NAMES = {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+# each explicit precision's autocast dtype (None: plain fp32), and back
+AMP_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+PRECISION_NAMES = {dtype: name for name, dtype in AMP_DTYPES.items()}
 
 
 def pick_device(name: str) -> torch.device:
@@ -31,7 +33,7 @@ def amp_dtype(precision: str, device: torch.device) -> torch.dtype | None:
         if device.type != "cuda":
             return None
         return torch.bfloat16 if native_bf16(device) else torch.float16
-    return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    return AMP_DTYPES[precision]
 
 
 def decode_dtype(requested: str, trained: str, device: torch.device) -> torch.dtype | None:

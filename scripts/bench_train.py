@@ -210,9 +210,6 @@ def run_one(name: str, size: dict, steps: int, warmup: int, device: torch.device
         torch.cuda.reset_peak_memory_stats()
     tokens = target_tokens(batches[warmup:])
     flops = sum(useful_flops(b, size) for b in batches[warmup:])
-    # The machine's matmul speed right before and after the timed steps: this VM's speed
-    # drifts by tens of percent within minutes, so a peak measured apart from the run can put
-    # the utilization anywhere (once above 100%).
     first_sight = None
     if device.type == "cuda":
         # On a GPU the first steps were far slower than later ones: on an H100 the shipped
@@ -226,6 +223,9 @@ def run_one(name: str, size: dict, steps: int, warmup: int, device: torch.device
         run(batches[warmup:])
         sync(device)
         first_sight = tokens / (time.perf_counter() - t0)
+    # The machine's matmul speed right before and after the timed steps: this VM's speed
+    # drifts by tens of percent within minutes, so a peak measured apart from the run can put
+    # the utilization anywhere (once above 100%).
     before = matmul_peak(device, matmul_n)
     t0 = time.perf_counter()
     run(batches[warmup:])
