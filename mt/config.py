@@ -56,6 +56,10 @@ class ModelConfig(_Section):
     d_ff: int = Field(1024, ge=1)
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
     attn_dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    # dropout on the FFN's hidden activation (tensor2tensor's relu_dropout; fairseq's
+    # activation_dropout, 0 by default there and in Wu et al. 2021's transformer_tiny)
+    act_dropout: float | None = Field(None, ge=0.0, lt=1.0, description="dropout on the "
+                                      "FFN's hidden activation; unset = model.dropout")
     norm: Literal["post", "pre"] = "post"
     # none: three matrices; decoder: target embedding = output projection (Press & Wolf 2017);
     # all: source, target and output share one matrix (needs tokenizer.joint).
@@ -71,6 +75,9 @@ class ModelConfig(_Section):
                 raise ValueError(f"model.positional: {self.positional} applies to the "
                                  f"transformer and decoder_only archs; an rnn reads positions "
                                  f"by its recurrence (remove the key)")
+            if self.act_dropout is not None:
+                raise ValueError("model.act_dropout applies to the Transformer's feed-forward "
+                                 "layers; an rnn has none (remove the key)")
             if self.d_model % 2:
                 raise ValueError(f"model.d_model ({self.d_model}) must be even for the "
                                  f"bidirectional rnn encoder")

@@ -26,7 +26,8 @@ RESUMABLE = ("train.max_steps", "train.max_minutes", "train.log_every", "train.v
 # and the BPE model were made for them.
 FIXED_SECTIONS = ("model", "tokenizer")
 FIXED_KEYS = ("data.src_lang", "data.tgt_lang")
-CHANGEABLE_IN_MODEL = ("model.dropout", "model.attn_dropout",   # no shape depends on them
+# ...except these, on which no shape depends
+CHANGEABLE_IN_MODEL = ("model.dropout", "model.attn_dropout", "model.act_dropout",
                        "model.init_encoder")
 
 LOCK_NAME = ".lock"

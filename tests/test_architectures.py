@@ -127,11 +127,44 @@ def test_rnn_attention_weights_are_a_distribution_over_the_source():
     assert float(w[1, :, :, 3:].abs().max()) == 0.0
 
 
+@pytest.mark.parametrize("arch", ["transformer", "decoder_only"])
+@pytest.mark.parametrize("installed", [False, True])
+def test_act_dropout_is_the_feed_forward_hidden_dropout_alone(arch, installed):
+    """model.act_dropout (fairseq's activation_dropout) drops the FFN's hidden activation and
+    nothing else, on the reference modules and with the fast paths swapped in. With every
+    other dropout 0, act_dropout 0 trains exactly as eval mode computes and 0.5 does not;
+    left unset it is model.dropout, so earlier configs and checkpoints train as before."""
+    from mt import fast
+
+    def out(train, seed=0, **kw):
+        torch.manual_seed(0)
+        model = build_model(ModelConfig(arch=arch, d_model=32, n_heads=4, enc_layers=2,
+                                        dec_layers=2, d_ff=64, max_positions=64, **kw), V, V)
+        if installed:
+            fast.install(model)
+        model.train(train)
+        torch.manual_seed(seed)
+        src, tgt = make_src([9, 3, 6, 4]), torch.randint(4, V, (4, 8))
+        return model(src, tgt, src == PAD)
+
+    plain = dict(dropout=0.0, attn_dropout=0.0)
+    torch.testing.assert_close(out(True, **plain, act_dropout=0.0), out(False, **plain))
+    assert not torch.allclose(out(True, **plain, act_dropout=0.5), out(False, **plain))
+    # act_dropout 0 under dropout 0.3: what is left is the residual and embedding dropout
+    assert not torch.allclose(out(True, dropout=0.3, act_dropout=0.0), out(False, **plain))
+    for seed in (1, 2):
+        torch.testing.assert_close(out(True, seed, dropout=0.3),
+                                   out(True, seed, dropout=0.3, act_dropout=0.3))
+        assert not torch.allclose(out(True, seed, dropout=0.3),
+                                  out(True, seed, dropout=0.3, act_dropout=0.0))
+
+
 @pytest.mark.parametrize("overrides,needle", [
     (["model.arch=transformer", "model.attention=luong"], "model.attention"),
     (["model.arch=rnn", "model.positional=relative"], "model.positional"),
     (["model.arch=gru"], "model.arch"),
     (["model.positional=rotary"], "model.positional"),
+    (["model.arch=rnn", "model.act_dropout=0.1"], "model.act_dropout"),
 ])
 def test_bad_architecture_settings_are_one_line_errors(tmp_path, overrides, needle):
     proc = run_mt("train", ROOT / "configs/tiny.yaml", "--run-dir", tmp_path / "run",

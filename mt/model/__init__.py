@@ -20,6 +20,7 @@ def build_model(cfg, src_vocab: int, tgt_vocab: int) -> Seq2Seq:
         return RNNSeq2Seq(enc_layers=cfg.enc_layers, dec_layers=cfg.dec_layers,
                           attention=cfg.attention, **common)
     attn = dict(n_heads=cfg.n_heads, d_ff=cfg.d_ff, attn_dropout=cfg.attn_dropout,
+                act_dropout=cfg.act_dropout,
                 pre_norm=cfg.norm == "pre", positional=cfg.positional,
                 max_relative=cfg.max_relative, **common)
     if cfg.arch == "decoder_only":

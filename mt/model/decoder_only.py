@@ -25,7 +25,7 @@ class DecoderOnly(Seq2Seq):
     def __init__(self, *, src_vocab: int, tgt_vocab: int, d_model: int, n_heads: int,
                  layers: int, d_ff: int, dropout: float, attn_dropout: float, pre_norm: bool,
                  tie_embeddings: str, max_positions: int, positional: str = "sinusoidal",
-                 max_relative: int = 16):
+                 max_relative: int = 16, act_dropout: float | None = None):
         super().__init__()
         self.d_model = d_model
         # Source and target share the position range: search and translation limit each side
@@ -37,7 +37,8 @@ class DecoderOnly(Seq2Seq):
         self.dropout = nn.Dropout(dropout)
         self.layers = nn.ModuleList(
             EncoderLayer(d_model, n_heads, d_ff, dropout, attn_dropout, pre_norm,
-                         max_relative if self.relative else 0) for _ in range(layers))
+                         max_relative if self.relative else 0, act_dropout=act_dropout)
+            for _ in range(layers))
         self.final_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
         init_weights(self)
 

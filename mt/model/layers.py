@@ -10,7 +10,8 @@ from mt.model.attention import MultiHeadAttention
 
 class FeedForward(nn.Module):
     """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2, applied to each position alone (sec. 3.3), with
-    dropout on the hidden activation."""
+    dropout on the hidden activation (tensor2tensor's relu_dropout, fairseq's
+    activation_dropout; `model.act_dropout`)."""
 
     def __init__(self, d_model: int, d_ff: int, dropout: float):
         super().__init__()
@@ -40,11 +41,12 @@ class EncoderLayer(nn.Module):
     """Self-attention + FFN. Also the block of the decoder-only model, which passes a causal
     mask and a cache."""
 
-    def __init__(self, d_model, n_heads, d_ff, dropout, attn_dropout, pre_norm, relative=0):
+    def __init__(self, d_model, n_heads, d_ff, dropout, attn_dropout, pre_norm, relative=0,
+                 act_dropout=None):
         super().__init__()
         self.self_attn = MultiHeadAttention(d_model, n_heads, attn_dropout, self_attention=True,
                                             relative=relative)
-        self.ffn = FeedForward(d_model, d_ff, dropout)
+        self.ffn = FeedForward(d_model, d_ff, dropout if act_dropout is None else act_dropout)
         self.res1 = Residual(d_model, dropout, pre_norm)
         self.res2 = Residual(d_model, dropout, pre_norm)
 
@@ -63,12 +65,13 @@ class EncoderLayer(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, d_model, n_heads, d_ff, dropout, attn_dropout, pre_norm, relative=0):
+    def __init__(self, d_model, n_heads, d_ff, dropout, attn_dropout, pre_norm, relative=0,
+                 act_dropout=None):
         super().__init__()
         self.self_attn = MultiHeadAttention(d_model, n_heads, attn_dropout, self_attention=True,
                                             relative=relative)
         self.cross_attn = MultiHeadAttention(d_model, n_heads, attn_dropout, self_attention=False)
-        self.ffn = FeedForward(d_model, d_ff, dropout)
+        self.ffn = FeedForward(d_model, d_ff, dropout if act_dropout is None else act_dropout)
         self.res1 = Residual(d_model, dropout, pre_norm)
         self.res2 = Residual(d_model, dropout, pre_norm)
         self.res3 = Residual(d_model, dropout, pre_norm)

@@ -19,7 +19,8 @@ class Transformer(Seq2Seq):
     def __init__(self, *, src_vocab: int, tgt_vocab: int, d_model: int, n_heads: int,
                  enc_layers: int, dec_layers: int, d_ff: int, dropout: float,
                  attn_dropout: float, pre_norm: bool, tie_embeddings: str, max_positions: int,
-                 positional: str = "sinusoidal", max_relative: int = 16):
+                 positional: str = "sinusoidal", max_relative: int = 16,
+                 act_dropout: float | None = None):
         super().__init__()
         self.d_model, self.max_positions = d_model, max_positions
         make_embeddings(self, src_vocab, tgt_vocab, d_model, tie_embeddings)
@@ -28,8 +29,10 @@ class Transformer(Seq2Seq):
         self.dropout = nn.Dropout(dropout)
         layer_args = (d_model, n_heads, d_ff, dropout, attn_dropout, pre_norm,
                       max_relative if self.relative else 0)
-        self.encoder = nn.ModuleList(EncoderLayer(*layer_args) for _ in range(enc_layers))
-        self.decoder = nn.ModuleList(DecoderLayer(*layer_args) for _ in range(dec_layers))
+        self.encoder = nn.ModuleList(EncoderLayer(*layer_args, act_dropout=act_dropout)
+                                     for _ in range(enc_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(*layer_args, act_dropout=act_dropout)
+                                     for _ in range(dec_layers))
         # Pre-LN leaves the residual stream unnormalised, so each stack ends with a LayerNorm.
         self.enc_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
         self.dec_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
