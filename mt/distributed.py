@@ -11,6 +11,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from mt.errors import MTError
+
 
 @dataclass(frozen=True)
 class Dist:
@@ -108,6 +110,12 @@ def setup(device_name: str, timeout_minutes: float = 30.0,
         return Dist(), device_name
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     use_cuda = device_name != "cpu" and torch.cuda.is_available()
+    if use_cuda and local_rank >= torch.cuda.device_count():
+        # torch.cuda.set_device would fail later with a bare "invalid device ordinal"
+        n = torch.cuda.device_count()
+        raise MTError(f"torchrun started more processes on this machine than it has GPUs "
+                      f"(LOCAL_RANK {local_rank}, {n} GPU{'s' * (n != 1)} visible): use "
+                      f"--nproc-per-node {n}, one process per GPU, or train.device: cpu")
     if not dist.is_initialized():
         dist.init_process_group(backend="nccl" if use_cuda else "gloo",
                                 timeout=timedelta(minutes=timeout_minutes))

@@ -43,6 +43,10 @@ SIZES = {
     "base": dict(layers=6, d_model=512, heads=8, d_ff=2048, vocab=8000, max_tokens=8192),
 }
 PAD, BOS, EOS = 0, 2, 3
+# --no-fast-paths: mt's contender is the reference model and loss (train.fast_paths false).
+# mt/fast was built for CPU training; on an H200 mt with it ran at 0.82x nn.Transformer
+# (docs/gpu.md), and whether the fast paths are what costs there is this flag's question.
+FAST_PATHS = True
 
 
 def make_batches(size: dict, n_batches: int, seed: int = 0):
@@ -101,14 +105,17 @@ def ours(size, device, precision="fp32", compile=False, loss_fn=None, dropout=0.
                             d_ff=size["d_ff"], dropout=dropout, attn_dropout=0.0, norm="post",
                             tie_embeddings="all", max_positions=256)
     train_cfg = TrainConfig(label_smoothing=0.1, clip_norm=0.0, compile=compile)
-    model = fast.install(build_model(model_cfg, size["vocab"], size["vocab"]).to(device))
+    model = build_model(model_cfg, size["vocab"], size["vocab"]).to(device)
+    if FAST_PATHS:
+        fast.install(model)
     optimizer, scheduler = build_optimizer(model.parameters(), train_cfg, size["d_model"])
     trainer = Trainer(model=model, optimizer=optimizer, scheduler=scheduler,
                       scaler=torch.amp.GradScaler(device.type, enabled=False), train_data=None,
                       validation=None, tokenizer=None, cfg=train_cfg, decode_cfg=DecodeConfig(),
                       full_config={}, run_dir=Path("."), device=device,
                       amp_dtype=torch.bfloat16 if precision == "bf16" else None,
-                      loss_fn=loss_fn or (reference_loss if compile else fast.chunked_loss))
+                      loss_fn=loss_fn or (fast.chunked_loss if FAST_PATHS and not compile
+                                          else reference_loss))
 
     def step(batch):
         src, tgt_in, tgt_out = batch
@@ -278,11 +285,16 @@ def measure(size_name: str, args) -> dict:
                                    "--steps", str(args.steps), "--warmup", str(args.warmup),
                                    "--device", args.device, "--precision", args.precision,
                                    *(["--max-tokens", str(args.max_tokens)] if args.max_tokens else []),
-                                   *(["--compile"] if args.compile else [])],
+                                   *(["--compile"] if args.compile else []),
+                                   *([] if FAST_PATHS else ["--no-fast-paths"])],
                                   capture_output=True, text=True)
             if proc.returncode != 0:
                 raise SystemExit(f"{name} failed:\n{proc.stderr[-3000:]}")
             runs[name].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+            # each run as it ends, to stderr: a call cut by a time limit keeps what it measured
+            print(f"[{size_name}] {name}: " + json.dumps(
+                {k: round(v, 1) if isinstance(v, float) else v for k, v in runs[name][-1].items()}),
+                file=sys.stderr, flush=True)
     res = {}
     for name, rs in runs.items():
         rs = sorted(rs, key=lambda r: r["tok_s"])
@@ -353,8 +365,12 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=0,
                     help="tokens per batch (source + target); default: the size's 8192")
     ap.add_argument("--compile", action="store_true", help="torch.compile mt's model (dynamic shapes)")
+    ap.add_argument("--no-fast-paths", action="store_true",
+                    help="mt's contender without mt/fast: the reference model and loss")
     ap.add_argument("--worker", choices=list(CONTENDERS), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    global FAST_PATHS
+    FAST_PATHS = not args.no_fast_paths
     device = torch.device(args.device)
     if args.worker:
         print(json.dumps(run_one(args.worker, size_of(args.size, args.max_tokens), args.steps,
@@ -366,6 +382,7 @@ def main() -> None:
     kind = "bf16" if device.type == "cuda" else "fp32"
     preload = os.environ.get("LD_PRELOAD", "")     # e.g. scripts/mkl_amd_shim.sh's library
     print(f"torch {torch.__version__}, {where}, {args.precision}"
+          + ("" if FAST_PATHS else ", mt without its fast paths (reference model and loss)")
           + (f", datasheet dense bf16 {sheet / 1e12:.0f} TFLOP/s" if sheet else "")
           + (f", LD_PRELOAD={preload} (every contender runs with it)" if preload else ""))
     mem = "peak GPU MB" if device.type == "cuda" else "peak RSS MB"

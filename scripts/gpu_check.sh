@@ -6,11 +6,14 @@
 #   .gpu/m30k/   the raw Multi30k files of ../shared/data/multi30k (the real-data tests)
 #   .gpu/en_de/  a CPU-trained En->De run (best.pt + its CPU test translation), to decode on both
 # On the GPU machine, in the repository root:  bash scripts/gpu_check.sh OUTDIR [PART ...]
-# PARTs, in the order of what the first lease (2026-11-27, docs/gpu.md) left open: probe (why
-# the first steps are slow, 1-2 min), tests (the suite alone, 4 min), decode (item 5, 1 min),
-# bench (items 2 and 3, 5 min), train (item 4: the shipped En->De config for TRAIN_SECONDS,
-# 3 min by default; the whole run takes about 25 min on an H100). Default: probe tests decode,
-# which fit one 10-minute call; bench and train need a second. Logged to OUTDIR/check.log.
+# PARTs: cudatests (tests/test_cuda.py alone, under 2 min), probe (why the first steps are
+# slow, 1-2 min), tests (the rest of the suite, 4+ min; each failure's traceback is written to
+# OUTDIR/failures.log as it happens), decode (item 5, 1 min), bench (items 2 and 3, 5 min;
+# benchbase: only the base model's training throughput, 3 min; benchref: the same without
+# mt/fast), train (item 4: the shipped En->De config for TRAIN_SECONDS, 3 min by default; the
+# whole run takes about 25 min on an H100). Default: cudatests tests train, one 10-minute
+# call (a lease is 15 minutes of device time, start-up included; a second call fits only if
+# made within the machine's 30 s idle time). Logged to OUTDIR/check.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,10 +35,10 @@ if [ "${1:-}" = "--prepare" ]; then
 fi
 out=${1:?usage: scripts/gpu_check.sh OUTDIR [PART ...]}
 shift
-parts=${*:-probe tests decode}
+parts=${*:-cudatests tests train}
 mkdir -p "$out"
 log=$out/check.log
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 MT_TEST_FAILURE_LOG=$out/failures.log
 exec > >(tee -a "$log") 2>&1
 step() { echo; echo "=== $(date +%T) $*"; }
 
@@ -50,15 +53,20 @@ python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.versio
 for part in $parts; do case $part in
 probe)
     step "why the first steps are slow: the first sight of a batch shape against the second"
-    timeout 100 python3 scripts/gpu_shape_probe.py --size tiny
-    timeout 100 python3 scripts/gpu_shape_probe.py --size base --max-tokens 32768 --batches 8
+    timeout "${PROBE_SECONDS:-100}" python3 scripts/gpu_shape_probe.py --size tiny
+    ;;
+cudatests)
+    step "item 1, first: tests/test_cuda.py (the paths only a GPU takes), alone"
+    timeout "${CUDATEST_SECONDS:-100}" python3 -m pytest -v -n 4 -p no:cacheprovider -rf \
+        --timeout 90 tests/test_cuda.py > "$out/pytest_cuda.log" 2>&1
+    grep -E " (PASSED|FAILED|ERROR|SKIPPED) |passed|failed" "$out/pytest_cuda.log" | tail -30
     ;;
 tests)
     step "item 1: the test suite on the GPU, alone"
     # -v: each result is named as it happens, so a run cut by the time limit still says which
     # tests failed (the first lease's -q log ended at the limit with two unnamed F's)
     timeout "${PYTEST_SECONDS:-240}" python3 -m pytest -v -n 12 -p no:cacheprovider -rf \
-        --timeout 200 > "$out/pytest.log" 2>&1
+        --timeout 200 --ignore tests/test_cuda.py > "$out/pytest.log" 2>&1
     grep -c " PASSED " "$out/pytest.log"
     grep -E " (FAILED|ERROR) |^(FAILED|ERROR) |passed|failed" "$out/pytest.log" | tail -40
     ;;
@@ -77,15 +85,21 @@ print(f"lines identical to the CPU translation: {sum(x == y for x, y in zip(a, b
 EOF
     done
     ;;
-bench)
+bench|benchbase)
     step "item 2: training throughput, bf16"
-    timeout 200 python3 scripts/bench_train.py --device cuda --precision bf16 --size base \
+    timeout "${BENCH_SECONDS:-200}" python3 scripts/bench_train.py --device cuda --precision bf16 --size base \
         --max-tokens 32768 --repeats 1
+    [ "$part" = bench ] || continue
     timeout 120 python3 scripts/bench_train.py --device cuda --precision bf16 --size small \
         --max-tokens 32768 --repeats 1
     step "item 3: beam-5 decoding speed, bf16"
     timeout 80 python3 scripts/bench_decode.py --data-dir data/multi30k --device cuda \
         --precision bf16 --skip-nocache
+    ;;
+benchref)
+    step "item 2: training throughput, bf16, base, mt without its CPU fast paths"
+    timeout "${BENCH_SECONDS:-200}" python3 scripts/bench_train.py --device cuda --precision bf16 \
+        --size base --max-tokens 32768 --repeats 1 --no-fast-paths
     ;;
 train)
     step "item 4: the shipped En->De config on the GPU, alone, for ${TRAIN_SECONDS:-180} s"
@@ -99,6 +113,6 @@ print("valid BLEU by step:", [(r["step"], r["valid_bleu"]) for r in recs if "val
 print("target tokens/s by step:", [(r["step"], round(r["tok_s"])) for r in recs if "tok_s" in r])
 EOF
     ;;
-*) echo "unknown part $part (probe tests decode bench train)"; exit 2 ;;
+*) echo "unknown part $part (probe cudatests tests decode bench benchbase benchref train)"; exit 2 ;;
 esac; done
 step done

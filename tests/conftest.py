@@ -20,9 +20,21 @@ ROOT = Path(__file__).resolve().parents[1]
 MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
 
 
-def run_mt(*args, cwd=None, input=None, timeout=600):
-    """Run the real CLI in a subprocess; returns CompletedProcess (text)."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+def cli_env(gpu: bool = False, **extra: str) -> dict:
+    """The environment of a test's `mt` (or other Python) subprocess. Without `gpu` no GPU is
+    visible to it, so that a test means the same on a GPU machine as in CI: its runs train and
+    decode on the CPU, bit for bit comparable with the CPU models the test builds itself (a
+    GPU's kernels sum in another order, and a tiny model's near-ties then flip tokens). The
+    paths only a GPU takes are tested in test_cuda.py, with gpu=True."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **extra)
+    if not gpu:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
+def run_mt(*args, cwd=None, input=None, timeout=600, gpu=False):
+    """Run the real CLI in a subprocess (on the CPU unless `gpu`); returns CompletedProcess."""
+    env = cli_env(gpu)
     return subprocess.run([sys.executable, "-m", "mt", *map(str, args)], cwd=cwd or ROOT,
                           input=input, capture_output=True, text=True, env=env, timeout=timeout)
 
@@ -86,3 +98,12 @@ def out_of_memory_on_call(model, n: int) -> None:
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
         return real(*a, **k)
     model.decode = decode
+
+
+def pytest_runtest_logreport(report):
+    """With MT_TEST_FAILURE_LOG set, each failure's traceback is written to that file as it
+    happens: a suite cut off by a time limit (a lent GPU's call) prints none of them."""
+    path = os.environ.get("MT_TEST_FAILURE_LOG")
+    if path and report.failed and "PYTEST_XDIST_WORKER" not in os.environ:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"=== {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")

@@ -102,7 +102,7 @@ def _train(tmp_path, precision):
     proc = run_mt("train", ROOT / "configs/tiny.yaml", "--run-dir", run,
                   "--set", f"data.dir={tmp_path / 'data'}", "train.max_steps=200",
                   "train.valid_every=200", "train.save_every=100", "train.log_every=20",
-                  "train.device=cuda", f"train.precision={precision}")
+                  "train.device=cuda", f"train.precision={precision}", gpu=True)
     assert proc.returncode == 0, proc.stderr
     return run
 
@@ -133,7 +133,7 @@ def test_decoding_on_cuda_equals_decoding_on_cpu(tmp_path):
     for device in ["cuda", "cpu"]:
         hyp = tmp_path / f"hyp.{device}"
         proc = run_mt("translate", run, "-i", src, "-o", hyp, "--device", device,
-                      "--precision", "fp32")
+                      "--precision", "fp32", gpu=True)
         assert proc.returncode == 0, proc.stderr
         outs[device] = hyp.read_text().splitlines()
     assert len(outs["cuda"]) == len(outs["cpu"]) > 50

@@ -11,7 +11,7 @@ from mt.build import build_trainer
 from mt.config import load_config
 from mt.data.batching import collate
 from mt.data.download import download
-from tests.conftest import ROOT, free_port
+from tests.conftest import ROOT, cli_env, free_port
 
 HALVES = (list(range(0, 24)), list(range(24, 48)))
 
@@ -19,8 +19,10 @@ HALVES = (list(range(0, 24)), list(range(24, 48)))
 def _cfg(data_dir):
     # Adam with a large epsilon moves each weight in proportion to its gradient, so float
     # rounding in near-zero gradients cannot flip an update's sign and the check can be tight.
+    # train.device cpu: these are gloo ranks; a GPU machine would give each rank a GPU
     return load_config(ROOT / "configs/tiny.yaml", [f"data.dir={data_dir}", "model.dropout=0.0",
-                                                    "train.adam_eps=1.0", "train.lr_factor=100"])
+                                                    "train.adam_eps=1.0", "train.lr_factor=100",
+                                                    "train.device=cpu"])
 
 
 def _worker(rank, world, port, data_dir, run_dir, out):
@@ -68,13 +70,14 @@ def test_torchrun_two_processes_resume_equals_uninterrupted(tmp_path):
     import json
     import subprocess
     import sys
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    env = cli_env(OMP_NUM_THREADS="1")
 
     def train(run, steps):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                "--master_port", str(free_port()), "-m", "mt", "train",
                str(ROOT / "configs/tiny.yaml"), "--run-dir", str(tmp_path / run), "--set",
                f"data.dir={tmp_path / 'd'}", "model.dropout=0.2", "train.log_every=10",
+               "train.device=cpu",
                "train.valid_every=20", "train.save_every=20", "train.valid_beam=1",
                f"train.max_steps={steps}"]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
@@ -105,7 +108,8 @@ def _clock_worker(rank, world, port, data_dir, run_dir, out):
     torch.set_num_threads(1)
     from mt.schedule import budget_progress
     cfg = load_config(ROOT / "configs/tiny.yaml", [f"data.dir={data_dir}", "train.max_minutes=1",
-                                                    "train.max_steps=1000", "train.cooldown=1.0"])
+                                                    "train.max_steps=1000", "train.cooldown=1.0",
+                                                    "train.device=cpu"])
     t = build_trainer(cfg, run_dir, log=lambda *_: None)
     t.state.train_seconds = 6.0 + 24.0 * rank            # the ranks' clocks disagree
     seconds = t._agreed_seconds()

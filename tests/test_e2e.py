@@ -4,7 +4,7 @@ import json
 import pytest
 
 from mt.data.corpus import read_lines
-from tests.conftest import MULTI30K, ROOT, run_mt
+from tests.conftest import MULTI30K, ROOT, cli_env, run_mt
 
 
 def test_tiny_learns_synthetic_task_then_translate_and_eval(tmp_path):
@@ -73,12 +73,11 @@ def test_multi30k_validation_bleu_rises(tmp_path):
 
 @pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
 def test_stop_signal_saves_last_and_exits_0(tmp_path, signame):
-    import os
     import signal
     import subprocess
     import sys
     import time
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = cli_env()
     proc = subprocess.Popen(
         [sys.executable, "-m", "mt", "train", str(ROOT / "configs/tiny.yaml"), "--run-dir",
          str(tmp_path / "r"), "--set", f"data.dir={tmp_path / 'd'}", "train.max_steps=100000",
@@ -139,14 +138,13 @@ def _last_weights(path):
 
 
 def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
-    import os
     import subprocess
     import sys
     import time
 
     import torch
     assert run_mt(*_train_args(tmp_path, "straight", 60)).returncode == 0
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = cli_env()
     proc = subprocess.Popen([sys.executable, "-m", "mt", *map(str, _train_args(tmp_path, "k", 60))],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     deadline = time.time() + 300

@@ -22,7 +22,9 @@ TINY = ROOT / "configs" / "tiny.yaml"
 
 
 def _cfg(data_dir, *more):
-    return load_config(TINY, [f"data.dir={data_dir}", "model.dropout=0.0", *more])
+    # train.device cpu: the ranks here are gloo ranks, also on a machine with one GPU
+    return load_config(TINY, [f"data.dir={data_dir}", "model.dropout=0.0", "train.device=cpu",
+                              *more])
 
 
 # -- 1. rank 0's solo work outlasting the collective timeout ---------------------------
@@ -104,6 +106,37 @@ def test_resume_restores_the_gpu_generators_that_exist_on_both_sides(monkeypatch
     checkpoint.set_rng_state(state, notes.append)
     assert restored == list(range(min(saved, here)))
     assert len(notes) == 1 and f"{saved} GPU(s)" in notes[0] and f"has {here}" in notes[0]
+
+
+def test_more_ranks_on_a_machine_than_it_has_gpus_is_a_one_line_error(monkeypatch):
+    """torchrun --nproc-per-node 2 on a one-GPU machine: the second rank is told why, before
+    it joins the group (torch.cuda.set_device would say only "invalid device ordinal")."""
+    from mt import distributed
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(distributed.dist, "init_process_group",
+                        lambda *a, **k: pytest.fail("joined the group"))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with pytest.raises(MTError, match=r"LOCAL_RANK 1, 1 GPU visible\): use --nproc-per-node 1"):
+        distributed.setup("auto")
+
+
+def test_choosing_a_gpu_turns_cudnn_attention_off(monkeypatch):
+    """cuDNN's attention plans each new shape (468 ms against 61 for a first-seen batch
+    shape on an H200, docs/gpu.md): choosing a CUDA device leaves SDPA to its other kernels."""
+    from mt.device import pick_device
+    was = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        assert pick_device("cpu").type == "cpu" and torch.backends.cuda.cudnn_sdp_enabled()
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        assert pick_device("auto").type == "cuda"
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.mem_efficient_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(was)
 
 
 # -- 3. the RNN's recurrence under autocast ---------------------------------------------
@@ -198,7 +231,8 @@ def test_output_layer_and_log_softmax_are_fp32_under_autocast():
 def test_fp16_overflow_skips_are_not_counted_as_steps(tmp_path):
     from mt.data.download import download as dl
     dl("synthetic", tmp_path / "d")
-    t = build_trainer(_cfg(tmp_path / "d", "train.precision=fp16", "train.log_every=1"),
+    t = build_trainer(_cfg(tmp_path / "d", "train.precision=fp16", "train.log_every=1",
+                           "train.device=auto"),       # the GPU's GradScaler where there is one
                       tmp_path / "run", log=lambda *_: None)
     batches = t._batches()
     assert t.train_step([next(batches)])

@@ -1,18 +1,17 @@
 """Resident memory of training: what it must not load, and the heap pages it gives back."""
-import os
 import subprocess
 import sys
 
 import pytest
 
 from mt.memory import release_free_memory
-from tests.conftest import ROOT
+from tests.conftest import ROOT, cli_env
 
 
 def _python(code: str, *args, env=None) -> str:
     proc = subprocess.run([sys.executable, "-c", code, *map(str, args)], cwd=ROOT,
                           capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT), **(env or {})))
+                          env=cli_env(**(env or {})))
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip()
 

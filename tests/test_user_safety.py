@@ -10,7 +10,7 @@ import time
 import pytest
 
 from mt.rundir import RunLock
-from tests.conftest import ROOT, assert_user_error, run_mt
+from tests.conftest import ROOT, assert_user_error, cli_env, run_mt
 
 TINY = ROOT / "configs" / "tiny.yaml"
 
@@ -33,7 +33,7 @@ def run_on_mount(folder, options: str, *args, timeout=300):
     folder.mkdir(parents=True, exist_ok=True)
     script = (f'mount -t tmpfs -o {options} tmpfs "{folder}" && exec "{sys.executable}" -m mt '
               + " ".join(f"'{a}'" for a in map(str, args)))
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = cli_env()
     return subprocess.run(["unshare", "-rm", "sh", "-c", script], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
@@ -177,7 +177,7 @@ def test_a_locked_run_directory_is_refused_with_the_holders_pid(tmp_path):
 
 def test_a_second_training_process_is_refused_and_a_stale_lock_taken_over(tmp_path):
     run, data = tmp_path / "run", tmp_path / "data"
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = cli_env()
     first = subprocess.Popen([sys.executable, "-m", "mt", "train", str(TINY), "--run-dir",
                               str(run), "--set", f"data.dir={data}", "train.max_steps=100000",
                               "train.log_every=1"], cwd=ROOT, env=env,
@@ -242,7 +242,7 @@ def test_a_time_budget_or_a_moved_corpus_resumes_without_flags(tmp_path):
 
 def test_ctrl_c_twice_says_what_was_lost(tmp_path):
     run, data = tmp_path / "run", tmp_path / "data"
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = cli_env()
     # a slow update (a wide model), so that the second signal lands inside the same update
     proc = subprocess.Popen([sys.executable, "-m", "mt", "train", str(TINY), "--run-dir",
                              str(run), "--set", f"data.dir={data}", "train.max_steps=100000",
@@ -271,7 +271,7 @@ def test_ctrl_c_twice_says_what_was_lost(tmp_path):
 def test_translate_at_a_terminal_answers_each_line(tiny_run):
     import pty
     leader, follower = pty.openpty()
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = cli_env()
     proc = subprocess.Popen([sys.executable, "-m", "mt", "translate", str(tiny_run), "--greedy"],
                             stdin=follower, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             cwd=ROOT, env=env, text=True)
