@@ -139,3 +139,25 @@ def test_decoding_on_cuda_equals_decoding_on_cpu(tmp_path):
     assert len(outs["cuda"]) == len(outs["cpu"]) > 50
     same = sum(a == b for a, b in zip(outs["cuda"], outs["cpu"]))
     assert same >= 0.95 * len(outs["cpu"]), same
+
+
+@pytest.mark.parametrize("overrides", ["model.arch=decoder_only", "model.arch=rnn",
+                                       "model.positional=relative"])
+def test_each_architecture_trains_resumes_translates_and_shows_attention_on_cuda(
+        tmp_path, overrides):
+    """The CLI tests run on the CPU (tests/conftest.py: cli_env); here the other architectures
+    go through `mt train` (bf16), a resume, `mt translate` and `mt attention` on the GPU."""
+    run, common = tmp_path / "run", ["--set", f"data.dir={tmp_path / 'data'}",
+                                     "train.valid_every=12", "train.save_every=6",
+                                     "train.log_every=6", *overrides.split()]
+    for steps in (12, 14):
+        proc = run_mt("train", ROOT / "configs/tiny.yaml", "--run-dir", run, *common,
+                      f"train.max_steps={steps}", gpu=True)
+        assert proc.returncode == 0, proc.stderr
+    assert "resuming from" in proc.stdout + proc.stderr
+    proc = run_mt("translate", run, "--beam", "2", input="a b c\n\nd e f g h\n", gpu=True)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout.split("\n")[:-1]
+    assert len(out) == 3 and out[1] == "" and "on cuda" in proc.stderr, proc.stderr
+    picture = run_mt("attention", run, "a b c", "-o", tmp_path / "attn.png", gpu=True)
+    assert picture.returncode == 0 and (tmp_path / "attn.png").stat().st_size > 0, picture.stderr
