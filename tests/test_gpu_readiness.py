@@ -109,17 +109,27 @@ def test_resume_restores_the_gpu_generators_that_exist_on_both_sides(monkeypatch
 
 
 def test_more_ranks_on_a_machine_than_it_has_gpus_is_a_one_line_error(monkeypatch):
-    """torchrun --nproc-per-node 2 on a one-GPU machine: the second rank is told why, before
-    it joins the group (torch.cuda.set_device would say only "invalid device ordinal")."""
+    """torchrun --nproc-per-node 2 on a one-GPU machine: every rank says why before it joins
+    the group (torch.cuda.set_device would stop only the second, with "invalid device
+    ordinal")."""
     from mt import distributed
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(distributed.dist, "init_process_group",
                         lambda *a, **k: pytest.fail("joined the group"))
     monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setenv("RANK", "1")
-    monkeypatch.setenv("LOCAL_RANK", "1")
-    with pytest.raises(MTError, match=r"LOCAL_RANK 1, 1 GPU visible\): use --nproc-per-node 1"):
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    for rank in ("0", "1"):                  # every rank says it, not only the one left over
+        monkeypatch.setenv("RANK", rank)
+        monkeypatch.setenv("LOCAL_RANK", rank)
+        with pytest.raises(MTError, match=r"started 2 processes on this machine, which has 1 "
+                                          r"GPU: use --nproc-per-node 1"):
+            distributed.setup("auto")
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")      # launched without it: the extra rank still says
+    with pytest.raises(MTError, match="started 2 processes"):
+        distributed.setup("auto")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)    # enough GPUs: it goes on
+    with pytest.raises(pytest.fail.Exception, match="joined the group"):
         distributed.setup("auto")
 
 
