@@ -58,6 +58,16 @@ def _truncate_log(path: Path, step: int) -> None:
             path.write_text("".join(x + "\n" for x in kept), encoding="utf-8")
 
 
+def install_fast_paths(model, t):
+    """With `t.fast_paths` (TrainConfig), the CPU speed work beside the reference model
+    (mt/fast) goes into `model`; returns the loss to train with: the fused chunked loss, or
+    the reference loss (no fast paths, or torch.compile, which fuses on its own)."""
+    if not t.fast_paths:
+        return reference_loss
+    fast.install(model)
+    return reference_loss if t.compile else fast.chunked_loss
+
+
 def build_trainer(cfg: Config, run_dir: Path, allow_config_change: bool = False,
                   log=print) -> Trainer:
     t = cfg.train
@@ -88,10 +98,7 @@ def _build(cfg: Config, run_dir: Path, dist, device_name: str, log, lock) -> Tra
     if cfg.model.init_encoder and not has_checkpoint(run_dir):   # a resumed run has its own
         init_encoder(model, cfg.model.init_encoder, tokenizer, log)
     model = model.to(device)
-    loss_fn = reference_loss
-    if t.fast_paths:          # the CPU speed work, beside the reference model (mt/fast)
-        fast.install(model)
-        loss_fn = reference_loss if t.compile else fast.chunked_loss
+    loss_fn = install_fast_paths(model, t)
     if cfg.model.arch == "nat":
         loss_fn = nat_loss
     if t.rdrop_alpha > 0:     # fused like the plain loss where that is, else the reference

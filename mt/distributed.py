@@ -113,12 +113,11 @@ def setup(device_name: str, timeout_minutes: float = 30.0,
     # every rank of the machine checks (torchrun's LOCAL_WORLD_SIZE), so all of them stop with
     # this line; torch.cuda.set_device would stop only the extra ones, with "invalid device
     # ordinal", and leave the others waiting for them
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", local_rank + 1))
-    if use_cuda and max(local_world, local_rank + 1) > torch.cuda.device_count():
-        n = torch.cuda.device_count()
-        raise MTError(f"torchrun started {max(local_world, local_rank + 1)} processes on this "
-                      f"machine, which has {n} GPU{'s' * (n != 1)}: use --nproc-per-node {n}, "
-                      f"one process per GPU, or train.device: cpu")
+    local_world = max(int(os.environ.get("LOCAL_WORLD_SIZE", "0")), local_rank + 1)
+    if use_cuda and local_world > (n := torch.cuda.device_count()):
+        raise MTError(f"torchrun started {local_world} processes on this machine, which has "
+                      f"{n} GPU{'s' * (n != 1)}: use --nproc-per-node {n}, one process per "
+                      f"GPU, or train.device: cpu")
     if not dist.is_initialized():
         dist.init_process_group(backend="nccl" if use_cuda else "gloo",
                                 timeout=timedelta(minutes=timeout_minutes))

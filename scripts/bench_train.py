@@ -93,10 +93,9 @@ def ours(size, device, precision="fp32", compile=False, loss_fn=None, dropout=0.
     """mt's model and its real training step: Trainer.train_step with the fast paths and the
     loss that mt.build chooses (or `loss_fn`, e.g. an R-Drop loss: scripts/bench_rdrop.py).
     Gradient clipping is off here, as the references do none."""
-    from mt import fast
+    from mt.build import install_fast_paths
     from mt.config import DecodeConfig, ModelConfig, TrainConfig
     from mt.data.batching import Batch
-    from mt.loss import reference_loss
     from mt.model import build_model
     from mt.schedule import build_optimizer
     from mt.trainer import Trainer
@@ -104,18 +103,17 @@ def ours(size, device, precision="fp32", compile=False, loss_fn=None, dropout=0.
                             enc_layers=size["layers"], dec_layers=size["layers"],
                             d_ff=size["d_ff"], dropout=dropout, attn_dropout=0.0, norm="post",
                             tie_embeddings="all", max_positions=256)
-    train_cfg = TrainConfig(label_smoothing=0.1, clip_norm=0.0, compile=compile)
+    train_cfg = TrainConfig(label_smoothing=0.1, clip_norm=0.0, compile=compile,
+                            fast_paths=FAST_PATHS)
     model = build_model(model_cfg, size["vocab"], size["vocab"]).to(device)
-    if FAST_PATHS:
-        fast.install(model)
+    chosen_loss = install_fast_paths(model, train_cfg)       # as mt train chooses
     optimizer, scheduler = build_optimizer(model.parameters(), train_cfg, size["d_model"])
     trainer = Trainer(model=model, optimizer=optimizer, scheduler=scheduler,
                       scaler=torch.amp.GradScaler(device.type, enabled=False), train_data=None,
                       validation=None, tokenizer=None, cfg=train_cfg, decode_cfg=DecodeConfig(),
                       full_config={}, run_dir=Path("."), device=device,
                       amp_dtype=torch.bfloat16 if precision == "bf16" else None,
-                      loss_fn=loss_fn or (fast.chunked_loss if FAST_PATHS and not compile
-                                          else reference_loss))
+                      loss_fn=loss_fn or chosen_loss)
 
     def step(batch):
         src, tgt_in, tgt_out = batch
