@@ -100,7 +100,8 @@ def ours(size, device, precision="fp32", compile=False, loss_fn=None, dropout=0.
     from mt.schedule import build_optimizer
     from mt.trainer import Trainer
     model_cfg = ModelConfig(d_model=size["d_model"], n_heads=size["heads"],
-                            enc_layers=size["layers"], dec_layers=size["layers"],
+                            enc_layers=size.get("enc_layers", size["layers"]),
+                            dec_layers=size.get("dec_layers", size["layers"]),
                             d_ff=size["d_ff"], dropout=dropout, attn_dropout=0.0, norm="post",
                             tie_embeddings="all", max_positions=256)
     train_cfg = TrainConfig(label_smoothing=0.1, clip_norm=0.0, compile=compile,

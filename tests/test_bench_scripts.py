@@ -279,3 +279,19 @@ def test_recipe_summary_reads_a_run_log(tmp_path):
     line = _load("recipe_summary").summary(tmp_path / "r")
     assert line == ("r: greedy valid BLEU 1000: 17.7, 2000: 27.0; average of the last 10: 26.5 "
                     "(not kept); tuned: beam 5, length penalty 1.4, 28.1")
+
+
+def test_bench_shape_builds_the_shapes_it_is_given():
+    """scripts/bench_shape.py compares layer splits and widths against the shipped 4+4: each
+    shape it times must be the model it names, or its ratios are about the wrong models."""
+    import torch
+    bench = _load("bench_shape")
+    size = bench.parse_shape("7+2:heads=2,d_ff=512")
+    assert (size["enc_layers"], size["dec_layers"], size["heads"], size["d_ff"]) == (7, 2, 2, 512)
+    assert size["d_model"] == bench.SIZES["tiny"]["d_model"]       # the rest is the shipped shape
+    model, _ = bench.ours(dict(size, max_tokens=512), torch.device("cpu"))
+    assert (len(model.encoder), len(model.decoder)) == (7, 2)
+    assert model.encoder[0].self_attn.n_heads == model.decoder[1].cross_attn.n_heads == 2
+    assert model.encoder[0].ffn.net[0].out_features == 512
+    with pytest.raises(ValueError):
+        bench.parse_shape("7:heads=2")
