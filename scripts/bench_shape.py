@@ -6,7 +6,7 @@ recipe choices that trade depth or width at a fixed CPU budget (docs/multi30k_re
 
 A shape is ENC+DEC layers, optionally followed by :key=value pairs (heads, d_ff, d_model,
 vocab) changing the shipped Multi30k shape (bench_train.py's "tiny": 4+4 layers, d_model 128,
-4 heads, FFN 256, 5k vocabulary, 8,192 tokens a batch). Prints seconds per update and each
+4 heads, FFN 256, 5k vocabulary, 8,192 tokens a batch). Prints milliseconds per update and each
 shape's cost as a ratio of the shipped shape's.
 """
 from __future__ import annotations
