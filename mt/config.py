@@ -146,6 +146,16 @@ class TrainConfig(_Section):
     bpe_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="BPE-dropout probability "
                                "for the training split, resampled every epoch (Provilkov "
                                "et al. 2020 use 0.1); 0 = off")
+    # Bidirectional training, BiT (Ding et al., EMNLP 2021): early updates also learn the
+    # reverse direction from the same pairs (source+target -> target+source, no tags: the
+    # source's language says which way), then the rest trains the configured direction
+    # alone. The paper gives the first third of the updates to both directions. Decided at
+    # each epoch's start, so the stage ends at the first epoch that begins past the share.
+    bidirectional_share: float = Field(0.0, ge=0.0, le=1.0, description="train on both "
+                                       "directions for this share of the budget (max_steps, "
+                                       "or max_minutes when that ends first), then on the "
+                                       "configured one (BiT, Ding et al. 2021 use 1/3); needs "
+                                       "tokenizer.joint; 0 = off")
     clip_norm: float = Field(1.0, ge=0.0, description="0 disables clipping")
     log_every: int = Field(100, ge=1)
     valid_every: int = Field(1000, ge=1)
@@ -239,6 +249,14 @@ class Config(_Section):
                                          or self.train.rdrop_alpha > 0):
             raise ValueError("model.arch nat learns from masked targets: train.scheduled_sampling"
                              " and train.rdrop_alpha apply to the autoregressive models only")
+        return self
+
+    @model_validator(mode="after")
+    def _bidirectional_needs_joint(self) -> "Config":
+        if self.train.bidirectional_share > 0 and not self.tokenizer.joint:
+            raise ValueError("train.bidirectional_share trains one model on both directions "
+                             "and needs one vocabulary for both: set tokenizer.joint: true "
+                             "(or train.bidirectional_share: 0)")
         return self
 
     @model_validator(mode="after")

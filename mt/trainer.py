@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from mt import checkpoint
 from mt.data.batching import Batch, collate, describe_batches, epoch_batches
-from mt.data.corpus import ParallelData
+from mt.data.corpus import ParallelData, both_directions
 from mt.distributed import Dist, teardown
 from mt.errors import MTError
 from mt.ema import WeightAverage
@@ -44,6 +44,9 @@ class TrainState:
     # what training last computed in ("fp32", "bf16", "fp16"): train.precision "auto"
     # resolved on the device it ran on, so that decoding can follow the run, not its config
     precision: str = ""
+    # train.bidirectional_share: whether `epoch` trains on both directions (decided when it
+    # began, so a run resumed inside the epoch walks the same batches)
+    both_directions: bool = False
 
     def state_dict(self) -> dict:
         return asdict(self)
@@ -98,6 +101,7 @@ class Trainer:
         self.ema = WeightAverage(model, cfg.ema_decay) if cfg.ema_decay > 0 and dist.is_main \
             else None
         self._window = LogWindow()
+        self._progress = 0.0          # the share of the budget spent (budget_progress)
 
     # -- data -----------------------------------------------------------------------------
     def _batches(self) -> Iterator[Batch]:
@@ -110,6 +114,10 @@ class Trainer:
         while True:
             data = self.train_data if self.epoch_data is None else \
                 self.epoch_data(self.state.epoch)
+            if self.state.batch_in_epoch == 0:
+                self._choose_directions()
+            if self.state.both_directions:
+                data = both_directions(data)
             order = epoch_batches(data, self.cfg.max_tokens, self.cfg.seed, self.state.epoch)
             if not described:           # the first epoch this run walks: its padding
                 self._say(describe_batches(data, order, self.cfg.max_tokens))
@@ -121,6 +129,18 @@ class Trainer:
                 yield collate(data, indices, pin=pin).to(self.device)
             self.state.epoch += 1
             self.state.batch_in_epoch = 0
+
+    def _choose_directions(self) -> None:
+        """At an epoch's start: both directions while the budget spent is under
+        train.bidirectional_share (BiT), the configured one after."""
+        share, was = self.cfg.bidirectional_share, self.state.both_directions
+        self.state.both_directions = self._progress < share
+        if self.state.both_directions and (not was or self.state.step == 0):
+            self._say(f"epoch {self.state.epoch}: training on both directions until "
+                      f"{share:.0%} of the budget (train.bidirectional_share)")
+        elif was and not self.state.both_directions:
+            self._say(f"step {self.state.step}: {self._progress:.0%} of the budget spent; from "
+                      f"epoch {self.state.epoch} on, the configured direction only")
 
     # -- one update -----------------------------------------------------------------------
     def _loss(self, batch: Batch, model=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -339,6 +359,8 @@ class Trainer:
         self._saved_step = st.step if st.step else -1
         self._forecast = Forecast(st.step, st.train_seconds)
         t0 = time.perf_counter() - st.train_seconds
+        self._progress = budget_progress(st.step, st.train_seconds, cfg.max_steps,
+                                         cfg.max_minutes)
         while st.step < cfg.max_steps:
             if not self.train_step([next(batches) for _ in range(cfg.accum_steps)]):
                 if st.nonfinite_in_a_row >= cfg.max_nonfinite:
@@ -349,9 +371,10 @@ class Trainer:
                 continue
             st.train_seconds = time.perf_counter() - t0
             seconds = self._agreed_seconds()
+            # the same on every rank: their agreed clock (or the step count alone)
+            self._progress = budget_progress(st.step, seconds, cfg.max_steps, cfg.max_minutes)
             if cfg.cooldown > 0:
-                self.scheduler.set_progress(budget_progress(st.step, seconds, cfg.max_steps,
-                                                            cfg.max_minutes))
+                self.scheduler.set_progress(self._progress)
             bar.update(1)
             self._show_progress(bar)
             if self._after_step(bar, seconds):

@@ -37,6 +37,9 @@ def test_wrong_type_names_key():
     ({"model": {"dropout": 1.0}}, "model.dropout"),
     ({"decode": {"beam": 0}}, "decode.beam"),
     ({"train": {"device": "tpu"}}, "train.device"),
+    ({"train": {"bidirectional_share": 1.5}}, "train.bidirectional_share"),
+    ({"train": {"bidirectional_share": 0.3}, "tokenizer": {"joint": False},
+      "model": {"tie_embeddings": "decoder"}}, r"needs one vocabulary for both: set tokenizer\.joint"),
 ])
 def test_impossible_values(raw, key):
     with pytest.raises(MTError, match=key):

@@ -274,3 +274,71 @@ def test_forecast_is_revised_from_the_recent_speed():
     assert f.revise(1050, 62.5, 30_000, 3600.0) is None            # no step since
     assert f.revise(2050, 362.5, 30_000, 3600.0) == 2050 + int(3237.5 / 0.3)
     assert f.revise(3050, 400.0, 30_000, 0.0) == 30_000            # no budget: max_steps
+
+
+
+def _rows(batch) -> set[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """A batch's (source, target) pairs as token ids, without padding, EOS and BOS."""
+    from mt.tokens import EOS, PAD
+
+    def ids(row):
+        return tuple(int(x) for x in row if x not in (PAD, EOS))
+    return {(ids(s), ids(t)) for s, t in zip(batch.src, batch.tgt_out)}
+
+
+def test_bidirectional_share_trains_both_directions_early_then_one(tmp_path):
+    """train.bidirectional_share (BiT, Ding et al. 2021): an epoch that begins while less than
+    the share of the budget is spent trains on every pair in both directions (target ->
+    source too); an epoch that begins later, on the configured direction alone. An epoch
+    keeps the choice it began with, also in a run resumed inside it."""
+    from mt.data.corpus import both_directions
+    t = _trainer(tmp_path, "train.bidirectional_share=0.5", "train.max_tokens=256")
+    data = t.train_data
+    forward = {(tuple(map(int, data.src[i])), tuple(map(int, data.tgt[i])))
+               for i in range(len(data.src))}
+    backward = {(b, a) for a, b in forward}
+    assert backward != forward
+    both = both_directions(data)
+    assert len(both.src) == 2 * len(data.src)
+    assert {(tuple(map(int, both.src[i])), tuple(map(int, both.tgt[i])))
+            for i in range(len(both.src))} == forward | backward
+
+    per_epoch, kept = {}, []           # epoch -> its pairs; epoch 1's batches from position 2
+    batches = t._batches()
+    while t.state.epoch < 3:
+        batch = next(batches)          # (its epoch is state.epoch once it is handed out)
+        per_epoch.setdefault(t.state.epoch, set()).update(_rows(batch))
+        if (t.state.epoch, t.state.batch_in_epoch) == (1, 2):
+            t._progress = 0.6          # past the share inside epoch 1
+        elif t.state.epoch == 1 and t.state.batch_in_epoch > 2 and len(kept) < 3:
+            kept.append(batch)
+    t.close()
+    assert per_epoch[0] == per_epoch[1] == forward | backward
+    assert per_epoch[2] <= forward and len(kept) == 3
+
+    again = _trainer(tmp_path, "train.bidirectional_share=0.5", "train.max_tokens=256")
+    again.state.epoch, again.state.batch_in_epoch = 1, 2           # where a resume would start
+    again.state.both_directions, again._progress = True, 0.6       # as last.pt holds them
+    resumed = [b for b, _ in zip(again._batches(), range(3))]
+    again.close()
+    assert all(torch.equal(a.src, b.src) and torch.equal(a.tgt_out, b.tgt_out)
+               for a, b in zip(kept, resumed))
+
+
+def test_bidirectional_stage_ends_by_the_budget_the_run_spends(tmp_path, capsys):
+    """In a real run the share is of the budget actually spent (train.max_steps here): the
+    stage ends at the first epoch that begins past it, the run says so, and last.pt records
+    which way the epoch it stopped in trains."""
+    from mt.data.batching import epoch_batches
+    from mt.data.corpus import both_directions
+    t = _trainer(tmp_path, "train.bidirectional_share=0.3", "train.max_tokens=2000",
+                 "train.max_steps=100", "train.valid_every=1000", "train.save_every=100")
+    first_epoch = len(epoch_batches(both_directions(t.train_data), 2000, t.cfg.seed, 0))
+    assert 30 < first_epoch < 100                  # epoch 0 ends past 30% of the budget
+    t.fit()
+    t.close()
+    err = capsys.readouterr().err
+    assert "epoch 0: training on both directions until 30% of the budget" in err
+    ended = [line for line in err.splitlines() if "the configured direction only" in line]
+    assert len(ended) == 1 and ended[0].startswith(f"step {first_epoch}: ")
+    assert checkpoint.load(tmp_path / "run/last.pt")["train_state"]["both_directions"] is False

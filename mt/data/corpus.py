@@ -161,6 +161,13 @@ class ParallelData:
     stats: Stats
 
 
+def both_directions(data: ParallelData) -> ParallelData:
+    """The pairs in both directions, (src, tgt) then (tgt, src): one training set for a model
+    that translates either way (same token ids on both sides: a joint vocabulary)."""
+    return ParallelData(TokenArray.concat([data.src, data.tgt]),
+                        TokenArray.concat([data.tgt, data.src]), data.stats)
+
+
 def encode_stream(pairs: Iterable[tuple[str, str]], tokenizer, max_len: int, stats: Stats,
                   chunk: int = 20_000, dropout: float = 0.0) -> ParallelData:
     """Tokenize and drop pairs whose either side exceeds `max_len` subwords (+EOS/BOS).
