@@ -135,7 +135,7 @@ class Trainer:
         train.bidirectional_share (BiT), the configured one after."""
         share, was = self.cfg.bidirectional_share, self.state.both_directions
         self.state.both_directions = self._progress < share
-        if self.state.both_directions and (not was or self.state.step == 0):
+        if self.state.both_directions and not was:
             self._say(f"epoch {self.state.epoch}: training on both directions until "
                       f"{share:.0%} of the budget (train.bidirectional_share)")
         elif was and not self.state.both_directions:

@@ -276,6 +276,11 @@ def test_forecast_is_revised_from_the_recent_speed():
     assert f.revise(3050, 400.0, 30_000, 0.0) == 30_000            # no budget: max_steps
 
 
+def _pairs(data) -> set[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """A ParallelData's (source, target) pairs as token ids."""
+    return {(tuple(map(int, data.src[i])), tuple(map(int, data.tgt[i])))
+            for i in range(len(data.src))}
+
 
 def _rows(batch) -> set[tuple[tuple[int, ...], tuple[int, ...]]]:
     """A batch's (source, target) pairs as token ids, without padding, EOS and BOS."""
@@ -294,14 +299,12 @@ def test_bidirectional_share_trains_both_directions_early_then_one(tmp_path):
     from mt.data.corpus import both_directions
     t = _trainer(tmp_path, "train.bidirectional_share=0.5", "train.max_tokens=256")
     data = t.train_data
-    forward = {(tuple(map(int, data.src[i])), tuple(map(int, data.tgt[i])))
-               for i in range(len(data.src))}
+    forward = _pairs(data)
     backward = {(b, a) for a, b in forward}
     assert backward != forward
     both = both_directions(data)
     assert len(both.src) == 2 * len(data.src)
-    assert {(tuple(map(int, both.src[i])), tuple(map(int, both.tgt[i])))
-            for i in range(len(both.src))} == forward | backward
+    assert _pairs(both) == forward | backward
 
     per_epoch, kept = {}, []           # epoch -> its pairs; epoch 1's batches from position 2
     batches = t._batches()
