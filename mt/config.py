@@ -156,6 +156,12 @@ class TrainConfig(_Section):
                                        "or max_minutes when that ends first), then on the "
                                        "configured one (BiT, Ding et al. 2021 use 1/3); needs "
                                        "tokenizer.joint; 0 = off")
+    # Word dropout (Sennrich et al., WMT 2016; Xie et al., ICLR 2017's "blank noising"): each
+    # source piece of a training batch is replaced by <unk> with this probability, so the
+    # model cannot lean on any one source word; valid, test and translation see clean text.
+    word_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="replace each source "
+                                "token (BPE piece) of a training batch by <unk> with this "
+                                "probability, drawn anew for every batch; 0 = off")
     clip_norm: float = Field(1.0, ge=0.0, description="0 disables clipping")
     log_every: int = Field(100, ge=1)
     valid_every: int = Field(1000, ge=1)

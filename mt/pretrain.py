@@ -56,7 +56,7 @@ def mlm_loss(model, src: torch.Tensor, generator=None) -> tuple[torch.Tensor, in
 # what `mt train` does with these and `mt pretrain` does not: said once, not an error, since
 # one config usually serves both commands
 TRAIN_ONLY = ("ema_decay", "rdrop_alpha", "scheduled_sampling", "compile", "bpe_dropout",
-              "bidirectional_share")
+              "bidirectional_share", "word_dropout")
 
 
 def pretrain(cfg: Config, run_dir: Path, log=print) -> dict:

@@ -15,7 +15,8 @@ import torch
 from tqdm import tqdm
 
 from mt import checkpoint
-from mt.data.batching import Batch, collate, describe_batches, epoch_batches
+from mt.data.batching import (Batch, collate, describe_batches, drop_source_words,
+                              epoch_batches, epoch_seed)
 from mt.data.corpus import ParallelData, both_directions
 from mt.distributed import Dist, teardown
 from mt.errors import MTError
@@ -124,9 +125,13 @@ class Trainer:
                 described = True
             usable = len(order) - len(order) % world   # every rank gets as many batches
             while self.state.batch_in_epoch < usable:
-                indices = order[self.state.batch_in_epoch + rank]
+                position = self.state.batch_in_epoch + rank
                 self.state.batch_in_epoch += world
-                yield collate(data, indices, pin=pin).to(self.device)
+                batch = collate(data, order[position], pin=pin)
+                if self.cfg.word_dropout > 0:
+                    seed = [epoch_seed(self.cfg.seed, self.state.epoch), position]
+                    drop_source_words(batch, self.cfg.word_dropout, seed)
+                yield batch.to(self.device)
             self.state.epoch += 1
             self.state.batch_in_epoch = 0
 

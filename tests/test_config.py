@@ -38,6 +38,7 @@ def test_wrong_type_names_key():
     ({"decode": {"beam": 0}}, "decode.beam"),
     ({"train": {"device": "tpu"}}, "train.device"),
     ({"train": {"bidirectional_share": 1.5}}, "train.bidirectional_share"),
+    ({"train": {"word_dropout": 1.0}}, "train.word_dropout"),
     ({"train": {"bidirectional_share": 0.3}, "tokenizer": {"joint": False},
       "model": {"tie_embeddings": "decoder"}}, r"needs one vocabulary for both: set tokenizer\.joint"),
 ])

@@ -345,3 +345,36 @@ def test_bidirectional_stage_ends_by_the_budget_the_run_spends(tmp_path, capsys)
     ended = [line for line in err.splitlines() if "the configured direction only" in line]
     assert len(ended) == 1 and ended[0].startswith(f"step {first_epoch}: ")
     assert checkpoint.load(tmp_path / "run/last.pt")["train_state"]["both_directions"] is False
+
+
+def test_word_dropout_turns_source_pieces_into_unk_the_same_on_resume(tmp_path):
+    """train.word_dropout (Sennrich et al. 2016): a training batch is the plain batch at the
+    same (epoch, position) with about that share of its source pieces replaced by <unk>; EOS,
+    padding and the target side are untouched; a resumed run puts the same noise on the same
+    batch."""
+    from mt.tokens import EOS, PAD, UNK
+
+    def walk(trainer, n):
+        return [b for b, _ in zip(trainer._batches(), range(n))]
+    plain = _trainer(tmp_path, "train.max_tokens=256")
+    clean = walk(plain, 40)
+    plain.close()
+    t = _trainer(tmp_path, "train.word_dropout=0.25", "train.max_tokens=256")
+    noisy = walk(t, 40)
+    t.close()
+    real = dropped = 0
+    for a, b in zip(clean, noisy):
+        assert torch.equal(a.tgt_in, b.tgt_in) and torch.equal(a.tgt_out, b.tgt_out)
+        changed = a.src != b.src
+        assert bool((b.src[changed] == UNK).all())
+        assert not bool((changed & ((a.src == PAD) | (a.src == EOS))).any())
+        real += int(((a.src != PAD) & (a.src != EOS) & (a.src != UNK)).sum())
+        dropped += int(changed.sum())
+    assert real > 2000 and 0.22 < dropped / real < 0.28
+
+    again = _trainer(tmp_path, "train.word_dropout=0.25", "train.max_tokens=256")
+    again.state.batch_in_epoch = 5                    # where a resume inside epoch 0 would start
+    resumed = walk(again, 3)
+    assert again.state.epoch == 0                     # (epoch 0 has more than 8 batches)
+    again.close()
+    assert all(torch.equal(a.src, b.src) for a, b in zip(noisy[5:8], resumed))

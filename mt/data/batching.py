@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from mt.data.corpus import ParallelData, TokenArray
-from mt.tokens import BOS, EOS, PAD
+from mt.tokens import BOS, EOS, PAD, UNK
 
 
 def token_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int,
@@ -93,6 +93,14 @@ def collate(data: ParallelData, indices: np.ndarray, pin: bool = False) -> Batch
     if pin:
         tensors = [t.pin_memory() for t in tensors]
     return Batch(*tensors, n_tokens=sum(len(t) + 1 for t in tgts))
+
+
+def drop_source_words(batch: Batch, p: float, seed: list[int]) -> None:
+    """Word dropout, in place: each source token but EOS and padding becomes UNK with
+    probability p. The draw depends on `seed` alone (the batch's epoch seed and position),
+    so every rank and a resumed run put the same noise on the same batch."""
+    hit = torch.from_numpy(np.random.default_rng(seed).random(tuple(batch.src.shape)) < p)
+    batch.src[hit & (batch.src != PAD) & (batch.src != EOS)] = UNK
 
 
 def epoch_seed(seed: int, epoch: int) -> int:
