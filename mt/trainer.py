@@ -15,9 +15,9 @@ import torch
 from tqdm import tqdm
 
 from mt import checkpoint
-from mt.data.batching import (Batch, collate, describe_batches, drop_source_words,
-                              epoch_batches, epoch_seed)
-from mt.data.corpus import ParallelData, both_directions
+from mt.data.batching import Batch, collate, epoch_batches
+from mt.data.corpus import ParallelData
+from mt.data.walk import training_batches
 from mt.distributed import Dist, teardown
 from mt.errors import MTError
 from mt.ema import WeightAverage
@@ -106,46 +106,12 @@ class Trainer:
 
     # -- data -----------------------------------------------------------------------------
     def _batches(self) -> Iterator[Batch]:
-        """Batches from the saved (epoch, position) on; a new shuffle every epoch. With N
-        ranks, every rank walks the same global order and takes every N-th batch, so the
-        position (and resuming) does not depend on the number of ranks."""
-        pin = self.device.type == "cuda"
-        world, rank = self.dist.world, self.dist.rank
-        described = False
-        while True:
-            data = self.train_data if self.epoch_data is None else \
-                self.epoch_data(self.state.epoch)
-            if self.state.batch_in_epoch == 0:
-                self._choose_directions()
-            if self.state.both_directions:
-                data = both_directions(data)
-            order = epoch_batches(data, self.cfg.max_tokens, self.cfg.seed, self.state.epoch)
-            if not described:           # the first epoch this run walks: its padding
-                self._say(describe_batches(data, order, self.cfg.max_tokens))
-                described = True
-            usable = len(order) - len(order) % world   # every rank gets as many batches
-            while self.state.batch_in_epoch < usable:
-                position = self.state.batch_in_epoch + rank
-                self.state.batch_in_epoch += world
-                batch = collate(data, order[position], pin=pin)
-                if self.cfg.word_dropout > 0:
-                    seed = [epoch_seed(self.cfg.seed, self.state.epoch), position]
-                    drop_source_words(batch, self.cfg.word_dropout, seed)
-                yield batch.to(self.device)
-            self.state.epoch += 1
-            self.state.batch_in_epoch = 0
-
-    def _choose_directions(self) -> None:
-        """At an epoch's start: both directions while the budget spent is under
-        train.bidirectional_share (BiT), the configured one after."""
-        share, was = self.cfg.bidirectional_share, self.state.both_directions
-        self.state.both_directions = self._progress < share
-        if self.state.both_directions and not was:
-            self._say(f"epoch {self.state.epoch}: training on both directions until "
-                      f"{share:.0%} of the budget (train.bidirectional_share)")
-        elif was and not self.state.both_directions:
-            self._say(f"step {self.state.step}: {self._progress:.0%} of the budget spent; from "
-                      f"epoch {self.state.epoch} on, the configured direction only")
+        """The training batches from the saved position on (mt.data.walk)."""
+        return training_batches(
+            self.state, self.cfg,
+            lambda epoch: self.train_data if self.epoch_data is None else self.epoch_data(epoch),
+            self.device, rank=self.dist.rank, world=self.dist.world,
+            progress=lambda: self._progress, say=self._say)
 
     # -- one update -----------------------------------------------------------------------
     def _loss(self, batch: Batch, model=None) -> tuple[torch.Tensor, torch.Tensor]:
