@@ -58,11 +58,19 @@ def _truncate_log(path: Path, step: int) -> None:
             path.write_text("".join(x + "\n" for x in kept), encoding="utf-8")
 
 
+def fast_paths_apply(setting: str | bool, device: torch.device) -> bool:
+    """train.fast_paths "auto" means on a CPU only: mt/fast was built for CPU training, and on
+    an H200 mt trained at 0.82x nn.Transformer's tokens/s with it and 1.13x without it
+    (scripts/bench_train.py, base model, bf16; docs/gpu.md)."""
+    return device.type == "cpu" if setting == "auto" else setting
+
+
 def install_fast_paths(model, t):
-    """With `t.fast_paths` (TrainConfig), the CPU speed work beside the reference model
-    (mt/fast) goes into `model`; returns the loss to train with: the fused chunked loss, or
-    the reference loss (no fast paths, or torch.compile, which fuses on its own)."""
-    if not t.fast_paths:
+    """Where `t.fast_paths` (TrainConfig) applies to the device `model` is on, the CPU speed
+    work beside the reference model (mt/fast) goes into `model`; returns the loss to train
+    with: the fused chunked loss, or the reference loss (no fast paths, or torch.compile,
+    which fuses on its own)."""
+    if not fast_paths_apply(t.fast_paths, next(model.parameters()).device):
         return reference_loss
     fast.install(model)
     return reference_loss if t.compile else fast.chunked_loss

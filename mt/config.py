@@ -186,9 +186,10 @@ class TrainConfig(_Section):
     tensorboard: bool = Field(False, description="also write train_log.jsonl's scalars as "
                               "TensorBoard events in RUN_DIR/tensorboard (pip install "
                               "'mt[tensorboard]')")
-    fast_paths: bool = Field(True, description="swap in mt/fast (fused CPU training nodes, "
-                             "hash dropout, row packing, chunked loss) where they apply; false: "
-                             "the reference model and loss as written")
+    fast_paths: Literal["auto", True, False] = Field(
+        "auto", description="swap in mt/fast (fused CPU training nodes, hash dropout, row "
+        "packing, chunked loss); auto: on a CPU only (on an H200 they made training slower); "
+        "false: the reference model and loss as written; true: on any device")
     compile: bool = Field(False, description="torch.compile the training forward/backward "
                                              "(dynamic shapes); pays off on GPU")
 

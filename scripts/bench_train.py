@@ -43,10 +43,11 @@ SIZES = {
     "base": dict(layers=6, d_model=512, heads=8, d_ff=2048, vocab=8000, max_tokens=8192),
 }
 PAD, BOS, EOS = 0, 2, 3
-# --no-fast-paths: mt's contender is the reference model and loss (train.fast_paths false).
-# mt/fast was built for CPU training; on an H200 mt with it ran at 0.82x nn.Transformer
-# (docs/gpu.md), and whether the fast paths are what costs there is this flag's question.
-FAST_PATHS = True
+# mt's contender trains as `mt train` would (train.fast_paths "auto": mt/fast on a CPU only);
+# --no-fast-paths: the reference model and loss anywhere (false); --fast-paths: mt/fast on any
+# device (true), e.g. to measure it again on a GPU (0.82x nn.Transformer on an H200 with it,
+# 1.13x without it: docs/gpu.md).
+FAST_PATHS = "auto"
 
 
 def make_batches(size: dict, n_batches: int, seed: int = 0):
@@ -285,7 +286,8 @@ def measure(size_name: str, args) -> dict:
                                    "--device", args.device, "--precision", args.precision,
                                    *(["--max-tokens", str(args.max_tokens)] if args.max_tokens else []),
                                    *(["--compile"] if args.compile else []),
-                                   *([] if FAST_PATHS else ["--no-fast-paths"])],
+                                   *{True: ["--fast-paths"], False: ["--no-fast-paths"]}.get(
+                                       FAST_PATHS, [])],
                                   capture_output=True, text=True)
             if proc.returncode != 0:
                 raise SystemExit(f"{name} failed:\n{proc.stderr[-3000:]}")
@@ -364,12 +366,15 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=0,
                     help="tokens per batch (source + target); default: the size's 8192")
     ap.add_argument("--compile", action="store_true", help="torch.compile mt's model (dynamic shapes)")
-    ap.add_argument("--no-fast-paths", action="store_true",
-                    help="mt's contender without mt/fast: the reference model and loss")
+    paths = ap.add_mutually_exclusive_group()
+    paths.add_argument("--no-fast-paths", action="store_true",
+                       help="mt's contender without mt/fast: the reference model and loss")
+    paths.add_argument("--fast-paths", action="store_true",
+                       help="mt's contender with mt/fast on any device (default: on a CPU only)")
     ap.add_argument("--worker", choices=list(CONTENDERS), help=argparse.SUPPRESS)
     args = ap.parse_args()
     global FAST_PATHS
-    FAST_PATHS = not args.no_fast_paths
+    FAST_PATHS = False if args.no_fast_paths else True if args.fast_paths else "auto"
     device = torch.device(args.device)
     if args.worker:
         print(json.dumps(run_one(args.worker, size_of(args.size, args.max_tokens), args.steps,
@@ -381,7 +386,8 @@ def main() -> None:
     kind = "bf16" if device.type == "cuda" else "fp32"
     preload = os.environ.get("LD_PRELOAD", "")     # e.g. scripts/mkl_amd_shim.sh's library
     print(f"torch {torch.__version__}, {where}, {args.precision}"
-          + ("" if FAST_PATHS else ", mt without its fast paths (reference model and loss)")
+          + {True: ", mt with its fast paths forced on", False: ", mt without its fast paths "
+             "(reference model and loss)"}.get(FAST_PATHS, "")
           + (f", datasheet dense bf16 {sheet / 1e12:.0f} TFLOP/s" if sheet else "")
           + (f", LD_PRELOAD={preload} (every contender runs with it)" if preload else ""))
     mem = "peak GPU MB" if device.type == "cuda" else "peak RSS MB"

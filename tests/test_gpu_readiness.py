@@ -202,8 +202,10 @@ def test_decoding_auto_follows_the_precision_the_run_really_trained_in(tiny_run,
     changed 39 of 1,000 test translations); checkpoints without the record fall back to the
     config, as before."""
     from mt.device import PRECISION_NAMES
-    ran_in = PRECISION_NAMES[amp_dtype("auto", torch.device(
-        "cuda" if torch.cuda.is_available() else "cpu"))]
+    # tiny_run trained in an `mt` subprocess, and those see no GPU (conftest.cli_env), so on
+    # every machine it trained on the CPU
+    ran_in = PRECISION_NAMES[amp_dtype("auto", torch.device("cpu"))]
+    assert ran_in == "fp32"
     for name in ["best.pt", "last.pt"]:
         ckpt = checkpoint.load(tiny_run / name)
         assert ckpt["config"]["train"]["precision"] == "auto"
@@ -293,3 +295,29 @@ def test_search_never_emits_pad_bos_or_unk():
     emitted = {tok for out in outs for tok in out}
     assert emitted and not {PAD, BOS, UNK} & emitted, outs
     assert EOS not in emitted
+
+
+# -- mt/fast is CPU speed work: "auto" leaves it out on a GPU ----------------------------
+def test_fast_paths_auto_installs_them_on_a_cpu_only():
+    """train.fast_paths "auto" (the default) swaps in mt/fast and its fused loss on a CPU and
+    trains the reference model and loss elsewhere (on an H200 mt/fast made training slower:
+    docs/gpu.md); true and false force either on any device. A model on the meta device
+    stands in for a GPU's: the choice reads the device the model is on."""
+    from mt.build import install_fast_paths
+    from mt.config import ModelConfig, TrainConfig
+    from mt.fast import FAST, chunked_loss
+    from mt.model import build_model
+    assert TrainConfig().fast_paths == "auto"
+
+    def installed(setting, device):
+        model = build_model(ModelConfig(d_model=32, enc_layers=1, dec_layers=1, d_ff=64),
+                            50, 50).to(device)
+        loss = install_fast_paths(model, TrainConfig(fast_paths=setting))
+        swapped = any(type(m) in FAST.values() for m in model.modules())
+        assert swapped == (loss is chunked_loss)
+        return swapped
+
+    assert installed("auto", "cpu") and not installed("auto", "meta")
+    assert installed(True, "meta") and not installed(False, "cpu")
+    with pytest.raises(MTError, match="train.fast_paths"):
+        load_config(TINY, ["train.fast_paths=sometimes"])

@@ -55,5 +55,9 @@ print(before, kept, rss_mb())
     # process's do once glibc has raised its threshold
     out = _python(code, env={"MALLOC_MMAP_THRESHOLD_": str(32 * 2 ** 20)})
     before, kept, after = map(float, out.split())
-    assert kept > before - 30                   # freeing alone gave (almost) nothing back
+    if kept < before - 30:
+        # seen on an H200 machine's image (its PyTorch 2.11 + CUDA build, its C library):
+        # freeing alone gave 148 of 150 MB back, so there is nothing left to test there
+        pytest.skip(f"this allocator returns freed blocks by itself ({before:.0f} MB, then "
+                    f"{kept:.0f} MB after freeing): nothing is left for malloc_trim to hand back")
     assert after < kept - 100                   # 150 MB freed, at least 100 MB returned

@@ -9,8 +9,12 @@ from tests.conftest import ROOT, out_of_memory_on_call
 
 
 def _trainer(tmp_path, *overrides):
+    # on the CPU on every machine: the tests feed CPU batches to train_step, and on a GPU
+    # machine "auto" would put the model on the GPU (a test means the same there as in CI;
+    # tests/test_cuda.py takes the GPU's paths)
     cfg = load_config(ROOT / "configs/tiny.yaml", [f"data.dir={tmp_path / 'd'}",
-                                                    "train.log_every=2", *overrides])
+                                                    "train.log_every=2", "train.device=cpu",
+                                                    *overrides])
     return build_trainer(cfg, tmp_path / "run", log=lambda *_: None)
 
 
