@@ -8,11 +8,12 @@
 # On the GPU machine, in the repository root:  bash scripts/gpu_check.sh OUTDIR [PART ...]
 # PARTs: cudatests (tests/test_cuda.py alone, under 2 min), probe (why the first steps are
 # slow, 1-2 min), tests (the rest of the suite, 4+ min; each failure's traceback is written to
-# OUTDIR/failures.log as it happens; PYTEST_FILES="tests/a.py tests/b.py" runs only those), decode (item 5, 1 min), bench (items 2 and 3, 5 min;
-# benchbase: only the base model's training throughput, 3 min, mt as `mt train` chooses
-# (train.fast_paths auto: no mt/fast on a GPU); benchref: mt without mt/fast, as a check of
-# auto; benchfast: mt with mt/fast forced on), train (item 4: the shipped En->De config for TRAIN_SECONDS, 3 min by default; the
-# whole run takes about 25 min on an H100). Default: cudatests tests train, one 10-minute
+# OUTDIR/failures.log as it happens; PYTEST_FILES="tests/a.py tests/b.py" runs only those),
+# decode (item 5, 1 min), bench (items 2 and 3, 5 min; benchbase: only the base model's
+# training throughput, 3 min, mt as `mt train` chooses (train.fast_paths auto: no mt/fast on a
+# GPU); benchref: mt without mt/fast, as a check of auto; benchfast: mt with mt/fast forced
+# on), train (item 4: the shipped En->De config for TRAIN_SECONDS, 3 min by default; the
+# whole run takes about 20 min on an H200). Default: cudatests tests train, one 10-minute
 # call (a lease is 15 minutes of device time, start-up included; a second call fits only if
 # made within the machine's 30 s idle time). Logged to OUTDIR/check.log.
 set -uo pipefail
