@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
 
 from mt.errors import MTError
 from mt.outputs import atomic_file
@@ -193,6 +194,15 @@ class TrainConfig(_Section):
     compile: bool = Field(False, description="torch.compile the training forward/backward "
                                              "(dynamic shapes); pays off on GPU")
 
+
+    @field_validator("fast_paths", mode="before")
+    @classmethod
+    def _fast_paths_is_not_a_number(cls, v: Any) -> Any:
+        # A Literal of True/False also takes 1 and 0 (1 == True), which strict mode
+        # refuses for every other boolean key.
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            raise ValueError(f"expected 'auto', true or false, not the number {v!r}")
+        return v
 
     @model_validator(mode="after")
     def _average_needs_snapshots(self) -> "TrainConfig":

@@ -321,3 +321,8 @@ def test_fast_paths_auto_installs_them_on_a_cpu_only():
     assert installed(True, "meta") and not installed(False, "cpu")
     with pytest.raises(MTError, match="train.fast_paths"):
         load_config(TINY, ["train.fast_paths=sometimes"])
+    # 1 == True, so a Literal of booleans alone would take 1 and 0 where every other
+    # boolean key refuses them.
+    for number in ("1", "0"):
+        with pytest.raises(MTError, match="train.fast_paths: expected 'auto', true or false"):
+            load_config(TINY, [f"train.fast_paths={number}"])
