@@ -14,6 +14,6 @@ def __getattr__(name: str):
     # The Python API, imported on first use so that `import mt` (and `mt --help`) stays light:
     # from mt import Translator, Sampling
     if name in ("Translator", "Sampling"):
-        from mt import translator
+        from mt.decode import translator
         return getattr(translator, name)
     raise AttributeError(f"module 'mt' has no attribute {name!r}")

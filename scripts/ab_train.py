@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 import bench_train as bt  # its batches, its `ours` and its turn-taking loop
-from mt.checkpoint import rng_state, set_rng_state
+from mt.artifacts.checkpoint import rng_state, set_rng_state
 
 
 class PatchError(ValueError):

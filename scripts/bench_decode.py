@@ -25,8 +25,8 @@ from harness import autocast, sync, take_turns
 from mt.data.batching import pad_sources
 from mt.data.corpus import read_lines
 from mt.model import Transformer
-from mt.search import beam_search
-from mt.tokenizer import Tokenizer
+from mt.decode.search import beam_search
+from mt.data.tokenizer import Tokenizer
 from mt.tokens import BOS, EOS, PAD
 
 
@@ -69,12 +69,12 @@ def ours_decoder(model, args, use_cache: bool):
 
 
 def ct2_decoder(model, tok, args, folder):
-    """The same model exported with mt.export, decoded by CTranslate2 with the same beam and
+    """The same model exported with mt.artifacts.export, decoded by CTranslate2 with the same beam and
     the same number of output tokens, on as many threads as torch uses."""
     import ctranslate2
 
     from mt.config import Config, ModelConfig
-    from mt.export import model_spec
+    from mt.artifacts.export import model_spec
 
     class Converter(ctranslate2.converters.Converter):
         def _load(self):

@@ -21,8 +21,8 @@ import torch
 
 from harness import take_turns
 from mt.data.corpus import read_lines
-from mt.metrics import lc_tok_bleu, moses_languages, score
-from mt.translator import Translator
+from mt.evaluate.metrics import lc_tok_bleu, moses_languages, score
+from mt.decode.translator import Translator
 
 
 def with_iterations(nat: Translator, iterations: int) -> Translator:

@@ -6,7 +6,7 @@ vocabulary, dropout 0.3 as in configs/multi30k_*.yaml) and its Multi30k-like 8,1
 
 Every contender is bench_train's `ours`, the step `mt train` runs (Trainer.train_step), with one
 of three losses: the plain fused loss (mt.fast.chunked_loss), R-Drop as the paper writes it (two
-passes, full logits and their KL: mt.loss.rdrop_loss) and the fused R-Drop
+passes, full logits and their KL: mt.objectives.loss.rdrop_loss) and the fused R-Drop
 (mt.fast.chunked_rdrop_loss, what `mt train` uses with the fast paths). They take turns batch by
 batch in one process (bench_train.interleaved_seconds), so a drift in the machine's speed hits all
 alike. Prints seconds per step and each one's ratio to the plain step; R-Drop's floor is 2x
@@ -20,7 +20,7 @@ import torch
 
 from bench_train import SIZES, interleaved_seconds, ours
 from mt import fast
-from mt.loss import rdrop_loss
+from mt.objectives.loss import rdrop_loss
 
 
 def main() -> None:

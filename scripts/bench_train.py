@@ -92,14 +92,14 @@ def useful_flops(batch, size: dict) -> float:
 # -- the three contenders: each returns a step(batch) closure --------------------------------
 def ours(size, device, precision="fp32", compile=False, loss_fn=None, dropout=0.1):
     """mt's model and its real training step: Trainer.train_step with the fast paths and the
-    loss that mt.build chooses (or `loss_fn`, e.g. an R-Drop loss: scripts/bench_rdrop.py).
+    loss that mt.train.build chooses (or `loss_fn`, e.g. an R-Drop loss: scripts/bench_rdrop.py).
     Gradient clipping is off here, as the references do none."""
-    from mt.build import install_fast_paths
+    from mt.train.build import install_fast_paths
     from mt.config import DecodeConfig, ModelConfig, TrainConfig
     from mt.data.batching import Batch
     from mt.model import build_model
-    from mt.schedule import build_optimizer
-    from mt.trainer import Trainer
+    from mt.train.schedule import build_optimizer
+    from mt.train.trainer import Trainer
     model_cfg = ModelConfig(d_model=size["d_model"], n_heads=size["heads"],
                             enc_layers=size.get("enc_layers", size["layers"]),
                             dec_layers=size.get("dec_layers", size["layers"]),

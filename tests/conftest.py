@@ -12,7 +12,7 @@ from mt.tokens import EOS, PAD
 os.environ["HF_HUB_OFFLINE"] = "1"       # the hub is unreachable here; fail fast, not after retries
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 # One thread in every test process: mt otherwise picks its thread count from how busy the
-# machine is (mt/threads.py), and two runs that a test expects to be bit-identical (resumed vs
+# machine is (mt/runtime/threads.py), and two runs that a test expects to be bit-identical (resumed vs
 # uninterrupted) could then use different counts while the other pytest worker is busy.
 os.environ.setdefault("MT_THREADS", "1")
 

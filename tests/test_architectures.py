@@ -7,7 +7,7 @@ import torch
 from mt.config import ModelConfig
 from mt.model import build_model
 from mt.model.attention import MultiHeadAttention
-from mt.search import beam_search, greedy
+from mt.decode.search import beam_search, greedy
 from mt.tokens import PAD
 from tests.conftest import ROOT, assert_user_error, run_mt
 from tests.conftest import V, make_src

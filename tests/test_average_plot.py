@@ -2,8 +2,8 @@ import json
 
 import torch
 
-from mt import checkpoint
-from mt.translator import Translator
+from mt.artifacts import checkpoint
+from mt.decode.translator import Translator
 from tests.conftest import ROOT, assert_user_error, run_mt
 
 
@@ -75,7 +75,7 @@ def test_decoding_is_tuned_on_valid_and_stored_in_best(tmp_path):
     import shutil
 
     from mt.data.corpus import read_lines
-    from mt.metrics import score
+    from mt.evaluate.metrics import score
     run = tmp_path / "run"
     proc = run_mt("train", ROOT / "configs/tiny.yaml", "--run-dir", run, "--set",
                   f"data.dir={tmp_path / 'data'}", "train.max_steps=40", "train.valid_every=40",

@@ -85,7 +85,7 @@ def test_bench_rdrop_times_the_trainer_step_with_each_loss(bench_train):
     """scripts/bench_rdrop.py's contenders are bench_train's `ours` (Trainer.train_step) with
     the loss swapped: every loss it names is the one the trainer calls, and the script runs."""
     import torch
-    from mt.loss import reference_loss
+    from mt.objectives.loss import reference_loss
     called = []
 
     def loss(model, batch, eps):
@@ -176,7 +176,7 @@ def test_ab_train_b_precision_trains_b_alone_under_bf16_autocast(ab_train, monke
     """--b-precision bf16: B's forward runs under bf16 autocast and A's in fp32, so with no
     patch at all (an A/A otherwise, 0.0 apart) the weights differ after one step."""
     import torch
-    import mt.trainer as trainer_module
+    import mt.train.trainer as trainer_module
     seen = []
     original = trainer_module.Trainer._loss
 

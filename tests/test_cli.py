@@ -4,7 +4,7 @@ import pytest
 
 from mt.data.corpus import read_lines
 from mt.data.synthetic import generate
-from mt.translator import Translator
+from mt.decode.translator import Translator
 from tests.conftest import ROOT, assert_user_error, run_mt
 
 
@@ -80,7 +80,7 @@ def test_rerun_refuses_a_different_config(tiny_run):
 
 
 def test_lowercased_tokenized_bleu_ignores_case_and_tokenization(tmp_path):
-    from mt.metrics import lc_tok_bleu, moses_lc_tokenize
+    from mt.evaluate.metrics import lc_tok_bleu, moses_lc_tokenize
     assert moses_lc_tokenize(['A man\'s "hat", isn\'t it?'], "en") == \
         ["a man &apos;s &quot; hat , &quot; isn &apos;t it ?"]
     refs = ["A dog runs, in the snow.", "Two men play football."]
@@ -94,7 +94,7 @@ def test_lowercased_tokenized_bleu_ignores_case_and_tokenization(tmp_path):
 
 
 def test_alignment_and_attention_picture(tiny_run, tmp_path):
-    from mt.alignment import cross_attention, hard_alignment
+    from mt.decode.alignment import cross_attention, hard_alignment
     tr = Translator.from_checkpoint(tiny_run, "cpu")
     lines = ["lo ka mi", "", "tu re"]
     proc = run_mt("translate", tiny_run, "--print-alignment", input="\n".join(lines) + "\n")

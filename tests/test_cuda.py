@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mt import fast
-from mt.loss import label_smoothed_nll, reference_loss
+from mt.objectives.loss import label_smoothed_nll, reference_loss
 from mt.tokens import PAD
 from tests.conftest import ROOT, run_mt
 from tests.test_fast_paths import _padded_batch, _small_model

@@ -4,8 +4,8 @@ import torch
 
 from mt import Sampling, Translator
 from mt.data.synthetic import generate
-from mt.ensemble import Ensemble
-from mt.search import beam_nbest, beam_search, greedy, sampler
+from mt.decode.ensemble import Ensemble
+from mt.decode.search import beam_nbest, beam_search, greedy, sampler
 from tests.conftest import V, assert_user_error, make_model, make_src, run_mt
 
 
@@ -119,7 +119,7 @@ def test_translate_cli_nbest_sampling_ensemble_and_bad_flags(tiny_run, tmp_path)
 
 
 def test_an_ensemble_needs_one_tokenizer(tiny_run, tmp_path):
-    from mt import checkpoint
+    from mt.artifacts import checkpoint
     ckpt = checkpoint.load(tiny_run / "last.pt")
     ckpt["spm"]["src"] = ckpt["spm"]["src"].clone()
     ckpt["spm"]["src"][-1] ^= 1                                    # another BPE model

@@ -1,5 +1,5 @@
 """`mt distill`: the teacher's translations become the training targets; nothing else moves."""
-from mt.translator import Translator
+from mt.decode.translator import Translator
 from tests.conftest import assert_user_error, run_mt
 
 

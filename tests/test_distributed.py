@@ -7,7 +7,7 @@ import numpy as np
 import torch
 import torch.multiprocessing as mp
 
-from mt.build import build_trainer
+from mt.train.build import build_trainer
 from mt.config import load_config
 from mt.data.batching import collate
 from mt.data.download import download
@@ -94,7 +94,7 @@ def test_torchrun_two_processes_resume_equals_uninterrupted(tmp_path):
 
     assert [step for step, *_ in losses("resumed")] == [10, 20, 30]   # one writer: rank 0
     assert losses("resumed") == losses("straight")
-    from mt import checkpoint
+    from mt.artifacts import checkpoint
     a, b = (checkpoint.load(tmp_path / run / "last.pt") for run in ("resumed", "straight"))
     assert a["train_state"]["step"] == 30 and a["train_state"]["batch_in_epoch"] % 2 == 0
     assert len(a["rank_rng"]) == 2
@@ -106,7 +106,7 @@ def _clock_worker(rank, world, port, data_dir, run_dir, out):
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    from mt.schedule import budget_progress
+    from mt.train.schedule import budget_progress
     cfg = load_config(ROOT / "configs/tiny.yaml", [f"data.dir={data_dir}", "train.max_minutes=1",
                                                     "train.max_steps=1000", "train.cooldown=1.0",
                                                     "train.device=cpu"])

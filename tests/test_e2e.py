@@ -62,7 +62,7 @@ def test_multi30k_validation_bleu_rises(tmp_path):
     # the run exported to CTranslate2 decodes real test sentences as mt does (post-LN model)
     pytest.importorskip("ctranslate2")
     from tests.test_export import _ct2_greedy
-    from mt.translator import Translator
+    from mt.decode.translator import Translator
     assert run_mt("export", tmp_path / "r", tmp_path / "ct2").returncode == 0
     t = Translator.load(tmp_path / "r", "cpu")
     sources = (tmp_path / "m" / "test.de").read_text().splitlines()[:100]
@@ -91,7 +91,7 @@ def test_stop_signal_saves_last_and_exits_0(tmp_path, signame):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     assert f"{signame} at step" in err and "resume" in err and "Traceback" not in err
-    from mt import checkpoint
+    from mt.artifacts import checkpoint
     step = checkpoint.load(tmp_path / "r/last.pt")["train_state"]["step"]
     assert 5 <= step < 100000
 
@@ -100,7 +100,7 @@ def test_resumed_training_equals_uninterrupted(tmp_path):
     """20 steps, stop, resume to 40 == 40 steps straight: same logged losses, bitwise the
     same weights (CPU), because optimizer, schedule, RNG and data position are restored."""
     import torch
-    from mt import checkpoint
+    from mt.artifacts import checkpoint
     common = ["--set", f"data.dir={tmp_path / 'd'}", "train.log_every=5", "train.valid_every=20",
               "train.save_every=20", "model.dropout=0.1", "train.valid_beam=1"]
     cfg = ROOT / "configs/tiny.yaml"
@@ -133,7 +133,7 @@ def _train_args(tmp_path, run, steps):
 
 
 def _last_weights(path):
-    from mt import checkpoint
+    from mt.artifacts import checkpoint
     return checkpoint.load(path)["model"]
 
 
@@ -173,5 +173,5 @@ def test_corrupt_last_checkpoint_falls_back_to_previous(tmp_path):
     proc = run_mt(*_train_args(tmp_path, "r", 50))
     assert proc.returncode == 0, proc.stderr
     assert "warning:" in proc.stderr and "last.pt.prev at step 20" in proc.stderr
-    from mt import checkpoint
+    from mt.artifacts import checkpoint
     assert checkpoint.load(last)["train_state"]["step"] == 50

@@ -1,7 +1,7 @@
-"""train.ema_decay: the exponential moving average of the weights (mt/ema.py)."""
+"""train.ema_decay: the exponential moving average of the weights (mt/train/ema.py)."""
 import torch
 
-from mt.ema import WeightAverage
+from mt.train.ema import WeightAverage
 
 
 class _Tied(torch.nn.Module):
@@ -59,8 +59,8 @@ def test_state_round_trip_resumes_the_same_average():
 
 
 def test_a_run_validates_and_snapshots_the_average_and_resumes_from_raw_weights(tmp_path):
-    from mt import checkpoint
-    from mt.build import build_trainer
+    from mt.artifacts import checkpoint
+    from mt.train.build import build_trainer
     from mt.config import load_config
     from tests.conftest import ROOT
     cfg = load_config(ROOT / "configs/tiny.yaml", [

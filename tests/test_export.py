@@ -2,7 +2,7 @@
 import pytest
 
 from mt.data.synthetic import generate
-from mt.translator import Translator
+from mt.decode.translator import Translator
 from tests.conftest import ROOT, assert_user_error, run_mt
 
 ctranslate2 = pytest.importorskip("ctranslate2")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mt import fast
-from mt.loss import label_smoothed_nll
+from mt.objectives.loss import label_smoothed_nll
 from mt.model import Transformer
 from mt.tokens import PAD
 from tests.conftest import V, make_src
@@ -275,7 +275,7 @@ def test_installed_model_and_chunked_loss_equal_the_reference(arch, norm):
     model's loss, NLL and every parameter gradient, and keeps its state_dict (checkpoints do
     not depend on the switch)."""
     from mt.fast import chunked_loss
-    from mt.loss import reference_loss
+    from mt.objectives.loss import reference_loss
     batch = _padded_batch()
 
     def run(model, loss_fn):
@@ -333,10 +333,10 @@ def test_fast_paths_act_only_where_they_apply():
 @pytest.mark.parametrize("chunk", [3, 2048])
 def test_fused_rdrop_equals_the_reference_in_value_and_gradient(eps, alpha, chunk):
     """The fused R-Drop node on two different sets of decoder states = the mean of the two
-    passes' label-smoothed losses of log_softmax(h W^T) plus alpha times mt.loss.symmetric_kl,
+    passes' label-smoothed losses of log_softmax(h W^T) plus alpha times mt.objectives.loss.symmetric_kl,
     with the gradients for both passes' states and W."""
     from mt.fast.loss import linear_rdrop_loss
-    from mt.loss import symmetric_kl
+    from mt.objectives.loss import symmetric_kl
     g = torch.Generator().manual_seed(2)
     h_a, h_b = (torch.randn(10, 6, generator=g, dtype=torch.float64) for _ in range(2))
     w = torch.randn(11, 6, generator=g, dtype=torch.float64) * 2
@@ -363,7 +363,7 @@ def test_fused_rdrop_on_a_model_is_the_plain_loss_when_the_passes_agree():
     two halves are the same pass, so the KL is zero and loss, NLL and every gradient are the
     reference model's plain loss's; in evaluation it is the plain loss."""
     from mt.fast import chunked_rdrop_loss
-    from mt.loss import reference_loss
+    from mt.objectives.loss import reference_loss
     batch = _padded_batch()
     ref_model, fast_model = _small_model(), fast.install(_small_model())
     ref_loss, ref_nll = reference_loss(ref_model.train(), batch, 0.1)

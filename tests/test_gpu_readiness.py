@@ -9,12 +9,12 @@ import torch
 import torch.multiprocessing as mp
 
 import mt.data.prepare
-from mt import checkpoint
-from mt.build import build_trainer
+from mt.artifacts import checkpoint
+from mt.train.build import build_trainer
 from mt.config import load_config
 from mt.data.batching import collate
 from mt.data.download import download
-from mt.device import amp_dtype, decode_dtype
+from mt.runtime.device import amp_dtype, decode_dtype
 from mt.errors import MTError
 from tests.conftest import ROOT, free_port, out_of_memory_on_call
 
@@ -112,7 +112,7 @@ def test_more_ranks_on_a_machine_than_it_has_gpus_is_a_one_line_error(monkeypatc
     """torchrun --nproc-per-node 2 on a one-GPU machine: every rank says why before it joins
     the group (torch.cuda.set_device would stop only the second, with "invalid device
     ordinal")."""
-    from mt import distributed
+    from mt.runtime import distributed
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(distributed.dist, "init_process_group",
@@ -136,7 +136,7 @@ def test_more_ranks_on_a_machine_than_it_has_gpus_is_a_one_line_error(monkeypatc
 def test_choosing_a_gpu_turns_cudnn_attention_off(monkeypatch):
     """cuDNN's attention plans each new shape (468 ms against 61 for a first-seen batch
     shape on an H200, docs/gpu.md): choosing a CUDA device leaves SDPA to its other kernels."""
-    from mt.device import pick_device
+    from mt.runtime.device import pick_device
     was = torch.backends.cuda.cudnn_sdp_enabled()
     try:
         torch.backends.cuda.enable_cudnn_sdp(True)
@@ -201,7 +201,7 @@ def test_decoding_auto_follows_the_precision_the_run_really_trained_in(tiny_run,
     computed in fp32 and is decoded in fp32 on a GPU too (decoding it in bf16 on an H100
     changed 39 of 1,000 test translations); checkpoints without the record fall back to the
     config, as before."""
-    from mt.device import PRECISION_NAMES
+    from mt.runtime.device import PRECISION_NAMES
     # tiny_run trained in an `mt` subprocess, and those see no GPU (conftest.cli_env), so on
     # every machine it trained on the CPU
     ran_in = PRECISION_NAMES[amp_dtype("auto", torch.device("cpu"))]
@@ -221,7 +221,7 @@ def test_decoding_auto_follows_the_precision_the_run_really_trained_in(tiny_run,
 def test_output_layer_and_log_softmax_are_fp32_under_autocast():
     from mt.config import ModelConfig
     from mt.model import build_model
-    from mt.search import _step_lprobs
+    from mt.decode.search import _step_lprobs
     torch.manual_seed(0)
     model = build_model(ModelConfig(d_model=32, enc_layers=1, dec_layers=1, d_ff=64), 50, 50).eval()
     src = torch.randint(4, 50, (3, 6))
@@ -279,7 +279,7 @@ def test_max_len_beyond_max_positions_is_a_config_error():
 def test_search_never_emits_pad_bos_or_unk():
     from mt.config import ModelConfig
     from mt.model import build_model
-    from mt.search import beam_search, greedy
+    from mt.decode.search import beam_search, greedy
     from mt.tokens import BOS, EOS, PAD, UNK
     torch.manual_seed(0)
     model = build_model(ModelConfig(d_model=32, enc_layers=1, dec_layers=1, d_ff=64), 40, 40).eval()
@@ -303,7 +303,7 @@ def test_fast_paths_auto_installs_them_on_a_cpu_only():
     trains the reference model and loss elsewhere (on an H200 mt/fast made training slower:
     docs/gpu.md); true and false force either on any device. A model on the meta device
     stands in for a GPU's: the choice reads the device the model is on."""
-    from mt.build import install_fast_paths
+    from mt.train.build import install_fast_paths
     from mt.config import ModelConfig, TrainConfig
     from mt.fast import FAST, chunked_loss
     from mt.model import build_model

@@ -1,8 +1,8 @@
-"""Label-smoothed cross-entropy (mt.loss): the pure function and the training loss."""
+"""Label-smoothed cross-entropy (mt.objectives.loss): the pure function and the training loss."""
 import torch
 import torch.nn.functional as F
 
-from mt.loss import label_smoothed_nll
+from mt.objectives.loss import label_smoothed_nll
 from mt.tokens import PAD
 
 
@@ -60,7 +60,7 @@ def _model_and_batch(dropout: float):
 def test_rdrop_with_identical_passes_is_the_plain_loss_and_alpha_scales_only_the_kl():
     """Without dropout both passes are the same: the KL term is zero, so for any alpha the
     R-Drop loss and its gradients are the plain loss's."""
-    from mt.loss import rdrop_loss, reference_loss
+    from mt.objectives.loss import rdrop_loss, reference_loss
     model, batch = _model_and_batch(0.0)
     plain, plain_nll = reference_loss(model, batch, 0.1)
     plain.backward()
@@ -77,7 +77,7 @@ def test_rdrop_with_identical_passes_is_the_plain_loss_and_alpha_scales_only_the
 
 def test_rdrop_alpha_zero_is_the_mean_of_two_plain_passes():
     """With dropout, alpha 0 gives the mean of the plain losses of the two masks it drew."""
-    from mt.loss import rdrop_loss, reference_loss
+    from mt.objectives.loss import rdrop_loss, reference_loss
     model, batch = _model_and_batch(0.3)
     torch.manual_seed(7)
     first, second = reference_loss(model, batch, 0.1)[0], reference_loss(model, batch, 0.1)[0]
@@ -89,7 +89,7 @@ def test_rdrop_alpha_zero_is_the_mean_of_two_plain_passes():
 
 
 def test_symmetric_kl_is_symmetric_zero_for_equal_and_ignores_padding():
-    from mt.loss import symmetric_kl
+    from mt.objectives.loss import symmetric_kl
     g = torch.Generator().manual_seed(0)
     a = torch.log_softmax(torch.randn(5, 9, generator=g), -1)
     b = torch.log_softmax(torch.randn(5, 9, generator=g), -1)

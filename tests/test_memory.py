@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from mt.memory import release_free_memory
+from mt.runtime.memory import release_free_memory
 from tests.conftest import ROOT, cli_env
 
 
@@ -22,7 +22,7 @@ def test_training_does_not_import_torch_dynamo(tmp_path):
     code = """
 import sys
 from pathlib import Path
-from mt.build import build_trainer
+from mt.train.build import build_trainer
 from mt.config import load_config
 cfg = load_config(sys.argv[1], [f"data.dir={sys.argv[2]}", "train.max_steps=4",
                                 "train.valid_every=2", "train.save_every=2"])
@@ -38,7 +38,7 @@ def test_release_free_memory_returns_freed_heap_pages():
     release_free_memory hands them back."""
     code = """
 import torch
-from mt.memory import release_free_memory
+from mt.runtime.memory import release_free_memory
 def rss_mb():
     return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2 ** 20
 blocks, pins = [], []

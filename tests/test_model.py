@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from mt.model import reorder_cache
-from mt.search import beam_search, greedy
+from mt.decode.search import beam_search, greedy
 from mt.tokens import EOS, PAD
 from tests.conftest import V, make_model, make_src
 
@@ -102,7 +102,7 @@ def test_block_topk_equals_topk(length):
     """Beam search's top-2K over K * V candidates per sentence goes through block maxima; it
     returns what topk returns: with the best values crowded into one block, in the ragged tail
     after the last whole block, and with rows that are mostly -inf (forced EOS)."""
-    from mt.search import _topk_rows
+    from mt.decode.search import _topk_rows
     g = torch.Generator().manual_seed(length)
     x = torch.randn(6, length, generator=g)
     x[0, 20:30] = 50.0 + torch.arange(10.0)                  # all of the top 10 in one block

@@ -2,10 +2,10 @@
 encoder's weights."""
 import torch
 
-from mt import checkpoint
+from mt.artifacts import checkpoint
 from mt.config import ModelConfig
 from mt.model import build_model
-from mt.pretrain import MASK, encoder_keys, init_encoder, mask_tokens
+from mt.train.pretrain import MASK, encoder_keys, init_encoder, mask_tokens
 from mt.tokens import BOS, EOS, PAD
 from tests.conftest import ROOT, assert_user_error, run_mt
 
@@ -37,7 +37,7 @@ def test_init_encoder_loads_exactly_the_encoder(tmp_path):
     pretrained = build_model(cfg, 50, 50)
     run = tmp_path / "pre"
     run.mkdir()
-    from mt.tokenizer import Tokenizer
+    from mt.data.tokenizer import Tokenizer
     lines = [f"w{i} w{i % 7} x{i % 3}" for i in range(200)]
     tok = Tokenizer.train(lines, lines, vocab_size=50, joint=True, character_coverage=1.0,
                           max_sentences=1000, seed=0)

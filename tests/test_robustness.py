@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 
-from mt import checkpoint
+from mt.artifacts import checkpoint
 from mt.errors import MTError
 from tests.conftest import ROOT, run_mt
 

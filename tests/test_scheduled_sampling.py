@@ -5,10 +5,10 @@ import torch
 
 from mt.config import ModelConfig, ScheduledSamplingConfig
 from mt.data.batching import Batch
-from mt.loss import reference_loss
+from mt.objectives.loss import reference_loss
 from mt.model import build_model
-from mt.schedule import gold_probability
-from mt.scheduled_sampling import ScheduledSamplingLoss, mixed_input
+from mt.objectives.scheduled_sampling import gold_probability
+from mt.objectives.scheduled_sampling import ScheduledSamplingLoss, mixed_input
 from mt.tokens import BOS, PAD
 from tests.conftest import ROOT, make_src, run_mt
 

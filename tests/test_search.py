@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mt.search import beam_search, greedy
+from mt.decode.search import beam_search, greedy
 from mt.tokens import BOS, EOS
 
 V = 7                      # PAD, UNK, BOS, EOS and three words

@@ -1,10 +1,10 @@
-"""mt's thread count on a shared machine (mt/threads.py): the cores other processes leave free,
+"""mt's thread count on a shared machine (mt/runtime/threads.py): the cores other processes leave free,
 said in one line; an explicit count wins. The speed behind it is measured by
 scripts/bench_threads.py, not here."""
 import pytest
 import torch
 
-from mt import threads
+from mt.runtime import threads
 
 
 @pytest.fixture

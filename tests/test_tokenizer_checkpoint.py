@@ -3,9 +3,9 @@ import pickle
 import pytest
 import torch
 
-from mt import checkpoint
+from mt.artifacts import checkpoint
 from mt.errors import MTError
-from mt.tokenizer import Tokenizer
+from mt.data.tokenizer import Tokenizer
 from tests.conftest import assert_user_error, run_mt
 
 TEXT = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee, 2024!", "Eine Frau liest."] * 30

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from mt import checkpoint
-from mt.build import build_trainer
+from mt.artifacts import checkpoint
+from mt.train.build import build_trainer
 from mt.config import load_config
 from mt.errors import MTError
 from tests.conftest import ROOT, out_of_memory_on_call
@@ -196,7 +196,7 @@ def test_cooldown_brings_the_learning_rate_down_to_zero_at_the_last_step(tmp_pat
     """train.cooldown 0.5 over 10 updates: the Noam rate until update 5, then a straight line
     that reaches 0 where the budget ends (the rate logged after update k is update k+1's)."""
     import json
-    from mt.schedule import noam
+    from mt.train.schedule import noam
     t = _trainer(tmp_path, "train.max_steps=10", "train.cooldown=0.5", "train.valid_every=100")
     t.fit()
     logged = {r["step"]: r["lr"] for r in map(json.loads, (tmp_path / "run/train_log.jsonl")
@@ -268,7 +268,7 @@ def test_forecast_is_revised_from_the_recent_speed():
     """The first forecast comes from the first updates; a revision uses the speed since then,
     so a run whose first updates were slow (a GPU's, docs/gpu.md) is forecast to reach
     max_steps once it is fast, and a budget still cuts it when the speed does not allow it."""
-    from mt.progress import Forecast
+    from mt.train.progress import Forecast
     f = Forecast(step=0, seconds=0.0)
     assert f.revise(100, 10.0, 30_000, 3600.0) is None            # nothing forecast yet
     assert f.update(50, 12.5, 30_000, 3600.0) == 50 + int(3587.5 / 0.25)   # 0.25 s/update

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from mt.rundir import RunLock
+from mt.train.rundir import RunLock
 from tests.conftest import ROOT, assert_user_error, cli_env, run_mt
 
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -125,7 +125,8 @@ def test_full_disk_while_saving_a_checkpoint_names_the_disk(tiny_run, tmp_path):
 def test_torch_unexpected_pos_on_a_full_disk_is_reported_as_a_full_disk(tmp_path, monkeypatch):
     import torch
 
-    from mt import checkpoint, outputs
+    from mt import outputs
+    from mt.artifacts import checkpoint
     from mt.errors import MTError
 
     def torch_on_full_disk(obj, f, *a, **k):
@@ -301,7 +302,7 @@ def test_version_and_builtin_configs_from_any_folder(tmp_path):
 def test_training_picture_marks_best_and_draws_a_single_point(tmp_path):
     import json
 
-    from mt.plot import plot_run, training_figure
+    from mt.evaluate.plot import plot_run, training_figure
     run = tmp_path / "run"
     run.mkdir()
     (run / "train_log.jsonl").write_text("\n".join(json.dumps(r) for r in [
@@ -316,7 +317,7 @@ def test_training_picture_marks_best_and_draws_a_single_point(tmp_path):
 
 
 def test_attention_labels_show_words_not_sentencepiece_marks():
-    from mt.alignment import readable_pieces
+    from mt.decode.alignment import readable_pieces
     assert readable_pieces(["\u2581Ein", "\u2581Hund", "e", "\u2581", "</s>"]) == \
         ["Ein", "Hund", "##e", "\u2423", "</s>"]
 

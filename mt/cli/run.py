@@ -62,7 +62,7 @@ def train_cmd(
 
     Example: mt train configs/multi30k_de_en.yaml --set data.dir=data/multi30k
     """
-    from mt.build import build_trainer
+    from mt.train.build import build_trainer
     from mt.config import load_config
     cfg = load_config(config, list(overrides) + list(more or []))
     run_dir = run_dir or Path("runs") / config.stem
@@ -92,7 +92,7 @@ def pretrain_cmd(
     Example: mt pretrain multi30k_de_en --run-dir runs/mlm_de --set train.max_steps=2000
     """
     from mt.config import load_config
-    from mt.pretrain import pretrain
+    from mt.train.pretrain import pretrain
     cfg = load_config(config, list(overrides) + list(more or []))
     record = pretrain(cfg, run_dir, log=_err)
     typer.echo(f"wrote {run_dir / 'pretrained.pt'} after {record['step']} updates "

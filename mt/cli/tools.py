@@ -28,7 +28,7 @@ def report_cmd(
     Example: mt report runs/multi30k_de_en --baseline runs/rnn -o report.html
     """
     from mt.outputs import check_output, write_text
-    from mt.report import build_report
+    from mt.evaluate.report import build_report
     _check_device(device)
     if (src is None) != (ref is None):
         raise MTError("give both --src and --ref, or neither (the run's test split)")
@@ -52,7 +52,7 @@ def average_cmd(
 
     Example: mt average runs/multi30k_de_en --last 5 -o runs/multi30k_de_en/avg5.pt
     """
-    from mt import checkpoint
+    from mt.artifacts import checkpoint
     from mt.outputs import check_output
     if not run_dir.is_dir():
         raise MTError(f"{run_dir} is not a run directory; give the folder of an mt train run")
@@ -79,7 +79,7 @@ def tune_cmd(
 
     Example: mt tune runs/multi30k_de_en --beams 1,5,10 --length-penalties 0.6,1.0,1.4
     """
-    from mt.tuning import tune_best, tuning_pairs
+    from mt.evaluate.tuning import tune_best, tuning_pairs
     if not (run_dir / "best.pt").is_file():
         raise MTError(f"{run_dir}/best.pt not found: tune a run directory that has validated")
     if (src is None) != (ref is None):
@@ -109,7 +109,7 @@ def plot_cmd(
     Example: mt plot runs/multi30k_de_en
     """
     from mt.outputs import check_folder_writable, check_output
-    from mt.plot import plot_run
+    from mt.evaluate.plot import plot_run
     if output is None:           # the run's own picture, redrawn as training redraws it
         if run_dir.is_dir():
             check_folder_writable(run_dir, "run")
@@ -132,7 +132,7 @@ def distill_cmd(
 
     Example: mt distill runs/multi30k_de_en --data data/multi30k --out data/multi30k_kd
     """
-    from mt.distill import distill
+    from mt.train.distill import distill
     _check_device(device)
     _check_beam(beam)
     n = distill(teacher, data, out, beam, device, force, log=_err)

@@ -40,11 +40,11 @@ def translate_cmd(
 
     Example: mt translate runs/multi30k_de_en -i test.de -o test.en --beam 5
     """
-    from mt import checkpoint
+    from mt.artifacts import checkpoint
     from mt.outputs import is_stdio
-    from mt.textio import check_input_output, interactive, read_input, write_output
-    from mt.threads import choose_threads
-    from mt.translator import Sampling, Translator
+    from mt.cli.textio import check_input_output, interactive, read_input, write_output
+    from mt.runtime.threads import choose_threads
+    from mt.decode.translator import Sampling, Translator
     _check_device(device)
     _check_beam(beam)
     sampling = Sampling.from_flags(sample, temperature, topk, topp, seed, beam, nbest)
@@ -89,23 +89,23 @@ def eval_cmd(
               mt eval --hyp out.en --ref test.en --ci
               mt eval --hyp base.en --hyp new.en --ref test.en
     """
-    from mt import evaluate
+    from mt.evaluate import compare
     from mt.data.corpus import read_lines
-    from mt.metrics import check_moses_lang, paired_significance
+    from mt.evaluate.metrics import check_moses_lang, paired_significance
     _check_device(device)
     _check_beam(beam)
     if moses_lang:
         check_moses_lang(moses_lang)          # before any translating
-    systems = evaluate.systems(list(models or []), list(hyps or []), src, beam=beam,
-                               length_penalty=length_penalty, device=device,
-                               precision=precision)
+    systems = compare.systems(list(models or []), list(hyps or []), src, beam=beam,
+                              length_penalty=length_penalty, device=device,
+                              precision=precision)
     refs = read_lines(ref)
     if len(systems) == 1:
-        result = evaluate.one_system(systems[0][1], refs, ci, moses_lang)
-        typer.echo(json.dumps(result) if as_json else evaluate.describe_one(result, moses_lang))
+        result = compare.one_system(systems[0][1], refs, ci, moses_lang)
+        typer.echo(json.dumps(result) if as_json else compare.describe_one(result, moses_lang))
     else:
         rows = paired_significance(systems, refs)
-        typer.echo(json.dumps({"systems": rows}) if as_json else evaluate.describe_table(rows))
+        typer.echo(json.dumps({"systems": rows}) if as_json else compare.describe_table(rows))
 
 @command("attention")
 def attention_cmd(
@@ -124,10 +124,10 @@ def attention_cmd(
 
     Example: mt attention runs/multi30k_de_en "Ein Hund rennt durch den Schnee." -o attn.png
     """
-    from mt import checkpoint
-    from mt.alignment import plot_attention
+    from mt.artifacts import checkpoint
+    from mt.decode.alignment import plot_attention
     from mt.outputs import check_output
-    from mt.translator import Translator
+    from mt.decode.translator import Translator
     _check_device(device)
     _check_beam(beam)
     path = checkpoint.resolve(model)
@@ -157,7 +157,7 @@ def export_cmd(
 
     Example: mt export runs/multi30k_de_en ct2_de_en --quantization int8
     """
-    from mt.export import export
+    from mt.artifacts.export import export
     if to != "ctranslate2":
         raise MTError(f"--to {to!r}: the one format is ctranslate2")
     typer.echo(f"wrote {export(run, out, quantization, force)}")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 from mt.config import Config
 from mt.data.batching import epoch_seed
@@ -10,16 +11,19 @@ from mt.data.corpus import (ParallelData, Stats, clean_pairs, drop_empty, encode
                             split_paths)
 from mt.data.download import download
 from mt.errors import MTError
-from mt.tokenizer import Tokenizer
+from mt.data.tokenizer import Tokenizer
 
 
-def prepare_data(cfg: Config, run_dir: Path, dist, log, bpe_dropout: float = 0.0):
+def prepare_data(cfg: Config, run_dir: Path, dist, log, bpe_dropout: float = 0.0,
+                 inherited: Callable[[], Tokenizer | None] | None = None):
     """From the data config and the run directory to what training reads: the corpus fetched
     if the config names one and data.dir has none (rank 0), the run's BPE model (trained by
     rank 0 the first time), the training split as token ids, and the valid split as text and
     token ids. Returns (tokenizer, train data, (valid sources, valid references, valid data)).
     bpe_dropout > 0: the training data is epoch 0's BPE-dropout segmentation (the plain one is
-    never trained on), so the logged counts are those of what the first epoch walks."""
+    never trained on), so the logged counts are those of what the first epoch walks.
+    inherited() -> the BPE model a new run adopts instead of training its own (that of a
+    pretrained encoder, model.init_encoder), or None."""
     if dist.is_main:          # one rank downloads and trains BPE; the others wait, then read
         ensure_data(cfg, log)
     dist.wait_for_main()
@@ -31,7 +35,7 @@ def prepare_data(cfg: Config, run_dir: Path, dist, log, bpe_dropout: float = 0.0
     if not vsrc:
         raise MTError(f"{d.dir}: the valid split has no non-empty pairs")
     if dist.is_main:
-        load_tokenizer(cfg, run_dir, train_paths, log)
+        load_tokenizer(cfg, run_dir, train_paths, log, inherited)
     dist.wait_for_main()
     tokenizer = load_tokenizer(cfg, run_dir, train_paths, log)
     train_data = encode_train(cfg, tokenizer, train_stats, bpe_dropout, epoch=0)
@@ -90,14 +94,15 @@ def ensure_data(cfg: Config, log) -> None:
             raise MTError(f"{d.dataset} gave no {split} split for {d.src_lang}-{d.tgt_lang}")
 
 
-def load_tokenizer(cfg: Config, run_dir: Path, train_paths: tuple[Path, Path], log) -> Tokenizer:
-    """The run's BPE model, trained on (a sample of) the training split the first time."""
+def load_tokenizer(cfg: Config, run_dir: Path, train_paths: tuple[Path, Path], log,
+                   inherited: Callable[[], Tokenizer | None] | None = None) -> Tokenizer:
+    """The run's BPE model: the one it saved, else inherited()'s, else trained on (a sample
+    of) the training split the first time."""
     tok = Tokenizer.load(run_dir)
-    if tok is None and cfg.model.init_encoder:     # the pretrained encoder's vocabulary
-        from mt import checkpoint
-        tok = checkpoint.tokenizer_from(checkpoint.load(Path(cfg.model.init_encoder)))
-        log(f"using the BPE model of {cfg.model.init_encoder} (model.init_encoder)")
-        tok.save(run_dir)
+    if tok is None and inherited is not None:
+        tok = inherited()
+        if tok is not None:
+            tok.save(run_dir)
     if tok is None:
         t = cfg.tokenizer
         log(f"training {'joint' if t.joint else 'separate'} BPE (vocab {t.vocab_size}) ...")

@@ -2,7 +2,7 @@
 
 The reference model (mt/model) is the paper written plainly. What made CPU training about
 1.5x faster than Hugging Face Marian lives here, in one place, and is swapped in by
-`install(model)` (called by mt.build on a CPU, where `train.fast_paths` is "auto", the default,
+`install(model)` (called by mt.train.build on a CPU, where `train.fast_paths` is "auto", the default,
 or on any device where it is true):
 
 - nodes.py:   fused autograd nodes for the feed-forward, the post-LN add & norm and attention

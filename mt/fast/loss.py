@@ -1,5 +1,5 @@
 """The output projection and the label-smoothed loss in one node, a chunk of rows at a time:
-the (N, V) logits never exist whole. Equal to mt.loss.reference_loss in value and gradient
+the (N, V) logits never exist whole. Equal to mt.objectives.loss.reference_loss in value and gradient
 (tests/test_fast_paths.py); measurements in docs/performance.md."""
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ def linear_smoothed_cross_entropy(h: torch.Tensor, weight: torch.Tensor, target:
 
 
 def chunked_loss(model, batch, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """mt.loss.reference_loss with the projection fused into the loss: the decoder states of
+    """mt.objectives.loss.reference_loss with the projection fused into the loss: the decoder states of
     the target tokens that count (padding removed) go straight into the chunked node."""
     keep = batch.tgt_out != PAD                                           # (B, T)
     h = model.decode(batch.tgt_in, model.encode(batch.src, batch.src_pad_mask),
@@ -118,7 +118,7 @@ def chunked_loss(model, batch, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class _LinearRDropLoss(torch.autograd.Function):
-    """mt.loss.rdrop_loss's value on two passes' decoder states, fused with the output
+    """mt.objectives.loss.rdrop_loss's value on two passes' decoder states, fused with the output
     projection and computed in chunks of rows like _LinearSmoothedCrossEntropy: the mean of the
     two passes' label-smoothed losses plus alpha times their symmetric KL (Liang et al. 2021).
 
@@ -182,14 +182,14 @@ def linear_rdrop_loss(h_a: torch.Tensor, h_b: torch.Tensor, weight: torch.Tensor
                       chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """h_a, h_b: (N, D) two dropout passes' decoder states of the same N target tokens;
     weight: (V, D). Returns (R-Drop loss sum, mean NLL sum of the two passes), the values of
-    mt.loss.rdrop_loss on those logits with the gradient of the first, `chunk` rows of logits
+    mt.objectives.loss.rdrop_loss on those logits with the gradient of the first, `chunk` rows of logits
     at a time (LOSS_CHUNK_ROWS when None)."""
     return _LinearRDropLoss.apply(h_a, h_b, weight, target, eps, alpha,
                                   chunk or LOSS_CHUNK_ROWS)
 
 
 def chunked_rdrop_loss(model, batch, eps: float, alpha: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """mt.loss.rdrop_loss with both passes in one: the batch goes through the model stacked on
+    """mt.objectives.loss.rdrop_loss with both passes in one: the batch goes through the model stacked on
     itself (each copy draws its own dropout masks, as in Liang et al.'s code), and the two
     halves' decoder states go into the fused R-Drop loss. Twice the plain step's work in two
     batches' worth of rows, instead of two passes that each also build (N, V) logits and their

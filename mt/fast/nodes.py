@@ -156,7 +156,7 @@ class _AttentionOut(torch.autograd.Function):
     backward from the kept weights, mask and v (one small batched matmul: S / D of the
     projection's work), and the scaling, masking and dropout scale run in place or fold into
     the matmuls: one (N, D) tensor less per attention and far fewer allocations of changing
-    sizes, which is what keeps a CPU process's heap from growing (see mt/memory.py).
+    sizes, which is what keeps a CPU process's heap from growing (see mt/runtime/memory.py).
     Measurements: docs/performance.md."""
 
     @staticmethod

@@ -2,7 +2,7 @@
 (Ghazvininejad et al. 2019). The encoder is the Transformer's; the decoder reads the whole
 target at once, without the causal mask, and predicts the tokens hidden behind the mask token;
 a length predictor on the mean encoder state says how long the target is. Training and
-decoding (iterative re-masking) live in mt/nat.py."""
+decoding (iterative re-masking) live in mt/objectives/nat.py."""
 from __future__ import annotations
 
 import torch

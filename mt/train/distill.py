@@ -9,7 +9,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from mt import checkpoint
+from mt.artifacts import checkpoint
 from mt.data.corpus import SPLITS, has_split, read_lines, split_paths
 from mt.errors import MTError
 from mt.outputs import check_folder_creatable, write_text
@@ -18,7 +18,7 @@ from mt.outputs import check_folder_creatable, write_text
 def distill(teacher: Path, data: Path, out: Path, beam: int | None = None,
             device: str = "auto", force: bool = False, log=print) -> int:
     """Write DIR2/{train,valid,test}.{src,tgt}; returns the number of training pairs."""
-    from mt.translator import Translator
+    from mt.decode.translator import Translator
     path = checkpoint.resolve(teacher)
     d = checkpoint.config_of(checkpoint.load(path), str(path)).data
     if not has_split(data, "train", d.src_lang, d.tgt_lang):

@@ -3,10 +3,10 @@ the average of the last snapshots (kept as best.pt when better), decoding tuned 
 split with best.pt's weights, the training picture, and what the user should know."""
 from __future__ import annotations
 
-from mt import checkpoint
-from mt.memory import release_free_memory
-from mt.metrics import score
-from mt.translator import Translator
+from mt.artifacts import checkpoint
+from mt.runtime.memory import release_free_memory
+from mt.evaluate.metrics import score
+from mt.decode.translator import Translator
 
 
 def finish_run(trainer, rank_rng: list[dict]) -> None:
@@ -37,7 +37,7 @@ def finish_run(trainer, rank_rng: list[dict]) -> None:
 
 def draw_training_picture(run_dir, say) -> None:
     """RUN_DIR/training.png, redrawn after every validation; a picture never stops a run."""
-    from mt.plot import plot_run
+    from mt.evaluate.plot import plot_run
     try:
         plot_run(run_dir)
     except Exception as e:
@@ -85,7 +85,7 @@ def average_snapshots(trainer) -> dict | None:
 def tune_best_in_memory(trainer) -> None:
     """decode.tune_beams x decode.tune_length_penalties on the valid split with best.pt's
     weights in the training model (best.pt read once), the winner stored in best.pt."""
-    from mt.tuning import tune_decoding
+    from mt.evaluate.tuning import tune_decoding
     d, v = trainer.decode_cfg, trainer.validation
     release_free_memory()
     path = trainer.run_dir / "best.pt"

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from mt import checkpoint
+from mt.artifacts import checkpoint
 from mt.config import Config
 from mt.data.batching import collate, epoch_batches
 from mt.errors import MTError
@@ -65,12 +65,12 @@ def pretrain(cfg: Config, run_dir: Path, log=print) -> dict:
     accum_steps batches per update; writes RUN_DIR/pretrained.pt."""
     import os
     from mt.data.prepare import prepare_data
-    from mt.device import amp_dtype, pick_device
-    from mt.distributed import Dist
+    from mt.runtime.device import amp_dtype, pick_device
+    from mt.runtime.distributed import Dist
     from mt.model import build_model
-    from mt.rundir import prepare_run_dir
-    from mt.schedule import build_optimizer
-    from mt.threads import choose_threads
+    from mt.train.rundir import prepare_run_dir
+    from mt.train.schedule import build_optimizer
+    from mt.runtime.threads import choose_threads
     if cfg.model.arch != "transformer":
         raise MTError(f"model.arch {cfg.model.arch}: mt pretrain trains a Transformer encoder")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -138,7 +138,7 @@ def _update(model, batches, optimizer, scaler, generator, t, device,
 
 def _loop(model, data, optimizer, scheduler, generator, t, run_dir: Path, log, device,
           dtype) -> dict:
-    from mt.schedule import budget_progress
+    from mt.train.schedule import budget_progress
     model.train()
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     batches = _batches(data, t, device)
@@ -188,6 +188,15 @@ def encoder_keys(state: dict) -> list[str]:
     embedding and the position table (learned positions)."""
     return [k for k in state if k.startswith(("encoder.", "enc_norm.", "src_embed.",
                                               "positions."))]
+
+
+def pretrained_tokenizer(path: str | None, log=print):
+    """The BPE model of the pretrained encoder at `path` (model.init_encoder), which a new run
+    starting from it adopts; None without one."""
+    if not path:
+        return None
+    log(f"using the BPE model of {path} (model.init_encoder)")
+    return checkpoint.tokenizer_from(checkpoint.load(Path(path)))
 
 
 def init_encoder(model, path: str, tokenizer, log=print) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from mt import checkpoint
+from mt.artifacts import checkpoint
 from mt.config import Config, config_from_dict, diff_configs, save_config
 from mt.data.corpus import split_paths
 from mt.errors import MTError

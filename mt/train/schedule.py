@@ -1,7 +1,6 @@
 """The "Noam" learning-rate schedule (Vaswani et al. 2017, eq. 3) and the Adam optimizer."""
 from __future__ import annotations
 
-import math
 
 import torch
 
@@ -32,22 +31,6 @@ def cooldown_scale(progress: float, fraction: float) -> float:
     if fraction <= 0.0:
         return 1.0
     return min(1.0, max(0.0, (1.0 - progress) / fraction))
-
-
-def gold_probability(step: int, schedule: str, k: float, c: float = 0.0,
-                     min_gold: float = 0.0) -> float:
-    """Scheduled sampling's probability of feeding the gold previous token at update `step`
-    (Bengio et al. 2015, sec. 2.4): linear k - c * step, exponential k ** step (k < 1), inverse
-    sigmoid k / (k + exp(step / k)) (k >= 1); never below min_gold."""
-    if schedule == "linear":
-        p = k - c * step
-    elif schedule == "exponential":
-        p = k ** step
-    elif schedule == "inverse_sigmoid":
-        p = k / (k + math.exp(min(step / k, 700.0)))
-    else:
-        raise ValueError(f"unknown schedule {schedule!r}")
-    return min(1.0, max(min_gold, p))
 
 
 class Adam:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mt import checkpoint
-from mt.metrics import score
-from mt.translator import Translator
+from mt.artifacts import checkpoint
+from mt.evaluate.metrics import score
+from mt.decode.translator import Translator
 
 
 def tune_decoding(translator: Translator, src: list[str], refs: list[str], beams: list[int],

@@ -7,21 +7,22 @@ from pathlib import Path
 
 import torch
 
-from mt import checkpoint, fast
+from mt import fast
+from mt.artifacts import checkpoint
 from mt.config import Config
 from mt.data.prepare import bpe_dropout_epochs, prepare_data
-from mt.device import PRECISION_NAMES, amp_dtype, pick_device
-from mt.distributed import setup
+from mt.runtime.device import PRECISION_NAMES, amp_dtype, pick_device
+from mt.runtime.distributed import setup
 from mt.errors import MTError
-from mt.loss import rdrop_loss, reference_loss
+from mt.objectives.loss import rdrop_loss, reference_loss
 from mt.model import build_model
-from mt.nat import nat_loss
-from mt.pretrain import init_encoder
-from mt.rundir import has_checkpoint, prepare_run_dir, record_corpus, write_run_info
-from mt.schedule import build_optimizer
-from mt.scheduled_sampling import ScheduledSamplingLoss
-from mt.threads import choose_threads
-from mt.trainer import Trainer, TrainState, Validation
+from mt.objectives.nat import nat_loss
+from mt.train.pretrain import init_encoder, pretrained_tokenizer
+from mt.train.rundir import has_checkpoint, prepare_run_dir, record_corpus, write_run_info
+from mt.train.schedule import build_optimizer
+from mt.objectives.scheduled_sampling import ScheduledSamplingLoss
+from mt.runtime.threads import choose_threads
+from mt.train.trainer import Trainer, TrainState, Validation
 
 
 def _quiet(*_args) -> None:
@@ -96,8 +97,9 @@ def _build(cfg: Config, run_dir: Path, dist, device_name: str, log, lock) -> Tra
     if t.num_threads or not dist.enabled:   # ranks sharing a machine would count each other
         choose_threads(t.num_threads, log)
     torch.manual_seed(t.seed)
-    tokenizer, train_data, (vsrc, vtgt, valid_data) = prepare_data(cfg, run_dir, dist, log,
-                                                                 t.bpe_dropout)
+    tokenizer, train_data, (vsrc, vtgt, valid_data) = prepare_data(
+        cfg, run_dir, dist, log, t.bpe_dropout,
+        inherited=lambda: pretrained_tokenizer(cfg.model.init_encoder, log))
     if dist.is_main:
         record_corpus(cfg, run_dir)
         write_run_info(run_dir)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from mt import checkpoint
+from mt.artifacts import checkpoint
 from mt.errors import MTError
 from mt.outputs import check_folder_creatable
 

@@ -1,6 +1,6 @@
 """The training loop: one optimizer update per `step`, validation and checkpoints around it.
 
-`Trainer` takes explicit objects; `build_trainer` (in mt.build) reads the config and makes them.
+`Trainer` takes explicit objects; `build_trainer` (in mt.train.build) reads the config and makes them.
 """
 from __future__ import annotations
 
@@ -14,21 +14,21 @@ from typing import Iterator
 import torch
 from tqdm import tqdm
 
-from mt import checkpoint
+from mt.artifacts import checkpoint
 from mt.data.batching import Batch, collate, epoch_batches
 from mt.data.corpus import ParallelData
 from mt.data.walk import training_batches
-from mt.distributed import Dist, teardown
+from mt.runtime.distributed import Dist, teardown
 from mt.errors import MTError
-from mt.ema import WeightAverage
-from mt.finish import draw_training_picture, finish_run, with_weights
-from mt.loss import reference_loss
-from mt.memory import release_free_memory
-from mt.tracking import RunLog
-from mt.progress import Forecast, lost_work_message, stop_on_signal
-from mt.schedule import budget_progress
-from mt.metrics import score
-from mt.translator import Translator
+from mt.train.ema import WeightAverage
+from mt.train.finish import draw_training_picture, finish_run, with_weights
+from mt.objectives.loss import reference_loss
+from mt.runtime.memory import release_free_memory
+from mt.train.tracking import RunLog
+from mt.train.progress import Forecast, lost_work_message, stop_on_signal
+from mt.train.schedule import budget_progress
+from mt.evaluate.metrics import score
+from mt.decode.translator import Translator
 
 
 @dataclass
@@ -75,7 +75,7 @@ class Trainer:
                  run_dir: Path, device: torch.device, amp_dtype: torch.dtype | None,
                  state: TrainState | None = None, log=print, dist: Dist = Dist(), lock=None,
                  loss_fn=reference_loss, tensorboard: bool = False, epoch_data=None):
-        """loss_fn(model, batch, eps) -> (smoothed loss sum, NLL sum): mt.loss.reference_loss
+        """loss_fn(model, batch, eps) -> (smoothed loss sum, NLL sum): mt.objectives.loss.reference_loss
         or mt.fast.chunked_loss. epoch_data(epoch) -> ParallelData: the training data of each
         epoch where it changes from epoch to epoch (BPE-dropout), and then train_data is None:
         the plain segmentation would be a second copy of the split kept for nothing; None:

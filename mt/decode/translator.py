@@ -11,12 +11,12 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from mt import checkpoint
+from mt.artifacts import checkpoint
 from mt.data.batching import pad_sources, token_batches
-from mt.device import decode_dtype, pick_device
+from mt.runtime.device import decode_dtype, pick_device
 from mt.errors import MTError
-from mt.nat import mask_predict
-from mt.search import beam_nbest, greedy, max_lengths, sampler
+from mt.decode.mask_predict import mask_predict
+from mt.decode.search import beam_nbest, greedy, max_lengths, sampler
 from mt.tokens import PAD
 
 
@@ -61,7 +61,7 @@ class Translator:
     def __init__(self, model, tokenizer, decode_cfg, device: torch.device,
                  amp_dtype: torch.dtype | None = None):
         """amp_dtype: autocast dtype for the encoder and decoder layers (None: fp32); the output
-        layer and log-softmax are fp32 either way (mt.search)."""
+        layer and log-softmax are fp32 either way (mt.decode.search)."""
         self.model, self.tokenizer, self.cfg, self.device = model, tokenizer, decode_cfg, device
         self.amp_dtype = amp_dtype
 
@@ -74,7 +74,7 @@ class Translator:
         if isinstance(paths, (str, Path)) or len(paths) == 1:
             return cls.from_checkpoint(paths if isinstance(paths, (str, Path)) else paths[0],
                                        device, precision)
-        from mt.ensemble import Ensemble
+        from mt.decode.ensemble import Ensemble
         resolved = [checkpoint.resolve(p) for p in paths]
         ckpts = [checkpoint.load(p) for p in resolved]
         for path, ckpt in zip(resolved[1:], ckpts[1:]):
@@ -100,7 +100,7 @@ class Translator:
     @classmethod
     def from_dict(cls, ckpt: dict, device: str = "auto", precision: str = "auto",
                   source: str = "checkpoint") -> "Translator":
-        """From a checkpoint already in memory (see mt.checkpoint.load)."""
+        """From a checkpoint already in memory (see mt.artifacts.checkpoint.load)."""
         cfg, tokenizer, model = checkpoint.model_of(ckpt, source)
         dev = pick_device(device)
         return cls(model.to(dev).eval(), tokenizer, cfg.decode, dev,
@@ -233,7 +233,7 @@ class Translator:
     def translate_with_alignment(self, lines: list[str], beam: int | None = None,
                                  length_penalty: float | None = None) -> list[str]:
         """"translation<TAB>s-t s-t ...": 0-based source-subword to output-subword links."""
-        from mt.alignment import cross_attention, format_alignment, hard_alignment
+        from mt.decode.alignment import cross_attention, format_alignment, hard_alignment
         out = []
         for found in self.search(lines, beam, length_penalty):
             if found is None:
@@ -247,7 +247,7 @@ class Translator:
 
     def attention(self, line: str, beam: int | None = None):
         """(translation, weights (L, H, T, S), source labels, output labels) for one sentence."""
-        from mt.alignment import cross_attention
+        from mt.decode.alignment import cross_attention
         found = self.search([line], beam)[0]
         if found is None:
             raise MTError("the sentence is empty: give some text to translate")

@@ -145,7 +145,7 @@ def set_train_state(ckpt: dict, train_state: dict) -> None:
 
 
 def tokenizer_from(ckpt: dict):
-    from mt.tokenizer import Tokenizer
+    from mt.data.tokenizer import Tokenizer
     spm = ckpt["spm"]
     return Tokenizer(tensor_to_bytes(spm["src"]),
                      tensor_to_bytes(spm["tgt"]) if "tgt" in spm else None)

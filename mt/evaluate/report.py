@@ -11,11 +11,11 @@ from pathlib import Path
 
 import yaml
 
-from mt import checkpoint
+from mt.artifacts import checkpoint
 from mt.data.corpus import has_split, read_lines, split_paths
 from mt.errors import MTError
-from mt.metrics import full_scores, paired_significance
-from mt.plot import read_log
+from mt.evaluate.metrics import full_scores, paired_significance
+from mt.evaluate.plot import read_log
 
 CSS = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}
 h1{font-size:1.6em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:1.6em}
@@ -45,7 +45,7 @@ def _cell(v) -> str:
 
 
 def _curves(run_dir: Path) -> str:
-    from mt.plot import training_figure
+    from mt.evaluate.plot import training_figure
     return _png(training_figure(run_dir))
 
 
@@ -95,7 +95,7 @@ def _samples(src: list[str], hyps: list[str], refs: list[str], k: int = 5) -> st
 
 
 def _attention(translator, sentences: list[str]) -> str:
-    from mt.alignment import attention_figure
+    from mt.decode.alignment import attention_figure
     pictures = []
     for line in sentences:
         try:
@@ -110,7 +110,7 @@ def _attention(translator, sentences: list[str]) -> str:
 def build_report(run_dir: Path, baseline: Path | None = None, src: Path | None = None,
                  ref: Path | None = None, device: str = "cpu") -> str:
     """The HTML page (a string); translating the test split takes most of the time."""
-    from mt.translator import Translator
+    from mt.decode.translator import Translator
     records = read_log(run_dir)
     path = checkpoint.resolve(run_dir)
     ckpt = checkpoint.load(path)

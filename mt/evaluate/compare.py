@@ -6,7 +6,7 @@ from pathlib import Path
 
 from mt.data.corpus import read_lines
 from mt.errors import MTError
-from mt.metrics import full_scores, lc_tok_bleu
+from mt.evaluate.metrics import full_scores, lc_tok_bleu
 
 
 def systems(models: list[Path], hyps: list[Path], src: Path | None, **decode) -> list:
@@ -18,7 +18,7 @@ def systems(models: list[Path], hyps: list[Path], src: Path | None, **decode) ->
         return [(str(h), read_lines(h)) for h in hyps]
     if not models or src is None:
         raise MTError("nothing to score: pass --hyp FILE, or a model and --src FILE")
-    from mt.translator import Translator
+    from mt.decode.translator import Translator
     lines = read_lines(src)
     device, precision = decode.pop("device"), decode.pop("precision")
     return [(str(m), Translator.from_checkpoint(m, device, precision).translate(lines, **decode))

@@ -1,5 +1,5 @@
 """Scheduled sampling (Bengio et al. 2015): in training, each previous target token the
-decoder reads is the gold one with probability p (decaying over updates, mt.schedule.
+decoder reads is the gold one with probability p (decaying over updates, mt.train.schedule.
 gold_probability) and the model's own prediction otherwise, so that training meets the
 mistakes that decoding will make. With p = 1 it is exactly teacher forcing.
 
@@ -12,11 +12,12 @@ mistakes that decoding will make. With p = 1 it is exactly teacher forcing.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from mt.data.batching import Batch
-from mt.loss import logits_loss
-from mt.schedule import gold_probability
+from mt.objectives.loss import logits_loss
 from mt.tokens import PAD
 
 
@@ -29,6 +30,22 @@ def mixed_input(tgt_in: torch.Tensor, predicted: torch.Tensor, gold_p: float,
     mixed = tgt_in.clone()
     mixed[:, 1:] = torch.where(use_gold[:, 1:], tgt_in[:, 1:], predicted[:, :-1])
     return mixed.masked_fill(tgt_in == PAD, PAD)
+
+
+def gold_probability(step: int, schedule: str, k: float, c: float = 0.0,
+                     min_gold: float = 0.0) -> float:
+    """Scheduled sampling's probability of feeding the gold previous token at update `step`
+    (Bengio et al. 2015, sec. 2.4): linear k - c * step, exponential k ** step (k < 1), inverse
+    sigmoid k / (k + exp(step / k)) (k >= 1); never below min_gold."""
+    if schedule == "linear":
+        p = k - c * step
+    elif schedule == "exponential":
+        p = k ** step
+    elif schedule == "inverse_sigmoid":
+        p = k / (k + math.exp(min(step / k, 700.0)))
+    else:
+        raise ValueError(f"unknown schedule {schedule!r}")
+    return min(1.0, max(min_gold, p))
 
 
 class ScheduledSamplingLoss:
