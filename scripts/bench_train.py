@@ -92,12 +92,15 @@ def useful_flops(batch, size: dict) -> float:
 # -- the three contenders: each returns a step(batch) closure --------------------------------
 def ours(size, device, precision="fp32", compile=False, loss_fn=None, dropout=0.1):
     """mt's model and its real training step: Trainer.train_step with the fast paths and the
-    loss that mt.train.build chooses (or `loss_fn`, e.g. an R-Drop loss: scripts/bench_rdrop.py).
+    loss that mt.train.objective.build_objective chooses (or `loss_fn`, e.g. an R-Drop loss: scripts/bench_rdrop.py).
     Gradient clipping is off here, as the references do none."""
-    from mt.train.build import install_fast_paths
-    from mt.config import DecodeConfig, ModelConfig, TrainConfig
+    import functools
+
+    from mt.config import Config, ModelConfig, TrainConfig
     from mt.data.batching import Batch
     from mt.model import build_model
+    from mt.objectives.objective import Objective
+    from mt.train.objective import build_objective, install_fast_paths
     from mt.train.schedule import build_optimizer
     from mt.train.trainer import Trainer
     model_cfg = ModelConfig(d_model=size["d_model"], n_heads=size["heads"],
@@ -108,14 +111,15 @@ def ours(size, device, precision="fp32", compile=False, loss_fn=None, dropout=0.
     train_cfg = TrainConfig(label_smoothing=0.1, clip_norm=0.0, compile=compile,
                             fast_paths=FAST_PATHS)
     model = build_model(model_cfg, size["vocab"], size["vocab"]).to(device)
-    chosen_loss = install_fast_paths(model, train_cfg)       # as mt train chooses
+    fused = install_fast_paths(model, train_cfg)       # as mt train chooses
+    objective = build_objective(Config(model=model_cfg, train=train_cfg), fused=fused) \
+        if loss_fn is None else Objective(loss=functools.partial(loss_fn, eps=0.1))
     optimizer, scheduler = build_optimizer(model.parameters(), train_cfg, size["d_model"])
     trainer = Trainer(model=model, optimizer=optimizer, scheduler=scheduler,
                       scaler=torch.amp.GradScaler(device.type, enabled=False), train_data=None,
-                      validation=None, tokenizer=None, cfg=train_cfg, decode_cfg=DecodeConfig(),
-                      full_config={}, run_dir=Path("."), device=device,
-                      amp_dtype=torch.bfloat16 if precision == "bf16" else None,
-                      loss_fn=loss_fn or chosen_loss)
+                      validation=None, tokenizer=None, cfg=train_cfg, run_config={},
+                      run_dir=Path("."), device=device, objective=objective,
+                      amp_dtype=torch.bfloat16 if precision == "bf16" else None)
 
     def step(batch):
         src, tgt_in, tgt_out = batch

@@ -11,6 +11,7 @@ import torch.multiprocessing as mp
 import mt.data.prepare
 from mt.artifacts import checkpoint
 from mt.train.build import build_trainer
+from mt.train.objective import install_fast_paths
 from mt.config import load_config
 from mt.data.batching import collate
 from mt.data.download import download
@@ -303,18 +304,17 @@ def test_fast_paths_auto_installs_them_on_a_cpu_only():
     trains the reference model and loss elsewhere (on an H200 mt/fast made training slower:
     docs/gpu.md); true and false force either on any device. A model on the meta device
     stands in for a GPU's: the choice reads the device the model is on."""
-    from mt.train.build import install_fast_paths
     from mt.config import ModelConfig, TrainConfig
-    from mt.fast import FAST, chunked_loss
+    from mt.fast import FAST
     from mt.model import build_model
     assert TrainConfig().fast_paths == "auto"
 
     def installed(setting, device):
         model = build_model(ModelConfig(d_model=32, enc_layers=1, dec_layers=1, d_ff=64),
                             50, 50).to(device)
-        loss = install_fast_paths(model, TrainConfig(fast_paths=setting))
+        fused = install_fast_paths(model, TrainConfig(fast_paths=setting))
         swapped = any(type(m) in FAST.values() for m in model.modules())
-        assert swapped == (loss is chunked_loss)
+        assert swapped == fused
         return swapped
 
     assert installed("auto", "cpu") and not installed("auto", "meta")

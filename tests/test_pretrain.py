@@ -1,12 +1,15 @@
-"""Masked-LM encoder pretraining: the masking rates, and init_encoder loading exactly the
-encoder's weights."""
+"""Masked-LM encoder pretraining: the masking rates, init_encoder loading exactly the
+encoder's weights, and `mt pretrain` running through the Trainer (accumulation, resume)."""
+import json
+
 import torch
 
 from mt.artifacts import checkpoint
 from mt.config import ModelConfig
 from mt.model import build_model
-from mt.train.pretrain import MASK, encoder_keys, init_encoder, mask_tokens
-from mt.tokens import BOS, EOS, PAD
+from mt.objectives.mlm import mask_tokens
+from mt.tokens import BOS, EOS, MASK, PAD
+from mt.train.pretrained import encoder_keys, init_encoder
 from tests.conftest import ROOT, assert_user_error, run_mt
 
 
@@ -62,8 +65,8 @@ def test_pretrain_then_translate_from_the_pretrained_encoder(tmp_path):
     proc = run_mt("pretrain", ROOT / "configs/tiny.yaml", "--run-dir", tmp_path / "mlm", "--set",
                   f"data.dir={data}", "train.max_steps=20", "train.log_every=10")
     assert proc.returncode == 0, proc.stderr
-    log = (tmp_path / "mlm" / "pretrain_log.jsonl").read_text().splitlines()
-    assert len(log) == 2
+    log = (tmp_path / "mlm" / "train_log.jsonl").read_text().splitlines()
+    assert len(log) == 2 and all('"loss"' in x for x in log)
     pre = str(tmp_path / "mlm" / "pretrained.pt")
     proc = run_mt("train", ROOT / "configs/tiny.yaml", "--run-dir", tmp_path / "mt", "--set",
                   f"data.dir={data}", "train.max_steps=4", f"model.init_encoder={pre}")
@@ -81,30 +84,48 @@ def _pretrain_log(tmp_path, name, *sets):
                   f"data.dir={tmp_path / 'd'}", "train.log_every=1", *sets)
     assert proc.returncode == 0, proc.stderr
     import json
-    lines = (tmp_path / name / "pretrain_log.jsonl").read_text().splitlines()
-    return [json.loads(x) for x in lines], proc.stderr
+    lines = (tmp_path / name / "train_log.jsonl").read_text().splitlines()
+    return [json.loads(x) for x in lines if '"loss"' in x], proc.stderr
 
 
 def test_accumulated_batches_make_one_update_with_all_their_masked_tokens(tmp_path):
-    # the masks come from one generator in batch order, whatever the model does, so one update
-    # of two batches masks exactly the tokens of two updates of one batch each
+    # each batch's mask is drawn from its position alone, whatever the model does, so one
+    # update of two batches masks exactly the tokens of two updates of one batch each
     one, _ = _pretrain_log(tmp_path, "one", "train.max_steps=2")
     two, _ = _pretrain_log(tmp_path, "two", "train.max_steps=1", "train.accum_steps=2")
     assert [r["step"] for r in one] == [1, 2] and [r["step"] for r in two] == [1]
-    assert two[0]["masked_tokens"] == one[0]["masked_tokens"] + one[1]["masked_tokens"]
+    assert two[0]["tokens"] == one[0]["tokens"] + one[1]["tokens"] > 0
 
 
 def test_pretrain_says_which_train_options_it_does_not_use(tmp_path):
     records, stderr = _pretrain_log(tmp_path, "ema", "train.max_steps=1", "train.ema_decay=0.9",
                                     "train.precision=bf16")
     assert "mt pretrain does not use train.ema_decay (mt train does)" in stderr
-    assert records[-1]["step"] == 1 and records[-1]["mlm_loss"] > 0     # bf16 autocast on CPU
+    assert records[-1]["step"] == 1 and records[-1]["loss"] > 0     # bf16 autocast on CPU
     _, plain = _pretrain_log(tmp_path, "plain", "train.max_steps=1")
     assert "does not use" not in plain
 
 
-def test_pretrain_under_torchrun_is_a_one_line_error(tmp_path, monkeypatch):
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    assert_user_error(run_mt("pretrain", ROOT / "configs/tiny.yaml", "--run-dir", tmp_path / "m",
-                             "--set", f"data.dir={tmp_path / 'd'}"), "not torchrun")
-    assert not (tmp_path / "m").exists()
+def test_pretrain_resumes_exactly_and_is_not_resumed_by_mt_train(tmp_path):
+    # one run of 6 updates against 3, stopped by its budget, then resumed to 6 in the same
+    # run directory: the encoder's weights are bit for bit the same (RNG, data position and
+    # each batch's mask all come back)
+    def run(name, steps):
+        proc = run_mt("pretrain", ROOT / "configs/tiny.yaml", "--run-dir", tmp_path / name,
+                      "--set", f"data.dir={tmp_path / 'd'}", f"train.max_steps={steps}",
+                      "model.dropout=0.3", "train.log_every=1")
+        assert proc.returncode == 0, proc.stderr
+        return proc.stderr
+    run("whole", 6)
+    run("parts", 3)
+    assert "resuming from" in run("parts", 6)
+    whole, parts = (checkpoint.load(tmp_path / n / "pretrained.pt") for n in ("whole", "parts"))
+    assert parts["train_state"]["step"] == 6
+    for k, v in checkpoint.weights_of(whole).items():
+        assert torch.equal(v, checkpoint.weights_of(parts)[k]), k
+    logs = [(tmp_path / n / "train_log.jsonl").read_text() for n in ("whole", "parts")]
+    assert [json.loads(x)["loss"] for x in logs[0].splitlines()] == \
+        [json.loads(x)["loss"] for x in logs[1].splitlines()]
+    assert_user_error(run_mt("train", ROOT / "configs/tiny.yaml", "--run-dir", tmp_path / "whole",
+                             "--set", f"data.dir={tmp_path / 'd'}", "train.max_steps=6",
+                             "model.dropout=0.3", "train.log_every=1"), "written by `mt pretrain`")

@@ -54,7 +54,8 @@ def test_gold_probability_one_is_teacher_forcing(arch, two_pass):
                                     dec_layers=2, d_ff=64, dropout=0.0), 40, 40).train()
     batch = _batch()
     ss = ScheduledSamplingLoss(ScheduledSamplingConfig(schedule="linear", k=1.0, c=0.0),
-                               reference_loss, lambda: 1000, two_pass)
+                               reference_loss, two_pass)
+    ss.set_step(1000)
     ref, ref_nll = reference_loss(model, batch, 0.1)
     ref.backward()
     ref_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
@@ -78,7 +79,8 @@ def test_gold_probability_zero_feeds_the_first_pass_predictions():
     seen = []
     ss = ScheduledSamplingLoss(ScheduledSamplingConfig(schedule="linear", k=1.0, c=1.0),
                                lambda m, b, e: seen.append(b.tgt_in) or reference_loss(m, b, e),
-                               lambda: 5, two_pass=True)          # p = 1 - 5, floored at 0
+                               two_pass=True)
+    ss.set_step(5)                                                # p = 1 - 5, floored at 0
     ss(model, batch, 0.1)
     with torch.no_grad():
         predicted = model(batch.src, batch.tgt_in, batch.src_pad_mask).argmax(-1)

@@ -95,5 +95,11 @@ def pretrain_cmd(
     from mt.train.pretrain import pretrain
     cfg = load_config(config, list(overrides) + list(more or []))
     record = pretrain(cfg, run_dir, log=_err)
+    if not record["is_main"]:
+        return
+    if record["stopped"]:
+        _err(f"stopped at step {record['step']}; last.pt in {run_dir}: run the same command "
+             f"again to resume")
+        return
     typer.echo(f"wrote {run_dir / 'pretrained.pt'} after {record['step']} updates "
-               f"(masked-LM loss {record.get('mlm_loss', '-')})")
+               f"(masked-LM loss {record['mlm_loss'] if record['mlm_loss'] is not None else '-'})")

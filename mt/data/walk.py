@@ -15,13 +15,17 @@ from mt.data.corpus import ParallelData, both_directions
 def training_batches(state, cfg, data_for_epoch: Callable[[int], ParallelData],
                      device: torch.device, *, rank: int = 0, world: int = 1,
                      progress: Callable[[], float] = lambda: 0.0,
-                     say: Callable[[str], None] = print) -> Iterator[Batch]:
+                     say: Callable[[str], None] = print,
+                     prepare: Callable[[Batch, list[int]], Batch] | None = None
+                     ) -> Iterator[Batch]:
     """Batches from (state.epoch, state.batch_in_epoch) on, advancing them as it goes.
 
     state: the TrainState (epoch, batch_in_epoch, both_directions; step for messages);
     cfg: the train config (max_tokens, seed, word_dropout, bidirectional_share);
     data_for_epoch(epoch): the epoch's token ids (they change every epoch with BPE-dropout);
-    progress(): the share of the budget spent, read when an epoch begins (BiT).
+    progress(): the share of the budget spent, read when an epoch begins (BiT);
+    prepare(batch, seed): the objective's own batch made from each one (masked-LM masking),
+    seeded by the batch's epoch and position alone.
     With N ranks every rank walks the same global order and takes every N-th batch, so the
     position, and resuming, do not depend on the number of ranks."""
     pin = device.type == "cuda"
@@ -44,6 +48,8 @@ def training_batches(state, cfg, data_for_epoch: Callable[[int], ParallelData],
             if cfg.word_dropout > 0:  # on the CPU batch, before it moves (pinned stays pinned)
                 drop_source_words(batch, cfg.word_dropout,
                                   [epoch_seed(cfg.seed, state.epoch), position])
+            if prepare is not None:   # another stream than word dropout's: a third word
+                batch = prepare(batch, [epoch_seed(cfg.seed, state.epoch), position, 1])
             yield batch.to(device)
         state.epoch += 1
         state.batch_in_epoch = 0

@@ -50,16 +50,20 @@ def gold_probability(step: int, schedule: str, k: float, c: float = 0.0,
 
 class ScheduledSamplingLoss:
     """A loss function (model, batch, eps) -> (loss, nll) for the trainer: `base_loss` on the
-    mixed input (two_pass), or the decoder run step by step (step_by_step). `step()` gives
-    the current update number (the trainer's counter)."""
+    mixed input (two_pass), or the decoder run step by step (step_by_step), at the gold
+    probability of the update count last given to set_step (the trainer's counter)."""
 
-    def __init__(self, cfg, base_loss, step, two_pass: bool, seed: int = 0):
-        self.cfg, self.base_loss, self.step, self.two_pass = cfg, base_loss, step, two_pass
+    def __init__(self, cfg, base_loss, two_pass: bool, seed: int = 0):
+        self.cfg, self.base_loss, self.two_pass = cfg, base_loss, two_pass
+        self.step = 0
         self.generator = torch.Generator().manual_seed(seed)
+
+    def set_step(self, step: int) -> None:
+        self.step = step
 
     def gold_p(self) -> float:
         c = self.cfg
-        return gold_probability(self.step(), c.schedule, c.k, c.c, c.min_gold)
+        return gold_probability(self.step, c.schedule, c.k, c.c, c.min_gold)
 
     def __call__(self, model, batch: Batch, eps: float):
         if not model.training:                  # validation: the model as it decodes

@@ -6,32 +6,35 @@ from __future__ import annotations
 from mt.artifacts import checkpoint
 from mt.runtime.memory import release_free_memory
 from mt.evaluate.metrics import score
-from mt.decode.translator import Translator
 
 
 def finish_run(trainer, rank_rng: list[dict]) -> None:
     """Rank 0's end-of-run work (the trainer's counters and last save are up to date)."""
     st = trainer.state
-    if trainer._last_valid != st.step and st.best_bleu < 0 and not trainer.stop_requested:
+    if trainer.validation is None:            # an encoder objective: its weights alone
+        if trainer.last_save_step != st.step:
+            trainer.save("last.pt", rank_rng)
+        return
+    if trainer.last_valid_step != st.step and st.best_bleu < 0 and not trainer.stop_requested:
         trainer.validate()
-        trainer._last_save = -1
-    if trainer._last_save != st.step:  # not twice in a row: last.pt.prev stays an older state
+        trainer.last_save_step = -1
+    if trainer.last_save_step != st.step:  # not twice in a row: last.pt.prev stays an older state
         trainer.save("last.pt", rank_rng)
     if not trainer.stop_requested and trainer.cfg.average_last:
         if checkpoint.snapshots(trainer.run_dir)[-1:] != [trainer.run_dir / f"step_{st.step}.pt"]:
             trainer.save_snapshot()
         rec = average_snapshots(trainer)
         if rec:
-            trainer._say(f"average of the last {rec['averaged']} snapshots: valid BLEU "
+            trainer.say(f"average of the last {rec['averaged']} snapshots: valid BLEU "
                          f"{rec['valid_bleu']}" + (" (best)" if rec.get("best") else ""))
-    if not trainer.stop_requested and trainer.decode_cfg.tune_beams and st.best_bleu >= 0:
+    if not trainer.stop_requested and trainer.validation.decode.tune_beams and st.best_bleu >= 0:
         tune_best_in_memory(trainer)
-    draw_training_picture(trainer.run_dir, trainer._say)
+    draw_training_picture(trainer.run_dir, trainer.say)
     if st.fp16_skipped:
-        trainer._say(f"note: the fp16 loss scaler skipped {st.fp16_skipped} update(s) with "
+        trainer.say(f"note: the fp16 loss scaler skipped {st.fp16_skipped} update(s) with "
                      f"overflowing gradients (not counted as steps)")
     if st.oom_skipped:
-        trainer._say(f"warning: {st.oom_skipped} batch(es) were skipped after running out of "
+        trainer.say(f"warning: {st.oom_skipped} batch(es) were skipped after running out of "
                      f"memory; lower train.max_tokens to use them")
 
 
@@ -55,11 +58,6 @@ def with_weights(trainer, weights: dict, work):
         trainer.model.load_state_dict(current)
 
 
-def _translator(trainer) -> Translator:
-    return Translator(trainer.model, trainer.tokenizer, trainer.decode_cfg, trainer.device,
-                      trainer.amp_dtype)
-
-
 def average_snapshots(trainer) -> dict | None:
     """Average the last `average_last` snapshots into averaged.pt, validate it, and make it
     best.pt when its validation BLEU beats the best single checkpoint."""
@@ -70,7 +68,7 @@ def average_snapshots(trainer) -> dict | None:
     checkpoint.atomic_save(averaged, trainer.run_dir / "averaged.pt")
     v = trainer.validation
     s = with_weights(trainer, checkpoint.weights_of(averaged), lambda: score(
-        _translator(trainer).translate(v.src, beam=v.beam), v.refs))
+        trainer.translator().translate(v.src, beam=v.beam), v.refs))
     record = {"step": trainer.state.step, "averaged": len(paths),
               "valid_bleu": round(s.bleu, 2), "valid_chrf": round(s.chrf, 2)}
     if s.bleu > trainer.state.best_bleu:
@@ -78,7 +76,7 @@ def average_snapshots(trainer) -> dict | None:
         checkpoint.set_train_state(averaged, trainer.state.state_dict())
         checkpoint.atomic_save(averaged, trainer.run_dir / "best.pt")
         record["best"] = True
-    trainer._write_log(record)
+    trainer.write_log(record)
     return record
 
 
@@ -86,15 +84,15 @@ def tune_best_in_memory(trainer) -> None:
     """decode.tune_beams x decode.tune_length_penalties on the valid split with best.pt's
     weights in the training model (best.pt read once), the winner stored in best.pt."""
     from mt.evaluate.tuning import tune_decoding
-    d, v = trainer.decode_cfg, trainer.validation
+    d, v = trainer.validation.decode, trainer.validation
     release_free_memory()
     path = trainer.run_dir / "best.pt"
     ckpt = checkpoint.load(path)
     rec = with_weights(trainer, checkpoint.weights_of(ckpt), lambda: tune_decoding(
-        _translator(trainer), v.src, v.refs, d.tune_beams, d.tune_length_penalties))
+        trainer.translator(), v.src, v.refs, d.tune_beams, d.tune_length_penalties))
     best = rec["tuned_decoding"]
     checkpoint.set_decoding(ckpt, best["beam"], best["length_penalty"])
     checkpoint.atomic_save(ckpt, path)
-    trainer._write_log({"step": trainer.state.step, **rec})
-    trainer._say(f"decoding tuned on valid: beam {best['beam']}, length penalty "
+    trainer.write_log({"step": trainer.state.step, **rec})
+    trainer.say(f"decoding tuned on valid: beam {best['beam']}, length penalty "
                  f"{best['length_penalty']} (BLEU {best['valid_bleu']}), stored in best.pt")

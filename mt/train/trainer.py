@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterator
 
@@ -17,71 +16,36 @@ from tqdm import tqdm
 from mt.artifacts import checkpoint
 from mt.data.batching import Batch, collate, epoch_batches
 from mt.data.corpus import ParallelData
+from mt.objectives.objective import Objective
 from mt.data.walk import training_batches
 from mt.runtime.distributed import Dist, teardown
 from mt.errors import MTError
 from mt.train.ema import WeightAverage
 from mt.train.finish import draw_training_picture, finish_run, with_weights
-from mt.objectives.loss import reference_loss
 from mt.runtime.memory import release_free_memory
 from mt.train.tracking import RunLog
 from mt.train.progress import Forecast, lost_work_message, stop_on_signal
+from mt.train.state import LogWindow, TrainState, Validation
 from mt.train.schedule import budget_progress
 from mt.evaluate.metrics import score
 from mt.decode.translator import Translator
 
 
-@dataclass
-class TrainState:
-    step: int = 0                 # optimizer updates done
-    epoch: int = 0
-    batch_in_epoch: int = 0       # batches of `epoch` already consumed (exact resume)
-    best_bleu: float = -1.0
-    bad_validations: int = 0      # validations since the best one (early stopping)
-    train_seconds: float = 0.0
-    nonfinite_in_a_row: int = 0
-    oom_skipped: int = 0          # updates dropped after running out of memory (any rank)
-    fp16_skipped: int = 0         # updates the fp16 GradScaler skipped (inf/NaN gradients)
-    # what training last computed in ("fp32", "bf16", "fp16"): train.precision "auto"
-    # resolved on the device it ran on, so that decoding can follow the run, not its config
-    precision: str = ""
-    # train.bidirectional_share: whether `epoch` trains on both directions (decided when it
-    # began, so a run resumed inside the epoch walks the same batches)
-    both_directions: bool = False
-
-    def state_dict(self) -> dict:
-        return asdict(self)
-
-
-@dataclass
-class Validation:
-    src: list[str]                # raw source lines
-    refs: list[str]               # raw, untouched references
-    data: ParallelData            # the same pairs as token ids, for the loss
-    beam: int
-
-
-@dataclass
-class LogWindow:
-    loss: list = field(default_factory=list)
-    nll: list = field(default_factory=list)
-    tokens: int = 0
-    start: float = field(default_factory=time.perf_counter)
-
-
 class Trainer:
     def __init__(self, *, model, optimizer, scheduler, scaler, train_data: ParallelData | None,
-                 validation: Validation, tokenizer, cfg, decode_cfg, full_config: dict,
+                 validation: Validation | None, tokenizer, cfg, run_config: dict,
                  run_dir: Path, device: torch.device, amp_dtype: torch.dtype | None,
-                 state: TrainState | None = None, log=print, dist: Dist = Dist(), lock=None,
-                 loss_fn=reference_loss, tensorboard: bool = False, epoch_data=None):
-        """loss_fn(model, batch, eps) -> (smoothed loss sum, NLL sum): mt.objectives.loss.reference_loss
-        or mt.fast.chunked_loss. epoch_data(epoch) -> ParallelData: the training data of each
-        epoch where it changes from epoch to epoch (BPE-dropout), and then train_data is None:
-        the plain segmentation would be a second copy of the split kept for nothing; None:
-        train_data always."""
+                 objective: Objective, state: TrainState | None = None, log=print,
+                 dist: Dist = Dist(), lock=None, tensorboard: bool = False, epoch_data=None):
+        """cfg: the train section (budgets, schedule of logs, validations and saves);
+        run_config: the whole config as a dict, which every checkpoint carries; objective: what
+        is minimised (mt.train.objective.build_objective); validation: None for an objective
+        that does not translate (encoder pretraining). epoch_data(epoch) -> ParallelData: the
+        training data of each epoch where it changes from epoch to epoch (BPE-dropout), and
+        then train_data is None: the plain segmentation would be a second copy of the split
+        kept for nothing; None: train_data always."""
         self.model, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler
-        self.dist, self.loss_fn = dist, loss_fn
+        self.dist, self.objective = dist, objective
         # Data parallel without a DDP wrapper: every rank starts from rank 0's weights, and
         # the gradients are averaged after the backward pass, once all ranks have said it
         # succeeded (Dist.average_gradients; see train_step). No buffer needs sending: the
@@ -92,7 +56,7 @@ class Trainer:
             self.train_model = torch.compile(model, dynamic=True)
         self.train_data, self.validation, self.tokenizer = train_data, validation, tokenizer
         self.epoch_data = epoch_data
-        self.cfg, self.decode_cfg, self.full_config = cfg, decode_cfg, full_config
+        self.cfg, self.run_config = cfg, run_config
         self.run_dir, self.device, self.amp_dtype = run_dir, device, amp_dtype
         self.state = state or TrainState()
         self.log = log
@@ -103,6 +67,11 @@ class Trainer:
             else None
         self._window = LogWindow()
         self._progress = 0.0          # the share of the budget spent (budget_progress)
+        # what the end of a run asks: the step of the last validation and of the last save of
+        # last.pt in this process (-1: none yet), and whether a signal asked it to stop
+        self.last_valid_step = self.last_save_step = -1
+        self.last_record: dict = {}   # the last training log record (loss, nll, ppl, lr, ...)
+        self.stop_requested: str | None = None
 
     # -- data -----------------------------------------------------------------------------
     def _batches(self) -> Iterator[Batch]:
@@ -111,14 +80,13 @@ class Trainer:
             self.state, self.cfg,
             lambda epoch: self.train_data if self.epoch_data is None else self.epoch_data(epoch),
             self.device, rank=self.dist.rank, world=self.dist.world,
-            progress=lambda: self._progress, say=self._say)
+            progress=lambda: self._progress, say=self.say, prepare=self.objective.prepare)
 
     # -- one update -----------------------------------------------------------------------
     def _loss(self, batch: Batch, model=None) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32,
                             enabled=self.amp_dtype is not None):
-            return self.loss_fn(self.model if model is None else model, batch,
-                                self.cfg.label_smoothing)
+            return self.objective.loss(self.model if model is None else model, batch)
 
     def train_step(self, batches: list[Batch]) -> bool:
         """One optimizer update from `batches` (gradient accumulation), normalised by the
@@ -126,6 +94,8 @@ class Trainer:
         Returns False, changing nothing, when the loss is not finite."""
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.objective.on_step is not None:
+            self.objective.on_step(self.state.step)
         n_tokens = sum(b.n_tokens for b in batches)
         # Normalise by the target tokens of all ranks: DDP's gradient mean times world size
         # then equals the gradient of one big batch.
@@ -146,7 +116,7 @@ class Trainer:
         if not bool(torch.isfinite(self.dist.sum(torch.stack(losses).sum()))):
             self.optimizer.zero_grad(set_to_none=True)
             self.state.nonfinite_in_a_row += 1
-            self._write_log({"step": self.state.step, "skipped": "non-finite loss",
+            self.write_log({"step": self.state.step, "skipped": "non-finite loss",
                              "in_a_row": self.state.nonfinite_in_a_row})
             return False
         self.state.nonfinite_in_a_row = 0
@@ -169,7 +139,7 @@ class Trainer:
             # fp16: the GradScaler found inf/NaN gradients, skipped the update and lowered its
             # scale. Not an update, so neither the step count nor the schedule moves (fairseq).
             self.state.fp16_skipped += 1
-            self._write_log({"step": self.state.step, "skipped": "fp16 gradient overflow",
+            self.write_log({"step": self.state.step, "skipped": "fp16 gradient overflow",
                              "loss_scale": self.scaler.get_scale()})
             return False
         self.scheduler.step()
@@ -186,7 +156,7 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         self.state.oom_skipped += 1
-        self._write_log({"step": self.state.step, "skipped": "out of memory",
+        self.write_log({"step": self.state.step, "skipped": "out of memory",
                          "src_shape": list(batches[0].src.shape),
                          **({} if here else {"on": "another rank"})})
 
@@ -204,7 +174,7 @@ class Trainer:
         return losses, nlls
 
     # -- logging, validation, checkpoints -------------------------------------------------
-    def _write_log(self, record: dict) -> None:
+    def write_log(self, record: dict) -> None:
         if self.dist.is_main:
             self.run_log.write(record)
 
@@ -218,8 +188,9 @@ class Trainer:
         record = {"step": self.state.step, "loss": round(loss, 4), "nll": round(nll, 4),
                   "ppl": round(math.exp(min(nll, 50)), 2),
                   "lr": self.scheduler.get_last_lr()[0], "tok_s": round(tokens / elapsed, 1),
-                  "epoch": self.state.epoch}
-        self._write_log(record)
+                  "tokens": int(tokens), "epoch": self.state.epoch}
+        self.write_log(record)
+        self.last_record = record
         self._window = LogWindow()
         return record
 
@@ -232,6 +203,7 @@ class Trainer:
 
     @torch.no_grad()
     def _validate(self) -> dict:
+        """The valid loss, and with a translating objective the BLEU of decoding the split."""
         release_free_memory()        # what training freed, before decoding allocates its own
         self.model.eval()
         v = self.validation
@@ -241,10 +213,7 @@ class Trainer:
             batch = collate(v.data, indices).to(self.device)
             loss, nll = self._loss(batch)
             loss_sum, nll_sum, n = loss_sum + float(loss), nll_sum + float(nll), n + batch.n_tokens
-        translator = Translator(self.model, self.tokenizer, self.decode_cfg, self.device,
-                                self.amp_dtype)
-        hyps = translator.translate(v.src, beam=v.beam)
-        s = score(hyps, v.refs)
+        s = score(self.translator().translate(v.src, beam=v.beam), v.refs)
         record = {"step": self.state.step, "valid_loss": round(loss_sum / n, 4),
                   "valid_nll": round(nll_sum / n, 4),
                   "valid_ppl": round(math.exp(min(nll_sum / n, 50)), 2),
@@ -255,9 +224,15 @@ class Trainer:
             record["best"] = True
         else:
             self.state.bad_validations += 1
-        self._write_log(record)
+        self.write_log(record)
         release_free_memory()
         return record
+
+    def translator(self) -> Translator:
+        """The model as it decodes the valid split (also for the end of the run's averaging
+        and tuning)."""
+        return Translator(self.model, self.tokenizer, self.validation.decode, self.device,
+                          self.amp_dtype)
 
     def checkpoint_dict(self, rank_rng: list[dict] | None = None, snapshot: bool = False,
                         for_resume: bool = False) -> dict:
@@ -272,7 +247,7 @@ class Trainer:
             else:
                 weights = self.ema.weights(self.model)
         return checkpoint.build(
-            config=self.full_config, model_state=weights,
+            config=self.run_config, model_state=weights,
             tokenizer=self.tokenizer, train_state=self.state.state_dict(), rank_rng=rank_rng,
             training=None if snapshot else (self.optimizer, self.scheduler, self.scaler),
             ema=ema)
@@ -317,7 +292,6 @@ class Trainer:
     def fit(self) -> TrainState:
         def on_signal(name: str) -> None:
             self.stop_requested = name
-        self.stop_requested = None
         with stop_on_signal(on_signal, self._lost_work_message):
             return self._fit()
 
@@ -326,7 +300,6 @@ class Trainer:
         batches = self._batches()
         bar = tqdm(total=cfg.max_steps, initial=st.step, desc="train", dynamic_ncols=True,
                    mininterval=1.0, disable=not self.dist.is_main)
-        self._last_valid = self._last_save = -1
         self._saved_step = st.step if st.step else -1
         self._forecast = Forecast(st.step, st.train_seconds)
         t0 = time.perf_counter() - st.train_seconds
@@ -364,7 +337,7 @@ class Trainer:
         end_step = self._forecast.update(st.step, st.train_seconds, cfg.max_steps,
                                          60 * cfg.max_minutes)
         if end_step is not None:
-            self._say(self._forecast.describe(cfg.max_steps, cfg.max_minutes))
+            self.say(self._forecast.describe(cfg.max_steps, cfg.max_minutes))
         elif st.step % cfg.valid_every == 0:
             # silently, from the speed since: the first updates can be unrepresentative
             end_step = self._forecast.revise(st.step, st.train_seconds, cfg.max_steps,
@@ -382,28 +355,28 @@ class Trainer:
         if st.step % cfg.log_every == 0 or final:
             rec = self.log_train()
             bar.set_postfix(loss=rec["loss"], lr=f"{rec['lr']:.2e}", tok_s=rec["tok_s"])
-        if st.step % cfg.valid_every == 0 or final:      # the same on every rank
-            if self.dist.is_main:
+        if self.validation is not None and (st.step % cfg.valid_every == 0 or final):
+            if self.dist.is_main:                        # (the same test on every rank)
                 rec = self.validate()
-                self._last_valid = st.step
-                draw_training_picture(self.run_dir, self._say)
-                self._say(f"step {st.step}: valid loss {rec['valid_loss']} ppl "
+                self.last_valid_step = st.step
+                draw_training_picture(self.run_dir, self.say)
+                self.say(f"step {st.step}: valid loss {rec['valid_loss']} ppl "
                           f"{rec['valid_ppl']} BLEU {rec['valid_bleu']} chrF {rec['valid_chrf']}"
                           + (" (best)" if rec.get("best") else ""))
             self.dist.wait_for_main()    # the others wait in the long-timeout group
         if st.step % cfg.save_every == 0:
             self.save("last.pt", self.rng_states())
             self.save_snapshot()
-            self._last_save = st.step
+            self.last_save_step = st.step
         if final and st.step < cfg.max_steps:
-            self._say(f"time budget of {cfg.max_minutes:g} minutes reached at step {st.step}")
+            self.say(f"time budget of {cfg.max_minutes:g} minutes reached at step {st.step}")
             return True
         early = self.dist.is_main and self._should_stop_early()
         if self.dist.any(early or bool(self.stop_requested), self.device):  # all ranks agree
             if early:
-                self._say(f"early stop: no better validation BLEU in {cfg.patience} validations")
+                self.say(f"early stop: no better validation BLEU in {cfg.patience} validations")
             else:
-                self._say(f"{self.stop_requested or 'stop'} at step {st.step}: saving last.pt; "
+                self.say(f"{self.stop_requested or 'stop'} at step {st.step}: saving last.pt; "
                           f"run the same command again to resume")
                 self.stop_requested = self.stop_requested or "stop"
             return True
@@ -426,6 +399,6 @@ class Trainer:
         if self.dist.is_main:
             finish_run(self, rank_rng)
 
-    def _say(self, msg: str) -> None:
+    def say(self, msg: str) -> None:
         if self.dist.is_main:
             tqdm.write(msg, file=sys.stderr)
