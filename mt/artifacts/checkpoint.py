@@ -3,6 +3,7 @@ train counters and RNG states in one file, written atomically and read without u
 code (`weights_only=True`)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -113,14 +114,34 @@ def config_of(ckpt: dict, source: str = "checkpoint"):
     return config_from_dict(ckpt["config"], source)
 
 
-def model_of(ckpt: dict, source: str = "checkpoint"):
-    """(config, tokenizer, model with the checkpoint's weights) of a checkpoint."""
+@dataclass
+class Trained:
+    """A checkpoint opened for use: where it came from, the file's contents, and what they
+    describe (the config, the BPE model, the model with its weights, on the CPU) and the
+    precision its training computed in (see trained_precision)."""
+    path: Path | None
+    ckpt: dict
+    config: Any                  # mt.config.Config
+    tokenizer: Any               # mt.data.tokenizer.Tokenizer
+    model: Any                   # mt.model.Seq2Seq
+    precision: str
+
+
+def open_trained(path: str | Path) -> Trained:
+    """The one way in for a command that uses a model: a run directory (its best.pt, else
+    last.pt) or a checkpoint file, loaded once, with its config, tokenizer and model."""
+    path = resolve(path)
+    return trained_from(load(path), path)
+
+
+def trained_from(ckpt: dict, path: Path | None = None) -> Trained:
+    """A checkpoint already in memory (`path`, where it was read from, names it in errors)."""
     from mt.model import build_model
-    cfg = config_of(ckpt, source)
+    cfg = config_of(ckpt, str(path or "checkpoint"))
     tokenizer = tokenizer_from(ckpt)
     model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
     model.load_state_dict(ckpt["model"])
-    return cfg, tokenizer, model
+    return Trained(path, ckpt, cfg, tokenizer, model, trained_precision(ckpt))
 
 
 def weights_of(ckpt: dict) -> dict:

@@ -117,9 +117,8 @@ def export(run: Path, out: Path, quantization: str | None = None, force: bool = 
     ct2 = _ctranslate2()
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise MTError(f"--quantization {quantization}: use one of {', '.join(QUANTIZATIONS)}")
-    path = checkpoint.resolve(run)
-    ckpt = checkpoint.load(path)
-    cfg, tokenizer, model = checkpoint.model_of(ckpt, str(path))
+    trained = checkpoint.open_trained(run)
+    cfg, tokenizer, model = trained.config, trained.tokenizer, trained.model
     check_exportable(cfg)
     _check_out(out, force)
 
@@ -130,7 +129,7 @@ def export(run: Path, out: Path, quantization: str | None = None, force: bool = 
     Converter().convert(str(out), quantization=quantization, force=True)
     tokenizer.save(out)                              # spm.model, or spm.src/tgt.model
     (out / "mt_export.json").write_text(json.dumps({
-        "from": str(path), "quantization": quantization or "float32",
+        "from": str(trained.path), "quantization": quantization or "float32",
         "source_tokens": "sentencepiece pieces of the source (spm.model or spm.src.model); "
                          "the model appends </s>",
         "decode": {"beam": cfg.decode.beam, "length_penalty": cfg.decode.length_penalty}},

@@ -75,36 +75,32 @@ class Translator:
             return cls.from_checkpoint(paths if isinstance(paths, (str, Path)) else paths[0],
                                        device, precision)
         from mt.decode.ensemble import Ensemble
-        resolved = [checkpoint.resolve(p) for p in paths]
-        ckpts = [checkpoint.load(p) for p in resolved]
-        for path, ckpt in zip(resolved[1:], ckpts[1:]):
-            if not checkpoint.same_tokenizer(ckpt, ckpts[0]):
-                raise MTError(f"{path} uses another BPE model than {resolved[0]}: the models "
-                              f"of an ensemble must share one tokenizer (trained on the same "
-                              f"data with the same tokenizer config)")
-        if any(checkpoint.config_of(c).model.arch == "nat" for c in ckpts):
+        runs = [checkpoint.open_trained(p) for p in paths]
+        for run in runs[1:]:
+            if not checkpoint.same_tokenizer(run.ckpt, runs[0].ckpt):
+                raise MTError(f"{run.path} uses another BPE model than {runs[0].path}: the "
+                              f"models of an ensemble must share one tokenizer (trained on the "
+                              f"same data with the same tokenizer config)")
+        if any(run.config.model.arch == "nat" for run in runs):
             raise MTError("an ensemble decodes autoregressively: model.arch nat runs cannot "
                           "join one")
-        first = cls.from_dict(ckpts[0], device, precision, str(resolved[0]))
-        models = [first.model] + [checkpoint.model_of(c, str(p))[2].to(first.device).eval()
-                                  for p, c in zip(resolved[1:], ckpts[1:])]
+        first = cls.from_trained(runs[0], device, precision)
+        models = [first.model] + [run.model.to(first.device).eval() for run in runs[1:]]
         return cls(Ensemble(models).eval(), first.tokenizer, first.cfg, first.device,
                    first.amp_dtype)
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str = "auto",
                         precision: str = "auto") -> "Translator":
-        path = checkpoint.resolve(path)
-        return cls.from_dict(checkpoint.load(path), device, precision, str(path))
+        return cls.from_trained(checkpoint.open_trained(path), device, precision)
 
     @classmethod
-    def from_dict(cls, ckpt: dict, device: str = "auto", precision: str = "auto",
-                  source: str = "checkpoint") -> "Translator":
-        """From a checkpoint already in memory (see mt.artifacts.checkpoint.load)."""
-        cfg, tokenizer, model = checkpoint.model_of(ckpt, source)
+    def from_trained(cls, run: checkpoint.Trained, device: str = "auto",
+                     precision: str = "auto") -> "Translator":
+        """From a checkpoint already opened (mt.artifacts.checkpoint.open_trained)."""
         dev = pick_device(device)
-        return cls(model.to(dev).eval(), tokenizer, cfg.decode, dev,
-                   decode_dtype(precision, checkpoint.trained_precision(ckpt), dev))
+        return cls(run.model.to(dev).eval(), run.tokenizer, run.config.decode, dev,
+                   decode_dtype(precision, run.precision, dev))
 
     def describe(self, paths: list, options: dict, nbest: int = 1,
                  sampling: Sampling | None = None) -> str:

@@ -112,9 +112,8 @@ def build_report(run_dir: Path, baseline: Path | None = None, src: Path | None =
     """The HTML page (a string); translating the test split takes most of the time."""
     from mt.decode.translator import Translator
     records = read_log(run_dir)
-    path = checkpoint.resolve(run_dir)
-    ckpt = checkpoint.load(path)
-    cfg = checkpoint.config_of(ckpt, str(path))
+    run = checkpoint.open_trained(run_dir)
+    path, ckpt, cfg = run.path, run.ckpt, run.config
     d = cfg.data
     if src is None and has_split(d.dir, "test", d.src_lang, d.tgt_lang):
         src, ref = split_paths(d.dir, "test", d.src_lang, d.tgt_lang)
@@ -124,7 +123,7 @@ def build_report(run_dir: Path, baseline: Path | None = None, src: Path | None =
              "<h2>Training curves</h2>", _curves(run_dir),
              "<h2>Validation</h2>", _validation(records),
              "<h2>Decoding tuned on the valid split</h2>", _tuning(records)]
-    translator = Translator.from_dict(ckpt, device, source=str(path))
+    translator = Translator.from_trained(run, device)
     if src is None:
         parts.append(f"<h2>Test scores</h2><p>No test split in {html.escape(d.dir)}: pass "
                      f"--src and --ref.</p>")

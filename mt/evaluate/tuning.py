@@ -41,10 +41,9 @@ def tuning_pairs(best: Path, src: Path | None, ref: Path | None) -> tuple[list, 
 def tune_best(path: Path, src: list[str], refs: list[str], beams: list[int],
               penalties: list[float], device: str) -> dict:
     """`mt tune`: best.pt read once, tuned, its decode config rewritten."""
-    ckpt = checkpoint.load(path)
-    rec = tune_decoding(Translator.from_dict(ckpt, device, source=str(path)), src, refs,
-                        beams, penalties)
+    run = checkpoint.open_trained(path)
+    rec = tune_decoding(Translator.from_trained(run, device), src, refs, beams, penalties)
     best = rec["tuned_decoding"]
-    checkpoint.set_decoding(ckpt, best["beam"], best["length_penalty"])
-    checkpoint.atomic_save(ckpt, path)
+    checkpoint.set_decoding(run.ckpt, best["beam"], best["length_penalty"])
+    checkpoint.atomic_save(run.ckpt, path)
     return rec

@@ -19,8 +19,8 @@ def distill(teacher: Path, data: Path, out: Path, beam: int | None = None,
             device: str = "auto", force: bool = False, log=print) -> int:
     """Write DIR2/{train,valid,test}.{src,tgt}; returns the number of training pairs."""
     from mt.decode.translator import Translator
-    path = checkpoint.resolve(teacher)
-    d = checkpoint.config_of(checkpoint.load(path), str(path)).data
+    run = checkpoint.open_trained(teacher)
+    d = run.config.data
     if not has_split(data, "train", d.src_lang, d.tgt_lang):
         src, tgt = split_paths(data, "train", d.src_lang, d.tgt_lang)
         raise MTError(f"--data {data}: no {src.name} and {tgt.name} (the teacher translates "
@@ -36,8 +36,8 @@ def distill(teacher: Path, data: Path, out: Path, beam: int | None = None,
     out.mkdir(parents=True, exist_ok=True)
     src_path, _ = split_paths(data, "train", d.src_lang, d.tgt_lang)
     sources = read_lines(src_path)
-    translator = Translator.load(path, device)
-    log(translator.describe([path], {"beam": beam}) + f" ({len(sources):,} training sources)")
+    translator = Translator.from_trained(run, device)
+    log(translator.describe([run.path], {"beam": beam}) + f" ({len(sources):,} training sources)")
     hyps = translator.translate(sources, beam=beam, progress=True)
     new_src, new_tgt = split_paths(out, "train", d.src_lang, d.tgt_lang)
     write_text(new_src, "".join(s + "\n" for s in sources))
