@@ -6,7 +6,7 @@
 #             gold probability 1 - step/2,000, floored at 0.75 from update 500) against its
 #             plain twin (which is also the autoregressive model of the NAT speed comparison)
 #   nat       Mask-Predict (model.arch nat) on the raw corpus, decoded with T = 1, 4, 10
-#             iterations; decoding speed against the autoregressive model (scripts/bench_nat.py)
+#             iterations; decoding speed against the autoregressive model (scripts/bench/bench_nat.py)
 #   pretrain  a low-resource slice (the first 3,000 training pairs) trained with and without an
 #             encoder pretrained by masked-LM on all 29,000 German training sentences (the
 #             anchor's small shape: 4+4 layers, d_model 128, FFN 256; 600 updates of each)
@@ -35,7 +35,7 @@ ss() {
 nat() {
   train nat "$base" model.arch=nat
   [ -d "$out/transformer-plain" ] || train transformer-plain "$base"
-  python scripts/bench_nat.py --nat "$out/nat" --ar "$out/transformer-plain" \
+  python scripts/bench/bench_nat.py --nat "$out/nat" --ar "$out/transformer-plain" \
     --data-dir "$data" --json "$out/nat_bench.json" | tee "$out/nat_bench.txt"
 }
 

@@ -61,7 +61,7 @@ python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.versio
 for part in $parts; do case $part in
 probe)
     step "why the first steps are slow: the first sight of a batch shape against the second"
-    timeout "${PROBE_SECONDS:-100}" python3 scripts/gpu_shape_probe.py --size tiny
+    timeout "${PROBE_SECONDS:-100}" python3 scripts/bench/gpu_shape_probe.py --size tiny
     ;;
 cudatests)
     step "item 1, first: tests/test_cuda.py (the paths only a GPU takes), alone"
@@ -95,23 +95,23 @@ EOF
     ;;
 bench|benchbase)
     step "item 2: training throughput, bf16"
-    timeout "${BENCH_SECONDS:-200}" python3 scripts/bench_train.py --device cuda --precision bf16 --size base \
+    timeout "${BENCH_SECONDS:-200}" python3 scripts/bench/bench_train.py --device cuda --precision bf16 --size base \
         --max-tokens 32768 --repeats 1
     [ "$part" = bench ] || continue
-    timeout 120 python3 scripts/bench_train.py --device cuda --precision bf16 --size small \
+    timeout 120 python3 scripts/bench/bench_train.py --device cuda --precision bf16 --size small \
         --max-tokens 32768 --repeats 1
     step "item 3: beam-5 decoding speed, bf16"
-    timeout 80 python3 scripts/bench_decode.py --data-dir data/multi30k --device cuda \
+    timeout 80 python3 scripts/bench/bench_decode.py --data-dir data/multi30k --device cuda \
         --precision bf16 --skip-nocache
     ;;
 benchref)
     step "item 2: training throughput, bf16, base, mt without its CPU fast paths"
-    timeout "${BENCH_SECONDS:-200}" python3 scripts/bench_train.py --device cuda --precision bf16 \
+    timeout "${BENCH_SECONDS:-200}" python3 scripts/bench/bench_train.py --device cuda --precision bf16 \
         --size base --max-tokens 32768 --repeats 1 --no-fast-paths
     ;;
 benchfast)
     step "item 2: training throughput, bf16, base, mt with its CPU fast paths forced on"
-    timeout "${BENCH_SECONDS:-200}" python3 scripts/bench_train.py --device cuda --precision bf16 \
+    timeout "${BENCH_SECONDS:-200}" python3 scripts/bench/bench_train.py --device cuda --precision bf16 \
         --size base --max-tokens 32768 --repeats 1 --fast-paths
     ;;
 train)

@@ -14,14 +14,15 @@ import pytest
 from tests.conftest import ROOT, run_mt
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+BENCH = SCRIPTS / "bench"
 
 
-def _load(name: str):
+def _load(name: str, folder: Path = BENCH):
     """A script from scripts/ as a module (they are not a package; run as scripts, they find
     their sibling modules, such as harness.py, on the path Python gives them)."""
-    if str(SCRIPTS) not in sys.path:
-        sys.path.append(str(SCRIPTS))
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    if str(BENCH) not in sys.path:
+        sys.path.append(str(BENCH))
+    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -46,7 +47,7 @@ def test_bench_train_contenders_take_a_step_on_the_same_batches(bench_train, nam
 
 
 def test_bench_nat_scores_and_times_every_decoder(tiny_run, tmp_path):
-    """scripts/bench_nat.py on a NAT run and an autoregressive one: a BLEU per decoder, and
+    """scripts/bench/bench_nat.py on a NAT run and an autoregressive one: a BLEU per decoder, and
     sentences/s at batch 1 and in batches for each, in the JSON it writes."""
     data = tiny_run.parent / "data"
     nat = run_mt("train", ROOT / "configs/tiny.yaml", "--run-dir", tmp_path / "nat", "--set",
@@ -54,7 +55,7 @@ def test_bench_nat_scores_and_times_every_decoder(tiny_run, tmp_path):
                  "train.valid_every=10")
     assert nat.returncode == 0, nat.stderr
     proc = subprocess.run(
-        [sys.executable, str(SCRIPTS / "bench_nat.py"), "--nat", str(tmp_path / "nat"),
+        [sys.executable, str(BENCH / "bench_nat.py"), "--nat", str(tmp_path / "nat"),
          "--ar", str(tiny_run), "--data-dir", str(data), "--src-lang", "src", "--tgt-lang",
          "tgt", "--iterations", "1,3", "--sentences", "4", "--batch", "2", "--json",
          str(tmp_path / "nat.json")], capture_output=True, text=True, timeout=300)
@@ -82,7 +83,7 @@ def test_bench_train_turns_give_every_contender_its_own_rate(bench_train):
 
 
 def test_bench_rdrop_times_the_trainer_step_with_each_loss(bench_train):
-    """scripts/bench_rdrop.py's contenders are bench_train's `ours` (Trainer.train_step) with
+    """scripts/bench/bench_rdrop.py's contenders are bench_train's `ours` (Trainer.train_step) with
     the loss swapped: every loss it names is the one the trainer calls, and the script runs."""
     import torch
     from mt.objectives.loss import reference_loss
@@ -97,7 +98,7 @@ def test_bench_rdrop_times_the_trainer_step_with_each_loss(bench_train):
     for b in batches:
         step(b)
     assert called == [int((b[2] != bench_train.PAD).sum()) for b in batches]
-    proc = subprocess.run([sys.executable, str(SCRIPTS / "bench_rdrop.py"), "--steps", "1",
+    proc = subprocess.run([sys.executable, str(BENCH / "bench_rdrop.py"), "--steps", "1",
                            "--warmup", "0"], capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stderr
@@ -267,7 +268,7 @@ def test_mkl_shim_without_a_compiler_says_so_and_builds_nothing(tmp_path):
 
 
 def test_recipe_summary_reads_a_run_log(tmp_path):
-    """scripts/recipe_summary.py: the curve, the average (kept or not) and the tuned beam."""
+    """scripts/lab/recipe_summary.py: the curve, the average (kept or not) and the tuned beam."""
     records = [{"step": 1000, "valid_bleu": 17.7, "valid_loss": 3.9},
                {"step": 1000, "loss": 4.0},
                {"step": 2000, "valid_bleu": 27.0, "best": True},
@@ -276,13 +277,13 @@ def test_recipe_summary_reads_a_run_log(tmp_path):
                                                  "valid_bleu": 28.1}}]
     (tmp_path / "r").mkdir()
     (tmp_path / "r/train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    line = _load("recipe_summary").summary(tmp_path / "r")
+    line = _load("recipe_summary", SCRIPTS / "lab").summary(tmp_path / "r")
     assert line == ("r: greedy valid BLEU 1000: 17.7, 2000: 27.0; average of the last 10: 26.5 "
                     "(not kept); tuned: beam 5, length penalty 1.4, 28.1")
 
 
 def test_bench_shape_builds_the_shapes_it_is_given():
-    """scripts/bench_shape.py compares layer splits and widths against the shipped 4+4: each
+    """scripts/bench/bench_shape.py compares layer splits and widths against the shipped 4+4: each
     shape it times must be the model it names, or its ratios are about the wrong models."""
     import torch
     bench = _load("bench_shape")

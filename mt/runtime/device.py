@@ -27,7 +27,7 @@ def avoid_cudnn_attention() -> None:
     attention remain). cuDNN builds an execution plan for every new tensor shape, and NMT
     meets new shapes all the time: variable-length batches, and every step of incremental
     decoding grows the keys by one. On an H200 (PyTorch 2.11, the shipped Multi30k model's
-    shape, scripts/gpu_shape_probe.py, docs/gpu.md) a training step on a batch shape seen for
+    shape, scripts/bench/gpu_shape_probe.py, docs/gpu.md) a training step on a batch shape seen for
     the first time took 468 ms with cuDNN attention and 61 ms without, while steps on shapes
     seen before took 40 ms either way: the shipped config ran ~4 updates/s, not ~21, for its
     first epochs on an H100."""

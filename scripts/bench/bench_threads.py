@@ -10,7 +10,7 @@ loop on one thread, what another user's job looks like), with:
 Prints wall seconds per case and each case's ratio to the idle machine with mt as shipped.
 A ratio, measured in one run, is the claim: never a timed unit test.
 
-    python scripts/bench_threads.py [--steps 40] [--repeats 2]
+    python scripts/bench/bench_threads.py [--steps 40] [--repeats 2]
 """
 from __future__ import annotations
 

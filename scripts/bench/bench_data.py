@@ -2,7 +2,7 @@
 (read + clean, BPE training on a sample, encoding to int32 arrays, length-bucketed batches).
 Prints seconds and peak RSS; run it for several N to see how time and memory grow.
 
-    python scripts/bench_data.py --pairs 250000 --pairs 1000000 [--json]
+    python scripts/bench/bench_data.py --pairs 250000 --pairs 1000000 [--json]
 """
 from __future__ import annotations
 

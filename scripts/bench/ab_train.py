@@ -1,10 +1,10 @@
 """A/B of one change to mt's training step: mt as it is (A) against mt with some module
 attributes replaced (B), the two models taking turns batch by batch in one process.
 
-    python scripts/ab_train.py --patch mt.fast.nodes:FFN_CHUNK_ROWS=512
-    python scripts/ab_train.py --patch mt.fast.modules:feed_forward=my_ffn.py:feed_forward
-    python scripts/ab_train.py --b-precision bf16 --size tiny   # B trains under bf16 autocast
-    python scripts/ab_train.py                   # no patch: A/A, the harness's own noise
+    python scripts/bench/ab_train.py --patch mt.fast.nodes:FFN_CHUNK_ROWS=512
+    python scripts/bench/ab_train.py --patch mt.fast.modules:feed_forward=my_ffn.py:feed_forward
+    python scripts/bench/ab_train.py --b-precision bf16 --size tiny   # B trains under bf16 autocast
+    python scripts/bench/ab_train.py                   # no patch: A/A, the harness's own noise
 
 A patch is TARGET=VALUE. TARGET is MODULE:NAME, the attribute where mt looks the object up
 when it runs (a name that a module imported with `from X import f` is looked up in that

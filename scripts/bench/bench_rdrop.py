@@ -2,7 +2,7 @@
 shipped Multi30k shape (bench_train.py's "tiny" size: 4+4 layers, d_model 128, FFN 256, 5k
 vocabulary, dropout 0.3 as in configs/multi30k_*.yaml) and its Multi30k-like 8,192-token batches:
 
-    python scripts/bench_rdrop.py [--steps 30] [--alpha 2.5]
+    python scripts/bench/bench_rdrop.py [--steps 30] [--alpha 2.5]
 
 Every contender is bench_train's `ours`, the step `mt train` runs (Trainer.train_step), with one
 of three losses: the plain fused loss (mt.fast.chunked_loss), R-Drop as the paper writes it (two

@@ -3,7 +3,7 @@
 # updates"): the shipped config cut to a fixed number of updates, at one thread, so that two
 # runs share the 2-core CPU side by side and still train exactly as they would alone (a run
 # stopped by updates, not by the clock, does not depend on the load beside it).
-#   scripts/recipe_ab.sh NAME [KEY=VALUE ...]     e.g. scripts/recipe_ab.sh cool30 train.cooldown=0.3
+#   scripts/lab/recipe_ab.sh NAME [KEY=VALUE ...]     e.g. scripts/lab/recipe_ab.sh cool30 train.cooldown=0.3
 # CONFIG (default configs/multi30k_en_de.yaml) and STEPS (default 8000) may be set; the run
 # goes to runs/ab/NAME, its summary to runs/ab/NAME.summary.
 set -euo pipefail
@@ -17,4 +17,4 @@ start=$(date +%s)
 OMP_NUM_THREADS=1 mt train "$config" --run-dir "$run" --set "train.max_steps=${STEPS:-8000}" \
   train.max_minutes=0 train.num_threads=1 "$@" 2>&1 | tr '\r' '\n' | grep -v "it/s" > "$run.log"
 echo "wall: $(( $(date +%s) - start )) s" >> "$run.log"
-python scripts/recipe_summary.py "$run" | tee "$run.summary"
+python scripts/lab/recipe_summary.py "$run" | tee "$run.summary"

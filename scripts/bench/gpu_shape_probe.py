@@ -2,7 +2,7 @@
 bf16) on batches of new shapes, then again on the same batches, under three choices of
 attention kernels, each in a fresh process (kernel and plan caches live per process).
 
-    python scripts/gpu_shape_probe.py [--size tiny|base] [--batches 12]
+    python scripts/bench/gpu_shape_probe.py [--size tiny|base] [--batches 12]
 
 On an H100 the shipped Multi30k config trained about 4 updates/s for its first ~1.5 epochs and
 21/s after (docs/gpu.md). If the first sight of a shape is what costs, the first column is far

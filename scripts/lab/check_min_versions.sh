@@ -2,10 +2,10 @@
 # Check that pyproject's lower bounds are true: a fresh venv gets every dependency at exactly
 # its lower bound (torch from PyTorch's CPU index), mt without its dependencies, and the fast
 # tests run there.
-#   bash scripts/check_min_versions.sh [VENV_DIR [PYTEST ARGS...]]   (default /tmp/mt-min-venv)
-#   TORCH_SPEC=torch==2.13.0 bash scripts/check_min_versions.sh   another torch, e.g. offline
+#   bash scripts/lab/check_min_versions.sh [VENV_DIR [PYTEST ARGS...]]   (default /tmp/mt-min-venv)
+#   TORCH_SPEC=torch==2.13.0 bash scripts/lab/check_min_versions.sh   another torch, e.g. offline
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 venv=${1:-/tmp/mt-min-venv}
 shift || true
 rm -rf "$venv"

@@ -4,11 +4,11 @@ Quality: the NAT run decodes the test split with T iterations for each --iterati
 autoregressive run with greedy and beam search; each is scored with sacreBLEU (cased) and the
 Multi30k papers' lowercased tokenized BLEU. Speed: every decoder translates the same sentences
 one at a time (batch 1, the latency a user of an interactive service sees) and in batches of
---batch sentences, the decoders taking turns item by item (scripts/harness.py) so that a drift
+--batch sentences, the decoders taking turns item by item (scripts/bench/harness.py) so that a drift
 in the machine's speed hits all alike; it prints sentences/s and each one's speed-up over the
 autoregressive beam search.
 
-    python scripts/bench_nat.py --nat runs/story/nat --ar runs/story/transformer-plain \
+    python scripts/bench/bench_nat.py --nat runs/story/nat --ar runs/story/transformer-plain \
         --data-dir data/multi30k [--sentences 200] [--json out.json]
 """
 from __future__ import annotations

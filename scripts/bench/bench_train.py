@@ -1,8 +1,8 @@
 """Training throughput of mt's model and train step against two references, same batches:
 (a) a plain loop around torch.nn.Transformer, (b) Hugging Face MarianMTModel from scratch.
 
-    python scripts/bench_train.py [--size small|base|both] [--steps N] [--json]
-    python scripts/bench_train.py --device cuda --precision bf16 --size base --max-tokens 32768
+    python scripts/bench/bench_train.py [--size small|base|both] [--steps N] [--json]
+    python scripts/bench/bench_train.py --device cuda --precision bf16 --size base --max-tokens 32768
 
 Each contender runs in its own subprocess so that its peak memory is its own; then all three
 run once more in one process, taking turns batch by batch, which gives ratios that a drift in
@@ -92,7 +92,7 @@ def useful_flops(batch, size: dict) -> float:
 # -- the three contenders: each returns a step(batch) closure --------------------------------
 def ours(size, device, precision="fp32", compile=False, loss_fn=None, dropout=0.1):
     """mt's model and its real training step: Trainer.train_step with the fast paths and the
-    loss that mt.train.objective.build_objective chooses (or `loss_fn`, e.g. an R-Drop loss: scripts/bench_rdrop.py).
+    loss that mt.train.objective.build_objective chooses (or `loss_fn`, e.g. an R-Drop loss: scripts/bench/bench_rdrop.py).
     Gradient clipping is off here, as the references do none."""
     import functools
 

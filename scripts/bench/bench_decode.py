@@ -3,8 +3,8 @@ same model and search without the cache and (b) Hugging Face `generate` on a Mar
 the same size. All decode exactly --steps output tokens per sentence (EOS is suppressed until
 then), so every contender does the same work.
 
-    python scripts/bench_decode.py --data-dir data/multi30k [--sentences 1000] [--json]
-    python scripts/bench_decode.py --data-dir data/multi30k --device cuda --precision bf16
+    python scripts/bench/bench_decode.py --data-dir data/multi30k [--sentences 1000] [--json]
+    python scripts/bench/bench_decode.py --data-dir data/multi30k --device cuda --precision bf16
 
 On a GPU both contenders run on it, under the same autocast (--precision), and the timers wait
 for the GPU (harness.sync) so that queued kernels are counted. Target tokens/s = sentences x

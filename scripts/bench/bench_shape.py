@@ -2,7 +2,7 @@
 taking turns batch by batch (so a drift in the machine's speed cannot bias the ratios). For
 recipe choices that trade depth or width at a fixed CPU budget (docs/multi30k_recipe.md).
 
-    python scripts/bench_shape.py --shape 6+2 --shape 7+2 --shape 4+4:heads=2 [--steps 60]
+    python scripts/bench/bench_shape.py --shape 6+2 --shape 7+2 --shape 4+4:heads=2 [--steps 60]
 
 A shape is ENC+DEC layers, optionally followed by :key=value pairs (heads, d_ff, d_model,
 vocab) changing the shipped Multi30k shape (bench_train.py's "tiny": 4+4 layers, d_model 128,

@@ -1,6 +1,6 @@
 """One line per run of its train_log.jsonl: greedy valid BLEU by validation, the average of
 the last snapshots, and the tuned beam's valid BLEU (what docs/multi30k_recipe.md's tables
-hold).   python scripts/recipe_summary.py RUN_DIR [RUN_DIR ...]"""
+hold).   python scripts/lab/recipe_summary.py RUN_DIR [RUN_DIR ...]"""
 import json
 import sys
 from pathlib import Path
