@@ -1,16 +1,22 @@
 """Every model.arch / attention / norm / positional variant honours the same contracts:
 cached decoding equals uncached, beam 1 equals greedy, padding changes nothing, and it
 trains, saves, loads and translates through the CLI."""
+
 import pytest
 import torch
 
 from mt.config import ModelConfig
+from mt.decode.search import beam_search, greedy
 from mt.model import build_model
 from mt.model.attention import MultiHeadAttention
-from mt.decode.search import beam_search, greedy
 from mt.tokens import PAD
-from tests.conftest import ROOT, assert_user_error, run_mt
-from tests.conftest import V, make_src
+from tests.conftest import (
+    ROOT,
+    V,
+    assert_user_error,
+    make_src,
+    run_mt,
+)
 
 VARIANTS = {
     "transformer-post-sinusoidal": dict(arch="transformer"),
@@ -208,3 +214,25 @@ def test_each_variant_trains_saves_loads_and_translates(tmp_path_factory, overri
                      "train.max_steps=14", "train.valid_every=12", "train.save_every=6",
                      "train.log_every=6", *overrides.split())
     assert resumed.returncode == 0 and "resuming from" in resumed.stdout + resumed.stderr
+
+
+def test_rnn_recurrence_runs_in_fp32_under_bf16_autocast():
+    from mt.config import ModelConfig
+    from mt.model import build_model
+    seen = []
+    for attention in ("bahdanau", "luong", "none"):
+        model = build_model(ModelConfig(arch="rnn", attention=attention, d_model=16,
+                                        enc_layers=1, dec_layers=1), 30, 30)
+
+        def hook(module, args):
+            x = args[0].data if hasattr(args[0], "batch_sizes") else args[0]
+            seen.append((torch.is_autocast_enabled("cpu"), x.dtype,
+                         None if len(args) < 2 or args[1] is None else args[1].dtype))
+        for gru in (model.encoder, model.decoder):
+            gru.register_forward_pre_hook(hook)
+        src = torch.randint(4, 30, (2, 5))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(src, torch.randint(4, 30, (2, 4)), src == 0)
+        assert out.shape[:2] == (2, 4)
+    assert seen and all(s == (False, torch.float32, s[2]) and s[2] in (None, torch.float32)
+                        for s in seen), seen

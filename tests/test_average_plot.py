@@ -1,4 +1,5 @@
 import json
+import shutil
 
 import torch
 
@@ -72,7 +73,6 @@ def test_decoding_is_tuned_on_valid_and_stored_in_best(tmp_path):
     """decode.tune_beams: the grid is scored on the valid split, the winner is written into
     best.pt, and `mt translate RUN_DIR` uses it; the reported BLEU is the valid BLEU of
     exactly that setting."""
-    import shutil
 
     from mt.data.corpus import read_lines
     from mt.evaluate.metrics import score
@@ -100,3 +100,20 @@ def test_decoding_is_tuned_on_valid_and_stored_in_best(tmp_path):
     assert_user_error(run_mt("tune", run, "--beams", "0"), "--beams")
     assert_user_error(run_mt("tune", run, "--src", src), "both --src and --ref")
     shutil.rmtree(run)
+
+
+def test_training_picture_marks_best_and_draws_a_single_point(tmp_path):
+    import json
+
+    from mt.evaluate.plot import plot_run, training_figure
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "train_log.jsonl").write_text("\n".join(json.dumps(r) for r in [
+        {"step": 10, "loss": 5.0, "nll": 4.5},
+        {"step": 10, "valid_loss": 4.0, "valid_bleu": 12.3, "valid_chrf": 30.0, "best": True},
+    ]) + "\n")
+    assert plot_run(run).is_file()
+    loss_ax, bleu_ax = training_figure(run).axes
+    assert any(line.get_marker() == "o" and len(line.get_xdata()) == 1
+               for line in loss_ax.get_lines())                  # one point is still seen
+    assert "best.pt: 12.30" in [t.get_text() for t in bleu_ax.get_legend().get_texts()]

@@ -86,6 +86,7 @@ def test_bench_rdrop_times_the_trainer_step_with_each_loss(bench_train):
     """scripts/bench/bench_rdrop.py's contenders are bench_train's `ours` (Trainer.train_step) with
     the loss swapped: every loss it names is the one the trainer calls, and the script runs."""
     import torch
+
     from mt.objectives.loss import reference_loss
     called = []
 
@@ -139,8 +140,9 @@ def test_ab_train_patch_is_in_place_for_b_only_and_undone(ab_train):
     has its own object back. The patches change no arithmetic here (these batches have fewer
     rows than either chunk size), and each side draws its own dropout masks: equal weights."""
     import torch
-    import mt.fast.nodes as fused
+
     import mt.fast.modules as layers
+    import mt.fast.nodes as fused
     calls = {"patched": 0}
     original = layers.feed_forward
 
@@ -162,6 +164,7 @@ def test_ab_train_sees_different_arithmetic(ab_train):
     """A patch that changes what is computed (no dropout in B's feed-forwards) shows in the
     weights after one step."""
     import torch
+
     import mt.fast.modules as layers
     original = layers.feed_forward
 
@@ -177,6 +180,7 @@ def test_ab_train_b_precision_trains_b_alone_under_bf16_autocast(ab_train, monke
     """--b-precision bf16: B's forward runs under bf16 autocast and A's in fp32, so with no
     patch at all (an A/A otherwise, 0.0 apart) the weights differ after one step."""
     import torch
+
     import mt.train.trainer as trainer_module
     seen = []
     original = trainer_module.Trainer._loss

@@ -1,11 +1,15 @@
 import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
 from mt.data.corpus import read_lines
 from mt.data.synthetic import generate
 from mt.decode.translator import Translator
-from tests.conftest import ROOT, assert_user_error, run_mt
+from tests.conftest import ROOT, assert_user_error, cli_env, run_mt
 
 
 def test_help_for_every_command():
@@ -159,3 +163,43 @@ def test_eval_compares_systems_with_paired_tests(tmp_path):
     (tmp_path / "short").write_text("one line\n")
     assert_user_error(run_mt("eval", "--hyp", tmp_path / "worse", "--hyp", tmp_path / "short",
                              "--ref", tmp_path / "r"), "short", "lines")
+
+
+def test_unknown_lc_tok_language_and_huge_beam_are_refused(tiny_run, tmp_path):
+    ref = tmp_path / "ref"
+    ref.write_text("a b\n")
+    assert_user_error(run_mt("eval", "--hyp", ref, "--ref", ref, "--lc-tok", "klingon"),
+                      "--lc-tok 'klingon'", "en")
+    assert_user_error(run_mt("translate", tiny_run, "--beam", "10000", input="mi\n"),
+                      "--beam 10000", "at most")
+    assert_user_error(run_mt("tune", tiny_run, "--beams", "1,5000"), "--beam 5000")
+
+
+def test_translate_at_a_terminal_answers_each_line(tiny_run):
+    import pty
+    leader, follower = pty.openpty()
+    env = cli_env()
+    proc = subprocess.Popen([sys.executable, "-m", "mt", "translate", str(tiny_run), "--greedy"],
+                            stdin=follower, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=ROOT, env=env, text=True)
+    os.close(follower)
+    os.write(leader, b"mi lo\nka tu\n\x04")
+    out, err = proc.communicate(timeout=120)
+    os.close(leader)
+    assert proc.returncode == 0, err
+    assert "Ctrl-D" in err and "greedy search" in err
+    assert len(out.splitlines()) == 2
+
+
+def test_version_and_builtin_configs_from_any_folder(tmp_path):
+    proc = run_mt("--version", cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stdout.startswith("mt ")
+    proc = run_mt("configs", cwd=tmp_path)
+    assert proc.returncode == 0 and "tiny" in proc.stdout and "multi30k_de_en" in proc.stdout
+    proc = run_mt("train", "tiny", "--set", "train.max_steps=3", "train.valid_every=3",
+                  cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "runs" / "tiny" / "last.pt").is_file()
+    proc = run_mt("train", "configs/tiny.yaml", "--set", "train.max_steps=3", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr                    # the README's path, anywhere
+    assert_user_error(run_mt("train", "nonesuch", cwd=tmp_path), "nonesuch", "mt configs")

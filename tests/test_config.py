@@ -1,8 +1,13 @@
+
 import pytest
 
 from mt.config import apply_overrides, load_config, validate
 from mt.errors import MTError
-from tests.conftest import ROOT, assert_user_error, run_mt
+from tests.conftest import (
+    ROOT,
+    assert_user_error,
+    run_mt,
+)
 
 
 def test_shipped_configs_validate():
@@ -91,6 +96,7 @@ def test_save_config_writes_the_whole_file_or_leaves_the_old_one(tmp_path, monke
     """config.yaml is read by the other ranks while rank 0 writes it: a reader must never
     see half a file, so a write that fails leaves the old one whole and no temp file."""
     import yaml
+
     from mt.config import save_config
     cfg = load_config(ROOT / "configs/tiny.yaml")
     path = tmp_path / "config.yaml"
@@ -105,3 +111,15 @@ def test_save_config_writes_the_whole_file_or_leaves_the_old_one(tmp_path, monke
         save_config(cfg, path)
     assert path.read_text(encoding="utf-8") == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml"]
+
+
+TINY = ROOT / "configs" / "tiny.yaml"
+
+
+def test_max_len_beyond_max_positions_is_a_config_error():
+    with pytest.raises(MTError, match="data.max_len .300. does not fit model.max_positions .256."):
+        load_config(TINY, ["data.max_len=300"])
+    with pytest.raises(MTError, match="twice data.max_len"):
+        load_config(TINY, ["model.arch=decoder_only", "data.max_len=200"])
+    assert load_config(TINY, ["model.arch=decoder_only", "data.max_len=128"]).max_side_len == 128
+    assert load_config(TINY, ["model.arch=rnn", "data.max_len=300"])     # no position table

@@ -7,8 +7,8 @@ import pytest
 from mt.data.batching import collate, token_batches
 from mt.data.corpus import Stats, drop_empty, encode_pairs, read_lines, read_parallel
 from mt.data.download import download, from_datasets
-from mt.errors import MTError
 from mt.data.tokenizer import BOS, EOS, PAD, Tokenizer
+from mt.errors import MTError
 from tests.conftest import MULTI30K, assert_user_error, run_mt
 
 

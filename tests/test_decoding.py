@@ -1,12 +1,20 @@
 """What users do with a trained model: n-best lists, sampling, ensembles, a forced prefix,
 through the Python API and `mt translate`."""
+
 import torch
 
 from mt import Sampling, Translator
+from mt.artifacts import checkpoint
 from mt.data.synthetic import generate
 from mt.decode.ensemble import Ensemble
 from mt.decode.search import beam_nbest, beam_search, greedy, sampler
-from tests.conftest import V, assert_user_error, make_model, make_src, run_mt
+from tests.conftest import (
+    V,
+    assert_user_error,
+    make_model,
+    make_src,
+    run_mt,
+)
 
 
 def test_nbest_first_is_the_beam_output_and_scores_are_sorted():
@@ -119,10 +127,23 @@ def test_translate_cli_nbest_sampling_ensemble_and_bad_flags(tiny_run, tmp_path)
 
 
 def test_an_ensemble_needs_one_tokenizer(tiny_run, tmp_path):
-    from mt.artifacts import checkpoint
     ckpt = checkpoint.load(tiny_run / "last.pt")
     ckpt["spm"]["src"] = ckpt["spm"]["src"].clone()
     ckpt["spm"]["src"][-1] ^= 1                                    # another BPE model
     checkpoint.atomic_save(ckpt, tmp_path / "other.pt")
     assert_user_error(run_mt("translate", tiny_run, tmp_path / "other.pt", input="a\n"),
                       "another BPE model", "share one tokenizer")
+
+
+def test_attention_labels_show_words_not_sentencepiece_marks():
+    from mt.decode.alignment import readable_pieces
+    assert readable_pieces(["\u2581Ein", "\u2581Hund", "e", "\u2581", "</s>"]) == \
+        ["Ein", "Hund", "##e", "\u2423", "</s>"]
+
+
+def test_overlong_input_is_truncated_with_warning_and_keeps_line_count(tiny_run):
+    long_line = " ".join(["lo ka mi"] * 200)                          # > max_positions subwords
+    proc = run_mt("translate", tiny_run, "--greedy", input=f"mi\n{long_line}\n\ntu\n")
+    assert proc.returncode == 0, proc.stderr
+    assert "1 input line(s) longer than" in proc.stderr and "truncated" in proc.stderr
+    assert len(proc.stdout.split("\n")[:-1]) == 4

@@ -2,16 +2,21 @@
 import os
 import re
 import shutil
+import time
 
 import numpy as np
+import pytest
 import torch
 import torch.multiprocessing as mp
 
-from mt.train.build import build_trainer
+import mt.data.prepare
+from mt.artifacts import checkpoint
 from mt.config import load_config
 from mt.data.batching import collate
 from mt.data.download import download
-from tests.conftest import ROOT, cli_env, free_port
+from mt.errors import MTError
+from mt.train.build import build_trainer
+from tests.conftest import ROOT, cli_env, free_port, out_of_memory_on_call
 
 HALVES = (list(range(0, 24)), list(range(24, 48)))
 
@@ -94,7 +99,6 @@ def test_torchrun_two_processes_resume_equals_uninterrupted(tmp_path):
 
     assert [step for step, *_ in losses("resumed")] == [10, 20, 30]   # one writer: rank 0
     assert losses("resumed") == losses("straight")
-    from mt.artifacts import checkpoint
     a, b = (checkpoint.load(tmp_path / run / "last.pt") for run in ("resumed", "straight"))
     assert a["train_state"]["step"] == 30 and a["train_state"]["batch_in_epoch"] % 2 == 0
     assert len(a["rank_rng"]) == 2
@@ -133,3 +137,99 @@ def test_ranks_agree_on_the_clock_that_ends_the_budget_and_cools_the_rate(tmp_pa
     assert seen[0]["seconds"] == seen[1]["seconds"] == 30.0
     assert seen[0]["lr"] == seen[1]["lr"] > 0
     assert seen[0]["scale"] == seen[1]["scale"] == 0.5
+
+
+TINY = ROOT / "configs" / "tiny.yaml"
+
+
+def _gloo_cfg(data_dir, *more):
+    # train.device cpu: the ranks here are gloo ranks, also on a machine with one GPU
+    return load_config(TINY, [f"data.dir={data_dir}", "model.dropout=0.0", "train.device=cpu",
+                              *more])
+
+
+def _slow_rank0_worker(rank, world, port, data_dir, run_dir, delay):
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    if rank == 0:                          # downloading/BPE and validating take `delay` s
+        real_ensure = mt.data.prepare.ensure_data
+
+        def slow_ensure(*a, **k):
+            time.sleep(delay)
+            return real_ensure(*a, **k)
+        mt.data.prepare.ensure_data = slow_ensure
+    t = build_trainer(_gloo_cfg(data_dir, "train.dist_timeout_minutes=0.05",   # 3 s
+                           "train.max_steps=4", "train.valid_every=2", "train.save_every=100",
+                           "train.valid_beam=1"), run_dir, log=lambda *_: None)
+    if rank == 0:
+        real_validate = t.validate
+
+        def slow_validate():
+            time.sleep(delay)
+            return real_validate()
+        t.validate = slow_validate
+    try:
+        assert t.fit().step == 4
+    finally:
+        t.close()
+
+
+def test_rank0_solo_work_longer_than_the_collective_timeout_is_waited_for(tmp_path):
+    mp.spawn(_slow_rank0_worker, args=(2, free_port(), tmp_path / "data", tmp_path / "run", 6),
+             nprocs=2, join=True)
+    assert (tmp_path / "run" / "last.pt").is_file()
+
+
+def _oom_worker(rank, world, port, data_dir, run_dir, out):
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    t = build_trainer(_gloo_cfg(data_dir, "train.dist_timeout_minutes=0.5"), run_dir,
+                      log=lambda *_: None)
+    assert t.train_model is t.model         # no DDP wrapper (and no buffers re-sent)
+    if rank == 1:                                          # rank 1 runs out of memory once
+        out_of_memory_on_call(t.model, 2)
+    done = [t.train_step([collate(t.train_data, np.arange(rank * 24, rank * 24 + 24))])
+            for _ in range(3)]
+    torch.save({"done": done, "state": t.state.state_dict(), "model": t.model.state_dict()},
+               out / f"rank{rank}.pt")
+    t.close()
+
+
+def test_out_of_memory_on_one_rank_is_skipped_by_all_ranks(tmp_path):
+    download("synthetic", tmp_path / "data")
+    (tmp_path / "out").mkdir()
+    mp.spawn(_oom_worker, args=(2, free_port(), tmp_path / "data", tmp_path / "run",
+                                tmp_path / "out"), nprocs=2, join=True)
+    r0, r1 = (torch.load(tmp_path / "out" / f"rank{r}.pt") for r in (0, 1))
+    assert r0["done"] == r1["done"] == [True, False, True]
+    assert r0["state"]["step"] == r1["state"]["step"] == 2
+    assert r0["state"]["oom_skipped"] == r1["state"]["oom_skipped"] == 1
+    for k, v in r0["model"].items():                     # still one model
+        assert torch.equal(v, r1["model"][k]), k
+
+
+def test_more_ranks_on_a_machine_than_it_has_gpus_is_a_one_line_error(monkeypatch):
+    """torchrun --nproc-per-node 2 on a one-GPU machine: every rank says why before it joins
+    the group (torch.cuda.set_device would stop only the second, with "invalid device
+    ordinal")."""
+    from mt.runtime import distributed
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(distributed.dist, "init_process_group",
+                        lambda *a, **k: pytest.fail("joined the group"))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    for rank in ("0", "1"):                  # every rank says it, not only the one left over
+        monkeypatch.setenv("RANK", rank)
+        monkeypatch.setenv("LOCAL_RANK", rank)
+        with pytest.raises(MTError, match=r"started 2 processes on this machine, which has 1 "
+                                          r"GPU: use --nproc-per-node 1"):
+            distributed.setup("auto")
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")      # launched without it: the extra rank still says
+    with pytest.raises(MTError, match="started 2 processes"):
+        distributed.setup("auto")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)    # enough GPUs: it goes on
+    with pytest.raises(pytest.fail.Exception, match="joined the group"):
+        distributed.setup("auto")

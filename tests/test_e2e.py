@@ -61,8 +61,8 @@ def test_multi30k_validation_bleu_rises(tmp_path):
     assert len(averaged) == 1 and "valid_bleu" in averaged[0]
     # the run exported to CTranslate2 decodes real test sentences as mt does (post-LN model)
     pytest.importorskip("ctranslate2")
-    from tests.test_export import _ct2_greedy
     from mt.decode.translator import Translator
+    from tests.test_export import _ct2_greedy
     assert run_mt("export", tmp_path / "r", tmp_path / "ct2").returncode == 0
     t = Translator.load(tmp_path / "r", "cpu")
     sources = (tmp_path / "m" / "test.de").read_text().splitlines()[:100]
@@ -100,6 +100,7 @@ def test_resumed_training_equals_uninterrupted(tmp_path):
     """20 steps, stop, resume to 40 == 40 steps straight: same logged losses, bitwise the
     same weights (CPU), because optimizer, schedule, RNG and data position are restored."""
     import torch
+
     from mt.artifacts import checkpoint
     common = ["--set", f"data.dir={tmp_path / 'd'}", "train.log_every=5", "train.valid_every=20",
               "train.save_every=20", "model.dropout=0.1", "train.valid_beam=1"]

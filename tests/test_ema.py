@@ -60,8 +60,8 @@ def test_state_round_trip_resumes_the_same_average():
 
 def test_a_run_validates_and_snapshots_the_average_and_resumes_from_raw_weights(tmp_path):
     from mt.artifacts import checkpoint
-    from mt.train.build import build_trainer
     from mt.config import load_config
+    from mt.train.build import build_trainer
     from tests.conftest import ROOT
     cfg = load_config(ROOT / "configs/tiny.yaml", [
         f"data.dir={tmp_path / 'd'}", "train.max_steps=6", "train.save_every=6",

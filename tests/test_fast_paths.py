@@ -3,14 +3,18 @@ the same dropout mask: the fused loss, the fused feed-forward, add & norm and
 attention nodes, the row packing, and a whole model after `install` (the dropout itself:
 test_fast_dropout.py)."""
 
+
 import pytest
 import torch
 
 from mt import fast
-from mt.objectives.loss import label_smoothed_nll
+from mt.config import load_config
+from mt.errors import MTError
 from mt.model import Transformer
+from mt.objectives.loss import label_smoothed_nll
 from mt.tokens import PAD
-from tests.conftest import V, make_src
+from mt.train.objective import install_fast_paths
+from tests.conftest import ROOT, V, make_src
 
 
 @pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])
@@ -390,3 +394,35 @@ def test_fused_rdrop_draws_its_own_mask_for_each_pass():
         torch.manual_seed(11)
         values.append(chunked_rdrop_loss(model, batch, 0.1, alpha=alpha)[0].item())
     assert values[1] > values[0] + 1e-3
+
+
+TINY = ROOT / "configs" / "tiny.yaml"
+
+
+def test_fast_paths_auto_installs_them_on_a_cpu_only():
+    """train.fast_paths "auto" (the default) swaps in mt/fast and its fused loss on a CPU and
+    trains the reference model and loss elsewhere (on an H200 mt/fast made training slower:
+    docs/gpu.md); true and false force either on any device. A model on the meta device
+    stands in for a GPU's: the choice reads the device the model is on."""
+    from mt.config import ModelConfig, TrainConfig
+    from mt.fast import FAST
+    from mt.model import build_model
+    assert TrainConfig().fast_paths == "auto"
+
+    def installed(setting, device):
+        model = build_model(ModelConfig(d_model=32, enc_layers=1, dec_layers=1, d_ff=64),
+                            50, 50).to(device)
+        fused = install_fast_paths(model, TrainConfig(fast_paths=setting))
+        swapped = any(type(m) in FAST.values() for m in model.modules())
+        assert swapped == fused
+        return swapped
+
+    assert installed("auto", "cpu") and not installed("auto", "meta")
+    assert installed(True, "meta") and not installed(False, "cpu")
+    with pytest.raises(MTError, match="train.fast_paths"):
+        load_config(TINY, ["train.fast_paths=sometimes"])
+    # 1 == True, so a Literal of booleans alone would take 1 and 0 where every other
+    # boolean key refuses them.
+    for number in ("1", "0"):
+        with pytest.raises(MTError, match="train.fast_paths: expected 'auto', true or false"):
+            load_config(TINY, [f"train.fast_paths={number}"])

@@ -1,10 +1,11 @@
 import pytest
 import torch
 
-from mt.model import reorder_cache
 from mt.decode.search import beam_search, greedy
+from mt.model import reorder_cache
 from mt.tokens import EOS, PAD
 from tests.conftest import V, make_model, make_src
+
 
 def test_padding_does_not_change_outputs():
     """A padded batch gives each sentence the same logits as running it alone."""

@@ -5,11 +5,15 @@ import torch.nn.functional as F
 
 from mt.config import ModelConfig
 from mt.data.batching import Batch
-from mt.model import build_model
 from mt.decode.mask_predict import mask_predict
-from mt.objectives.nat import LENGTH_LOSS_WEIGHT, mask_for_training, nat_loss, targets_of
-from mt.tokens import MASK
-from mt.tokens import BOS, EOS, PAD
+from mt.model import build_model
+from mt.objectives.nat import (
+    LENGTH_LOSS_WEIGHT,
+    mask_for_training,
+    nat_loss,
+    targets_of,
+)
+from mt.tokens import BOS, EOS, MASK, PAD
 from tests.conftest import ROOT, make_src, run_mt
 
 

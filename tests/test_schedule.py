@@ -27,6 +27,7 @@ def test_noam_shape_and_factor():
 
 def test_scheduler_gives_noam_of_the_update_number():
     from types import SimpleNamespace
+
     from mt.train.schedule import build_optimizer
     cfg = SimpleNamespace(adam_beta1=0.9, adam_beta2=0.98, adam_eps=1e-9, weight_decay=0.0,
                           warmup=10, lr_factor=1.0, cooldown=0.0)
@@ -115,6 +116,7 @@ def test_adam_refuses_a_state_for_other_parameters():
 def test_noam_resumes_from_a_lambdalr_state():
     """Checkpoints written with torch's LambdaLR (before mt's Noam) resume at the same lr."""
     from types import SimpleNamespace
+
     from mt.train.schedule import build_optimizer
     cfg = SimpleNamespace(adam_beta1=0.9, adam_beta2=0.98, adam_eps=1e-9, weight_decay=0.0,
                           warmup=10, lr_factor=2.0, cooldown=0.0)
@@ -150,6 +152,7 @@ def test_cooldown_is_flat_then_a_straight_line_to_zero():
 
 def test_noam_with_cooldown_scales_the_update_rate_and_resumes_with_it():
     from types import SimpleNamespace
+
     from mt.train.schedule import build_optimizer, cooldown_scale
     cfg = SimpleNamespace(adam_beta1=0.9, adam_beta2=0.98, adam_eps=1e-9, weight_decay=0.0,
                           warmup=10, lr_factor=1.0, cooldown=0.5)

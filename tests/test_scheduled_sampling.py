@@ -5,10 +5,13 @@ import torch
 
 from mt.config import ModelConfig, ScheduledSamplingConfig
 from mt.data.batching import Batch
-from mt.objectives.loss import reference_loss
 from mt.model import build_model
-from mt.objectives.scheduled_sampling import gold_probability
-from mt.objectives.scheduled_sampling import ScheduledSamplingLoss, mixed_input
+from mt.objectives.loss import reference_loss
+from mt.objectives.scheduled_sampling import (
+    ScheduledSamplingLoss,
+    gold_probability,
+    mixed_input,
+)
 from mt.tokens import BOS, PAD
 from tests.conftest import ROOT, make_src, run_mt
 

@@ -111,3 +111,24 @@ def test_a_sentence_ends_at_its_length_limit_with_eos():
     src = torch.tensor([[4, EOS]])
     assert greedy(ScriptedModel(table), src, src == 0, 0.0, 4) == [[4, 4, 4]]
     assert beam_search(ScriptedModel(table), src, src == 0, 3, 1.0, 0.0, 4) == [[4, 4, 4]]
+
+
+def test_search_never_emits_pad_bos_or_unk():
+    from mt.config import ModelConfig
+    from mt.decode.search import beam_search, greedy
+    from mt.model import build_model
+    from mt.tokens import BOS, EOS, PAD, UNK
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(d_model=32, enc_layers=1, dec_layers=1, d_ff=64), 40, 40).eval()
+    real = model.project
+
+    def project(h):   # a model that loves the special tokens
+        logits = real(h)
+        logits[..., [PAD, BOS, UNK]] += 100.0
+        return logits
+    model.project = project
+    src = torch.randint(4, 40, (3, 5))
+    outs = greedy(model, src, src == 0, 0.0, 4) + beam_search(model, src, src == 0, 3, 1.0, 0.0, 4)
+    emitted = {tok for out in outs for tok in out}
+    assert emitted and not {PAD, BOS, UNK} & emitted, outs
+    assert EOS not in emitted

@@ -1,12 +1,16 @@
+import os
 import pickle
 
 import pytest
 import torch
 
 from mt.artifacts import checkpoint
-from mt.errors import MTError
 from mt.data.tokenizer import Tokenizer
-from tests.conftest import assert_user_error, run_mt
+from mt.errors import MTError
+from tests.conftest import (
+    assert_user_error,
+    run_mt,
+)
 
 TEXT = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee, 2024!", "Eine Frau liest."] * 30
 EN = ["A man rides a bike.", "Two dogs play in the snow, 2024!", "A woman reads."] * 30
@@ -41,7 +45,6 @@ def test_checkpoint_round_trip(tiny_run, tmp_path):
 
 class _Evil:
     def __reduce__(self):
-        import os
         return (os.system, ("touch PWNED",))
 
 
@@ -64,3 +67,33 @@ def test_truncated_checkpoint_gives_one_line_error(tiny_run, tmp_path):
     (tmp_path / "p.pkl").write_bytes(pickle.dumps([1, 2]))
     assert_user_error(run_mt("eval", tmp_path / "p.pkl", "--src", tmp_path / "p.pkl",
                              "--ref", tmp_path / "p.pkl"), "p.pkl")
+
+
+@pytest.mark.parametrize("saved,here", [(8, 1), (1, 4), (2, 0)])
+def test_resume_restores_the_gpu_generators_that_exist_on_both_sides(monkeypatch, saved, here):
+    restored, notes = [], []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: here > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: here)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda s, i: restored.append(i))
+    state = {"torch": torch.get_rng_state(),
+             "cuda": [torch.zeros(16, dtype=torch.uint8) for _ in range(saved)]}
+    checkpoint.set_rng_state(state, notes.append)
+    assert restored == list(range(min(saved, here)))
+    assert len(notes) == 1 and f"{saved} GPU(s)" in notes[0] and f"has {here}" in notes[0]
+
+
+def test_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    good = {"format_version": checkpoint.FORMAT_VERSION, "model": {"w": torch.ones(3)}}
+    path = tmp_path / "last.pt"
+    checkpoint.atomic_save(good, path)
+
+    def crash(obj, f, *a, **k):
+        f.write(b"half a checkpoint")
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(torch, "save", crash)
+    with pytest.raises(MTError, match="last.pt: the disk is full"):
+        checkpoint.atomic_save({"format_version": 1, "model": {"w": torch.zeros(3)}}, path,
+                               keep_previous=True)
+    monkeypatch.undo()
+    assert torch.equal(checkpoint.load(path)["model"]["w"], torch.ones(3))
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]        # no temp file left

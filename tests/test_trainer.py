@@ -1,11 +1,25 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
 import pytest
 import torch
 
 from mt.artifacts import checkpoint
-from mt.train.build import build_trainer
 from mt.config import load_config
+from mt.data.batching import collate
 from mt.errors import MTError
-from tests.conftest import ROOT, out_of_memory_on_call
+from mt.train.build import build_trainer
+from tests.conftest import (
+    ROOT,
+    cli_env,
+    out_of_memory_on_call,
+    run_mt,
+)
 
 
 def _trainer(tmp_path, *overrides):
@@ -59,9 +73,7 @@ def test_training_stops_after_k_nonfinite_in_a_row(tmp_path):
 
 def test_gradient_accumulation_equals_one_big_batch(tmp_path):
     """Two batches accumulated into one update == one update on their union (dropout off)."""
-    import numpy as np
 
-    from mt.data.batching import collate
     t = _trainer(tmp_path, "model.dropout=0.0")
     idx_a, idx_b = list(range(0, 16)), list(range(16, 32))
     state0 = {k: v.clone() for k, v in t.model.state_dict().items()}
@@ -105,9 +117,7 @@ def test_unwritable_run_dir_is_reported_before_training(tmp_path):
 def test_compiled_training_takes_the_same_steps(tmp_path):
     """train.compile: true (torch.compile, dynamic shapes) gives the same losses and updates
     as eager within float tolerance, on batches of different shapes (dropout off)."""
-    import numpy as np
 
-    from mt.data.batching import collate
     eager = _trainer(tmp_path / "e", "model.dropout=0.0")
     compiled = _trainer(tmp_path / "c", "model.dropout=0.0", "train.compile=true")
     compiled.model.load_state_dict(eager.model.state_dict())
@@ -144,9 +154,7 @@ def test_mixed_precision_training_tracks_fp32(tmp_path, monkeypatch, precision):
     """train.precision bf16/fp16 runs the GPU's code path (autocast, PyTorch's own kernels, a
     GradScaler for fp16) on CPU: the fused fp32 CPU paths step aside, the losses follow
     fp32's within low-precision rounding, and the weights and checkpoint stay fp32."""
-    import numpy as np
 
-    from mt.data.batching import collate
     from mt.fast import modules
     full = _trainer(tmp_path / "fp32", "model.dropout=0.0")
     mixed = _trainer(tmp_path / precision, "model.dropout=0.0", f"train.precision={precision}")
@@ -196,6 +204,7 @@ def test_cooldown_brings_the_learning_rate_down_to_zero_at_the_last_step(tmp_pat
     """train.cooldown 0.5 over 10 updates: the Noam rate until update 5, then a straight line
     that reaches 0 where the budget ends (the rate logged after update k is update k+1's)."""
     import json
+
     from mt.train.schedule import noam
     t = _trainer(tmp_path, "train.max_steps=10", "train.cooldown=0.5", "train.valid_every=100")
     t.fit()
@@ -382,3 +391,77 @@ def test_word_dropout_turns_source_pieces_into_unk_the_same_on_resume(tmp_path):
     assert again.state.epoch == 0                     # (epoch 0 has more than 8 batches)
     again.close()
     assert all(torch.equal(a.src, b.src) for a, b in zip(noisy[5:8], resumed))
+
+
+TINY = ROOT / "configs" / "tiny.yaml"
+
+
+def _cfg(data_dir, *more):
+    # train.device cpu: the ranks here are gloo ranks, also on a machine with one GPU
+    return load_config(TINY, [f"data.dir={data_dir}", "model.dropout=0.0", "train.device=cpu",
+                              *more])
+
+
+def test_fp16_overflow_skips_are_not_counted_as_steps(tmp_path):
+    from mt.data.download import download as dl
+    dl("synthetic", tmp_path / "d")
+    t = build_trainer(_cfg(tmp_path / "d", "train.precision=fp16", "train.log_every=1",
+                           "train.device=auto"),       # the GPU's GradScaler where there is one
+                      tmp_path / "run", log=lambda *_: None)
+    batches = t._batches()
+    assert t.train_step([next(batches)])
+    assert t.state.step == 1 and t.scheduler.last_epoch == 1
+    weight = t.model.tgt_embed.weight
+    handle = weight.register_hook(lambda g: g * float("inf"))       # overflowing gradients
+    before = weight.detach().clone()
+    assert t.train_step([next(batches)]) is False
+    handle.remove()
+    assert t.state.step == 1 and t.scheduler.last_epoch == 1       # neither moved
+    assert t.state.fp16_skipped == 1
+    assert torch.equal(weight.detach(), before)
+    assert t.train_step([next(batches)]) and t.state.step == 2
+    log = (tmp_path / "run" / "train_log.jsonl").read_text()
+    assert '"skipped": "fp16 gradient overflow"' in log
+    t.close()
+
+
+
+
+def test_ctrl_c_twice_says_what_was_lost(tmp_path):
+    run, data = tmp_path / "run", tmp_path / "data"
+    env = cli_env()
+    # a slow update (a wide model), so that the second signal lands inside the same update
+    proc = subprocess.Popen([sys.executable, "-m", "mt", "train", str(TINY), "--run-dir",
+                             str(run), "--set", f"data.dir={data}", "train.max_steps=100000",
+                             "train.log_every=1", "model.d_model=512", "model.d_ff=4096",
+                             "train.max_tokens=8000"], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 180
+    while not (run / "train_log.jsonl").exists() and time.time() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    # two signals within one C call would reach Python as one: send the second once the
+    # first has been handled (it says so at once)
+    seen = ""
+    while "Ctrl-C again" not in seen and time.time() < deadline:
+        seen += os.read(proc.stderr.fileno(), 4096).decode(errors="replace")
+    proc.send_signal(signal.SIGINT)
+    rest, err = proc.communicate(timeout=120)
+    err = seen + err
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    assert "interrupted twice" in err and "lost" in err and "run the same command" in err
+
+
+def test_same_config_and_seed_give_the_same_loss_curve(tmp_path):
+    def curve(run):
+        proc = run_mt("train", ROOT / "configs/tiny.yaml", "--run-dir", tmp_path / run, "--set",
+                      f"data.dir={tmp_path / 'd'}", "train.max_steps=30", "train.log_every=5",
+                      "train.valid_every=30", "model.dropout=0.1")
+        assert proc.returncode == 0, proc.stderr
+        recs = [json.loads(x) for x in (tmp_path / run / "train_log.jsonl").read_text().splitlines()]
+        return [(r["step"], r["loss"], r["nll"]) for r in recs if "loss" in r]
+    first = curve("a")
+    assert len(first) == 6 and first == curve("b")
+    info = json.loads((tmp_path / "a/run_info.json").read_text())
+    assert info["torch"] == torch.__version__

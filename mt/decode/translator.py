@@ -75,12 +75,14 @@ class Translator:
             return cls.from_checkpoint(paths if isinstance(paths, (str, Path)) else paths[0],
                                        device, precision)
         from mt.decode.ensemble import Ensemble
-        runs = [checkpoint.open_trained(p) for p in paths]
-        for run in runs[1:]:
-            if not checkpoint.same_tokenizer(run.ckpt, runs[0].ckpt):
-                raise MTError(f"{run.path} uses another BPE model than {runs[0].path}: the "
-                              f"models of an ensemble must share one tokenizer (trained on the "
-                              f"same data with the same tokenizer config)")
+        resolved = [checkpoint.resolve(p) for p in paths]
+        ckpts = [checkpoint.load(p) for p in resolved]
+        for path, ckpt in zip(resolved[1:], ckpts[1:]):    # before any is built from them
+            if not checkpoint.same_tokenizer(ckpt, ckpts[0]):
+                raise MTError(f"{path} uses another BPE model than {resolved[0]}: the models "
+                              f"of an ensemble must share one tokenizer (trained on the same "
+                              f"data with the same tokenizer config)")
+        runs = [checkpoint.trained_from(c, p) for c, p in zip(ckpts, resolved)]
         if any(run.config.model.arch == "nat" for run in runs):
             raise MTError("an ensemble decodes autoregressively: model.arch nat runs cannot "
                           "join one")
