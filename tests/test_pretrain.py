@@ -129,3 +129,56 @@ def test_pretrain_resumes_exactly_and_is_not_resumed_by_mt_train(tmp_path):
     assert_user_error(run_mt("train", ROOT / "configs/tiny.yaml", "--run-dir", tmp_path / "whole",
                              "--set", f"data.dir={tmp_path / 'd'}", "train.max_steps=6",
                              "model.dropout=0.3", "train.log_every=1"), "written by `mt pretrain`")
+
+
+def _pretrain_cfg(data_dir, *more):
+    # Adam with a large epsilon moves each weight in proportion to its gradient, so float
+    # rounding cannot flip an update's sign and the comparison can be tight; no dropout
+    from mt.config import load_config
+    return load_config(ROOT / "configs/tiny.yaml", [
+        f"data.dir={data_dir}", "model.dropout=0.0", "train.adam_eps=1.0", "train.lr_factor=100",
+        "train.device=cpu", "train.max_steps=3", "train.log_every=1", *more])
+
+
+def _pretrain_rank(rank, world, port, data_dir, run_dir):
+    import os
+
+    from mt.train.build import build_trainer
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    t = build_trainer(_pretrain_cfg(data_dir), run_dir, log=lambda *_: None, pretraining=True)
+    try:
+        t.fit()
+    finally:
+        t.close()
+
+
+def test_two_ranks_pretrain_as_one_rank_accumulating_their_batches(tmp_path):
+    # rank r takes every other batch and the masks follow the batch's position, so two ranks
+    # of one batch each make the updates of one rank accumulating two batches
+    import shutil
+
+    import torch.multiprocessing as mp
+
+    from mt.data.download import download
+    from mt.train.build import build_trainer
+    from tests.conftest import free_port
+    data = tmp_path / "d"
+    download("synthetic", data)
+    single = build_trainer(_pretrain_cfg(data, "train.accum_steps=2"), tmp_path / "one",
+                           log=lambda *_: None, pretraining=True)
+    try:
+        single.fit()
+    finally:
+        single.close()
+    (tmp_path / "two").mkdir()
+    shutil.copy(tmp_path / "one/spm.model", tmp_path / "two/spm.model")        # same BPE
+    mp.spawn(_pretrain_rank, args=(2, free_port(), data, tmp_path / "two"), nprocs=2, join=True)
+    one, two = (checkpoint.load(tmp_path / n / "last.pt") for n in ("one", "two"))
+    assert one["train_state"]["step"] == two["train_state"]["step"] == 3
+    logs = [[json.loads(x) for x in (tmp_path / n / "train_log.jsonl").read_text().splitlines()]
+            for n in ("one", "two")]
+    assert [r["tokens"] for r in logs[0]] == [r["tokens"] for r in logs[1]]
+    for k, v in one["model"].items():
+        torch.testing.assert_close(two["model"][k], v, atol=1e-6, rtol=1e-5, msg=k)

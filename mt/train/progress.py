@@ -6,6 +6,8 @@ import signal
 import sys
 from contextlib import contextmanager
 
+import torch
+
 from mt.errors import Interrupted
 
 
@@ -95,3 +97,23 @@ def _duration(seconds: float) -> str:
     if minutes < 1:
         return f"{int(seconds)} s"
     return f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{minutes} min"
+
+
+def show_progress(bar, st, cfg, forecast: Forecast, last_update, say) -> None:
+    """After each update, on the tqdm `bar`: the first updates show their loss at once
+    (log_every may be hundreds of steps away), and after a few seconds of steps the run says
+    how long it will take (`say`). st: the TrainState; cfg: the train config; last_update:
+    (this rank's losses, its target tokens) of the update just made."""
+    if st.step < cfg.log_every and st.step % max(1, min(10, cfg.log_every)) == 0:
+        losses, n_tokens = last_update
+        bar.set_postfix(loss=round(float(torch.stack(losses).sum()) / n_tokens, 3))
+    end_step = forecast.update(st.step, st.train_seconds, cfg.max_steps, 60 * cfg.max_minutes)
+    if end_step is not None:
+        say(forecast.describe(cfg.max_steps, cfg.max_minutes))
+    elif st.step % cfg.valid_every == 0:
+        # silently, from the speed since: the first updates can be unrepresentative
+        end_step = forecast.revise(st.step, st.train_seconds, cfg.max_steps,
+                                   60 * cfg.max_minutes)
+    if end_step is not None and end_step != bar.total:
+        bar.total = end_step     # a time budget ends the bar (and its ETA) earlier
+        bar.refresh()

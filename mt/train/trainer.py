@@ -24,7 +24,7 @@ from mt.train.ema import WeightAverage
 from mt.train.finish import draw_training_picture, finish_run, with_weights
 from mt.runtime.memory import release_free_memory
 from mt.train.tracking import RunLog
-from mt.train.progress import Forecast, lost_work_message, stop_on_signal
+from mt.train.progress import Forecast, lost_work_message, show_progress, stop_on_signal
 from mt.train.state import LogWindow, TrainState, Validation
 from mt.train.schedule import budget_progress
 from mt.evaluate.metrics import score
@@ -320,31 +320,12 @@ class Trainer:
             if cfg.cooldown > 0:
                 self.scheduler.set_progress(self._progress)
             bar.update(1)
-            self._show_progress(bar)
+            show_progress(bar, st, cfg, self._forecast, self._last_update, self.say)
             if self._after_step(bar, seconds):
                 break
         bar.close()
         self._finish()
         return st
-
-    def _show_progress(self, bar) -> None:
-        """The first updates show their loss at once (log_every may be hundreds of steps
-        away), and after a few seconds of steps the run says how long it will take."""
-        st, cfg = self.state, self.cfg
-        if st.step < cfg.log_every and st.step % max(1, min(10, cfg.log_every)) == 0:
-            losses, n_tokens = self._last_update
-            bar.set_postfix(loss=round(float(torch.stack(losses).sum()) / n_tokens, 3))
-        end_step = self._forecast.update(st.step, st.train_seconds, cfg.max_steps,
-                                         60 * cfg.max_minutes)
-        if end_step is not None:
-            self.say(self._forecast.describe(cfg.max_steps, cfg.max_minutes))
-        elif st.step % cfg.valid_every == 0:
-            # silently, from the speed since: the first updates can be unrepresentative
-            end_step = self._forecast.revise(st.step, st.train_seconds, cfg.max_steps,
-                                             60 * cfg.max_minutes)
-        if end_step is not None and end_step != bar.total:
-            bar.total = end_step     # a time budget ends the bar (and its ETA) earlier
-            bar.refresh()
 
     def _after_step(self, bar, seconds: float) -> bool:
         """Log, validate and save on schedule; True when training should stop now (`seconds`:
