@@ -1,11 +1,7 @@
 """mt: train, run and score Transformer translation models from one YAML config."""
-import os
+from mt.runtime.memory import prefer_huge_pages
 
-# PyTorch's CPU allocator backs tensors of 2 MB and more with transparent huge pages when this
-# is set (read once, at the first such allocation): a lower peak RSS and fewer page faults in
-# CPU training (docs/performance.md). Set it to 0 to
-# opt out; it has no effect when torch made a large allocation before mt was imported.
-os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+prefer_huge_pages()   # before torch's first large allocation: mt/runtime/memory.py
 
 __version__ = "0.1.0"
 

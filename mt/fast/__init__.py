@@ -11,7 +11,10 @@ or on any device where it is true):
 - modules.py: the subclasses that use them, and the packing of the feed-forward sublayers'
               rows to the real (not padding) positions;
 - loss.py:    the output projection fused with the label-smoothed loss, in chunks of rows,
-              and with R-Drop's two losses and their symmetric KL.
+              and with R-Drop's two losses and their symmetric KL;
+- optim.py:   Adam through PyTorch's fused kernel without torch.optim (the optimizer of
+              every run, on every device: torch.optim's first step imports torch._dynamo,
+              tens of MB of resident memory).
 
 `install` changes the class of the model's modules to their fast subclasses: the parameters,
 the state_dict and the checkpoints stay exactly those of the reference model, and each fast

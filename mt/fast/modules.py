@@ -92,8 +92,10 @@ class FastMultiHeadAttention(MultiHeadAttention):
                                        k_pos)[0]
             return super().forward(x, memory, attn_mask, is_causal, cache, need_weights,
                                    q_pos, k_pos)
-        # one node from the input projections to the output projection (mt.fast.nodes)
-        proj, kv_proj, q, k, _ = self.project(x, memory, None)
+        # one node from the input projections to the output projection (mt.fast.nodes), which
+        # reads the projections in the layouts their matmuls give: (B, T, 3D) for
+        # self-attention, (B, T, D) and the memory's (B, S, 2D) for cross-attention
+        proj, kv_proj, q, k = self._fused_projections(x, memory)
         attn_mask, is_causal = self.scores_mask(q, k, x.shape[0], attn_mask, is_causal,
                                                 q_pos, k_pos)
         if is_causal:
@@ -103,6 +105,16 @@ class FastMultiHeadAttention(MultiHeadAttention):
 
     def weights_dropout(self, weights: torch.Tensor, p: float) -> torch.Tensor:
         return dropout(weights, p, True)
+
+    def _fused_projections(self, x, memory):
+        """(proj, kv_proj, q heads, k heads) of a training pass (no cache, no grouping)."""
+        if self.self_attention:
+            proj = self.qkv(x)
+            q, k, _ = self._heads_split(proj, 3)
+            return proj, None, q, k
+        proj, kv_proj = self.q(x), self.kv(memory)
+        (q,), (k, _) = self._heads_split(proj, 1), self._heads_split(kv_proj, 2)
+        return proj, kv_proj, q, k
 
 
 class FastTransformer(Transformer):

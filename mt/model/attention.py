@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mt.model.cache import (extend_self_cache, group_queries, memory_keys_values,
+                            ungroup_weights)
 from mt.model.positions import RelativeKeys
 
 
@@ -43,7 +45,7 @@ class MultiHeadAttention(nn.Module):
         need_weights.
         """
         b, t, d = x.shape
-        _, _, q, k, v = self.project(x, memory, cache)
+        q, k, v = self.project(x, memory, cache)
         attn_mask, is_causal = self.scores_mask(q, k, b, attn_mask, is_causal, q_pos, k_pos)
         dropout_p = self.dropout if self.training else 0.0
         if need_weights:
@@ -54,17 +56,20 @@ class MultiHeadAttention(nn.Module):
         out = self.out(ctx.transpose(1, 2).reshape(b, t, d))        # concat heads, W^O: (B, T, D)
         if not need_weights:
             return out
-        if weights.shape[0] != b:                              # grouped: back to (B, H, T, S)
-            weights = weights.view(-1, self.n_heads, b // weights.shape[0], t, weights.shape[-1])
-            weights = weights.transpose(1, 2).reshape(b, self.n_heads, t, -1)
-        return out, weights
+        return out, ungroup_weights(weights, b, t)
 
     def project(self, x: torch.Tensor, memory: torch.Tensor | None, cache: dict | None):
-        """(proj, kv_proj, q, k, v): the projections as their matmuls give them, and the heads
-        (B, H, T, Dh) of the queries, keys and values (cached ones included)."""
+        """The heads (B, H, T, Dh) of the queries Q W^Q, and of the keys K W^K and values V W^V
+        (of x itself, or of the memory), with a cache's past keys and values included."""
         if self.self_attention:
-            return self._self_projections(x, cache)
-        return self._cross_projections(x, memory, cache)
+            q, k, v = self._heads_split(self.qkv(x), 3)
+            if cache is not None:                  # the past steps' keys and values come first
+                k, v = extend_self_cache(cache, k, v)
+            return q, k, v
+        # the memory's keys and values: once per sentence, then from the cache
+        k, v = memory_keys_values(cache, lambda: self._heads_split(self.kv(memory), 2))
+        q = self.q(x).view(x.shape[0], x.shape[1], self.n_heads, self.d_head).transpose(1, 2)
+        return group_queries(q, k.shape[0]), k, v
 
     def scores_mask(self, q, k, b: int, attn_mask, is_causal: bool, q_pos, k_pos):
         """The (attn_mask, is_causal) pair for SDPA: grouped queries take one mask row per
@@ -94,59 +99,10 @@ class MultiHeadAttention(nn.Module):
     def weights_dropout(self, weights: torch.Tensor, p: float) -> torch.Tensor:
         return F.dropout(weights, p, True) if p > 0.0 else weights
 
-    def _self_projections(self, x: torch.Tensor, cache: dict | None):
-        """The fused Q, K, V projection (B, T, 3D), None (no separate key/value projection) and
-        the heads; with a cache, the past steps' keys and values come first and this step's
-        are appended to the cache."""
-        proj = self.qkv(x)
-        q, k, v = self._heads_split(proj, 3)
-        if cache is not None:
-            if "k" in cache:  # (B, H, t, Dh): the cached rows search kept, then this step
-                k = _append(cache["k"], k, cache["order"])
-                v = _append(cache["v"], v, cache["order"])
-            cache["k"], cache["v"], cache["order"] = k, v, None
-        return proj, None, q, k, v
-
-    def _cross_projections(self, x: torch.Tensor, memory: torch.Tensor, cache: dict | None):
-        """The query projection (B, T, D), the memory's key/value projection (B, S, 2D; None
-        when the cache has them) and the heads. The memory's keys and values are computed once
-        per sentence and kept in the cache."""
-        kv_proj = None
-        if cache is not None and "k" in cache:
-            k, v = cache["k"], cache["v"]
-        else:
-            kv_proj = self.kv(memory)
-            k, v = self._heads_split(kv_proj, 2)
-            if cache is not None:
-                cache["k"], cache["v"] = k, v
-        # Beam search may keep one row of memory keys/values per sentence for its `groups`
-        # hypotheses (rows sentence-major): the hypotheses' queries then go together as
-        # groups * T queries of their sentence, with no copies of the memory.
-        groups = x.shape[0] // k.shape[0]
-        proj = self.q(x)
-        q = proj.view(k.shape[0], groups * x.shape[1], self.n_heads, self.d_head)
-        q = q.transpose(1, 2)                                      # (Bk, H, groups * T, Dh)
-        return proj, kv_proj, q, k, v
-
     def _heads_split(self, x: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:
         b, t, _ = x.shape
         # (B, T, n*D) -> n x (B, H, T, Dh)
         return x.view(b, t, n, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4).unbind(0)
-
-
-def _append(old: torch.Tensor, new: torch.Tensor, order: torch.Tensor | None) -> torch.Tensor:
-    """Rows `order` of the cached keys (all rows when None), then this step's, along time.
-    Beam search reorders the cache lazily (see `reorder_cache`): selecting the rows straight
-    into the grown tensor copies the cache once per step instead of twice."""
-    if order is None:
-        return torch.cat([old, new], dim=2)
-    if torch.is_grad_enabled() and (old.requires_grad or new.requires_grad):  # out= has no autograd
-        return torch.cat([old.index_select(0, order), new], dim=2)
-    t = old.shape[2]
-    out = new.new_empty(new.shape[0], new.shape[1], t + new.shape[2], new.shape[3])
-    torch.index_select(old, 0, order, out=out[:, :, :t])
-    out[:, :, t:] = new
-    return out
 
 
 def _as_bias(bias: torch.Tensor, attn_mask: torch.Tensor | None, is_causal: bool) -> torch.Tensor:
