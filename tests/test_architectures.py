@@ -141,13 +141,13 @@ def test_act_dropout_is_the_feed_forward_hidden_dropout_alone(arch, installed):
     other dropout 0, act_dropout 0 trains exactly as eval mode computes and 0.5 does not;
     left unset it is model.dropout, so earlier configs and checkpoints train as before."""
     from mt import fast
+    from mt.model import REFERENCE
 
     def out(train, seed=0, **kw):
         torch.manual_seed(0)
         model = build_model(ModelConfig(arch=arch, d_model=32, n_heads=4, enc_layers=2,
-                                        dec_layers=2, d_ff=64, max_positions=64, **kw), V, V)
-        if installed:
-            fast.install(model)
+                                        dec_layers=2, d_ff=64, max_positions=64, **kw), V, V,
+                            fast.PARTS if installed else REFERENCE)
         model.train(train)
         torch.manual_seed(seed)
         src, tgt = make_src([9, 3, 6, 4]), torch.randint(4, V, (4, 8))

@@ -47,7 +47,7 @@ def test_fast_model_on_cuda_equals_the_reference_on_cpu(arch, norm):
     from mt.fast import chunked_loss
     batch = _padded_batch()
     ref = _loss_and_grads(_small_model(arch, norm), batch, reference_loss, torch.device("cpu"))
-    got = _loss_and_grads(fast.install(_small_model(arch, norm)), batch, chunked_loss, CUDA)
+    got = _loss_and_grads(_small_model(arch, norm, parts=fast.PARTS), batch, chunked_loss, CUDA)
     assert _rel(got[0], ref[0]) < 1e-5 and _rel(got[1], ref[1]) < 1e-5
     assert got[2].keys() == ref[2].keys()
     for name, g in ref[2].items():
@@ -60,13 +60,13 @@ def test_autocast_training_step_tracks_fp32(amp):
     the loss comes back in fp32 (log-softmax and the loss are computed in fp32)."""
     from mt.fast import chunked_loss
     batch = _padded_batch()
-    ref = _loss_and_grads(fast.install(_small_model()), batch, chunked_loss, CUDA)
-    model = fast.install(_small_model())
+    ref = _loss_and_grads(_small_model(parts=fast.PARTS), batch, chunked_loss, CUDA)
+    model = _small_model(parts=fast.PARTS)
     model.to(CUDA).train()
     with torch.autocast("cuda", dtype=amp):
         loss, _ = chunked_loss(model, batch.to(CUDA), 0.1)
     assert loss.dtype == torch.float32
-    got = _loss_and_grads(fast.install(_small_model()), batch, chunked_loss, CUDA, amp=amp)
+    got = _loss_and_grads(_small_model(parts=fast.PARTS), batch, chunked_loss, CUDA, amp=amp)
     assert _rel(got[0], ref[0]) < 1e-2
     for name, g in ref[2].items():
         # whole-tensor relative error; 0.06 (bf16) and 0.07 (fp16, unscaled small gradients)

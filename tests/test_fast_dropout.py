@@ -4,7 +4,6 @@ dropout on CPU is unbiased and leaves padded keys unattended."""
 import pytest
 import torch
 
-from mt import fast
 
 
 @pytest.mark.parametrize("p, bits", [(0.1, 8), (0.3, 8), (0.01, 16), (0.03, 16)])
@@ -100,9 +99,9 @@ def test_attention_dropout_on_cpu_is_unbiased_and_respects_padding():
     """On CPU, training-time attention dropout goes through the explicit path with mt's
     dropout mask: independent per row, unbiased (the mean over many draws is the output
     without dropout), and padded keys still get no attention."""
-    from mt.model.attention import MultiHeadAttention
+    from mt.fast.modules import FastMultiHeadAttention
     torch.manual_seed(0)
-    attn = fast.install(MultiHeadAttention(16, 2, 0.25, self_attention=True))
+    attn = FastMultiHeadAttention(16, 2, 0.25, self_attention=True)
     x = torch.randn(1, 5, 16)
     may_attend = torch.tensor([True, True, True, False, False]).view(1, 1, 1, 5)
     expected = attn.eval()(x, attn_mask=may_attend)

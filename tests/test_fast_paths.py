@@ -10,10 +10,10 @@ import torch
 from mt import fast
 from mt.config import load_config
 from mt.errors import MTError
-from mt.model import Transformer
 from mt.objectives.loss import label_smoothed_nll
 from mt.tokens import PAD
-from mt.train.objective import install_fast_paths
+from mt.fast.modules import FastFeedForward, FastMultiHeadAttention, FastTransformer
+from mt.train.objective import model_parts
 from tests.conftest import ROOT, V, make_src
 
 
@@ -92,10 +92,9 @@ def test_fused_feed_forward_equals_linear_relu_dropout_linear(p, chunk_rows, mon
     chunk at a time: here all 21 at once, or 5 at a time with a short last chunk) gives the
     values and gradients of the plain module chain with the same dropout mask."""
     from mt.fast import nodes
-    from mt.model.layers import FeedForward
     monkeypatch.setattr(nodes, "FFN_CHUNK_ROWS", chunk_rows)
     torch.manual_seed(0)
-    ffn = fast.install(FeedForward(16, 64, p)).train()
+    ffn = FastFeedForward(16, 64, p).train()
     x = torch.randn(3, 7, 16, requires_grad=True)
     upstream = torch.randn(3, 7, 16)
 
@@ -161,10 +160,9 @@ def test_fused_attention_equals_the_op_by_op_chain(kind, p, monkeypatch):
     the same dropout mask): padded keys, causal self-attention (also padded, as in the
     decoder-only model), cross-attention and relative-position keys (whose score bias depends
     on the queries, so its gradient must reach them)."""
-    from mt.model.attention import MultiHeadAttention
     torch.manual_seed(0)
-    attn = fast.install(MultiHeadAttention(16, 2, p, self_attention=kind != "cross",
-                                           relative=3 if kind == "relative" else 0)).train()
+    attn = FastMultiHeadAttention(16, 2, p, self_attention=kind != "cross",
+                                  relative=3 if kind == "relative" else 0).train()
     x = torch.randn(3, 5, 16, requires_grad=True)
     memory = torch.randn(3, 7, 16, requires_grad=True)
     s = 7 if kind == "cross" else 5
@@ -229,10 +227,10 @@ def test_feed_forward_on_real_positions_only_trains_the_same(monkeypatch, pre_no
     def run(pack: bool):
         monkeypatch.setattr(modules, "_MIN_PADDING_TO_PACK", 0.05 if pack else 2.0)
         torch.manual_seed(0)
-        model = Transformer(src_vocab=V, tgt_vocab=V, d_model=32, n_heads=4, enc_layers=2,
-                            dec_layers=2, d_ff=64, dropout=0.0, attn_dropout=0.0,
-                            pre_norm=pre_norm, tie_embeddings="all", max_positions=64)
-        fast.install(model).train()
+        model = FastTransformer(src_vocab=V, tgt_vocab=V, d_model=32, n_heads=4, enc_layers=2,
+                                dec_layers=2, d_ff=64, dropout=0.0, attn_dropout=0.0,
+                                pre_norm=pre_norm, tie_embeddings="all", max_positions=64,
+                                parts=fast.PARTS).train()
         rows = []
         for layer in (*model.encoder, *model.decoder):
             layer.ffn.register_forward_hook(lambda m, i, o: rows.append(i[0].numel() // 32))
@@ -254,13 +252,13 @@ def test_feed_forward_on_real_positions_only_trains_the_same(monkeypatch, pre_no
         torch.testing.assert_close(g, ref_grads[name], atol=1e-5, rtol=1e-4, msg=name)
 
 
-def _small_model(arch="transformer", norm="post", dropout=0.0):
+def _small_model(arch="transformer", norm="post", dropout=0.0, parts=None):
     from mt.config import ModelConfig
-    from mt.model import build_model
+    from mt.model import REFERENCE, build_model
     torch.manual_seed(0)
     return build_model(ModelConfig(arch=arch, d_model=32, n_heads=4, enc_layers=2, dec_layers=2,
                                    d_ff=64, dropout=dropout, attn_dropout=dropout, norm=norm,
-                                   max_positions=64), V, V)
+                                   max_positions=64), V, V, parts or REFERENCE)
 
 
 def _padded_batch():
@@ -288,7 +286,7 @@ def test_installed_model_and_chunked_loss_equal_the_reference(arch, norm):
         (loss * 0.01).backward()
         return loss.detach(), nll, {n: p.grad.clone() for n, p in model.named_parameters()
                                     if p.grad is not None}
-    ref_model, fast_model = _small_model(arch, norm), fast.install(_small_model(arch, norm))
+    ref_model, fast_model = _small_model(arch, norm), _small_model(arch, norm, parts=fast.PARTS)
     assert list(ref_model.state_dict()) == list(fast_model.state_dict())
     assert any(type(m).__module__ == "mt.fast.modules" for m in fast_model.modules()) \
         or arch == "rnn"
@@ -316,7 +314,7 @@ def _nodes(t: torch.Tensor) -> set[str]:
 def test_fast_paths_act_only_where_they_apply():
     """The fused nodes run in fp32 CPU training only: not under autocast, and evaluation gives
     the reference model's outputs."""
-    model = fast.install(_small_model(dropout=0.1))
+    model = _small_model(dropout=0.1, parts=fast.PARTS)
     batch = _padded_batch()
     model.train()
     h = model.decode(batch.tgt_in, model.encode(batch.src, batch.src_pad_mask), batch.src_pad_mask)
@@ -369,7 +367,7 @@ def test_fused_rdrop_on_a_model_is_the_plain_loss_when_the_passes_agree():
     from mt.fast import chunked_rdrop_loss
     from mt.objectives.loss import reference_loss
     batch = _padded_batch()
-    ref_model, fast_model = _small_model(), fast.install(_small_model())
+    ref_model, fast_model = _small_model(), _small_model(parts=fast.PARTS)
     ref_loss, ref_nll = reference_loss(ref_model.train(), batch, 0.1)
     (ref_loss * 0.01).backward()
     loss, nll = chunked_rdrop_loss(fast_model.train(), batch, 0.1, alpha=5.0)
@@ -388,7 +386,7 @@ def test_fused_rdrop_draws_its_own_mask_for_each_pass():
     """With dropout the two stacked copies get different masks: the KL term is positive (the
     loss grows with alpha) and alpha 0 is not the KL-weighted loss."""
     from mt.fast import chunked_rdrop_loss
-    model, batch = fast.install(_small_model(dropout=0.3)).train(), _padded_batch()
+    model, batch = _small_model(dropout=0.3, parts=fast.PARTS).train(), _padded_batch()
     values = []
     for alpha in (0.0, 1.0):
         torch.manual_seed(11)
@@ -399,24 +397,27 @@ def test_fused_rdrop_draws_its_own_mask_for_each_pass():
 TINY = ROOT / "configs" / "tiny.yaml"
 
 
-def test_fast_paths_auto_installs_them_on_a_cpu_only():
-    """train.fast_paths "auto" (the default) swaps in mt/fast and its fused loss on a CPU and
-    trains the reference model and loss elsewhere (on an H200 mt/fast made training slower:
-    docs/gpu.md); true and false force either on any device. A model on the meta device
-    stands in for a GPU's: the choice reads the device the model is on."""
+def test_fast_paths_auto_builds_them_on_a_cpu_only():
+    """train.fast_paths "auto" (the default) builds the model from mt/fast's modules on a CPU
+    and from the reference modules elsewhere (on an H200 mt/fast made training slower:
+    docs/gpu.md); true and false force either on any device, and encoder pretraining keeps
+    the reference. The meta device stands in for a GPU."""
     from mt.config import ModelConfig, TrainConfig
-    from mt.fast import FAST
+    from mt.fast.dropout import HashDropout
     from mt.model import build_model
     assert TrainConfig().fast_paths == "auto"
 
-    def installed(setting, device):
-        model = build_model(ModelConfig(d_model=32, enc_layers=1, dec_layers=1, d_ff=64),
-                            50, 50).to(device)
-        fused = install_fast_paths(model, TrainConfig(fast_paths=setting))
-        swapped = any(type(m) in FAST.values() for m in model.modules())
-        assert swapped == fused
-        return swapped
+    def installed(setting, device, pretraining=False):
+        parts = model_parts(TrainConfig(fast_paths=setting), torch.device(device), pretraining)
+        model = build_model(ModelConfig(d_model=32, enc_layers=1, dec_layers=1, d_ff=64,
+                                        dropout=0.1), 50, 50, parts)
+        kinds = {type(m) for m in model.modules()}
+        fast_kinds = {FastTransformer, FastFeedForward, FastMultiHeadAttention, HashDropout}
+        assert not kinds & fast_kinds or fast_kinds <= kinds      # all of mt/fast, or none
+        assert torch.nn.Dropout not in kinds or not kinds & fast_kinds
+        return bool(kinds & fast_kinds)
 
+    assert not installed(True, "cpu", pretraining=True)
     assert installed("auto", "cpu") and not installed("auto", "meta")
     assert installed(True, "meta") and not installed(False, "cpu")
     with pytest.raises(MTError, match="train.fast_paths"):

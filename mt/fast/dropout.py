@@ -115,8 +115,8 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
 
 
 class HashDropout(nn.Dropout):
-    """nn.Dropout with the counter-hash mask on CPU (F.dropout on GPU): swapped in for
-    nn.Dropout by mt.fast.install."""
+    """nn.Dropout with the counter-hash mask on CPU (F.dropout on GPU): mt.fast.PARTS's
+    dropout."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return dropout(x, self.p, self.training)

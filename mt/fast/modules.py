@@ -9,7 +9,7 @@ from contextvars import ContextVar
 
 import torch
 
-from mt.fast.dropout import dropout
+from mt.fast.dropout import HashDropout, dropout
 from mt.fast.nodes import add_norm, attention_out, cpu_fused, feed_forward
 from mt.model.attention import MultiHeadAttention, with_causal
 from mt.model.layers import FeedForward, Residual
@@ -59,6 +59,10 @@ def packing(pad_mask: torch.Tensor | None):
 
 
 class FastFeedForward(FeedForward):
+    def __init__(self, d_model: int, d_ff: int, dropout: float):
+        super().__init__(d_model, d_ff, dropout)
+        self.net[2] = HashDropout(dropout)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         first, drop, second = self.net[0], self.net[2], self.net[3]
         if cpu_fused(x, first.weight, self.training):
@@ -67,6 +71,10 @@ class FastFeedForward(FeedForward):
 
 
 class FastResidual(Residual):
+    def __init__(self, d_model: int, dropout: float, pre_norm: bool):
+        super().__init__(d_model, dropout, pre_norm)
+        self.dropout = HashDropout(dropout)
+
     def forward(self, x: torch.Tensor, f) -> torch.Tensor:
         packed = _REAL_ROWS.get()
         if packed is not None and isinstance(f, FeedForward) and packed[0] == tuple(x.shape[:2]):

@@ -3,19 +3,21 @@ with or without attention, and the decoder-only Transformer. All speak `Seq2Seq`
 from mt.model.base import Seq2Seq
 from mt.model.cache import reorder_cache
 from mt.model.decoder_only import DecoderOnly
+from mt.model.layers import REFERENCE, Parts
 from mt.model.nat import NATransformer
 from mt.model.rnn import RNNSeq2Seq
 from mt.model.transformer import Transformer
 
 __all__ = ["Seq2Seq", "Transformer", "RNNSeq2Seq", "DecoderOnly", "NATransformer", "build_model",
-           "reorder_cache"]
+           "reorder_cache", "Parts", "REFERENCE"]
 
 
-def build_model(cfg, src_vocab: int, tgt_vocab: int) -> Seq2Seq:
-    """cfg: ModelConfig."""
+def build_model(cfg, src_vocab: int, tgt_vocab: int, parts: Parts = REFERENCE) -> Seq2Seq:
+    """cfg: ModelConfig. parts: the module classes to build from (mt.fast.PARTS for the CPU
+    speed paths; the reference modules by default)."""
     common = dict(src_vocab=src_vocab, tgt_vocab=tgt_vocab, d_model=cfg.d_model,
                   dropout=cfg.dropout, tie_embeddings=cfg.tie_embeddings,
-                  max_positions=cfg.max_positions)
+                  max_positions=cfg.max_positions, parts=parts)
     if cfg.arch == "rnn":
         return RNNSeq2Seq(enc_layers=cfg.enc_layers, dec_layers=cfg.dec_layers,
                           attention=cfg.attention, **common)
@@ -27,4 +29,5 @@ def build_model(cfg, src_vocab: int, tgt_vocab: int) -> Seq2Seq:
         return DecoderOnly(layers=cfg.dec_layers, **attn)
     if cfg.arch == "nat":
         return NATransformer(enc_layers=cfg.enc_layers, dec_layers=cfg.dec_layers, **attn)
-    return Transformer(enc_layers=cfg.enc_layers, dec_layers=cfg.dec_layers, **attn)
+    return (parts.transformer or Transformer)(enc_layers=cfg.enc_layers,
+                                              dec_layers=cfg.dec_layers, **attn)

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from mt.model.base import Seq2Seq, init_weights, make_embeddings
-from mt.model.layers import EncoderLayer
+from mt.model.layers import REFERENCE, EncoderLayer, Parts
 from mt.model.positions import AbsolutePositions
 
 
@@ -25,7 +25,8 @@ class DecoderOnly(Seq2Seq):
     def __init__(self, *, src_vocab: int, tgt_vocab: int, d_model: int, n_heads: int,
                  layers: int, d_ff: int, dropout: float, attn_dropout: float, pre_norm: bool,
                  tie_embeddings: str, max_positions: int, positional: str = "sinusoidal",
-                 max_relative: int = 16, act_dropout: float | None = None):
+                 max_relative: int = 16, act_dropout: float | None = None,
+                 parts: Parts = REFERENCE):
         super().__init__()
         self.d_model = d_model
         # Source and target share the position range: search and translation limit each side
@@ -34,10 +35,11 @@ class DecoderOnly(Seq2Seq):
         make_embeddings(self, src_vocab, tgt_vocab, d_model, tie_embeddings)
         self.positions = AbsolutePositions(positional, max_positions, d_model)
         self.relative = positional == "relative"
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = parts.dropout(dropout)
         self.layers = nn.ModuleList(
             EncoderLayer(d_model, n_heads, d_ff, dropout, attn_dropout, pre_norm,
-                         max_relative if self.relative else 0, act_dropout=act_dropout)
+                         max_relative if self.relative else 0, act_dropout=act_dropout,
+                         parts=parts)
             for _ in range(layers))
         self.final_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
         init_weights(self)

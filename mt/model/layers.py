@@ -2,6 +2,8 @@
 post-LN as in Vaswani et al. (2017) or pre-LN as in Xiong et al. (2020)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
@@ -37,18 +39,34 @@ class Residual(nn.Module):
         return self.norm(x + self.dropout(f(x)))             # LayerNorm(x + Sublayer(x))
 
 
+@dataclass(frozen=True)
+class Parts:
+    """The module classes a model is built from: the reference ones (REFERENCE), or mt/fast's
+    subclasses of them (same parameters, same state_dict), which the training factory picks
+    where they apply. transformer: the encoder-decoder's own class (None: Transformer)."""
+    attention: type = MultiHeadAttention
+    feed_forward: type = FeedForward
+    residual: type = Residual
+    dropout: type = nn.Dropout
+    transformer: type | None = None
+
+
+REFERENCE = Parts()
+
+
 class EncoderLayer(nn.Module):
     """Self-attention + FFN. Also the block of the decoder-only model, which passes a causal
     mask and a cache."""
 
     def __init__(self, d_model, n_heads, d_ff, dropout, attn_dropout, pre_norm, relative=0,
-                 act_dropout=None):
+                 act_dropout=None, parts: Parts = REFERENCE):
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, n_heads, attn_dropout, self_attention=True,
-                                            relative=relative)
-        self.ffn = FeedForward(d_model, d_ff, dropout if act_dropout is None else act_dropout)
-        self.res1 = Residual(d_model, dropout, pre_norm)
-        self.res2 = Residual(d_model, dropout, pre_norm)
+        self.self_attn = parts.attention(d_model, n_heads, attn_dropout, self_attention=True,
+                                         relative=relative)
+        self.ffn = parts.feed_forward(d_model, d_ff,
+                                      dropout if act_dropout is None else act_dropout)
+        self.res1 = parts.residual(d_model, dropout, pre_norm)
+        self.res2 = parts.residual(d_model, dropout, pre_norm)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor, cache: dict | None = None,
                 q_pos=None, k_pos=None, weights: list | None = None) -> torch.Tensor:
@@ -66,15 +84,16 @@ class EncoderLayer(nn.Module):
 
 class DecoderLayer(nn.Module):
     def __init__(self, d_model, n_heads, d_ff, dropout, attn_dropout, pre_norm, relative=0,
-                 act_dropout=None):
+                 act_dropout=None, parts: Parts = REFERENCE):
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, n_heads, attn_dropout, self_attention=True,
-                                            relative=relative)
-        self.cross_attn = MultiHeadAttention(d_model, n_heads, attn_dropout, self_attention=False)
-        self.ffn = FeedForward(d_model, d_ff, dropout if act_dropout is None else act_dropout)
-        self.res1 = Residual(d_model, dropout, pre_norm)
-        self.res2 = Residual(d_model, dropout, pre_norm)
-        self.res3 = Residual(d_model, dropout, pre_norm)
+        self.self_attn = parts.attention(d_model, n_heads, attn_dropout, self_attention=True,
+                                         relative=relative)
+        self.cross_attn = parts.attention(d_model, n_heads, attn_dropout, self_attention=False)
+        self.ffn = parts.feed_forward(d_model, d_ff,
+                                      dropout if act_dropout is None else act_dropout)
+        self.res1 = parts.residual(d_model, dropout, pre_norm)
+        self.res2 = parts.residual(d_model, dropout, pre_norm)
+        self.res3 = parts.residual(d_model, dropout, pre_norm)
 
     def forward(self, x, memory, memory_mask, cache: dict | None = None, weights: list | None = None,
                 q_pos=None, k_pos=None, self_mask: torch.Tensor | None = None):

@@ -16,6 +16,7 @@ from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from mt.model.base import Seq2Seq, init_weights, make_embeddings
+from mt.model.layers import REFERENCE, Parts
 
 
 class AdditiveAttention(nn.Module):
@@ -51,14 +52,14 @@ class GeneralAttention(nn.Module):
 class RNNSeq2Seq(Seq2Seq):
     def __init__(self, *, src_vocab: int, tgt_vocab: int, d_model: int, enc_layers: int,
                  dec_layers: int, dropout: float, attention: str, tie_embeddings: str,
-                 max_positions: int):
+                 max_positions: int, parts: Parts = REFERENCE):
         super().__init__()
         if d_model % 2:
             raise ValueError("the bidirectional encoder needs an even d_model")
         self.d_model, self.attention, self.max_positions = d_model, attention, max_positions
         self.dec_layers = dec_layers
         make_embeddings(self, src_vocab, tgt_vocab, d_model, tie_embeddings)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = parts.dropout(dropout)
         # Each direction has d/2 units, so an encoder state (both directions) has d.
         self.encoder = nn.GRU(d_model, d_model // 2, enc_layers, batch_first=True,
                               bidirectional=True, dropout=dropout if enc_layers > 1 else 0.0)

@@ -9,7 +9,7 @@ from torch import nn
 
 from mt.model.cache import reorder_cache  # noqa: F401  (re-exported)
 from mt.model.base import Seq2Seq, init_weights, make_embeddings
-from mt.model.layers import DecoderLayer, EncoderLayer
+from mt.model.layers import REFERENCE, DecoderLayer, EncoderLayer, Parts
 from mt.model.positions import AbsolutePositions
 
 
@@ -20,18 +20,18 @@ class Transformer(Seq2Seq):
                  enc_layers: int, dec_layers: int, d_ff: int, dropout: float,
                  attn_dropout: float, pre_norm: bool, tie_embeddings: str, max_positions: int,
                  positional: str = "sinusoidal", max_relative: int = 16,
-                 act_dropout: float | None = None):
+                 act_dropout: float | None = None, parts: Parts = REFERENCE):
         super().__init__()
         self.d_model, self.max_positions = d_model, max_positions
         make_embeddings(self, src_vocab, tgt_vocab, d_model, tie_embeddings)
         self.positions = AbsolutePositions(positional, max_positions, d_model)
         self.relative = positional == "relative"
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = parts.dropout(dropout)
         layer_args = (d_model, n_heads, d_ff, dropout, attn_dropout, pre_norm,
                       max_relative if self.relative else 0)
-        self.encoder = nn.ModuleList(EncoderLayer(*layer_args, act_dropout=act_dropout)
+        self.encoder = nn.ModuleList(EncoderLayer(*layer_args, act_dropout=act_dropout, parts=parts)
                                      for _ in range(enc_layers))
-        self.decoder = nn.ModuleList(DecoderLayer(*layer_args, act_dropout=act_dropout)
+        self.decoder = nn.ModuleList(DecoderLayer(*layer_args, act_dropout=act_dropout, parts=parts)
                                      for _ in range(dec_layers))
         # Pre-LN leaves the residual stream unnormalised, so each stack ends with a LayerNorm.
         self.enc_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()

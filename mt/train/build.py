@@ -12,8 +12,8 @@ from mt.data.prepare import bpe_dropout_epochs, prepare_data
 from mt.runtime.device import PRECISION_NAMES, amp_dtype, pick_device
 from mt.runtime.distributed import setup
 from mt.errors import MTError
-from mt.model import build_model
-from mt.train.objective import build_objective, install_fast_paths
+from mt.model import REFERENCE, build_model
+from mt.train.objective import build_objective, model_parts
 from mt.train.pretrained import (encoder_parameters, init_encoder, pretrained_tokenizer,
                                 translation_options_off)
 from mt.train.rundir import has_checkpoint, prepare_run_dir, record_corpus, write_run_info
@@ -100,12 +100,12 @@ def _build(cfg: Config, run_dir: Path, dist, device_name: str, log, lock,
         record_corpus(cfg, run_dir)
         write_run_info(run_dir)
     device = pick_device(device_name)
-    model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
+    parts = model_parts(t, device, pretraining)
+    model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, parts)
     if cfg.model.init_encoder and not has_checkpoint(run_dir):   # a resumed run has its own
         init_encoder(model, cfg.model.init_encoder, tokenizer, log)
     model = model.to(device)
-    # the masked-LM loss reads the encoder alone: the reference modules, not mt/fast's
-    fused = not pretraining and install_fast_paths(model, t)
+    fused = parts is not REFERENCE and not t.compile
     objective = build_objective(cfg, fused=fused, seed=t.seed + dist.rank,
                                 pretraining=pretraining, vocab_size=tokenizer.src_vocab_size)
     torch.manual_seed(t.seed + dist.rank)   # same initial weights everywhere, own dropout masks

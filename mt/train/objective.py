@@ -9,6 +9,7 @@ import torch
 
 from mt import fast
 from mt.config import Config
+from mt.model import REFERENCE, Parts
 from mt.objectives.loss import rdrop_loss, reference_loss
 from mt.objectives.mlm import masked_lm_objective
 from mt.objectives.nat import nat_loss
@@ -23,19 +24,19 @@ def fast_paths_apply(setting: str | bool, device: torch.device) -> bool:
     return device.type == "cpu" if setting == "auto" else setting
 
 
-def install_fast_paths(model, t) -> bool:
-    """Where `t.fast_paths` (TrainConfig) applies to the device `model` is on, the CPU speed
-    work beside the reference model (mt/fast) goes into `model`. True when the loss should be
-    the fused one too (not under torch.compile, which fuses on its own)."""
-    if not fast_paths_apply(t.fast_paths, next(model.parameters()).device):
-        return False
-    fast.install(model)
-    return not t.compile
+def model_parts(t, device: torch.device, pretraining: bool = False) -> Parts:
+    """The module classes to build the model from: mt/fast's where `t.fast_paths`
+    (TrainConfig) applies to `device`, else the reference ones. Encoder pretraining keeps the
+    reference: the masked-LM loss reads the encoder alone."""
+    if pretraining or not fast_paths_apply(t.fast_paths, device):
+        return REFERENCE
+    return fast.PARTS
 
 
 def build_objective(cfg: Config, *, fused: bool, seed: int = 0,
                     pretraining: bool = False, vocab_size: int = 0) -> Objective:
-    """fused: mt/fast's chunked loss instead of the reference (install_fast_paths' answer);
+    """fused: mt/fast's chunked loss instead of the reference (where the model is built from
+    fast.PARTS, except under torch.compile, which fuses on its own);
     seed: scheduled sampling's draws (this rank's); pretraining: the masked-LM objective over
     a source vocabulary of `vocab_size`."""
     t = cfg.train

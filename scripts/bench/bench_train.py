@@ -98,9 +98,9 @@ def ours(size, device, precision="fp32", compile=False, loss_fn=None, dropout=0.
 
     from mt.config import Config, ModelConfig, TrainConfig
     from mt.data.batching import Batch
-    from mt.model import build_model
+    from mt.model import REFERENCE, build_model
     from mt.objectives.objective import Objective
-    from mt.train.objective import build_objective, install_fast_paths
+    from mt.train.objective import build_objective, model_parts
     from mt.train.schedule import build_optimizer
     from mt.train.trainer import Trainer
     model_cfg = ModelConfig(d_model=size["d_model"], n_heads=size["heads"],
@@ -110,8 +110,9 @@ def ours(size, device, precision="fp32", compile=False, loss_fn=None, dropout=0.
                             tie_embeddings="all", max_positions=256)
     train_cfg = TrainConfig(label_smoothing=0.1, clip_norm=0.0, compile=compile,
                             fast_paths=FAST_PATHS)
-    model = build_model(model_cfg, size["vocab"], size["vocab"]).to(device)
-    fused = install_fast_paths(model, train_cfg)       # as mt train chooses
+    parts = model_parts(train_cfg, device)                 # as mt train chooses
+    model = build_model(model_cfg, size["vocab"], size["vocab"], parts).to(device)
+    fused = parts is not REFERENCE and not compile
     objective = build_objective(Config(model=model_cfg, train=train_cfg), fused=fused) \
         if loss_fn is None else Objective(loss=functools.partial(loss_fn, eps=0.1))
     optimizer, scheduler = build_optimizer(model.parameters(), train_cfg, size["d_model"])
