@@ -1,7 +1,8 @@
 """mt: train, run and score Transformer translation models from one YAML config."""
+
 from mt.runtime.memory import prefer_huge_pages
 
-prefer_huge_pages()   # before torch's first large allocation: mt/runtime/memory.py
+prefer_huge_pages()  # before torch's first large allocation: mt/runtime/memory.py
 
 __version__ = "0.1.0"
 
@@ -11,5 +12,6 @@ def __getattr__(name: str):
     # from mt import Translator, Sampling
     if name in ("Translator", "Sampling"):
         from mt.decode import translator
+
         return getattr(translator, name)
     raise AttributeError(f"module 'mt' has no attribute {name!r}")

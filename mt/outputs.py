@@ -6,6 +6,7 @@ existing file is replaced only with `--force`; its folder must exist and be writ
 `mt train` owns inside a run directory (checkpoints, training.png, the log) are the exception:
 the run rewrites them as it goes.
 """
+
 from __future__ import annotations
 
 import errno
@@ -38,15 +39,17 @@ def check_folder_writable(folder: Path, what: str = "output") -> None:
     """The folder exists and a file can be created in it (a real probe: permission bits say
     nothing about a read-only mount or, for root, about anything)."""
     if not folder.is_dir():
-        raise MTError(f"the {what} folder {folder} does not exist; create it first or choose "
-                      f"another path")
+        raise MTError(
+            f"the {what} folder {folder} does not exist; create it first or choose another path"
+        )
     try:
         fd, probe = tempfile.mkstemp(dir=folder, prefix=".mt-write-test.")
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
-        raise MTError(f"cannot write to {folder} ({e.strerror}); choose a writable {what} "
-                      f"path") from None
+        raise MTError(
+            f"cannot write to {folder} ({e.strerror}); choose a writable {what} path"
+        ) from None
 
 
 def check_folder_creatable(folder: Path, what: str = "output") -> None:
@@ -59,8 +62,13 @@ def check_folder_creatable(folder: Path, what: str = "output") -> None:
     check_folder_writable(existing, what)
 
 
-def check_output(path: str | Path | None, *, force: bool = False,
-                 inputs: Iterable[str | Path | None] = (), what: str = "output") -> None:
+def check_output(
+    path: str | Path | None,
+    *,
+    force: bool = False,
+    inputs: Iterable[str | Path | None] = (),
+    what: str = "output",
+) -> None:
     """Raise MTError before any work if writing `path` would fail or destroy something."""
     if is_stdio(path):
         return
@@ -69,20 +77,24 @@ def check_output(path: str | Path | None, *, force: bool = False,
         if is_stdio(src):
             continue
         if _same_file(path, Path(src)) or path.resolve() == Path(src).resolve():
-            raise MTError(f"the {what} {path} is also an input of this command; write the "
-                          f"{what} to another file")
+            raise MTError(
+                f"the {what} {path} is also an input of this command; write the "
+                f"{what} to another file"
+            )
     if path.is_dir():
         raise MTError(f"the {what} {path} is a folder; give a file name")
     if path.exists() and not force:
-        raise MTError(f"{path} already exists; pass --force to overwrite it, or choose another "
-                      f"{what} path")
+        raise MTError(
+            f"{path} already exists; pass --force to overwrite it, or choose another {what} path"
+        )
     check_folder_writable(path.parent if str(path.parent) else Path("."), what)
 
 
 def describe_write_error(path: Path, e: BaseException) -> str:
     """One line for a failed write, naming the path and saying when the disk is full."""
-    reason = getattr(e, "strerror", None) or (str(e).splitlines()[0][:120] if str(e) else
-                                              type(e).__name__)
+    reason = getattr(e, "strerror", None) or (
+        str(e).splitlines()[0][:120] if str(e) else type(e).__name__
+    )
     full = getattr(e, "errno", None) == errno.ENOSPC
     if not full:
         try:
@@ -90,8 +102,10 @@ def describe_write_error(path: Path, e: BaseException) -> str:
         except OSError:
             pass
     if full:
-        return (f"could not write {path}: the disk is full ({reason}); free some space (or "
-                f"choose another folder) and run the command again")
+        return (
+            f"could not write {path}: the disk is full ({reason}); free some space (or "
+            f"choose another folder) and run the command again"
+        )
     return f"could not write {path} ({reason})"
 
 

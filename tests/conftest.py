@@ -9,7 +9,7 @@ import torch
 
 from mt.tokens import EOS, PAD
 
-os.environ["HF_HUB_OFFLINE"] = "1"       # the hub is unreachable here; fail fast, not after retries
+os.environ["HF_HUB_OFFLINE"] = "1"  # the hub is unreachable here; fail fast, not after retries
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 # One thread in every test process: mt otherwise picks its thread count from how busy the
 # machine is (mt/runtime/threads.py), and two runs that a test expects to be bit-identical (resumed vs
@@ -35,8 +35,15 @@ def cli_env(gpu: bool = False, **extra: str) -> dict:
 def run_mt(*args, cwd=None, input=None, timeout=600, gpu=False):
     """Run the real CLI in a subprocess (on the CPU unless `gpu`); returns CompletedProcess."""
     env = cli_env(gpu)
-    return subprocess.run([sys.executable, "-m", "mt", *map(str, args)], cwd=cwd or ROOT,
-                          input=input, capture_output=True, text=True, env=env, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "mt", *map(str, args)],
+        cwd=cwd or ROOT,
+        input=input,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
 
 
 def assert_user_error(proc, *needles):
@@ -52,9 +59,18 @@ def tiny_run(tmp_path_factory):
     """A tiny model trained briefly on the synthetic task (shared by CLI tests)."""
     base = tmp_path_factory.mktemp("tiny")
     run = base / "run"
-    proc = run_mt("train", ROOT / "configs/tiny.yaml", "--run-dir", run,
-                  "--set", f"data.dir={base / 'data'}", "train.max_steps=60",
-                  "train.valid_every=60", "train.save_every=30", "train.log_every=20")
+    proc = run_mt(
+        "train",
+        ROOT / "configs/tiny.yaml",
+        "--run-dir",
+        run,
+        "--set",
+        f"data.dir={base / 'data'}",
+        "train.max_steps=60",
+        "train.valid_every=60",
+        "train.save_every=30",
+        "train.log_every=20",
+    )
     assert proc.returncode == 0, proc.stderr
     return run
 
@@ -65,17 +81,29 @@ V = 40
 
 def make_model(pre_norm=False, tie="all", seed=0):
     from mt.model import Transformer
+
     torch.manual_seed(seed)
-    return Transformer(src_vocab=V, tgt_vocab=V, d_model=32, n_heads=4, enc_layers=2,
-                       dec_layers=2, d_ff=64, dropout=0.1, attn_dropout=0.1, pre_norm=pre_norm,
-                       tie_embeddings=tie, max_positions=64).eval()
+    return Transformer(
+        src_vocab=V,
+        tgt_vocab=V,
+        d_model=32,
+        n_heads=4,
+        enc_layers=2,
+        dec_layers=2,
+        d_ff=64,
+        dropout=0.1,
+        attn_dropout=0.1,
+        pre_norm=pre_norm,
+        tie_embeddings=tie,
+        max_positions=64,
+    ).eval()
 
 
 def make_src(lengths, seed=1):
     g = torch.Generator().manual_seed(seed)
     src = torch.full((len(lengths), max(lengths)), PAD)
     for i, n in enumerate(lengths):
-        src[i, :n - 1] = torch.randint(4, V, (n - 1,), generator=g)
+        src[i, : n - 1] = torch.randint(4, V, (n - 1,), generator=g)
         src[i, n - 1] = EOS
     return src
 
@@ -97,6 +125,7 @@ def out_of_memory_on_call(model, n: int) -> None:
         if calls[0] == n:
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
         return real(*a, **k)
+
     model.decode = decode
 
 

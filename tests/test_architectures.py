@@ -32,9 +32,21 @@ VARIANTS = {
 
 def make(variant, seed=0):
     torch.manual_seed(seed)
-    cfg = ModelConfig(**{**dict(d_model=32, n_heads=4, enc_layers=2, dec_layers=2, d_ff=64,
-                                dropout=0.1, attn_dropout=0.1, max_positions=64),
-                         **VARIANTS[variant]})
+    cfg = ModelConfig(
+        **{
+            **dict(
+                d_model=32,
+                n_heads=4,
+                enc_layers=2,
+                dec_layers=2,
+                d_ff=64,
+                dropout=0.1,
+                attn_dropout=0.1,
+                max_positions=64,
+            ),
+            **VARIANTS[variant],
+        }
+    )
     return build_model(cfg, V, V).eval()
 
 
@@ -47,8 +59,10 @@ def test_cached_decoding_equals_uncached(variant):
     tgt = torch.randint(4, V, (3, 7))
     full = model.project(model.decode(tgt, memory, mask))
     cache = model.new_cache()
-    steps = [model.project(model.decode(tgt[:, t:t + 1], memory, mask, cache=cache, start=t))
-             for t in range(tgt.shape[1])]
+    steps = [
+        model.project(model.decode(tgt[:, t : t + 1], memory, mask, cache=cache, start=t))
+        for t in range(tgt.shape[1])
+    ]
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
     for b in (1, 3):
         assert beam_search(model, src, mask, b) == beam_search(model, src, mask, b, use_cache=False)
@@ -72,8 +86,8 @@ def test_padding_does_not_change_outputs(variant):
     tgt = torch.randint(4, V, (3, 6))
     batched = model(src, tgt, src == PAD)
     for i, n in enumerate(lengths):
-        alone = model(src[i:i + 1, :n], tgt[i:i + 1], src[i:i + 1, :n] == PAD)
-        torch.testing.assert_close(batched[i:i + 1], alone, atol=1e-5, rtol=1e-5)
+        alone = model(src[i : i + 1, :n], tgt[i : i + 1], src[i : i + 1, :n] == PAD)
+        torch.testing.assert_close(batched[i : i + 1], alone, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -101,8 +115,9 @@ def test_relative_attention_is_invariant_to_shifting_all_positions():
     pos = torch.arange(9)
     base = attn(x, q_pos=pos, k_pos=pos, is_causal=True)
     for shift in (1, 17, 500):
-        torch.testing.assert_close(attn(x, q_pos=pos + shift, k_pos=pos + shift, is_causal=True),
-                                   base)
+        torch.testing.assert_close(
+            attn(x, q_pos=pos + shift, k_pos=pos + shift, is_causal=True), base
+        )
     # per-sentence positions (as the decoder-only model uses) shift the same way
     rows = torch.stack([pos, pos + 40])
     torch.testing.assert_close(attn(x, q_pos=rows, k_pos=rows, is_causal=True), base)
@@ -113,12 +128,12 @@ def test_relative_attention_is_invariant_to_shifting_all_positions():
 def test_decoder_only_reads_one_sequence_and_scores_only_the_target():
     model = make("decoder_only-sinusoidal")
     src, tgt = make_src([5, 3]), torch.randint(4, V, (2, 4))
-    assert model(src, tgt, src == PAD).shape == (2, 4, V)             # target positions only
+    assert model(src, tgt, src == PAD).shape == (2, 4, V)  # target positions only
     weights = []
     with torch.no_grad():
         model.decode(tgt, src, src == PAD, weights=weights)
-    assert len(weights) == 2 and weights[0].shape == (2, 4, 4, 5)       # target x source
-    assert float(weights[0][1, :, :, 3:].abs().max()) == 0.0            # source padding
+    assert len(weights) == 2 and weights[0].shape == (2, 4, 4, 5)  # target x source
+    assert float(weights[0][1, :, :, 3:].abs().max()) == 0.0  # source padding
 
 
 def test_rnn_attention_weights_are_a_distribution_over_the_source():
@@ -145,9 +160,21 @@ def test_act_dropout_is_the_feed_forward_hidden_dropout_alone(arch, installed):
 
     def out(train, seed=0, **kw):
         torch.manual_seed(0)
-        model = build_model(ModelConfig(arch=arch, d_model=32, n_heads=4, enc_layers=2,
-                                        dec_layers=2, d_ff=64, max_positions=64, **kw), V, V,
-                            fast.PARTS if installed else REFERENCE)
+        model = build_model(
+            ModelConfig(
+                arch=arch,
+                d_model=32,
+                n_heads=4,
+                enc_layers=2,
+                dec_layers=2,
+                d_ff=64,
+                max_positions=64,
+                **kw,
+            ),
+            V,
+            V,
+            fast.PARTS if installed else REFERENCE,
+        )
         model.train(train)
         torch.manual_seed(seed)
         src, tgt = make_src([9, 3, 6, 4]), torch.randint(4, V, (4, 8))
@@ -159,22 +186,34 @@ def test_act_dropout_is_the_feed_forward_hidden_dropout_alone(arch, installed):
     # act_dropout 0 under dropout 0.3: what is left is the residual and embedding dropout
     assert not torch.allclose(out(True, dropout=0.3, act_dropout=0.0), out(False, **plain))
     for seed in (1, 2):
-        torch.testing.assert_close(out(True, seed, dropout=0.3),
-                                   out(True, seed, dropout=0.3, act_dropout=0.3))
-        assert not torch.allclose(out(True, seed, dropout=0.3),
-                                  out(True, seed, dropout=0.3, act_dropout=0.0))
+        torch.testing.assert_close(
+            out(True, seed, dropout=0.3), out(True, seed, dropout=0.3, act_dropout=0.3)
+        )
+        assert not torch.allclose(
+            out(True, seed, dropout=0.3), out(True, seed, dropout=0.3, act_dropout=0.0)
+        )
 
 
-@pytest.mark.parametrize("overrides,needle", [
-    (["model.arch=transformer", "model.attention=luong"], "model.attention"),
-    (["model.arch=rnn", "model.positional=relative"], "model.positional"),
-    (["model.arch=gru"], "model.arch"),
-    (["model.positional=rotary"], "model.positional"),
-    (["model.arch=rnn", "model.act_dropout=0.1"], "model.act_dropout"),
-])
+@pytest.mark.parametrize(
+    "overrides,needle",
+    [
+        (["model.arch=transformer", "model.attention=luong"], "model.attention"),
+        (["model.arch=rnn", "model.positional=relative"], "model.positional"),
+        (["model.arch=gru"], "model.arch"),
+        (["model.positional=rotary"], "model.positional"),
+        (["model.arch=rnn", "model.act_dropout=0.1"], "model.act_dropout"),
+    ],
+)
 def test_bad_architecture_settings_are_one_line_errors(tmp_path, overrides, needle):
-    proc = run_mt("train", ROOT / "configs/tiny.yaml", "--run-dir", tmp_path / "run",
-                  "--set", f"data.dir={tmp_path / 'data'}", *overrides)
+    proc = run_mt(
+        "train",
+        ROOT / "configs/tiny.yaml",
+        "--run-dir",
+        tmp_path / "run",
+        "--set",
+        f"data.dir={tmp_path / 'data'}",
+        *overrides,
+    )
     assert_user_error(proc, needle)
     assert not (tmp_path / "run").exists() or not (tmp_path / "run" / "last.pt").exists()
 
@@ -183,21 +222,33 @@ def test_bad_architecture_settings_are_one_line_errors(tmp_path, overrides, need
 # decoder-only, Transformer) by default; the variants that share those paths with one of them
 # (Luong with Bahdanau, learned positions with relative) only in the slow run. The model-level
 # contracts above hold for every variant in the default run.
-CLI_VARIANTS = ["model.arch=rnn model.attention=bahdanau",
-                pytest.param("model.arch=rnn model.attention=luong", marks=pytest.mark.slow),
-                "model.arch=rnn model.attention=none", "model.arch=decoder_only",
-                "model.positional=relative",
-                pytest.param("model.positional=learned model.norm=post", marks=pytest.mark.slow)]
+CLI_VARIANTS = [
+    "model.arch=rnn model.attention=bahdanau",
+    pytest.param("model.arch=rnn model.attention=luong", marks=pytest.mark.slow),
+    "model.arch=rnn model.attention=none",
+    "model.arch=decoder_only",
+    "model.positional=relative",
+    pytest.param("model.positional=learned model.norm=post", marks=pytest.mark.slow),
+]
 
 
 @pytest.mark.parametrize("overrides", CLI_VARIANTS)
 def test_each_variant_trains_saves_loads_and_translates(tmp_path_factory, overrides):
     base = tmp_path_factory.mktemp("arch")
     run = base / "run"
-    proc = run_mt("train", ROOT / "configs/tiny.yaml", "--run-dir", run, "--set",
-                  f"data.dir={tmp_path_factory.getbasetemp() / 'arch_data'}", "train.max_steps=12",
-                  "train.valid_every=12", "train.save_every=6", "train.log_every=6",
-                  *overrides.split())
+    proc = run_mt(
+        "train",
+        ROOT / "configs/tiny.yaml",
+        "--run-dir",
+        run,
+        "--set",
+        f"data.dir={tmp_path_factory.getbasetemp() / 'arch_data'}",
+        "train.max_steps=12",
+        "train.valid_every=12",
+        "train.save_every=6",
+        "train.log_every=6",
+        *overrides.split(),
+    )
     assert proc.returncode == 0, proc.stderr
     assert (run / "last.pt").is_file() and (run / "best.pt").is_file()
     lines = ["a b c", "", "d e f g h"]
@@ -209,30 +260,50 @@ def test_each_variant_trains_saves_loads_and_translates(tmp_path_factory, overri
         assert_user_error(picture, "no attention")
     else:
         assert picture.returncode == 0 and (base / "attn.png").stat().st_size > 0, picture.stderr
-    resumed = run_mt("train", ROOT / "configs/tiny.yaml", "--run-dir", run, "--set",
-                     f"data.dir={tmp_path_factory.getbasetemp() / 'arch_data'}",
-                     "train.max_steps=14", "train.valid_every=12", "train.save_every=6",
-                     "train.log_every=6", *overrides.split())
+    resumed = run_mt(
+        "train",
+        ROOT / "configs/tiny.yaml",
+        "--run-dir",
+        run,
+        "--set",
+        f"data.dir={tmp_path_factory.getbasetemp() / 'arch_data'}",
+        "train.max_steps=14",
+        "train.valid_every=12",
+        "train.save_every=6",
+        "train.log_every=6",
+        *overrides.split(),
+    )
     assert resumed.returncode == 0 and "resuming from" in resumed.stdout + resumed.stderr
 
 
 def test_rnn_recurrence_runs_in_fp32_under_bf16_autocast():
     from mt.config import ModelConfig
     from mt.model import build_model
+
     seen = []
     for attention in ("bahdanau", "luong", "none"):
-        model = build_model(ModelConfig(arch="rnn", attention=attention, d_model=16,
-                                        enc_layers=1, dec_layers=1), 30, 30)
+        model = build_model(
+            ModelConfig(arch="rnn", attention=attention, d_model=16, enc_layers=1, dec_layers=1),
+            30,
+            30,
+        )
 
         def hook(module, args):
             x = args[0].data if hasattr(args[0], "batch_sizes") else args[0]
-            seen.append((torch.is_autocast_enabled("cpu"), x.dtype,
-                         None if len(args) < 2 or args[1] is None else args[1].dtype))
+            seen.append(
+                (
+                    torch.is_autocast_enabled("cpu"),
+                    x.dtype,
+                    None if len(args) < 2 or args[1] is None else args[1].dtype,
+                )
+            )
+
         for gru in (model.encoder, model.decoder):
             gru.register_forward_pre_hook(hook)
         src = torch.randint(4, 30, (2, 5))
         with torch.autocast("cpu", dtype=torch.bfloat16):
             out = model(src, torch.randint(4, 30, (2, 4)), src == 0)
         assert out.shape[:2] == (2, 4)
-    assert seen and all(s == (False, torch.float32, s[2]) and s[2] in (None, torch.float32)
-                        for s in seen), seen
+    assert seen and all(
+        s == (False, torch.float32, s[2]) and s[2] in (None, torch.float32) for s in seen
+    ), seen

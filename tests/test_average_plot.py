@@ -25,10 +25,16 @@ def test_averaging_different_checkpoints_gives_their_mean(tiny_run, tmp_path):
     assert any(not torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     avg = checkpoint.average([first, second])
     for k, v in a["model"].items():
-        torch.testing.assert_close(avg["model"][k], (v.double() + b["model"][k].double()).div(2)
-                                   .to(v.dtype), rtol=0, atol=1e-7)
-    assert avg["train_state"] == b["train_state"] and avg["averaged_from"] == [first.name,
-                                                                                second.name]
+        torch.testing.assert_close(
+            avg["model"][k],
+            (v.double() + b["model"][k].double()).div(2).to(v.dtype),
+            rtol=0,
+            atol=1e-7,
+        )
+    assert avg["train_state"] == b["train_state"] and avg["averaged_from"] == [
+        first.name,
+        second.name,
+    ]
 
 
 def test_averaged_checkpoint_loads_and_translates(tiny_run, tmp_path):
@@ -40,19 +46,32 @@ def test_averaged_checkpoint_loads_and_translates(tiny_run, tmp_path):
     checkpoint.atomic_save(a, tmp_path / "avg2.pt")
     out = Translator.from_checkpoint(tmp_path / "avg2.pt", "cpu").translate(["lo ka", "", "mi"])
     assert len(out) == 3 and out[1] == ""
-    assert_user_error(run_mt("average", tiny_run, "--last", "99", "-o", tmp_path / "x.pt"),
-                      "fewer than --last 99")
-    assert_user_error(run_mt("average", tiny_run, "--last", "1", "-o", tmp_path / "avg.pt"),
-                      "already exists")
+    assert_user_error(
+        run_mt("average", tiny_run, "--last", "99", "-o", tmp_path / "x.pt"), "fewer than --last 99"
+    )
+    assert_user_error(
+        run_mt("average", tiny_run, "--last", "1", "-o", tmp_path / "avg.pt"), "already exists"
+    )
 
 
 def test_early_stopping_after_patience_validations(tmp_path):
     # With a vanishing learning rate the model never changes, so BLEU never improves after
     # the first validation: patience 2 stops at the third validation.
-    proc = run_mt("train", ROOT / "configs/tiny.yaml", "--run-dir", tmp_path / "r", "--set",
-                  f"data.dir={tmp_path / 'd'}", "train.lr_factor=1e-12", "train.max_steps=1000",
-                  "train.valid_every=5", "train.patience=2", "train.valid_beam=1",
-                  "train.log_every=5", "decode.max_len_b=2")
+    proc = run_mt(
+        "train",
+        ROOT / "configs/tiny.yaml",
+        "--run-dir",
+        tmp_path / "r",
+        "--set",
+        f"data.dir={tmp_path / 'd'}",
+        "train.lr_factor=1e-12",
+        "train.max_steps=1000",
+        "train.valid_every=5",
+        "train.patience=2",
+        "train.valid_beam=1",
+        "train.log_every=5",
+        "decode.max_len_b=2",
+    )
     assert proc.returncode == 0, proc.stderr
     assert "early stop" in proc.stderr
     log = [json.loads(x) for x in (tmp_path / "r/train_log.jsonl").read_text().splitlines()]
@@ -76,14 +95,28 @@ def test_decoding_is_tuned_on_valid_and_stored_in_best(tmp_path):
 
     from mt.data.corpus import read_lines
     from mt.evaluate.metrics import score
+
     run = tmp_path / "run"
-    proc = run_mt("train", ROOT / "configs/tiny.yaml", "--run-dir", run, "--set",
-                  f"data.dir={tmp_path / 'data'}", "train.max_steps=40", "train.valid_every=40",
-                  "decode.tune_beams=[1,3]", "decode.tune_length_penalties=[0.5,1.5]")
+    proc = run_mt(
+        "train",
+        ROOT / "configs/tiny.yaml",
+        "--run-dir",
+        run,
+        "--set",
+        f"data.dir={tmp_path / 'data'}",
+        "train.max_steps=40",
+        "train.valid_every=40",
+        "decode.tune_beams=[1,3]",
+        "decode.tune_length_penalties=[0.5,1.5]",
+    )
     assert proc.returncode == 0, proc.stderr
     records = [json.loads(x) for x in (run / "train_log.jsonl").read_text().splitlines()]
     (tuned,) = [r for r in records if "tuned_decoding" in r]
-    assert [(g["beam"], g["length_penalty"]) for g in tuned["grid"]] == [(1, 1.0), (3, 0.5), (3, 1.5)]
+    assert [(g["beam"], g["length_penalty"]) for g in tuned["grid"]] == [
+        (1, 1.0),
+        (3, 0.5),
+        (3, 1.5),
+    ]
     best = tuned["tuned_decoding"]
     assert best["valid_bleu"] == max(g["valid_bleu"] for g in tuned["grid"])
     tr = Translator.from_checkpoint(run, "cpu")
@@ -106,14 +139,28 @@ def test_training_picture_marks_best_and_draws_a_single_point(tmp_path):
     import json
 
     from mt.evaluate.plot import plot_run, training_figure
+
     run = tmp_path / "run"
     run.mkdir()
-    (run / "train_log.jsonl").write_text("\n".join(json.dumps(r) for r in [
-        {"step": 10, "loss": 5.0, "nll": 4.5},
-        {"step": 10, "valid_loss": 4.0, "valid_bleu": 12.3, "valid_chrf": 30.0, "best": True},
-    ]) + "\n")
+    (run / "train_log.jsonl").write_text(
+        "\n".join(
+            json.dumps(r)
+            for r in [
+                {"step": 10, "loss": 5.0, "nll": 4.5},
+                {
+                    "step": 10,
+                    "valid_loss": 4.0,
+                    "valid_bleu": 12.3,
+                    "valid_chrf": 30.0,
+                    "best": True,
+                },
+            ]
+        )
+        + "\n"
+    )
     assert plot_run(run).is_file()
     loss_ax, bleu_ax = training_figure(run).axes
-    assert any(line.get_marker() == "o" and len(line.get_xdata()) == 1
-               for line in loss_ax.get_lines())                  # one point is still seen
+    assert any(
+        line.get_marker() == "o" and len(line.get_xdata()) == 1 for line in loss_ax.get_lines()
+    )  # one point is still seen
     assert "best.pt: 12.30" in [t.get_text() for t in bleu_ax.get_legend().get_texts()]

@@ -1,5 +1,6 @@
 """The benchmark scripts import mt's internals; a refactor must not leave them broken. One
 training step per contender (no timing is asserted) keeps them runnable."""
+
 import importlib.util
 import json
 import os
@@ -38,27 +39,65 @@ def test_bench_train_contenders_take_a_step_on_the_same_batches(bench_train, nam
     if name == "hf" and importlib.util.find_spec("transformers") is None:
         pytest.skip("transformers not installed (pip install -e '.[bench]')")
     import torch
-    r = bench_train.run_one(name, bench_train.SIZES["small"], steps=1, warmup=0,
-                            device=torch.device("cpu"), precision="fp32", compile_ours=False,
-                            matmul_n=256)      # a small product: the smoke test, not the peak
+
+    r = bench_train.run_one(
+        name,
+        bench_train.SIZES["small"],
+        steps=1,
+        warmup=0,
+        device=torch.device("cpu"),
+        precision="fp32",
+        compile_ours=False,
+        matmul_n=256,
+    )  # a small product: the smoke test, not the peak
     assert r["tok_s"] > 0 and r["peak_rss_mb"] > 0 and r["matmul_flop_s"] > 0
     assert 0 <= r["padding"] < 0.2
-    assert 7_000_000 < r["params"] < 8_500_000       # the three models have the same size
+    assert 7_000_000 < r["params"] < 8_500_000  # the three models have the same size
 
 
 def test_bench_nat_scores_and_times_every_decoder(tiny_run, tmp_path):
     """scripts/bench/bench_nat.py on a NAT run and an autoregressive one: a BLEU per decoder, and
     sentences/s at batch 1 and in batches for each, in the JSON it writes."""
     data = tiny_run.parent / "data"
-    nat = run_mt("train", ROOT / "configs/tiny.yaml", "--run-dir", tmp_path / "nat", "--set",
-                 f"data.dir={data}", "model.arch=nat", "train.max_steps=10",
-                 "train.valid_every=10")
+    nat = run_mt(
+        "train",
+        ROOT / "configs/tiny.yaml",
+        "--run-dir",
+        tmp_path / "nat",
+        "--set",
+        f"data.dir={data}",
+        "model.arch=nat",
+        "train.max_steps=10",
+        "train.valid_every=10",
+    )
     assert nat.returncode == 0, nat.stderr
     proc = subprocess.run(
-        [sys.executable, str(BENCH / "bench_nat.py"), "--nat", str(tmp_path / "nat"),
-         "--ar", str(tiny_run), "--data-dir", str(data), "--src-lang", "src", "--tgt-lang",
-         "tgt", "--iterations", "1,3", "--sentences", "4", "--batch", "2", "--json",
-         str(tmp_path / "nat.json")], capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            str(BENCH / "bench_nat.py"),
+            "--nat",
+            str(tmp_path / "nat"),
+            "--ar",
+            str(tiny_run),
+            "--data-dir",
+            str(data),
+            "--src-lang",
+            "src",
+            "--tgt-lang",
+            "tgt",
+            "--iterations",
+            "1,3",
+            "--sentences",
+            "4",
+            "--batch",
+            "2",
+            "--json",
+            str(tmp_path / "nat.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     result = json.loads((tmp_path / "nat.json").read_text())
     names = {"AR greedy", "AR beam 5", "NAT T=1", "NAT T=3"}
@@ -77,8 +116,10 @@ def test_bench_train_turns_give_every_contender_its_own_rate(bench_train):
     if importlib.util.find_spec("transformers") is None:
         pytest.skip("transformers not installed (pip install -e '.[bench]')")
     import torch
-    rates = bench_train.run_interleaved(bench_train.SIZES["small"], steps=1, warmup=0,
-                                        device=torch.device("cpu"), precision="fp32")
+
+    rates = bench_train.run_interleaved(
+        bench_train.SIZES["small"], steps=1, warmup=0, device=torch.device("cpu"), precision="fp32"
+    )
     assert set(rates) == {"ours", "torch", "hf"} and all(r > 0 for r in rates.values())
 
 
@@ -88,24 +129,33 @@ def test_bench_rdrop_times_the_trainer_step_with_each_loss(bench_train):
     import torch
 
     from mt.objectives.loss import reference_loss
+
     called = []
 
     def loss(model, batch, eps):
         called.append(batch.n_tokens)
         return reference_loss(model, batch, eps)
+
     size = dict(bench_train.SIZES["tiny"], max_tokens=512)
     batches = bench_train.device_batches(size, 2, torch.device("cpu"))
     _, step = bench_train.ours(size, torch.device("cpu"), loss_fn=loss, dropout=0.3)
     for b in batches:
         step(b)
     assert called == [int((b[2] != bench_train.PAD).sum()) for b in batches]
-    proc = subprocess.run([sys.executable, str(BENCH / "bench_rdrop.py"), "--steps", "1",
-                           "--warmup", "0"], capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "bench_rdrop.py"), "--steps", "1", "--warmup", "0"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
     assert proc.returncode == 0, proc.stderr
     rows = [line for line in proc.stdout.splitlines() if "s/step" in line]
     assert [r.split("  ")[0].strip() for r in rows] == [
-        "plain (fused)", "R-Drop, reference", "R-Drop, fused"]
+        "plain (fused)",
+        "R-Drop, reference",
+        "R-Drop, fused",
+    ]
     assert rows[0].endswith("x1.00 the plain step")
 
 
@@ -114,18 +164,21 @@ def test_bench_decode_turns_rotate_who_goes_first():
     goes first rotates, so neither always meets the machine warmed (or slowed) by the other."""
     import numpy as np
     import torch
+
     bench = _load("bench_decode")
     calls = []
-    decoders = {name: (lambda src, name=name: calls.append((name, src.shape[0])))
-                for name in ["ours", "hf"]}
+    decoders = {
+        name: (lambda src, name=name: calls.append((name, src.shape[0]))) for name in ["ours", "hf"]
+    }
 
     class Args:
         batch_size = 2
         device = torch.device("cpu")
-    ids = [np.arange(1, n + 2) for n in range(7)]                    # 4 batches: 2, 2, 2, 1
+
+    ids = [np.arange(1, n + 2) for n in range(7)]  # 4 batches: 2, 2, 2, 1
     secs = bench.taking_turns(decoders, ids, Args)
     assert set(secs) == {"ours", "hf"} and all(s >= 0 for s in secs.values())
-    timed = calls[2:]                                                # after the warm-ups
+    timed = calls[2:]  # after the warm-ups
     assert [n for n, _ in timed] == ["ours", "hf", "hf", "ours", "ours", "hf", "hf", "ours"]
     assert [b for _, b in timed] == [2, 2, 2, 2, 2, 2, 1, 1]
 
@@ -143,12 +196,14 @@ def test_ab_train_patch_is_in_place_for_b_only_and_undone(ab_train):
 
     import mt.fast.modules as layers
     import mt.fast.nodes as fused
+
     calls = {"patched": 0}
     original = layers.feed_forward
 
     def counting(*args):
         calls["patched"] += 1
         return original(*args)
+
     patches = [(layers, "feed_forward", counting), (fused, "FFN_CHUNK_ROWS", 2048)]
     size = dict(ab_train.bt.SIZES["small"], max_tokens=600)
     r = ab_train.run_ab(size, steps=1, warmup=1, patches=patches, device=torch.device("cpu"))
@@ -166,13 +221,21 @@ def test_ab_train_sees_different_arithmetic(ab_train):
     import torch
 
     import mt.fast.modules as layers
+
     original = layers.feed_forward
 
     def without_dropout(x, w1, b1, w2, b2, p):
         return original(x, w1, b1, w2, b2, 0.0)
+
     size = dict(ab_train.bt.SIZES["small"], max_tokens=600)
-    r = ab_train.run_ab(size, steps=1, warmup=0, patches=[(layers, "feed_forward", without_dropout)],
-                        device=torch.device("cpu"), rounds=1)
+    r = ab_train.run_ab(
+        size,
+        steps=1,
+        warmup=0,
+        patches=[(layers, "feed_forward", without_dropout)],
+        device=torch.device("cpu"),
+        rounds=1,
+    )
     assert r["max_param_diff"] > 0
 
 
@@ -182,27 +245,39 @@ def test_ab_train_b_precision_trains_b_alone_under_bf16_autocast(ab_train, monke
     import torch
 
     import mt.train.trainer as trainer_module
+
     seen = []
     original = trainer_module.Trainer._loss
 
     def recording(self, batch, model=None):
         seen.append(self.amp_dtype)
         return original(self, batch, model)
+
     monkeypatch.setattr(trainer_module.Trainer, "_loss", recording)
     size = dict(ab_train.bt.SIZES["tiny"], max_tokens=600)
-    r = ab_train.run_ab(size, steps=1, warmup=0, patches=[], device=torch.device("cpu"),
-                        rounds=1, b_precision="bf16")
-    assert sorted(map(str, seen)) == ["None", "torch.bfloat16"]     # one step each side
+    r = ab_train.run_ab(
+        size,
+        steps=1,
+        warmup=0,
+        patches=[],
+        device=torch.device("cpu"),
+        rounds=1,
+        b_precision="bf16",
+    )
+    assert sorted(map(str, seen)) == ["None", "torch.bfloat16"]  # one step each side
     assert r["max_param_diff"] > 0 and r["a_tok_s"] > 0 and r["b_tok_s"] > 0
 
 
-@pytest.mark.parametrize("spec, says", [
-    ("mt.fast.nodes", "write MODULE:NAME=VALUE"),
-    ("mt.fast.nodes:NO_SUCH=1", "has no attribute 'NO_SUCH'"),
-    ("no_such_module:x=1", "cannot import no_such_module"),
-    ("mt.fast.nodes:FFN_CHUNK_ROWS=/nowhere/f.py:g", "no file /nowhere/f.py"),
-    ("mt.fast.nodes:FFN_CHUNK_ROWS=mt.fast.nodes:no_such", "cannot load"),
-])
+@pytest.mark.parametrize(
+    "spec, says",
+    [
+        ("mt.fast.nodes", "write MODULE:NAME=VALUE"),
+        ("mt.fast.nodes:NO_SUCH=1", "has no attribute 'NO_SUCH'"),
+        ("no_such_module:x=1", "cannot import no_such_module"),
+        ("mt.fast.nodes:FFN_CHUNK_ROWS=/nowhere/f.py:g", "no file /nowhere/f.py"),
+        ("mt.fast.nodes:FFN_CHUNK_ROWS=mt.fast.nodes:no_such", "cannot load"),
+    ],
+)
 def test_ab_train_bad_patch_is_one_clear_line(ab_train, spec, says):
     with pytest.raises(ab_train.PatchError, match=says):
         ab_train.resolve_patch(spec)
@@ -210,9 +285,16 @@ def test_ab_train_bad_patch_is_one_clear_line(ab_train, spec, says):
 
 def test_ab_train_patch_values(ab_train, tmp_path):
     import mt.fast.nodes as fused
-    assert ab_train.resolve_patch("mt.fast.nodes:FFN_CHUNK_ROWS=512") == (fused, "FFN_CHUNK_ROWS", 512)
-    assert ab_train.resolve_patch("mt.fast.nodes:feed_forward=mt.fast.nodes:add_norm")[2] \
+
+    assert ab_train.resolve_patch("mt.fast.nodes:FFN_CHUNK_ROWS=512") == (
+        fused,
+        "FFN_CHUNK_ROWS",
+        512,
+    )
+    assert (
+        ab_train.resolve_patch("mt.fast.nodes:feed_forward=mt.fast.nodes:add_norm")[2]
         is fused.add_norm
+    )
     (tmp_path / "mine.py").write_text("def f(*a):\n    return 'mine'\n")
     assert ab_train.resolve_patch(f"mt.fast.nodes:feed_forward={tmp_path}/mine.py:f")[2]() == "mine"
 
@@ -226,18 +308,21 @@ def _cpu_flags() -> set[str]:
 
 def _torch_has_mkl() -> bool:
     import torch
+
     return torch.backends.mkl.is_available()
 
 
 needs_shim_tools = pytest.mark.skipif(
     platform.machine() != "x86_64" or shutil.which("cc") is None or not _torch_has_mkl(),
-    reason="the MKL shim needs x86-64, a C compiler (cc) and a PyTorch built with MKL")
+    reason="the MKL shim needs x86-64, a C compiler (cc) and a PyTorch built with MKL",
+)
 
 
 @needs_shim_tools
 def test_mkl_shim_makes_mkl_take_its_avx2_path_and_matmuls_stay_right(tmp_path):
-    built = subprocess.run(["bash", str(SCRIPTS / "mkl_amd_shim.sh"), str(tmp_path)],
-                           capture_output=True, text=True)
+    built = subprocess.run(
+        ["bash", str(SCRIPTS / "mkl_amd_shim.sh"), str(tmp_path)], capture_output=True, text=True
+    )
     if not {"avx2", "fma"} <= _cpu_flags():
         assert built.returncode == 1 and "no AVX2/FMA" in built.stderr
         return
@@ -245,27 +330,36 @@ def test_mkl_shim_makes_mkl_take_its_avx2_path_and_matmuls_stay_right(tmp_path):
     assert built.returncode == 0, built.stderr
     assert built.stdout.strip().startswith(f"export LD_PRELOAD={lib}")
     # MKL's CPU type: 0 is its generic path (what it picks on AMD without the shim), 5 AVX2
-    probe = ("import ctypes, os, torch\n"
-             "lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), 'lib', "
-             "'libtorch_cpu.so'))\n"
-             "torch.manual_seed(0)\n"
-             "a, b = torch.randn(300, 200, dtype=torch.float64), torch.randn(200, 500, dtype=torch.float64)\n"
-             "print(lib.mkl_serv_cpu_detect(), ((a.float() @ b.float()).double() - a @ b).abs().max().item())")
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                         env={**os.environ, "LD_PRELOAD": str(lib)})
+    probe = (
+        "import ctypes, os, torch\n"
+        "lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), 'lib', "
+        "'libtorch_cpu.so'))\n"
+        "torch.manual_seed(0)\n"
+        "a, b = torch.randn(300, 200, dtype=torch.float64), torch.randn(200, 500, dtype=torch.float64)\n"
+        "print(lib.mkl_serv_cpu_detect(), ((a.float() @ b.float()).double() - a @ b).abs().max().item())"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "LD_PRELOAD": str(lib)},
+    )
     assert out.returncode == 0, out.stderr
     cpu_type, err = out.stdout.split()
-    assert int(cpu_type) >= 5             # AVX2 or better
-    assert float(err) < 1e-3              # fp32 products of O(10) values: right to ~1e-5
+    assert int(cpu_type) >= 5  # AVX2 or better
+    assert float(err) < 1e-3  # fp32 products of O(10) values: right to ~1e-5
 
 
 @needs_shim_tools
 def test_mkl_shim_without_a_compiler_says_so_and_builds_nothing(tmp_path):
     if not {"avx2", "fma"} <= _cpu_flags():
         pytest.skip("this CPU has no AVX2/FMA: the script stops before looking for a compiler")
-    built = subprocess.run(["bash", str(SCRIPTS / "mkl_amd_shim.sh"), str(tmp_path / "out")],
-                           capture_output=True, text=True,
-                           env={**os.environ, "CC": "/no/such/cc"})
+    built = subprocess.run(
+        ["bash", str(SCRIPTS / "mkl_amd_shim.sh"), str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CC": "/no/such/cc"},
+    )
     assert built.returncode == 1 and built.stdout == ""
     assert built.stderr.count("\n") == 1 and "no C compiler '/no/such/cc'" in built.stderr
     assert not (tmp_path / "out").exists()
@@ -273,27 +367,31 @@ def test_mkl_shim_without_a_compiler_says_so_and_builds_nothing(tmp_path):
 
 def test_recipe_summary_reads_a_run_log(tmp_path):
     """scripts/lab/recipe_summary.py: the curve, the average (kept or not) and the tuned beam."""
-    records = [{"step": 1000, "valid_bleu": 17.7, "valid_loss": 3.9},
-               {"step": 1000, "loss": 4.0},
-               {"step": 2000, "valid_bleu": 27.0, "best": True},
-               {"step": 2000, "averaged": 10, "valid_bleu": 26.5},
-               {"step": 2000, "tuned_decoding": {"beam": 5, "length_penalty": 1.4,
-                                                 "valid_bleu": 28.1}}]
+    records = [
+        {"step": 1000, "valid_bleu": 17.7, "valid_loss": 3.9},
+        {"step": 1000, "loss": 4.0},
+        {"step": 2000, "valid_bleu": 27.0, "best": True},
+        {"step": 2000, "averaged": 10, "valid_bleu": 26.5},
+        {"step": 2000, "tuned_decoding": {"beam": 5, "length_penalty": 1.4, "valid_bleu": 28.1}},
+    ]
     (tmp_path / "r").mkdir()
     (tmp_path / "r/train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     line = _load("recipe_summary", SCRIPTS / "lab").summary(tmp_path / "r")
-    assert line == ("r: greedy valid BLEU 1000: 17.7, 2000: 27.0; average of the last 10: 26.5 "
-                    "(not kept); tuned: beam 5, length penalty 1.4, 28.1")
+    assert line == (
+        "r: greedy valid BLEU 1000: 17.7, 2000: 27.0; average of the last 10: 26.5 "
+        "(not kept); tuned: beam 5, length penalty 1.4, 28.1"
+    )
 
 
 def test_bench_shape_builds_the_shapes_it_is_given():
     """scripts/bench/bench_shape.py compares layer splits and widths against the shipped 4+4: each
     shape it times must be the model it names, or its ratios are about the wrong models."""
     import torch
+
     bench = _load("bench_shape")
     size = bench.parse_shape("7+2:heads=2,d_ff=512")
     assert (size["enc_layers"], size["dec_layers"], size["heads"], size["d_ff"]) == (7, 2, 2, 512)
-    assert size["d_model"] == bench.SIZES["tiny"]["d_model"]       # the rest is the shipped shape
+    assert size["d_model"] == bench.SIZES["tiny"]["d_model"]  # the rest is the shipped shape
     model, _ = bench.ours(dict(size, max_tokens=512), torch.device("cpu"))
     assert (len(model.encoder), len(model.decoder)) == (7, 2)
     assert model.encoder[0].self_attn.n_heads == model.decoder[1].cross_attn.n_heads == 2

@@ -1,6 +1,7 @@
 """A run directory written by mt 0.1.0 before its modules moved into folders by role
 (tests/fixtures/run_v0_1: a 4-update tiny model on the synthetic task, with its last.pt,
 config, corpus record and BPE model) still loads, translates and resumes."""
+
 import shutil
 
 import torch
@@ -11,10 +12,19 @@ from tests.conftest import ROOT, run_mt
 
 FIXTURE = ROOT / "tests" / "fixtures" / "run_v0_1"
 # the overrides the fixture was trained with (on top of configs/tiny.yaml)
-SETS = ["model.d_model=16", "model.d_ff=32", "model.n_heads=2", "model.enc_layers=1",
-        "model.dec_layers=1", "tokenizer.vocab_size=100", "train.save_every=4",
-        "train.valid_every=4", "train.keep_checkpoints=0", "train.average_last=0",
-        "decode.tune_beams=[]"]
+SETS = [
+    "model.d_model=16",
+    "model.d_ff=32",
+    "model.n_heads=2",
+    "model.enc_layers=1",
+    "model.dec_layers=1",
+    "tokenizer.vocab_size=100",
+    "train.save_every=4",
+    "train.valid_every=4",
+    "train.keep_checkpoints=0",
+    "train.average_last=0",
+    "decode.tune_beams=[]",
+]
 
 
 def test_an_old_checkpoint_loads_and_translates_as_it_decodes_greedily():
@@ -23,7 +33,7 @@ def test_an_old_checkpoint_loads_and_translates_as_it_decodes_greedily():
     translator = Translator.from_checkpoint(FIXTURE / "last.pt", device="cpu")
     hyps = translator.translate(["a b c", "d e"], beam=1)
     assert len(hyps) == 2 and all(isinstance(h, str) for h in hyps)
-    run = checkpoint.open_trained(FIXTURE)                  # the run directory: its last.pt
+    run = checkpoint.open_trained(FIXTURE)  # the run directory: its last.pt
     assert run.path == FIXTURE / "last.pt" and run.config.model.d_model == 16
     assert run.precision == "fp32" and run.tokenizer.src_vocab_size == 100
     for k, v in run.model.state_dict().items():
@@ -36,8 +46,17 @@ def test_an_old_run_directory_resumes_and_translates(tmp_path):
     run = tmp_path / "run"
     shutil.copytree(FIXTURE, run)
     # the fixture was trained on a corpus in another folder: the new data.dir is a change
-    proc = run_mt("train", ROOT / "configs/tiny.yaml", "--run-dir", run, "--set",
-                  f"data.dir={data}", "train.max_steps=6", *SETS, "--allow-config-change")
+    proc = run_mt(
+        "train",
+        ROOT / "configs/tiny.yaml",
+        "--run-dir",
+        run,
+        "--set",
+        f"data.dir={data}",
+        "train.max_steps=6",
+        *SETS,
+        "--allow-config-change",
+    )
     assert proc.returncode == 0, proc.stderr
     assert "resuming from" in proc.stderr and "at step 4" in proc.stderr
     assert checkpoint.load(run / "last.pt")["train_state"]["step"] == 6

@@ -13,8 +13,19 @@ from tests.conftest import ROOT, assert_user_error, cli_env, run_mt
 
 
 def test_help_for_every_command():
-    for cmd in ("download", "configs", "train", "translate", "eval", "attention", "export",
-                "report", "average", "tune", "plot"):
+    for cmd in (
+        "download",
+        "configs",
+        "train",
+        "translate",
+        "eval",
+        "attention",
+        "export",
+        "report",
+        "average",
+        "tune",
+        "plot",
+    ):
         proc = run_mt(cmd, "--help")
         assert proc.returncode == 0 and "Example" in proc.stdout, proc.stdout
 
@@ -23,8 +34,9 @@ def test_translate_keeps_line_count_and_order(tiny_run, tmp_path):
     src, _ = generate(30, seed=99)
     lines = src[:10] + [""] + src[10:20] + ["   "] + src[20:] + [""]
     (tmp_path / "in.src").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    proc = run_mt("translate", tiny_run, "-i", tmp_path / "in.src", "-o", tmp_path / "out",
-                  "--beam", "3")
+    proc = run_mt(
+        "translate", tiny_run, "-i", tmp_path / "in.src", "-o", tmp_path / "out", "--beam", "3"
+    )
     assert proc.returncode == 0, proc.stderr
     out = read_lines(tmp_path / "out")
     assert len(out) == len(lines)
@@ -77,28 +89,43 @@ def test_bad_flags_exit_2(tiny_run, tmp_path):
 def test_rerun_refuses_a_different_config(tiny_run):
     before = (tiny_run / "last.pt").read_bytes()
     data_dir = tiny_run.parent / "data"
-    assert_user_error(run_mt("train", ROOT / "configs/tiny.yaml", "--run-dir", tiny_run,
-                             "--set", f"data.dir={data_dir}", "model.d_model=32"),
-                      "cannot change", "model.d_model: 64 -> 32")
+    assert_user_error(
+        run_mt(
+            "train",
+            ROOT / "configs/tiny.yaml",
+            "--run-dir",
+            tiny_run,
+            "--set",
+            f"data.dir={data_dir}",
+            "model.d_model=32",
+        ),
+        "cannot change",
+        "model.d_model: 64 -> 32",
+    )
     assert (tiny_run / "last.pt").read_bytes() == before
 
 
 def test_lowercased_tokenized_bleu_ignores_case_and_tokenization(tmp_path):
     from mt.evaluate.metrics import lc_tok_bleu, moses_lc_tokenize
-    assert moses_lc_tokenize(['A man\'s "hat", isn\'t it?'], "en") == \
-        ["a man &apos;s &quot; hat , &quot; isn &apos;t it ?"]
+
+    assert moses_lc_tokenize(["A man's \"hat\", isn't it?"], "en") == [
+        "a man &apos;s &quot; hat , &quot; isn &apos;t it ?"
+    ]
     refs = ["A dog runs, in the snow.", "Two men play football."]
     hyps = ["a dog runs , in the snow .", "two men play football ."]
     assert lc_tok_bleu(hyps, refs, "en") == pytest.approx(100.0)
     (tmp_path / "h").write_text("\n".join(hyps) + "\n")
     (tmp_path / "r").write_text("\n".join(refs) + "\n")
-    proc = run_mt("eval", "--hyp", tmp_path / "h", "--ref", tmp_path / "r", "--lc-tok", "en", "--json")
+    proc = run_mt(
+        "eval", "--hyp", tmp_path / "h", "--ref", tmp_path / "r", "--lc-tok", "en", "--json"
+    )
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert res["bleu_lc_tok"] == 100.0 and res["bleu"] < 100.0
 
 
 def test_alignment_and_attention_picture(tiny_run, tmp_path):
     from mt.decode.alignment import cross_attention, hard_alignment
+
     tr = Translator.from_checkpoint(tiny_run, "cpu")
     lines = ["lo ka mi", "", "tu re"]
     proc = run_mt("translate", tiny_run, "--print-alignment", input="\n".join(lines) + "\n")
@@ -107,24 +134,26 @@ def test_alignment_and_attention_picture(tiny_run, tmp_path):
     assert len(out) == 3 and out[1] == "\t"
     assert [o.split("\t")[0] for o in out] == tr.translate(lines)
     src_ids, found = tr.search(["lo ka mi"])[0]
-    hyp = found[0][0]                                                # the best hypothesis
+    hyp = found[0][0]  # the best hypothesis
     w = cross_attention(tr.model, src_ids, hyp, tr.device)
     assert w.shape[2:] == (len(hyp) + 1, len(src_ids) + 1)
-    np.testing.assert_allclose(w.sum(-1), 1.0, rtol=1e-5)          # rows are distributions
+    np.testing.assert_allclose(w.sum(-1), 1.0, rtol=1e-5)  # rows are distributions
     pairs = hard_alignment(w)
     assert len(pairs) == len(hyp) and all(0 <= s < len(src_ids) for s, _ in pairs)
     assert out[0].split("\t")[1] == " ".join(f"{s}-{t}" for s, t in pairs)
     proc = run_mt("attention", tiny_run, "lo ka mi", "-o", tmp_path / "a.png", "--grid")
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "a.png").read_bytes()[:4] == b"\x89PNG"
-    assert_user_error(run_mt("attention", tiny_run, "lo", "--layer", "9", "-o", tmp_path / "b.png"),
-                      "--layer 9")
+    assert_user_error(
+        run_mt("attention", tiny_run, "lo", "--layer", "9", "-o", tmp_path / "b.png"), "--layer 9"
+    )
 
 
 def test_eval_reports_chrf_pp_ter_and_bootstrap_intervals_as_sacrebleu_does(tmp_path):
     import sacrebleu
+
     src, ref = generate(60, seed=11)
-    hyp = [" ".join(line.split()[:-1]) or line for line in ref]         # drop each last word
+    hyp = [" ".join(line.split()[:-1]) or line for line in ref]  # drop each last word
     (tmp_path / "h").write_text("\n".join(hyp) + "\n")
     (tmp_path / "r").write_text("\n".join(ref) + "\n")
     proc = run_mt("eval", "--hyp", tmp_path / "h", "--ref", tmp_path / "r", "--ci", "--json")
@@ -146,42 +175,75 @@ def test_eval_compares_systems_with_paired_tests(tmp_path):
     better = [" ".join(line.split()[:-1]) or line for line in ref]
     for name, lines in (("r", ref), ("worse", worse), ("copy", worse), ("better", better)):
         (tmp_path / name).write_text("\n".join(lines) + "\n")
-    proc = run_mt("eval", "--hyp", tmp_path / "worse", "--hyp", tmp_path / "copy",
-                  "--hyp", tmp_path / "better", "--ref", tmp_path / "r", "--json")
+    proc = run_mt(
+        "eval",
+        "--hyp",
+        tmp_path / "worse",
+        "--hyp",
+        tmp_path / "copy",
+        "--hyp",
+        tmp_path / "better",
+        "--ref",
+        tmp_path / "r",
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(proc.stdout.strip().splitlines()[-1])["systems"]
     assert [r["system"].rsplit("/", 1)[-1] for r in rows] == ["worse", "copy", "better"]
-    assert rows[0]["bleu_p_bs"] is None                               # the baseline
+    assert rows[0]["bleu_p_bs"] is None  # the baseline
     assert rows[1]["bleu"] == rows[0]["bleu"] and rows[1]["same_as_baseline"]
     assert rows[1]["bleu_p_ar"] == rows[1]["bleu_p_bs"] == rows[1]["chrf_p_bs"] == 1.0
     assert rows[2]["bleu"] > rows[0]["bleu"]
     assert rows[2]["bleu_p_bs"] < 0.01 and rows[2]["bleu_p_ar"] < 0.01
     assert rows[2]["chrf_p_bs"] < 0.01 and rows[2]["chrf_p_ar"] < 0.01
-    table = run_mt("eval", "--hyp", tmp_path / "worse", "--hyp", tmp_path / "better",
-                   "--ref", tmp_path / "r").stdout
+    table = run_mt(
+        "eval", "--hyp", tmp_path / "worse", "--hyp", tmp_path / "better", "--ref", tmp_path / "r"
+    ).stdout
     assert "baseline" in table and "p (ar)" in table
     (tmp_path / "short").write_text("one line\n")
-    assert_user_error(run_mt("eval", "--hyp", tmp_path / "worse", "--hyp", tmp_path / "short",
-                             "--ref", tmp_path / "r"), "short", "lines")
+    assert_user_error(
+        run_mt(
+            "eval",
+            "--hyp",
+            tmp_path / "worse",
+            "--hyp",
+            tmp_path / "short",
+            "--ref",
+            tmp_path / "r",
+        ),
+        "short",
+        "lines",
+    )
 
 
 def test_unknown_lc_tok_language_and_huge_beam_are_refused(tiny_run, tmp_path):
     ref = tmp_path / "ref"
     ref.write_text("a b\n")
-    assert_user_error(run_mt("eval", "--hyp", ref, "--ref", ref, "--lc-tok", "klingon"),
-                      "--lc-tok 'klingon'", "en")
-    assert_user_error(run_mt("translate", tiny_run, "--beam", "10000", input="mi\n"),
-                      "--beam 10000", "at most")
+    assert_user_error(
+        run_mt("eval", "--hyp", ref, "--ref", ref, "--lc-tok", "klingon"),
+        "--lc-tok 'klingon'",
+        "en",
+    )
+    assert_user_error(
+        run_mt("translate", tiny_run, "--beam", "10000", input="mi\n"), "--beam 10000", "at most"
+    )
     assert_user_error(run_mt("tune", tiny_run, "--beams", "1,5000"), "--beam 5000")
 
 
 def test_translate_at_a_terminal_answers_each_line(tiny_run):
     import pty
+
     leader, follower = pty.openpty()
     env = cli_env()
-    proc = subprocess.Popen([sys.executable, "-m", "mt", "translate", str(tiny_run), "--greedy"],
-                            stdin=follower, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            cwd=ROOT, env=env, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mt", "translate", str(tiny_run), "--greedy"],
+        stdin=follower,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env=env,
+        text=True,
+    )
     os.close(follower)
     os.write(leader, b"mi lo\nka tu\n\x04")
     out, err = proc.communicate(timeout=120)
@@ -196,10 +258,11 @@ def test_version_and_builtin_configs_from_any_folder(tmp_path):
     assert proc.returncode == 0 and proc.stdout.startswith("mt ")
     proc = run_mt("configs", cwd=tmp_path)
     assert proc.returncode == 0 and "tiny" in proc.stdout and "multi30k_de_en" in proc.stdout
-    proc = run_mt("train", "tiny", "--set", "train.max_steps=3", "train.valid_every=3",
-                  cwd=tmp_path)
+    proc = run_mt(
+        "train", "tiny", "--set", "train.max_steps=3", "train.valid_every=3", cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "runs" / "tiny" / "last.pt").is_file()
     proc = run_mt("train", "configs/tiny.yaml", "--set", "train.max_steps=3", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr                    # the README's path, anywhere
+    assert proc.returncode == 0, proc.stderr  # the README's path, anywhere
     assert_user_error(run_mt("train", "nonesuch", cwd=tmp_path), "nonesuch", "mt configs")

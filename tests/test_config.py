@@ -1,4 +1,3 @@
-
 import pytest
 
 from mt.config import apply_overrides, load_config, validate
@@ -18,8 +17,14 @@ def test_shipped_configs_validate():
 
 def test_base_config_is_the_paper_base_model():
     m = load_config(ROOT / "configs/wmt14_en_de_base.yaml").model
-    assert (m.enc_layers, m.dec_layers, m.d_model, m.n_heads, m.d_ff, m.dropout) == \
-        (6, 6, 512, 8, 2048, 0.1)
+    assert (m.enc_layers, m.dec_layers, m.d_model, m.n_heads, m.d_ff, m.dropout) == (
+        6,
+        6,
+        512,
+        8,
+        2048,
+        0.1,
+    )
 
 
 def test_unknown_key_names_nearest_valid_key():
@@ -36,17 +41,26 @@ def test_wrong_type_names_key():
         validate({"tokenizer": {"joint": "yes"}}, "x.yaml")
 
 
-@pytest.mark.parametrize("raw,key", [
-    ({"model": {"d_model": 100, "n_heads": 3}}, "divisible"),
-    ({"train": {"warmup": 0}}, "train.warmup"),
-    ({"model": {"dropout": 1.0}}, "model.dropout"),
-    ({"decode": {"beam": 0}}, "decode.beam"),
-    ({"train": {"device": "tpu"}}, "train.device"),
-    ({"train": {"bidirectional_share": 1.5}}, "train.bidirectional_share"),
-    ({"train": {"word_dropout": 1.0}}, "train.word_dropout"),
-    ({"train": {"bidirectional_share": 0.3}, "tokenizer": {"joint": False},
-      "model": {"tie_embeddings": "decoder"}}, r"needs one vocabulary for both: set tokenizer\.joint"),
-])
+@pytest.mark.parametrize(
+    "raw,key",
+    [
+        ({"model": {"d_model": 100, "n_heads": 3}}, "divisible"),
+        ({"train": {"warmup": 0}}, "train.warmup"),
+        ({"model": {"dropout": 1.0}}, "model.dropout"),
+        ({"decode": {"beam": 0}}, "decode.beam"),
+        ({"train": {"device": "tpu"}}, "train.device"),
+        ({"train": {"bidirectional_share": 1.5}}, "train.bidirectional_share"),
+        ({"train": {"word_dropout": 1.0}}, "train.word_dropout"),
+        (
+            {
+                "train": {"bidirectional_share": 0.3},
+                "tokenizer": {"joint": False},
+                "model": {"tie_embeddings": "decoder"},
+            },
+            r"needs one vocabulary for both: set tokenizer\.joint",
+        ),
+    ],
+)
 def test_impossible_values(raw, key):
     with pytest.raises(MTError, match=key):
         validate(raw, "x.yaml")
@@ -59,19 +73,24 @@ def test_config_is_frozen():
 
 
 def test_set_overrides_by_dotted_path(tmp_path):
-    cfg = load_config(ROOT / "configs/tiny.yaml",
-                      ["train.max_steps=7", "data.dir=/x/y", "data.src_lang=no", "model.dropout=0.25"])
+    cfg = load_config(
+        ROOT / "configs/tiny.yaml",
+        ["train.max_steps=7", "data.dir=/x/y", "data.src_lang=no", "model.dropout=0.25"],
+    )
     assert cfg.train.max_steps == 7 and cfg.data.dir == "/x/y"
-    assert cfg.data.src_lang == "no"        # not YAML's boolean `no`
+    assert cfg.data.src_lang == "no"  # not YAML's boolean `no`
     assert cfg.model.dropout == 0.25
 
 
-@pytest.mark.parametrize("override,needle", [
-    ("train.max_stepz=5", "did you mean 'max_steps'"),
-    ("train.max_steps=abc", "train.max_steps"),
-    ("max_steps", "KEY=VALUE"),
-    ("train.max_steps.x=1", "train.max_steps"),
-])
+@pytest.mark.parametrize(
+    "override,needle",
+    [
+        ("train.max_stepz=5", "did you mean 'max_steps'"),
+        ("train.max_steps=abc", "train.max_steps"),
+        ("max_steps", "KEY=VALUE"),
+        ("train.max_steps.x=1", "train.max_steps"),
+    ],
+)
 def test_bad_set_is_rejected(override, needle):
     with pytest.raises(MTError, match=needle.replace(".", r"\.").replace("'", "'")):
         load_config(ROOT / "configs/tiny.yaml", [override])
@@ -88,8 +107,17 @@ def test_cli_config_errors_exit_2_without_traceback(tmp_path):
     bad.write_text("model:\n  d_modle: 4\n")
     assert_user_error(run_mt("train", bad, "--run-dir", tmp_path / "r"), "did you mean 'd_model'")
     assert_user_error(run_mt("train", tmp_path / "missing.yaml"), "not found")
-    assert_user_error(run_mt("train", ROOT / "configs/tiny.yaml", "--run-dir", tmp_path / "r",
-                             "--set", "train.warmup=0"), "train.warmup")
+    assert_user_error(
+        run_mt(
+            "train",
+            ROOT / "configs/tiny.yaml",
+            "--run-dir",
+            tmp_path / "r",
+            "--set",
+            "train.warmup=0",
+        ),
+        "train.warmup",
+    )
 
 
 def test_save_config_writes_the_whole_file_or_leaves_the_old_one(tmp_path, monkeypatch):
@@ -98,6 +126,7 @@ def test_save_config_writes_the_whole_file_or_leaves_the_old_one(tmp_path, monke
     import yaml
 
     from mt.config import save_config
+
     cfg = load_config(ROOT / "configs/tiny.yaml")
     path = tmp_path / "config.yaml"
     save_config(cfg, path)
@@ -122,4 +151,4 @@ def test_max_len_beyond_max_positions_is_a_config_error():
     with pytest.raises(MTError, match="twice data.max_len"):
         load_config(TINY, ["model.arch=decoder_only", "data.max_len=200"])
     assert load_config(TINY, ["model.arch=decoder_only", "data.max_len=128"]).max_side_len == 128
-    assert load_config(TINY, ["model.arch=rnn", "data.max_len=300"])     # no position table
+    assert load_config(TINY, ["model.arch=rnn", "data.max_len=300"])  # no position table

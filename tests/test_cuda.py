@@ -1,6 +1,7 @@
 """On a CUDA GPU, the code paths a CPU never takes: the fast model and the fused loss on CUDA
 tensors, bf16 autocast, fp16 with the GradScaler, and decoding on the GPU against the CPU.
 Skipped where no GPU is visible (CI); run on a lent GPU by scripts/gpu_check.sh."""
+
 import json
 
 import pytest
@@ -35,16 +36,22 @@ def _loss_and_grads(model, batch, loss_fn, device, amp=None):
     with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
         loss, nll = loss_fn(model, batch.to(device), 0.1)
     (loss * 0.01).backward()
-    return loss.detach().float(), nll.detach().float(), {
-        n: p.grad.detach() for n, p in model.named_parameters() if p.grad is not None}
+    return (
+        loss.detach().float(),
+        nll.detach().float(),
+        {n: p.grad.detach() for n, p in model.named_parameters() if p.grad is not None},
+    )
 
 
-@pytest.mark.parametrize("arch,norm", [("transformer", "post"), ("transformer", "pre"),
-                                       ("decoder_only", "post"), ("rnn", "post")])
+@pytest.mark.parametrize(
+    "arch,norm",
+    [("transformer", "post"), ("transformer", "pre"), ("decoder_only", "post"), ("rnn", "post")],
+)
 def test_fast_model_on_cuda_equals_the_reference_on_cpu(arch, norm):
     """The model as training runs it on a GPU (fast modules installed, chunked loss, CUDA
     kernels) gives the CPU reference model's loss and every gradient, in fp32."""
     from mt.fast import chunked_loss
+
     batch = _padded_batch()
     ref = _loss_and_grads(_small_model(arch, norm), batch, reference_loss, torch.device("cpu"))
     got = _loss_and_grads(_small_model(arch, norm, parts=fast.PARTS), batch, chunked_loss, CUDA)
@@ -59,6 +66,7 @@ def test_autocast_training_step_tracks_fp32(amp):
     """Under bf16 / fp16 autocast the loss and gradients stay fp32's within half precision, and
     the loss comes back in fp32 (log-softmax and the loss are computed in fp32)."""
     from mt.fast import chunked_loss
+
     batch = _padded_batch()
     ref = _loss_and_grads(_small_model(parts=fast.PARTS), batch, chunked_loss, CUDA)
     model = _small_model(parts=fast.PARTS)
@@ -72,7 +80,7 @@ def test_autocast_training_step_tracks_fp32(amp):
         # whole-tensor relative error; 0.06 (bf16) and 0.07 (fp16, unscaled small gradients)
         # seen with CPU autocast
         assert _rel(got[2][name], g) < 0.15, name
-        assert got[2][name].dtype == torch.float32, name     # fp32 master weights
+        assert got[2][name].dtype == torch.float32, name  # fp32 master weights
 
 
 @pytest.mark.parametrize("spread", [1.0, 40.0])
@@ -80,6 +88,7 @@ def test_fused_loss_on_cuda_matches_fp64(spread):
     """The fused projection + loss on CUDA (where every chunk takes the logsumexp branch)
     against the fp64 CPU reference, also when target probabilities underflow in fp32."""
     from mt.fast.loss import linear_smoothed_cross_entropy
+
     g = torch.Generator().manual_seed(5)
     h = torch.randn(700, 32, generator=g, dtype=torch.float64)
     w = torch.randn(300, 32, generator=g, dtype=torch.float64) * spread / 6
@@ -99,10 +108,21 @@ def test_fused_loss_on_cuda_matches_fp64(spread):
 
 def _train(tmp_path, precision):
     run = tmp_path / precision
-    proc = run_mt("train", ROOT / "configs/tiny.yaml", "--run-dir", run,
-                  "--set", f"data.dir={tmp_path / 'data'}", "train.max_steps=200",
-                  "train.valid_every=200", "train.save_every=100", "train.log_every=20",
-                  "train.device=cuda", f"train.precision={precision}", gpu=True)
+    proc = run_mt(
+        "train",
+        ROOT / "configs/tiny.yaml",
+        "--run-dir",
+        run,
+        "--set",
+        f"data.dir={tmp_path / 'data'}",
+        "train.max_steps=200",
+        "train.valid_every=200",
+        "train.save_every=100",
+        "train.log_every=20",
+        "train.device=cuda",
+        f"train.precision={precision}",
+        gpu=True,
+    )
     assert proc.returncode == 0, proc.stderr
     return run
 
@@ -115,7 +135,7 @@ def test_mt_train_on_cuda_learns_and_saves_fp32_weights(tmp_path, precision):
     run = _train(tmp_path, precision)
     records = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in records if "loss" in r and "valid_bleu" not in r]
-    assert losses and all(l == l and l < 1e4 for l in losses), losses   # no NaN, no overflow
+    assert losses and all(l == l and l < 1e4 for l in losses), losses  # no NaN, no overflow
     assert losses[-1] < 0.7 * losses[0], losses
     ckpt = torch.load(run / "last.pt", map_location="cpu", weights_only=False)
     assert all(t.dtype == torch.float32 for t in ckpt["model"].values() if t.is_floating_point())
@@ -132,8 +152,19 @@ def test_decoding_on_cuda_equals_decoding_on_cpu(tmp_path):
     outs = {}
     for device in ["cuda", "cpu"]:
         hyp = tmp_path / f"hyp.{device}"
-        proc = run_mt("translate", run, "-i", src, "-o", hyp, "--device", device,
-                      "--precision", "fp32", gpu=True)
+        proc = run_mt(
+            "translate",
+            run,
+            "-i",
+            src,
+            "-o",
+            hyp,
+            "--device",
+            device,
+            "--precision",
+            "fp32",
+            gpu=True,
+        )
         assert proc.returncode == 0, proc.stderr
         outs[device] = hyp.read_text().splitlines()
     assert len(outs["cuda"]) == len(outs["cpu"]) > 50
@@ -141,18 +172,35 @@ def test_decoding_on_cuda_equals_decoding_on_cpu(tmp_path):
     assert same >= 0.95 * len(outs["cpu"]), same
 
 
-@pytest.mark.parametrize("overrides", ["model.arch=decoder_only", "model.arch=rnn",
-                                       "model.positional=relative"])
+@pytest.mark.parametrize(
+    "overrides", ["model.arch=decoder_only", "model.arch=rnn", "model.positional=relative"]
+)
 def test_each_architecture_trains_resumes_translates_and_shows_attention_on_cuda(
-        tmp_path, overrides):
+    tmp_path, overrides
+):
     """The CLI tests run on the CPU (tests/conftest.py: cli_env); here the other architectures
     go through `mt train` (bf16), a resume, `mt translate` and `mt attention` on the GPU."""
-    run, common = tmp_path / "run", ["--set", f"data.dir={tmp_path / 'data'}",
-                                     "train.valid_every=12", "train.save_every=6",
-                                     "train.log_every=6", *overrides.split()]
+    run, common = (
+        tmp_path / "run",
+        [
+            "--set",
+            f"data.dir={tmp_path / 'data'}",
+            "train.valid_every=12",
+            "train.save_every=6",
+            "train.log_every=6",
+            *overrides.split(),
+        ],
+    )
     for steps in (12, 14):
-        proc = run_mt("train", ROOT / "configs/tiny.yaml", "--run-dir", run, *common,
-                      f"train.max_steps={steps}", gpu=True)
+        proc = run_mt(
+            "train",
+            ROOT / "configs/tiny.yaml",
+            "--run-dir",
+            run,
+            *common,
+            f"train.max_steps={steps}",
+            gpu=True,
+        )
         assert proc.returncode == 0, proc.stderr
     assert "resuming from" in proc.stdout + proc.stderr
     proc = run_mt("translate", run, "--beam", "2", input="a b c\n\nd e f g h\n", gpu=True)

@@ -23,14 +23,19 @@ def test_import_multi30k_raw_layout(tmp_path):
     for split, n in (("train", 5), ("val", 3), ("test_2016_flickr", 2)):
         _write_gz(raw / f"{split}.en.gz", [f"{split} en {i}" for i in range(n)])
         _write_gz(raw / f"{split}.de.gz", [f"{split} de {i}" for i in range(n)])
-    _write_gz(raw / "test_2017_flickr.en.gz", ["other test set"])   # not test_2016: ignored
+    _write_gz(raw / "test_2017_flickr.en.gz", ["other test set"])  # not test_2016: ignored
     counts = download("multi30k", tmp_path / "out", from_path=raw)
     assert counts == {"train": 5, "valid": 3, "test": 2}
     assert read_lines(tmp_path / "out/valid.de") == [f"val de {i}" for i in range(3)]
-    assert read_lines(tmp_path / "out/test.en") == ["test_2016_flickr en 0", "test_2016_flickr en 1"]
+    assert read_lines(tmp_path / "out/test.en") == [
+        "test_2016_flickr en 0",
+        "test_2016_flickr en 1",
+    ]
 
 
-@pytest.mark.skipif(not MULTI30K.is_dir(), reason="real Multi30k not found at ../shared/data/multi30k")
+@pytest.mark.skipif(
+    not MULTI30K.is_dir(), reason="real Multi30k not found at ../shared/data/multi30k"
+)
 def test_import_real_multi30k(tmp_path):
     proc = run_mt("download", "multi30k", "--from-dir", MULTI30K, "--out", tmp_path / "m")
     assert proc.returncode == 0, proc.stderr
@@ -55,24 +60,30 @@ def test_import_plain_splits_and_refuse_overwrite(tmp_path):
 def test_import_local_datasets_objects(tmp_path):
     datasets = pytest.importorskip("datasets")
     # multi30k style: one column per language
-    dd = datasets.DatasetDict({
-        "train": datasets.Dataset.from_dict({"en": ["a b", "c\nd"], "de": ["A B", "C D"]}),
-        "validation": datasets.Dataset.from_dict({"en": ["e"], "de": ["E"]}),
-    })
+    dd = datasets.DatasetDict(
+        {
+            "train": datasets.Dataset.from_dict({"en": ["a b", "c\nd"], "de": ["A B", "C D"]}),
+            "validation": datasets.Dataset.from_dict({"en": ["e"], "de": ["E"]}),
+        }
+    )
     splits = from_datasets(dd)
     assert splits["valid"] == {"en": ["e"], "de": ["E"]}
     # wmt style: a translation column of dicts, round-tripped through save_to_disk
-    wmt = datasets.DatasetDict({
-        "train": datasets.Dataset.from_dict({"translation": [{"de": "Hallo", "en": "Hello"},
-                                                             {"de": "Welt", "en": "World"}]}),
-        "test": datasets.Dataset.from_dict({"translation": [{"de": "Ja", "en": "Yes"}]}),
-    })
+    wmt = datasets.DatasetDict(
+        {
+            "train": datasets.Dataset.from_dict(
+                {"translation": [{"de": "Hallo", "en": "Hello"}, {"de": "Welt", "en": "World"}]}
+            ),
+            "test": datasets.Dataset.from_dict({"translation": [{"de": "Ja", "en": "Yes"}]}),
+        }
+    )
     wmt.save_to_disk(str(tmp_path / "wmt"))
     counts = download("wmt14", tmp_path / "out", from_path=tmp_path / "wmt", langs=("en", "de"))
     assert counts == {"train": 2, "test": 1}
     assert read_lines(tmp_path / "out/train.de") == ["Hallo", "Welt"]
     # an embedded newline must not shift later lines
     from mt.data.download import write_splits
+
     write_splits(splits, tmp_path / "out2", force=False)
     assert read_lines(tmp_path / "out2/train.en") == ["a b", "c d"]
 
@@ -103,9 +114,16 @@ def test_empty_and_overlong_pairs_are_dropped_and_counted(tmp_path):
     stats = Stats()
     s, t = drop_empty(src, tgt, stats)
     assert (stats.total, stats.empty) == (5, 2)
-    assert s[-1] == "d e"                          # control character removed
-    tok = Tokenizer.train(s * 20, t * 20, vocab_size=40, joint=True, character_coverage=1.0,
-                          max_sentences=1000, seed=0)
+    assert s[-1] == "d e"  # control character removed
+    tok = Tokenizer.train(
+        s * 20,
+        t * 20,
+        vocab_size=40,
+        joint=True,
+        character_coverage=1.0,
+        max_sentences=1000,
+        seed=0,
+    )
     data = encode_pairs(s, t, tok, max_len=10, stats=stats)
     assert stats.too_long == 1 and stats.kept == 2 and len(data.src) == 2
     assert "2 of 5 pairs kept (2 empty, 1 longer" in stats.describe("train")
@@ -118,8 +136,15 @@ def test_cli_reports_corpus_problem_without_traceback(tmp_path):
     (d / "train.tgt").write_text("a\n")
     (d / "valid.src").write_text("a\n")
     (d / "valid.tgt").write_text("a\n")
-    proc = run_mt("train", "configs/tiny.yaml", "--run-dir", tmp_path / "r",
-                  "--set", f"data.dir={d}", "data.dataset=null")
+    proc = run_mt(
+        "train",
+        "configs/tiny.yaml",
+        "--run-dir",
+        tmp_path / "r",
+        "--set",
+        f"data.dir={d}",
+        "data.dataset=null",
+    )
     assert_user_error(proc, "train.src has 2 lines", "train.tgt has 1")
 
 
@@ -139,6 +164,7 @@ def test_batches_keep_both_sides_padding_low():
     length alone left 13% of target positions as padding; both sides must stay under 5%."""
     from mt.data.batching import padding_fraction
     from mt.data.corpus import TokenArray
+
     rng = np.random.default_rng(0)
     src_lens = np.clip(rng.normal(14, 5, 20_000).round(), 3, 60).astype(int)
     tgt_lens = np.clip((src_lens * rng.normal(1.0, 0.15, 20_000)).round(), 3, 60).astype(int)
@@ -152,6 +178,7 @@ def test_padding_fraction_counts_the_batch_tensors_positions():
     """Lengths 1 and 3 in one batch: the tensors hold (1+1) + (3+1) real of 2 x 4 positions."""
     from mt.data.batching import describe_batches, padding_fraction
     from mt.data.corpus import ParallelData, TokenArray
+
     data = ParallelData(TokenArray([[5], [6, 7, 8]]), TokenArray([[9, 9], [9, 9]]), Stats())
     batches = [np.array([0, 1])]
     assert padding_fraction(data.src, batches) == 0.25
@@ -160,11 +187,13 @@ def test_padding_fraction_counts_the_batch_tensors_positions():
     assert float((b.src == PAD).float().mean()) == 0.25
     assert describe_batches(data, batches, 100) == (
         "batches: 1 per epoch of at most 100 tokens; padding 25.0% of source, 0.0% of target "
-        "positions")
+        "positions"
+    )
 
 
 def test_collate_teacher_forcing_shift():
     from mt.data.corpus import ParallelData, TokenArray
+
     data = ParallelData(TokenArray([[5, 6], [7]]), TokenArray([[8, 9, 10], [11]]), Stats())
     b = collate(data, np.array([0, 1]))
     assert b.src.tolist() == [[5, 6, EOS], [7, EOS, PAD]]
@@ -174,6 +203,12 @@ def test_collate_teacher_forcing_shift():
 
 
 def test_train_without_data_tries_the_hub_then_says_how_to_import(tmp_path):
-    proc = run_mt("train", "configs/multi30k_de_en.yaml", "--run-dir", tmp_path / "r",
-                  "--set", f"data.dir={tmp_path / 'none'}")
+    proc = run_mt(
+        "train",
+        "configs/multi30k_de_en.yaml",
+        "--run-dir",
+        tmp_path / "r",
+        "--set",
+        f"data.dir={tmp_path / 'none'}",
+    )
     assert_user_error(proc, "mt download multi30k --from-dir DIR --out")

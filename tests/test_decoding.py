@@ -28,7 +28,7 @@ def test_nbest_first_is_the_beam_output_and_scores_are_sorted():
             assert 1 <= len(hyps) <= beam
             scores = [s for _, s in hyps]
             assert scores == sorted(scores, reverse=True)
-            assert len({tuple(ids) for ids, _ in hyps}) == len(hyps)      # distinct
+            assert len({tuple(ids) for ids, _ in hyps}) == len(hyps)  # distinct
 
 
 def test_sampling_with_top_k_one_or_a_tiny_nucleus_is_greedy():
@@ -49,10 +49,10 @@ def test_sampler_draws_from_the_renormalised_top_k_and_nucleus():
     freq = torch.bincount(drawn, minlength=4).float() / len(drawn)
     assert freq[2] == freq[3] == 0
     assert abs(float(freq[0]) - 0.5 / 0.8) < 0.02
-    drawn = sampler(topp=0.9, generator=g)(lprobs)                  # 0.5 + 0.3 + 0.15 >= 0.9
+    drawn = sampler(topp=0.9, generator=g)(lprobs)  # 0.5 + 0.3 + 0.15 >= 0.9
     freq = torch.bincount(drawn, minlength=4).float() / len(drawn)
     assert freq[3] == 0 and abs(float(freq[2]) - 0.15 / 0.95) < 0.02
-    hot = sampler(temperature=0.5, generator=g)(lprobs)            # sharper: p^2 renormalised
+    hot = sampler(temperature=0.5, generator=g)(lprobs)  # sharper: p^2 renormalised
     freq = torch.bincount(hot, minlength=4).float() / len(hot)
     assert abs(float(freq[0]) - 0.25 / (0.25 + 0.09 + 0.0225 + 0.0025)) < 0.02
 
@@ -64,8 +64,9 @@ def test_an_ensemble_of_one_is_the_model_and_of_two_copies_too():
         ens.eval()
         assert greedy(ens, src, src == 0) == greedy(model, src, src == 0)
         assert beam_search(ens, src, src == 0, 4, 1.0) == beam_search(model, src, src == 0, 4, 1.0)
-        for (a, sa), (b, sb) in zip(beam_nbest(ens, src, src == 0, 3, 3)[0],
-                                    beam_nbest(model, src, src == 0, 3, 3)[0]):
+        for (a, sa), (b, sb) in zip(
+            beam_nbest(ens, src, src == 0, 3, 3)[0], beam_nbest(model, src, src == 0, 3, 3)[0]
+        ):
             assert a == b and abs(sa - sb) < 1e-5
 
 
@@ -76,8 +77,10 @@ def test_an_ensemble_of_two_different_models_averages_their_log_probabilities():
     tgt = torch.randint(4, V, (2, 4))
     with torch.no_grad():
         h = ens.decode(tgt, ens.encode(src, src == 0), src == 0)
-        mean = (torch.log_softmax(a(src, tgt, src == 0), -1)
-                + torch.log_softmax(b(src, tgt, src == 0), -1)) / 2
+        mean = (
+            torch.log_softmax(a(src, tgt, src == 0), -1)
+            + torch.log_softmax(b(src, tgt, src == 0), -1)
+        ) / 2
         torch.testing.assert_close(ens.project(h), mean, rtol=1e-5, atol=1e-5)
 
 
@@ -114,35 +117,48 @@ def test_translate_cli_nbest_sampling_ensemble_and_bad_flags(tiny_run, tmp_path)
     pair = run_mt("translate", tiny_run, tiny_run, "-i", tmp_path / "in", "--beam", "4")
     assert pair.returncode == 0 and pair.stdout.splitlines() == single
     assert "ensemble of 2 models" in pair.stderr
-    sampled = run_mt("translate", tiny_run, "-i", tmp_path / "in", "--sample", "--seed", "3",
-                     "--topp", "0.8")
+    sampled = run_mt(
+        "translate", tiny_run, "-i", tmp_path / "in", "--sample", "--seed", "3", "--topp", "0.8"
+    )
     assert sampled.returncode == 0 and len(sampled.stdout.splitlines()) == 5
-    assert_user_error(run_mt("translate", tiny_run, "--nbest", "9", "--beam", "2", input="a\n"),
-                      "--nbest 9")
+    assert_user_error(
+        run_mt("translate", tiny_run, "--nbest", "9", "--beam", "2", input="a\n"), "--nbest 9"
+    )
     assert_user_error(run_mt("translate", tiny_run, "--topk", "3", input="a\n"), "--sample only")
-    assert_user_error(run_mt("translate", tiny_run, "--sample", "--beam", "3", input="a\n"),
-                      "leave out --beam")
-    assert_user_error(run_mt("translate", tiny_run, "--sample", "--topp", "0", input="a\n"),
-                      "--topp")
+    assert_user_error(
+        run_mt("translate", tiny_run, "--sample", "--beam", "3", input="a\n"), "leave out --beam"
+    )
+    assert_user_error(
+        run_mt("translate", tiny_run, "--sample", "--topp", "0", input="a\n"), "--topp"
+    )
 
 
 def test_an_ensemble_needs_one_tokenizer(tiny_run, tmp_path):
     ckpt = checkpoint.load(tiny_run / "last.pt")
     ckpt["spm"]["src"] = ckpt["spm"]["src"].clone()
-    ckpt["spm"]["src"][-1] ^= 1                                    # another BPE model
+    ckpt["spm"]["src"][-1] ^= 1  # another BPE model
     checkpoint.atomic_save(ckpt, tmp_path / "other.pt")
-    assert_user_error(run_mt("translate", tiny_run, tmp_path / "other.pt", input="a\n"),
-                      "another BPE model", "share one tokenizer")
+    assert_user_error(
+        run_mt("translate", tiny_run, tmp_path / "other.pt", input="a\n"),
+        "another BPE model",
+        "share one tokenizer",
+    )
 
 
 def test_attention_labels_show_words_not_sentencepiece_marks():
     from mt.decode.alignment import readable_pieces
-    assert readable_pieces(["\u2581Ein", "\u2581Hund", "e", "\u2581", "</s>"]) == \
-        ["Ein", "Hund", "##e", "\u2423", "</s>"]
+
+    assert readable_pieces(["\u2581Ein", "\u2581Hund", "e", "\u2581", "</s>"]) == [
+        "Ein",
+        "Hund",
+        "##e",
+        "\u2423",
+        "</s>",
+    ]
 
 
 def test_overlong_input_is_truncated_with_warning_and_keeps_line_count(tiny_run):
-    long_line = " ".join(["lo ka mi"] * 200)                          # > max_positions subwords
+    long_line = " ".join(["lo ka mi"] * 200)  # > max_positions subwords
     proc = run_mt("translate", tiny_run, "--greedy", input=f"mi\n{long_line}\n\ntu\n")
     assert proc.returncode == 0, proc.stderr
     assert "1 input line(s) longer than" in proc.stderr and "truncated" in proc.stderr

@@ -13,6 +13,7 @@ def test_choosing_a_gpu_turns_cudnn_attention_off(monkeypatch):
     """cuDNN's attention plans each new shape (468 ms against 61 for a first-seen batch
     shape on an H200, docs/gpu.md): choosing a CUDA device leaves SDPA to its other kernels."""
     from mt.runtime.device import pick_device
+
     was = torch.backends.cuda.cudnn_sdp_enabled()
     try:
         torch.backends.cuda.enable_cudnn_sdp(True)
@@ -20,13 +21,23 @@ def test_choosing_a_gpu_turns_cudnn_attention_off(monkeypatch):
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         assert pick_device("auto").type == "cuda"
         assert not torch.backends.cuda.cudnn_sdp_enabled()
-        assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.mem_efficient_sdp_enabled()
+        assert (
+            torch.backends.cuda.flash_sdp_enabled()
+            and torch.backends.cuda.mem_efficient_sdp_enabled()
+        )
     finally:
         torch.backends.cuda.enable_cudnn_sdp(was)
 
 
-@pytest.mark.parametrize("capability,expected", [((7, 0), torch.float16), ((7, 5), torch.float16),
-                                                 ((8, 0), torch.bfloat16), ((9, 0), torch.bfloat16)])
+@pytest.mark.parametrize(
+    "capability,expected",
+    [
+        ((7, 0), torch.float16),
+        ((7, 5), torch.float16),
+        ((8, 0), torch.bfloat16),
+        ((9, 0), torch.bfloat16),
+    ],
+)
 def test_auto_precision_uses_fp16_on_gpus_without_native_bf16(monkeypatch, capability, expected):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: capability)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)  # emulation
@@ -37,11 +48,11 @@ def test_auto_precision_uses_fp16_on_gpus_without_native_bf16(monkeypatch, capab
 def test_decoding_precision_follows_the_checkpoint_and_the_flag(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    assert decode_dtype("auto", "fp32", cuda) is None             # trained in fp32: fp32
+    assert decode_dtype("auto", "fp32", cuda) is None  # trained in fp32: fp32
     assert decode_dtype("auto", "bf16", cuda) is torch.bfloat16
     assert decode_dtype("auto", "fp16", cuda) is torch.float16
-    assert decode_dtype("auto", "bf16", cpu) is None              # CPU: fp32
-    assert decode_dtype("fp32", "bf16", cuda) is None             # the flag wins
+    assert decode_dtype("auto", "bf16", cpu) is None  # CPU: fp32
+    assert decode_dtype("fp32", "bf16", cuda) is None  # the flag wins
     with pytest.raises(MTError, match="--precision 'half'"):
         decode_dtype("half", "fp32", cpu)
 
@@ -52,6 +63,7 @@ def test_decoding_auto_follows_the_precision_the_run_really_trained_in(tiny_run,
     changed 39 of 1,000 test translations); checkpoints without the record fall back to the
     config, as before."""
     from mt.runtime.device import PRECISION_NAMES
+
     # tiny_run trained in an `mt` subprocess, and those see no GPU (conftest.cli_env), so on
     # every machine it trained on the CPU
     ran_in = PRECISION_NAMES[amp_dtype("auto", torch.device("cpu"))]
@@ -63,7 +75,7 @@ def test_decoding_auto_follows_the_precision_the_run_really_trained_in(tiny_run,
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
     cuda = torch.device("cuda")
     assert decode_dtype("auto", "fp32", cuda) is None
-    del ckpt["train_state"]["precision"]                 # a checkpoint from before the record
+    del ckpt["train_state"]["precision"]  # a checkpoint from before the record
     assert checkpoint.trained_precision(ckpt) == "auto"
     assert decode_dtype("auto", checkpoint.trained_precision(ckpt), cuda) is torch.bfloat16
 
@@ -72,6 +84,7 @@ def test_output_layer_and_log_softmax_are_fp32_under_autocast():
     from mt.config import ModelConfig
     from mt.decode.search import _step_lprobs
     from mt.model import build_model
+
     torch.manual_seed(0)
     model = build_model(ModelConfig(d_model=32, enc_layers=1, dec_layers=1, d_ff=64), 50, 50).eval()
     src = torch.randint(4, 50, (3, 6))

@@ -1,4 +1,5 @@
 """`mt distill`: the teacher's translations become the training targets; nothing else moves."""
+
 from mt.decode.translator import Translator
 from tests.conftest import assert_user_error, run_mt
 
@@ -18,12 +19,14 @@ def test_distilled_corpus_holds_the_teachers_translations(tiny_run, tmp_path):
     teacher = Translator.load(tiny_run, "cpu").translate(sources, beam=2)
     assert (out / "train.tgt").read_text().splitlines() == teacher
     assert teacher != (data / "train.tgt").read_text().splitlines()
-    for name in ("valid.src", "valid.tgt", "test.src", "test.tgt"):          # references kept
+    for name in ("valid.src", "valid.tgt", "test.src", "test.tgt"):  # references kept
         assert (out / name).read_bytes() == (data / name).read_bytes()
     before = (out / "train.tgt").read_bytes()
     assert_user_error(run_mt("distill", tiny_run, "--data", data, "--out", out), "already exists")
     assert (out / "train.tgt").read_bytes() == before
-    assert_user_error(run_mt("distill", tiny_run, "--data", data, "--out", data, "--force"),
-                      "another folder")
-    assert_user_error(run_mt("distill", tiny_run, "--data", tmp_path, "--out", tmp_path / "x"),
-                      "no train.src")
+    assert_user_error(
+        run_mt("distill", tiny_run, "--data", data, "--out", data, "--force"), "another folder"
+    )
+    assert_user_error(
+        run_mt("distill", tiny_run, "--data", tmp_path, "--out", tmp_path / "x"), "no train.src"
+    )

@@ -1,4 +1,5 @@
 """Data-parallel training on CPU with the gloo backend."""
+
 import os
 import re
 import shutil
@@ -25,14 +26,26 @@ def _cfg(data_dir):
     # Adam with a large epsilon moves each weight in proportion to its gradient, so float
     # rounding in near-zero gradients cannot flip an update's sign and the check can be tight.
     # train.device cpu: these are gloo ranks; a GPU machine would give each rank a GPU
-    return load_config(ROOT / "configs/tiny.yaml", [f"data.dir={data_dir}", "model.dropout=0.0",
-                                                    "train.adam_eps=1.0", "train.lr_factor=100",
-                                                    "train.device=cpu"])
+    return load_config(
+        ROOT / "configs/tiny.yaml",
+        [
+            f"data.dir={data_dir}",
+            "model.dropout=0.0",
+            "train.adam_eps=1.0",
+            "train.lr_factor=100",
+            "train.device=cpu",
+        ],
+    )
 
 
 def _worker(rank, world, port, data_dir, run_dir, out):
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     torch.set_num_threads(1)
     t = build_trainer(_cfg(data_dir), run_dir, log=lambda *_: None)
     for _ in range(3):
@@ -48,9 +61,13 @@ def test_two_ranks_with_batch_b_equal_one_rank_with_2b(tmp_path):
     download("synthetic", data)
     single = build_trainer(_cfg(data), tmp_path / "single", log=lambda *_: None)
     (tmp_path / "ddp").mkdir()
-    shutil.copy(tmp_path / "single/spm.model", tmp_path / "ddp/spm.model")   # same BPE
-    mp.spawn(_worker, args=(2, free_port(), data, tmp_path / "ddp", tmp_path / "ddp.pt"),
-             nprocs=2, join=True)
+    shutil.copy(tmp_path / "single/spm.model", tmp_path / "ddp/spm.model")  # same BPE
+    mp.spawn(
+        _worker,
+        args=(2, free_port(), data, tmp_path / "ddp", tmp_path / "ddp.pt"),
+        nprocs=2,
+        join=True,
+    )
     before = {k: v.clone() for k, v in single.model.state_dict().items()}
     for _ in range(3):
         single.train_step([collate(single.train_data, np.array(HALVES[0] + HALVES[1]))])
@@ -64,8 +81,11 @@ def test_two_ranks_with_batch_b_equal_one_rank_with_2b(tmp_path):
 def _why_it_failed(stderr: str) -> str:
     """The lines of a failed torchrun's stderr that say why a rank died (a C++ abort or a
     fatal Python error comes long before torchrun's own traceback), then the tail."""
-    cause = [line for line in stderr.splitlines()
-             if re.search(r"terminate called|what\(\)|Fatal Python error|Error:|exitcode", line)]
+    cause = [
+        line
+        for line in stderr.splitlines()
+        if re.search(r"terminate called|what\(\)|Fatal Python error|Error:|exitcode", line)
+    ]
     return "\n".join(cause[:20]) + "\n...\n" + stderr[-1500:]
 
 
@@ -75,16 +95,34 @@ def test_torchrun_two_processes_resume_equals_uninterrupted(tmp_path):
     import json
     import subprocess
     import sys
+
     env = cli_env(OMP_NUM_THREADS="1")
 
     def train(run, steps):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-               "--master_port", str(free_port()), "-m", "mt", "train",
-               str(ROOT / "configs/tiny.yaml"), "--run-dir", str(tmp_path / run), "--set",
-               f"data.dir={tmp_path / 'd'}", "model.dropout=0.2", "train.log_every=10",
-               "train.device=cpu",
-               "train.valid_every=20", "train.save_every=20", "train.valid_beam=1",
-               f"train.max_steps={steps}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(free_port()),
+            "-m",
+            "mt",
+            "train",
+            str(ROOT / "configs/tiny.yaml"),
+            "--run-dir",
+            str(tmp_path / run),
+            "--set",
+            f"data.dir={tmp_path / 'd'}",
+            "model.dropout=0.2",
+            "train.log_every=10",
+            "train.device=cpu",
+            "train.valid_every=20",
+            "train.save_every=20",
+            "train.valid_beam=1",
+            f"train.max_steps={steps}",
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
         assert proc.returncode == 0, _why_it_failed(proc.stderr)
         return proc
@@ -94,10 +132,12 @@ def test_torchrun_two_processes_resume_equals_uninterrupted(tmp_path):
     train("straight", 30)
 
     def losses(run):
-        recs = [json.loads(x) for x in (tmp_path / run / "train_log.jsonl").read_text().splitlines()]
+        recs = [
+            json.loads(x) for x in (tmp_path / run / "train_log.jsonl").read_text().splitlines()
+        ]
         return [(r["step"], r["loss"], r["nll"]) for r in recs if "loss" in r]
 
-    assert [step for step, *_ in losses("resumed")] == [10, 20, 30]   # one writer: rank 0
+    assert [step for step, *_ in losses("resumed")] == [10, 20, 30]  # one writer: rank 0
     assert losses("resumed") == losses("straight")
     a, b = (checkpoint.load(tmp_path / run / "last.pt") for run in ("resumed", "straight"))
     assert a["train_state"]["step"] == 30 and a["train_state"]["batch_in_epoch"] % 2 == 0
@@ -107,19 +147,34 @@ def test_torchrun_two_processes_resume_equals_uninterrupted(tmp_path):
 
 
 def _clock_worker(rank, world, port, data_dir, run_dir, out):
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     torch.set_num_threads(1)
     from mt.train.schedule import budget_progress
-    cfg = load_config(ROOT / "configs/tiny.yaml", [f"data.dir={data_dir}", "train.max_minutes=1",
-                                                    "train.max_steps=1000", "train.cooldown=1.0",
-                                                    "train.device=cpu"])
+
+    cfg = load_config(
+        ROOT / "configs/tiny.yaml",
+        [
+            f"data.dir={data_dir}",
+            "train.max_minutes=1",
+            "train.max_steps=1000",
+            "train.cooldown=1.0",
+            "train.device=cpu",
+        ],
+    )
     t = build_trainer(cfg, run_dir, log=lambda *_: None)
-    t.state.train_seconds = 6.0 + 24.0 * rank            # the ranks' clocks disagree
+    t.state.train_seconds = 6.0 + 24.0 * rank  # the ranks' clocks disagree
     seconds = t._agreed_seconds()
     t.scheduler.set_progress(budget_progress(t.state.step, seconds, 1000, 1.0))
-    torch.save({"seconds": seconds, "lr": t.scheduler.get_last_lr()[0],
-                "scale": t.scheduler.scale}, f"{out}.{rank}")
+    torch.save(
+        {"seconds": seconds, "lr": t.scheduler.get_last_lr()[0], "scale": t.scheduler.scale},
+        f"{out}.{rank}",
+    )
     t.close()
 
 
@@ -128,11 +183,15 @@ def test_ranks_agree_on_the_clock_that_ends_the_budget_and_cools_the_rate(tmp_pa
     stops them together and the cool-down gives them one learning rate (half of Noam's)."""
     data = tmp_path / "data"
     download("synthetic", data)
-    build_trainer(_cfg(data), tmp_path / "one", log=lambda *_: None).close()   # trains the BPE
+    build_trainer(_cfg(data), tmp_path / "one", log=lambda *_: None).close()  # trains the BPE
     (tmp_path / "ddp").mkdir()
     shutil.copy(tmp_path / "one/spm.model", tmp_path / "ddp/spm.model")
-    mp.spawn(_clock_worker, args=(2, free_port(), data, tmp_path / "ddp", tmp_path / "clock"),
-             nprocs=2, join=True)
+    mp.spawn(
+        _clock_worker,
+        args=(2, free_port(), data, tmp_path / "ddp", tmp_path / "clock"),
+        nprocs=2,
+        join=True,
+    )
     seen = [torch.load(f"{tmp_path / 'clock'}.{rank}") for rank in (0, 1)]
     assert seen[0]["seconds"] == seen[1]["seconds"] == 30.0
     assert seen[0]["lr"] == seen[1]["lr"] > 0
@@ -144,30 +203,47 @@ TINY = ROOT / "configs" / "tiny.yaml"
 
 def _gloo_cfg(data_dir, *more):
     # train.device cpu: the ranks here are gloo ranks, also on a machine with one GPU
-    return load_config(TINY, [f"data.dir={data_dir}", "model.dropout=0.0", "train.device=cpu",
-                              *more])
+    return load_config(
+        TINY, [f"data.dir={data_dir}", "model.dropout=0.0", "train.device=cpu", *more]
+    )
 
 
 def _slow_rank0_worker(rank, world, port, data_dir, run_dir, delay):
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     torch.set_num_threads(1)
-    if rank == 0:                          # downloading/BPE and validating take `delay` s
+    if rank == 0:  # downloading/BPE and validating take `delay` s
         real_ensure = mt.data.prepare.ensure_data
 
         def slow_ensure(*a, **k):
             time.sleep(delay)
             return real_ensure(*a, **k)
+
         mt.data.prepare.ensure_data = slow_ensure
-    t = build_trainer(_gloo_cfg(data_dir, "train.dist_timeout_minutes=0.05",   # 3 s
-                           "train.max_steps=4", "train.valid_every=2", "train.save_every=100",
-                           "train.valid_beam=1"), run_dir, log=lambda *_: None)
+    t = build_trainer(
+        _gloo_cfg(
+            data_dir,
+            "train.dist_timeout_minutes=0.05",  # 3 s
+            "train.max_steps=4",
+            "train.valid_every=2",
+            "train.save_every=100",
+            "train.valid_beam=1",
+        ),
+        run_dir,
+        log=lambda *_: None,
+    )
     if rank == 0:
         real_validate = t.validate
 
         def slow_validate():
             time.sleep(delay)
             return real_validate()
+
         t.validate = slow_validate
     try:
         assert t.fit().step == 4
@@ -176,37 +252,55 @@ def _slow_rank0_worker(rank, world, port, data_dir, run_dir, delay):
 
 
 def test_rank0_solo_work_longer_than_the_collective_timeout_is_waited_for(tmp_path):
-    mp.spawn(_slow_rank0_worker, args=(2, free_port(), tmp_path / "data", tmp_path / "run", 6),
-             nprocs=2, join=True)
+    mp.spawn(
+        _slow_rank0_worker,
+        args=(2, free_port(), tmp_path / "data", tmp_path / "run", 6),
+        nprocs=2,
+        join=True,
+    )
     assert (tmp_path / "run" / "last.pt").is_file()
 
 
 def _oom_worker(rank, world, port, data_dir, run_dir, out):
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     torch.set_num_threads(1)
-    t = build_trainer(_gloo_cfg(data_dir, "train.dist_timeout_minutes=0.5"), run_dir,
-                      log=lambda *_: None)
-    assert t.train_model is t.model         # no DDP wrapper (and no buffers re-sent)
-    if rank == 1:                                          # rank 1 runs out of memory once
+    t = build_trainer(
+        _gloo_cfg(data_dir, "train.dist_timeout_minutes=0.5"), run_dir, log=lambda *_: None
+    )
+    assert t.train_model is t.model  # no DDP wrapper (and no buffers re-sent)
+    if rank == 1:  # rank 1 runs out of memory once
         out_of_memory_on_call(t.model, 2)
-    done = [t.train_step([collate(t.train_data, np.arange(rank * 24, rank * 24 + 24))])
-            for _ in range(3)]
-    torch.save({"done": done, "state": t.state.state_dict(), "model": t.model.state_dict()},
-               out / f"rank{rank}.pt")
+    done = [
+        t.train_step([collate(t.train_data, np.arange(rank * 24, rank * 24 + 24))])
+        for _ in range(3)
+    ]
+    torch.save(
+        {"done": done, "state": t.state.state_dict(), "model": t.model.state_dict()},
+        out / f"rank{rank}.pt",
+    )
     t.close()
 
 
 def test_out_of_memory_on_one_rank_is_skipped_by_all_ranks(tmp_path):
     download("synthetic", tmp_path / "data")
     (tmp_path / "out").mkdir()
-    mp.spawn(_oom_worker, args=(2, free_port(), tmp_path / "data", tmp_path / "run",
-                                tmp_path / "out"), nprocs=2, join=True)
+    mp.spawn(
+        _oom_worker,
+        args=(2, free_port(), tmp_path / "data", tmp_path / "run", tmp_path / "out"),
+        nprocs=2,
+        join=True,
+    )
     r0, r1 = (torch.load(tmp_path / "out" / f"rank{r}.pt") for r in (0, 1))
     assert r0["done"] == r1["done"] == [True, False, True]
     assert r0["state"]["step"] == r1["state"]["step"] == 2
     assert r0["state"]["oom_skipped"] == r1["state"]["oom_skipped"] == 1
-    for k, v in r0["model"].items():                     # still one model
+    for k, v in r0["model"].items():  # still one model
         assert torch.equal(v, r1["model"][k]), k
 
 
@@ -215,21 +309,26 @@ def test_more_ranks_on_a_machine_than_it_has_gpus_is_a_one_line_error(monkeypatc
     the group (torch.cuda.set_device would stop only the second, with "invalid device
     ordinal")."""
     from mt.runtime import distributed
+
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(distributed.dist, "init_process_group",
-                        lambda *a, **k: pytest.fail("joined the group"))
+    monkeypatch.setattr(
+        distributed.dist, "init_process_group", lambda *a, **k: pytest.fail("joined the group")
+    )
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    for rank in ("0", "1"):                  # every rank says it, not only the one left over
+    for rank in ("0", "1"):  # every rank says it, not only the one left over
         monkeypatch.setenv("RANK", rank)
         monkeypatch.setenv("LOCAL_RANK", rank)
-        with pytest.raises(MTError, match=r"started 2 processes on this machine, which has 1 "
-                                          r"GPU: use --nproc-per-node 1"):
+        with pytest.raises(
+            MTError,
+            match=r"started 2 processes on this machine, which has 1 "
+            r"GPU: use --nproc-per-node 1",
+        ):
             distributed.setup("auto")
-    monkeypatch.delenv("LOCAL_WORLD_SIZE")      # launched without it: the extra rank still says
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")  # launched without it: the extra rank still says
     with pytest.raises(MTError, match="started 2 processes"):
         distributed.setup("auto")
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)    # enough GPUs: it goes on
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)  # enough GPUs: it goes on
     with pytest.raises(pytest.fail.Exception, match="joined the group"):
         distributed.setup("auto")

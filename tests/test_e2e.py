@@ -1,4 +1,5 @@
 """End-to-end through the real CLI."""
+
 import json
 
 import pytest
@@ -13,11 +14,14 @@ def test_tiny_learns_synthetic_task_then_translate_and_eval(tmp_path):
     proc = run_mt("train", ROOT / "configs/tiny.yaml", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     run = tmp_path / "runs/tiny"
-    assert {"config.yaml", "spm.model", "last.pt", "best.pt", "train_log.jsonl"} <= \
-        {p.name for p in run.iterdir()}
+    assert {"config.yaml", "spm.model", "last.pt", "best.pt", "train_log.jsonl"} <= {
+        p.name for p in run.iterdir()
+    }
     log = [json.loads(x) for x in (run / "train_log.jsonl").read_text().splitlines()]
     train_steps = [r["step"] for r in log if "loss" in r]
-    assert train_steps[-1] == 800 and all({"step", "loss", "lr"} <= set(r) for r in log if "loss" in r)
+    assert train_steps[-1] == 800 and all(
+        {"step", "loss", "lr"} <= set(r) for r in log if "loss" in r
+    )
     data = tmp_path / "data/synthetic"
     proc = run_mt("translate", run, "-i", data / "test.src", "-o", tmp_path / "hyp", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -30,45 +34,73 @@ def test_tiny_learns_synthetic_task_then_translate_and_eval(tmp_path):
 
 
 def test_rerun_resumes_and_extends(tmp_path):
-    args = ["train", ROOT / "configs/tiny.yaml", "--run-dir", tmp_path / "r",
-            "--set", f"data.dir={tmp_path / 'd'}", "train.log_every=10", "train.valid_every=20",
-            "train.save_every=20"]
+    args = [
+        "train",
+        ROOT / "configs/tiny.yaml",
+        "--run-dir",
+        tmp_path / "r",
+        "--set",
+        f"data.dir={tmp_path / 'd'}",
+        "train.log_every=10",
+        "train.valid_every=20",
+        "train.save_every=20",
+    ]
     assert run_mt(*args, "train.max_steps=20").returncode == 0
     proc = run_mt(*args, "train.max_steps=30")
     assert proc.returncode == 0 and "resuming from" in proc.stderr and "at step 20" in proc.stderr
-    steps = [json.loads(x)["step"] for x in (tmp_path / "r/train_log.jsonl").read_text().splitlines()
-             if "loss" in json.loads(x)]
+    steps = [
+        json.loads(x)["step"]
+        for x in (tmp_path / "r/train_log.jsonl").read_text().splitlines()
+        if "loss" in json.loads(x)
+    ]
     assert steps == [10, 20, 30]
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not MULTI30K.is_dir(), reason="real Multi30k not found at ../shared/data/multi30k")
+@pytest.mark.skipif(
+    not MULTI30K.is_dir(), reason="real Multi30k not found at ../shared/data/multi30k"
+)
 def test_multi30k_validation_bleu_rises(tmp_path):
     """A short real run on Multi30k De->En (about 10 minutes on 2 CPU cores) of the d256 config
     the README's comparison tables use, with the settings of its CPU rows (the peak learning
     rate of a 200-step warm-up is too high for this post-LN model)."""
-    assert run_mt("download", "multi30k", "--from-dir", MULTI30K, "--out", tmp_path / "m").returncode == 0
-    proc = run_mt("train", ROOT / "configs/multi30k_de_en_d256.yaml",
-                  "--run-dir", tmp_path / "r",
-                  "--set", f"data.dir={tmp_path / 'm'}", "train.max_steps=600",
-                  "train.max_tokens=4096", "train.warmup=800", "train.valid_every=300",
-                  "train.valid_beam=1", "decode.tune_beams=[]", timeout=3000)
+    assert (
+        run_mt("download", "multi30k", "--from-dir", MULTI30K, "--out", tmp_path / "m").returncode
+        == 0
+    )
+    proc = run_mt(
+        "train",
+        ROOT / "configs/multi30k_de_en_d256.yaml",
+        "--run-dir",
+        tmp_path / "r",
+        "--set",
+        f"data.dir={tmp_path / 'm'}",
+        "train.max_steps=600",
+        "train.max_tokens=4096",
+        "train.warmup=800",
+        "train.valid_every=300",
+        "train.valid_beam=1",
+        "decode.tune_beams=[]",
+        timeout=3000,
+    )
     assert proc.returncode == 0, proc.stderr
     log = [json.loads(x) for x in (tmp_path / "r/train_log.jsonl").read_text().splitlines()]
-    bleu = [r["valid_bleu"] for r in log if "valid_loss" in r]      # validations, not the average
+    bleu = [r["valid_bleu"] for r in log if "valid_loss" in r]  # validations, not the average
     assert len(bleu) == 2 and bleu[1] > bleu[0] and bleu[1] > 10, bleu
-    averaged = [r for r in log if "averaged" in r]                     # the config averages at the end
+    averaged = [r for r in log if "averaged" in r]  # the config averages at the end
     assert len(averaged) == 1 and "valid_bleu" in averaged[0]
     # the run exported to CTranslate2 decodes real test sentences as mt does (post-LN model)
     pytest.importorskip("ctranslate2")
     from mt.decode.translator import Translator
     from tests.test_export import _ct2_greedy
+
     assert run_mt("export", tmp_path / "r", tmp_path / "ct2").returncode == 0
     t = Translator.load(tmp_path / "r", "cpu")
     sources = (tmp_path / "m" / "test.de").read_text().splitlines()[:100]
     ct2, ours = _ct2_greedy(tmp_path / "ct2", t, sources), t.translate(sources, beam=1)
-    assert sum(a == b for a, b in zip(ct2, ours)) >= 98, [(a, b) for a, b in zip(ct2, ours)
-                                                          if a != b][:3]
+    assert sum(a == b for a, b in zip(ct2, ours)) >= 98, [
+        (a, b) for a, b in zip(ct2, ours) if a != b
+    ][:3]
 
 
 @pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
@@ -77,12 +109,28 @@ def test_stop_signal_saves_last_and_exits_0(tmp_path, signame):
     import subprocess
     import sys
     import time
+
     env = cli_env()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mt", "train", str(ROOT / "configs/tiny.yaml"), "--run-dir",
-         str(tmp_path / "r"), "--set", f"data.dir={tmp_path / 'd'}", "train.max_steps=100000",
-         "train.log_every=5", "train.valid_every=100000"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        [
+            sys.executable,
+            "-m",
+            "mt",
+            "train",
+            str(ROOT / "configs/tiny.yaml"),
+            "--run-dir",
+            str(tmp_path / "r"),
+            "--set",
+            f"data.dir={tmp_path / 'd'}",
+            "train.max_steps=100000",
+            "train.log_every=5",
+            "train.valid_every=100000",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     log = tmp_path / "r/train_log.jsonl"
     deadline = time.time() + 300
     while not (log.exists() and log.read_text().strip()) and time.time() < deadline:
@@ -92,6 +140,7 @@ def test_stop_signal_saves_last_and_exits_0(tmp_path, signame):
     assert proc.returncode == 0, err
     assert f"{signame} at step" in err and "resume" in err and "Traceback" not in err
     from mt.artifacts import checkpoint
+
     step = checkpoint.load(tmp_path / "r/last.pt")["train_state"]["step"]
     assert 5 <= step < 100000
 
@@ -102,13 +151,29 @@ def test_resumed_training_equals_uninterrupted(tmp_path):
     import torch
 
     from mt.artifacts import checkpoint
-    common = ["--set", f"data.dir={tmp_path / 'd'}", "train.log_every=5", "train.valid_every=20",
-              "train.save_every=20", "model.dropout=0.1", "train.valid_beam=1"]
+
+    common = [
+        "--set",
+        f"data.dir={tmp_path / 'd'}",
+        "train.log_every=5",
+        "train.valid_every=20",
+        "train.save_every=20",
+        "model.dropout=0.1",
+        "train.valid_beam=1",
+    ]
     cfg = ROOT / "configs/tiny.yaml"
-    assert run_mt("train", cfg, "--run-dir", tmp_path / "straight", *common,
-                  "train.max_steps=40").returncode == 0
-    assert run_mt("train", cfg, "--run-dir", tmp_path / "resumed", *common,
-                  "train.max_steps=20").returncode == 0
+    assert (
+        run_mt(
+            "train", cfg, "--run-dir", tmp_path / "straight", *common, "train.max_steps=40"
+        ).returncode
+        == 0
+    )
+    assert (
+        run_mt(
+            "train", cfg, "--run-dir", tmp_path / "resumed", *common, "train.max_steps=20"
+        ).returncode
+        == 0
+    )
     proc = run_mt("train", cfg, "--run-dir", tmp_path / "resumed", *common, "train.max_steps=40")
     assert proc.returncode == 0 and "at step 20" in proc.stderr
 
@@ -125,16 +190,29 @@ def test_resumed_training_equals_uninterrupted(tmp_path):
 
 
 def _train_args(tmp_path, run, steps):
-    return ["train", ROOT / "configs/tiny.yaml", "--run-dir", tmp_path / run, "--set",
-            f"data.dir={tmp_path / 'd'}", "train.log_every=5", "train.valid_every=20",
-            "train.save_every=20", "model.dropout=0.1", "train.valid_beam=1",
-            # the cool-down starts at step 6, so the kill at step 20 falls inside it; the
-            # weight average (snapshots) must resume as exactly as the raw weights
-            "train.cooldown=0.9", "train.ema_decay=0.9", f"train.max_steps={steps}"]
+    return [
+        "train",
+        ROOT / "configs/tiny.yaml",
+        "--run-dir",
+        tmp_path / run,
+        "--set",
+        f"data.dir={tmp_path / 'd'}",
+        "train.log_every=5",
+        "train.valid_every=20",
+        "train.save_every=20",
+        "model.dropout=0.1",
+        "train.valid_beam=1",
+        # the cool-down starts at step 6, so the kill at step 20 falls inside it; the
+        # weight average (snapshots) must resume as exactly as the raw weights
+        "train.cooldown=0.9",
+        "train.ema_decay=0.9",
+        f"train.max_steps={steps}",
+    ]
 
 
 def _last_weights(path):
     from mt.artifacts import checkpoint
+
     return checkpoint.load(path)["model"]
 
 
@@ -144,35 +222,48 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
     import time
 
     import torch
+
     assert run_mt(*_train_args(tmp_path, "straight", 60)).returncode == 0
     env = cli_env()
-    proc = subprocess.Popen([sys.executable, "-m", "mt", *map(str, _train_args(tmp_path, "k", 60))],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mt", *map(str, _train_args(tmp_path, "k", 60))],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
     deadline = time.time() + 300
     while not (tmp_path / "k/last.pt").exists() and time.time() < deadline:
         time.sleep(0.01)
-    proc.kill()                                                   # SIGKILL: no chance to save
+    proc.kill()  # SIGKILL: no chance to save
     proc.wait()
     proc = run_mt(*_train_args(tmp_path, "k", 60))
     assert proc.returncode == 0, proc.stderr
     for name in ("last.pt", "step_60.pt"):
         a, b = (_last_weights(tmp_path / run / name) for run in ("straight", "k"))
         assert all(torch.equal(a[k], b[k]) for k in a)
-    logs = [[(r["step"], r["loss"]) for r in map(json.loads, (tmp_path / d / "train_log.jsonl")
-                                                  .read_text().splitlines()) if "loss" in r]
-            for d in ("straight", "k")]
+    logs = [
+        [
+            (r["step"], r["loss"])
+            for r in map(json.loads, (tmp_path / d / "train_log.jsonl").read_text().splitlines())
+            if "loss" in r
+        ]
+        for d in ("straight", "k")
+    ]
     assert logs[0] == logs[1]
     src = tmp_path / "d/test.src"
-    outs = [run_mt("translate", tmp_path / d / "last.pt", "-i", src).stdout for d in ("straight", "k")]
+    outs = [
+        run_mt("translate", tmp_path / d / "last.pt", "-i", src).stdout for d in ("straight", "k")
+    ]
     assert outs[0] == outs[1] and outs[0]
 
 
 def test_corrupt_last_checkpoint_falls_back_to_previous(tmp_path):
     assert run_mt(*_train_args(tmp_path, "r", 40)).returncode == 0
     last = tmp_path / "r/last.pt"
-    last.write_bytes(last.read_bytes()[:1000])                    # a torn write
+    last.write_bytes(last.read_bytes()[:1000])  # a torn write
     proc = run_mt(*_train_args(tmp_path, "r", 50))
     assert proc.returncode == 0, proc.stderr
     assert "warning:" in proc.stderr and "last.pt.prev at step 20" in proc.stderr
     from mt.artifacts import checkpoint
+
     assert checkpoint.load(last)["train_state"]["step"] == 50

@@ -1,4 +1,5 @@
 """train.ema_decay: the exponential moving average of the weights (mt/train/ema.py)."""
+
 import torch
 
 from mt.train.ema import WeightAverage
@@ -9,7 +10,7 @@ class _Tied(torch.nn.Module):
         super().__init__()
         self.embed = torch.nn.Embedding(5, 3)
         self.out = torch.nn.Linear(3, 5, bias=True)
-        self.out.weight = self.embed.weight                    # tied, as mt ties embeddings
+        self.out.weight = self.embed.weight  # tied, as mt ties embeddings
         self.register_buffer("table", torch.arange(4.0))
 
 
@@ -23,7 +24,7 @@ def test_average_follows_the_recurrence_with_its_warm_up():
             for p in model.parameters():
                 p.add_(torch.randn_like(p))
         ema.update()
-        d = min(0.9, (1 + n) / (10 + n))                       # 0.2, 0.27, ... then 0.9
+        d = min(0.9, (1 + n) / (10 + n))  # 0.2, 0.27, ... then 0.9
         expected = [d * e + (1 - d) * p.detach() for e, p in zip(expected, model.parameters())]
     for a, e in zip(ema.average, expected):
         assert torch.allclose(a, e, atol=1e-6)
@@ -38,10 +39,10 @@ def test_weights_put_the_average_under_every_name_of_a_tied_parameter():
     w = ema.weights(model)
     assert set(w) == set(model.state_dict())
     assert torch.equal(w["embed.weight"], w["out.weight"])
-    assert not torch.equal(w["embed.weight"], model.embed.weight)   # the average, not raw
-    assert torch.equal(w["table"], model.table)                      # buffers as they are
+    assert not torch.equal(w["embed.weight"], model.embed.weight)  # the average, not raw
+    assert torch.equal(w["table"], model.table)  # buffers as they are
     fresh = _Tied()
-    fresh.load_state_dict(w)                                         # loads as a model
+    fresh.load_state_dict(w)  # loads as a model
     assert torch.equal(fresh.out.weight, w["out.weight"])
 
 
@@ -63,10 +64,19 @@ def test_a_run_validates_and_snapshots_the_average_and_resumes_from_raw_weights(
     from mt.config import load_config
     from mt.train.build import build_trainer
     from tests.conftest import ROOT
-    cfg = load_config(ROOT / "configs/tiny.yaml", [
-        f"data.dir={tmp_path / 'd'}", "train.max_steps=6", "train.save_every=6",
-        "train.valid_every=6", "train.ema_decay=0.9", "decode.tune_beams=[]",
-        "train.valid_beam=1"])
+
+    cfg = load_config(
+        ROOT / "configs/tiny.yaml",
+        [
+            f"data.dir={tmp_path / 'd'}",
+            "train.max_steps=6",
+            "train.save_every=6",
+            "train.valid_every=6",
+            "train.ema_decay=0.9",
+            "decode.tune_beams=[]",
+            "train.valid_beam=1",
+        ],
+    )
     t = build_trainer(cfg, tmp_path / "run", log=lambda *_: None)
     t.fit()
     # on the CPU, where checkpoint.load puts what it reads (the run trains on a GPU if any)

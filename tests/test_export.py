@@ -1,4 +1,5 @@
 """`mt export --to ctranslate2`: the exported model decodes as mt does."""
+
 import pytest
 
 from mt.data.synthetic import generate
@@ -12,6 +13,7 @@ def _ct2_greedy(out, translator, lines):
     """CTranslate2's greedy outputs, each sentence with mt's length limit (a * source + b
     tokens, EOS included)."""
     import sentencepiece as spm
+
     sp = spm.SentencePieceProcessor(model_file=str(out / "spm.model"))
     model = ctranslate2.Translator(str(out), device="cpu")
     cfg, hyps = translator.cfg, []
@@ -28,15 +30,17 @@ def test_exported_model_decodes_as_mt(tiny_run, tmp_path):
     proc = run_mt("export", tiny_run, out)
     assert proc.returncode == 0, proc.stderr
     assert {"model.bin", "spm.model", "config.json", "mt_export.json"} <= {
-        p.name for p in out.iterdir()}
+        p.name for p in out.iterdir()
+    }
     t = Translator.load(tiny_run, "cpu")
     src, _ = generate(40, seed=9)
     assert _ct2_greedy(out, t, src) == t.translate(src, beam=1)
     # int8: runs, and mostly agrees (quantized weights)
     proc = run_mt("export", tiny_run, tmp_path / "int8", "--quantization", "int8")
     assert proc.returncode == 0, proc.stderr
-    agree = sum(a == b for a, b in zip(_ct2_greedy(tmp_path / "int8", t, src),
-                                       t.translate(src, beam=1)))
+    agree = sum(
+        a == b for a, b in zip(_ct2_greedy(tmp_path / "int8", t, src), t.translate(src, beam=1))
+    )
     assert agree >= len(src) // 2
 
 
@@ -50,20 +54,38 @@ def test_export_refuses_what_it_cannot_represent_and_keeps_files(tiny_run, tmp_p
     (mine / "notes.txt").write_text("keep")
     assert_user_error(run_mt("export", tiny_run, mine, "--force"), "not an exported model")
     assert (mine / "notes.txt").read_text() == "keep"
-    assert_user_error(run_mt("export", tiny_run, tmp_path / "q", "--quantization", "int3"),
-                      "--quantization int3")
+    assert_user_error(
+        run_mt("export", tiny_run, tmp_path / "q", "--quantization", "int3"), "--quantization int3"
+    )
     rnn = tmp_path / "rnn"
-    proc = run_mt("train", ROOT / "configs/tiny.yaml", "--run-dir", rnn, "--set",
-                  f"data.dir={tmp_path / 'd'}", "model.arch=rnn", "train.max_steps=2")
+    proc = run_mt(
+        "train",
+        ROOT / "configs/tiny.yaml",
+        "--run-dir",
+        rnn,
+        "--set",
+        f"data.dir={tmp_path / 'd'}",
+        "model.arch=rnn",
+        "train.max_steps=2",
+    )
     assert proc.returncode == 0, proc.stderr
     assert_user_error(run_mt("export", rnn, tmp_path / "r"), "model.arch rnn")
 
 
 def test_post_norm_and_learned_positions_export_too(tmp_path):
     run = tmp_path / "post"
-    proc = run_mt("train", ROOT / "configs/tiny.yaml", "--run-dir", run, "--set",
-                  f"data.dir={tmp_path / 'd'}", "model.norm=post", "model.positional=learned",
-                  "train.max_steps=60", "train.valid_every=60")
+    proc = run_mt(
+        "train",
+        ROOT / "configs/tiny.yaml",
+        "--run-dir",
+        run,
+        "--set",
+        f"data.dir={tmp_path / 'd'}",
+        "model.norm=post",
+        "model.positional=learned",
+        "train.max_steps=60",
+        "train.valid_every=60",
+    )
     assert proc.returncode == 0, proc.stderr
     assert run_mt("export", run, tmp_path / "ct2").returncode == 0
     t = Translator.load(run, "cpu")

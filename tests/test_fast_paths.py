@@ -3,7 +3,6 @@ the same dropout mask: the fused loss, the fused feed-forward, add & norm and
 attention nodes, the row packing, and a whole model after `install` (the dropout itself:
 test_fast_dropout.py)."""
 
-
 import pytest
 import torch
 
@@ -23,6 +22,7 @@ def test_fused_projection_and_loss_equal_the_reference_in_value_and_gradient(eps
     """Chunked projection + smoothed CE = log_softmax(h W^T) + label_smoothed_nll, gradients
     for h and W included (W shared with the embedding, as when tied)."""
     from mt.fast.loss import linear_smoothed_cross_entropy
+
     g = torch.Generator().manual_seed(1)
     h = torch.randn(20, 6, generator=g, dtype=torch.float64)
     w = torch.randn(11, 6, generator=g, dtype=torch.float64) * 2
@@ -37,14 +37,17 @@ def test_fused_projection_and_loss_equal_the_reference_in_value_and_gradient(eps
     (3.0 * loss + wb.sum()).backward()
     torch.testing.assert_close(hb.grad, ha.grad)
     torch.testing.assert_close(wb.grad, wa.grad)
-    with torch.no_grad():       # validation: values only
-        torch.testing.assert_close(linear_smoothed_cross_entropy(h, w, target, eps)[0], ref_loss.detach())
+    with torch.no_grad():  # validation: values only
+        torch.testing.assert_close(
+            linear_smoothed_cross_entropy(h, w, target, eps)[0], ref_loss.detach()
+        )
 
 
 def test_fused_loss_chunk_defaults_to_the_module_constant(monkeypatch):
     """chunk=None takes mt.fast.loss.LOSS_CHUNK_ROWS when called (what ab_train.py patches): the
     same sums, bit for bit, as that chunk given explicitly, and not those of another chunk."""
     from mt.fast import loss as loss_mod
+
     g = torch.Generator().manual_seed(3)
     h, w = torch.randn(300, 16, generator=g), torch.randn(500, 16, generator=g)
     target = torch.randint(1, 500, (300,), generator=g)
@@ -53,9 +56,10 @@ def test_fused_loss_chunk_defaults_to_the_module_constant(monkeypatch):
         wg = w.clone().requires_grad_()
         loss_mod.linear_smoothed_cross_entropy(h, wg, target, 0.1, chunk=chunk)[0].backward()
         return wg.grad
+
     monkeypatch.setattr(loss_mod, "LOSS_CHUNK_ROWS", 64)
     assert torch.equal(grad_w(None), grad_w(64))
-    assert not torch.equal(grad_w(None), grad_w(300))     # one chunk sums in another order
+    assert not torch.equal(grad_w(None), grad_w(300))  # one chunk sums in another order
 
 
 @pytest.mark.parametrize("spread", [1.0, 40.0])
@@ -64,25 +68,28 @@ def test_fused_loss_in_fp32_matches_fp64_also_when_target_probabilities_underflo
     many targets' probabilities underflow in fp32 (log p_y down to about -1000): the loss, the
     NLL and the gradients stay finite and right (those rows take logsumexp)."""
     from mt.fast.loss import linear_smoothed_cross_entropy
+
     g = torch.Generator().manual_seed(2)
     h = torch.randn(300, 16, generator=g, dtype=torch.float64) * spread
     w = torch.randn(500, 16, generator=g, dtype=torch.float64)
     target = torch.randint(1, 500, (300,), generator=g)
     ref = [h.clone().requires_grad_(), w.clone().requires_grad_()]
-    ref_loss, ref_nll, _ = label_smoothed_nll(torch.log_softmax(ref[0] @ ref[1].t(), -1),
-                                              target, 0.1, PAD)
+    ref_loss, ref_nll, _ = label_smoothed_nll(
+        torch.log_softmax(ref[0] @ ref[1].t(), -1), target, 0.1, PAD
+    )
     ref_loss.backward()
     ours = [h.float().requires_grad_(), w.float().requires_grad_()]
     loss, nll = linear_smoothed_cross_entropy(*ours, target, 0.1, chunk=64)
     loss.backward()
     if spread > 1:
         logp = torch.log_softmax(h.float() @ w.float().t(), -1).gather(1, target[:, None])
-        assert (logp < -104).float().mean() > 0.2     # below fp32's smallest subnormal
+        assert (logp < -104).float().mean() > 0.2  # below fp32's smallest subnormal
     torch.testing.assert_close(loss.double(), ref_loss.detach(), rtol=1e-5, atol=0)
     torch.testing.assert_close(nll.double(), ref_nll, rtol=1e-5, atol=0)
-    for a, b in zip(ours, ref):            # fp32 sums of 300 rows: relative to the largest
-        torch.testing.assert_close(a.grad.double(), b.grad, rtol=1e-3,
-                                   atol=1e-5 * b.grad.abs().max().item())
+    for a, b in zip(ours, ref):  # fp32 sums of 300 rows: relative to the largest
+        torch.testing.assert_close(
+            a.grad.double(), b.grad, rtol=1e-3, atol=1e-5 * b.grad.abs().max().item()
+        )
 
 
 @pytest.mark.parametrize("p", [0.0, 0.3])
@@ -92,6 +99,7 @@ def test_fused_feed_forward_equals_linear_relu_dropout_linear(p, chunk_rows, mon
     chunk at a time: here all 21 at once, or 5 at a time with a short last chunk) gives the
     values and gradients of the plain module chain with the same dropout mask."""
     from mt.fast import nodes
+
     monkeypatch.setattr(nodes, "FFN_CHUNK_ROWS", chunk_rows)
     torch.manual_seed(0)
     ffn = FastFeedForward(16, 64, p).train()
@@ -101,17 +109,17 @@ def test_fused_feed_forward_equals_linear_relu_dropout_linear(p, chunk_rows, mon
     def run(module_call):
         for t in [x, *ffn.parameters()]:
             t.grad = None
-        torch.manual_seed(1)                       # the same random bits for both masks
+        torch.manual_seed(1)  # the same random bits for both masks
         y = module_call(x)
         (y * upstream).sum().backward()
         return y.detach(), [t.grad.clone() for t in [x, *ffn.parameters()]]
 
     y_fused, g_fused = run(ffn)
-    y_ref, g_ref = run(ffn.net)                    # nn.Sequential: Linear, ReLU, Dropout, Linear
+    y_ref, g_ref = run(ffn.net)  # nn.Sequential: Linear, ReLU, Dropout, Linear
     torch.testing.assert_close(y_fused, y_ref)
     for a, b in zip(g_fused, g_ref):
         torch.testing.assert_close(a, b)
-    with torch.no_grad():                          # evaluation: no dropout, the plain chain
+    with torch.no_grad():  # evaluation: no dropout, the plain chain
         y_eval = ffn.eval()(x)
         torch.testing.assert_close(y_eval, ffn.net(x))
     assert (p == 0) == torch.allclose(y_fused, y_eval)  # dropout really acted in training
@@ -125,6 +133,7 @@ def test_fused_add_norm_equals_layer_norm_of_dropout_residual(p, weight_scale):
     same mask; also when a LayerNorm weight is zero and the output cannot give the input back."""
     from mt.fast.dropout import HashDropout
     from mt.fast.nodes import add_norm
+
     torch.manual_seed(0)
     norm = torch.nn.LayerNorm(16)
     with torch.no_grad():
@@ -139,7 +148,7 @@ def test_fused_add_norm_equals_layer_norm_of_dropout_residual(p, weight_scale):
     def run(call):
         for t in [x, f, norm.weight, norm.bias]:
             t.grad = None
-        torch.manual_seed(1)                       # the same random bits for both masks
+        torch.manual_seed(1)  # the same random bits for both masks
         y = call()
         (y * upstream).sum().backward()
         return [y.detach()] + [t.grad.clone() for t in [x, f, norm.weight, norm.bias]]
@@ -148,7 +157,7 @@ def test_fused_add_norm_equals_layer_norm_of_dropout_residual(p, weight_scale):
     chain = run(lambda: norm(x + drop(f)))
     for a, b in zip(fused, chain):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
-    assert (p == 0) == torch.allclose(fused[2], fused[1])   # dropout reached f's gradient
+    assert (p == 0) == torch.allclose(fused[2], fused[1])  # dropout reached f's gradient
 
 
 @pytest.mark.parametrize("p", [0.0, 0.3])
@@ -161,24 +170,28 @@ def test_fused_attention_equals_the_op_by_op_chain(kind, p, monkeypatch):
     decoder-only model), cross-attention and relative-position keys (whose score bias depends
     on the queries, so its gradient must reach them)."""
     torch.manual_seed(0)
-    attn = FastMultiHeadAttention(16, 2, p, self_attention=kind != "cross",
-                                  relative=3 if kind == "relative" else 0).train()
+    attn = FastMultiHeadAttention(
+        16, 2, p, self_attention=kind != "cross", relative=3 if kind == "relative" else 0
+    ).train()
     x = torch.randn(3, 5, 16, requires_grad=True)
     memory = torch.randn(3, 7, 16, requires_grad=True)
     s = 7 if kind == "cross" else 5
     may_attend = torch.ones(3, 1, 1, s, dtype=torch.bool)
     may_attend[0, ..., -2:] = False
     upstream = torch.randn(3, 5, 16)
-    kwargs = {"padded": dict(attn_mask=may_attend), "causal": dict(is_causal=True),
-              "padded causal": dict(attn_mask=may_attend, is_causal=True),
-              "cross": dict(memory=memory, attn_mask=may_attend),
-              "relative": dict(is_causal=True, q_pos=torch.arange(5), k_pos=torch.arange(5))}[kind]
+    kwargs = {
+        "padded": dict(attn_mask=may_attend),
+        "causal": dict(is_causal=True),
+        "padded causal": dict(attn_mask=may_attend, is_causal=True),
+        "cross": dict(memory=memory, attn_mask=may_attend),
+        "relative": dict(is_causal=True, q_pos=torch.arange(5), k_pos=torch.arange(5)),
+    }[kind]
     leaves = [x, memory, *attn.parameters()]
 
     def run():
         for t in leaves:
             t.grad = None
-        torch.manual_seed(1)                       # the same random bits for both masks
+        torch.manual_seed(1)  # the same random bits for both masks
         y = attn(x, **kwargs)
         nodes.append(type(y.grad_fn).__name__)
         (y * upstream).sum().backward()
@@ -188,7 +201,7 @@ def test_fused_attention_equals_the_op_by_op_chain(kind, p, monkeypatch):
     fused = run()
     monkeypatch.setattr("mt.fast.modules.cpu_fused", lambda *a: False)
     chain = run()
-    assert nodes[0] == "_AttentionOutBackward" != nodes[1]   # the fused node really ran
+    assert nodes[0] == "_AttentionOutBackward" != nodes[1]  # the fused node really ran
     for a, b in zip(fused, chain):
         assert (a is None) == (b is None)
         if a is not None:
@@ -202,6 +215,7 @@ def test_fused_loss_under_autocast_matches_fp32():
     """Under autocast the projection runs in bf16 (the GPU path), the softmax in fp32: the loss
     and gradients stay those of fp32 within bf16 precision."""
     from mt.fast.loss import linear_smoothed_cross_entropy
+
     g = torch.Generator().manual_seed(2)
     h = torch.randn(300, 32, generator=g)
     w = torch.randn(50, 32, generator=g) * 0.3
@@ -214,7 +228,7 @@ def test_fused_loss_under_autocast_matches_fp32():
         assert loss.dtype == torch.float32
         loss.backward()
         grads.append((loss.detach(), nll, hh.grad, ww.grad))
-    for a, b in zip(*grads):                     # relative error of the whole tensor
+    for a, b in zip(*grads):  # relative error of the whole tensor
         assert ((b - a).norm() / a.norm()).item() < 1e-2
 
 
@@ -227,10 +241,21 @@ def test_feed_forward_on_real_positions_only_trains_the_same(monkeypatch, pre_no
     def run(pack: bool):
         monkeypatch.setattr(modules, "_MIN_PADDING_TO_PACK", 0.05 if pack else 2.0)
         torch.manual_seed(0)
-        model = FastTransformer(src_vocab=V, tgt_vocab=V, d_model=32, n_heads=4, enc_layers=2,
-                                dec_layers=2, d_ff=64, dropout=0.0, attn_dropout=0.0,
-                                pre_norm=pre_norm, tie_embeddings="all", max_positions=64,
-                                parts=fast.PARTS).train()
+        model = FastTransformer(
+            src_vocab=V,
+            tgt_vocab=V,
+            d_model=32,
+            n_heads=4,
+            enc_layers=2,
+            dec_layers=2,
+            d_ff=64,
+            dropout=0.0,
+            attn_dropout=0.0,
+            pre_norm=pre_norm,
+            tie_embeddings="all",
+            max_positions=64,
+            parts=fast.PARTS,
+        ).train()
         rows = []
         for layer in (*model.encoder, *model.decoder):
             layer.ffn.register_forward_hook(lambda m, i, o: rows.append(i[0].numel() // 32))
@@ -245,7 +270,7 @@ def test_feed_forward_on_real_positions_only_trains_the_same(monkeypatch, pre_no
 
     out, grads, rows = run(pack=True)
     ref, ref_grads, ref_rows = run(pack=False)
-    assert rows == [9 + 3 + 6 + 4] * 2 + [4 * 8 - 5 - 3 - 6] * 2      # encoder, decoder layers
+    assert rows == [9 + 3 + 6 + 4] * 2 + [4 * 8 - 5 - 3 - 6] * 2  # encoder, decoder layers
     assert ref_rows == [4 * 9] * 2 + [4 * 8] * 2
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
     for name, g in grads.items():
@@ -255,41 +280,66 @@ def test_feed_forward_on_real_positions_only_trains_the_same(monkeypatch, pre_no
 def _small_model(arch="transformer", norm="post", dropout=0.0, parts=None):
     from mt.config import ModelConfig
     from mt.model import REFERENCE, build_model
+
     torch.manual_seed(0)
-    return build_model(ModelConfig(arch=arch, d_model=32, n_heads=4, enc_layers=2, dec_layers=2,
-                                   d_ff=64, dropout=dropout, attn_dropout=dropout, norm=norm,
-                                   max_positions=64), V, V, parts or REFERENCE)
+    return build_model(
+        ModelConfig(
+            arch=arch,
+            d_model=32,
+            n_heads=4,
+            enc_layers=2,
+            dec_layers=2,
+            d_ff=64,
+            dropout=dropout,
+            attn_dropout=dropout,
+            norm=norm,
+            max_positions=64,
+        ),
+        V,
+        V,
+        parts or REFERENCE,
+    )
 
 
 def _padded_batch():
     from mt.data.batching import Batch
+
     src = make_src([9, 3, 6, 4])
     tgt = torch.randint(4, V, (4, 9))
     tgt[1, 4:], tgt[2, 6:], tgt[3, 3:] = PAD, PAD, PAD
-    return Batch(src=src, tgt_in=tgt[:, :-1], tgt_out=tgt[:, 1:],
-                 n_tokens=int((tgt[:, 1:] != PAD).sum()))
+    return Batch(
+        src=src, tgt_in=tgt[:, :-1], tgt_out=tgt[:, 1:], n_tokens=int((tgt[:, 1:] != PAD).sum())
+    )
 
 
-@pytest.mark.parametrize("arch,norm", [("transformer", "post"), ("transformer", "pre"),
-                                       ("decoder_only", "post"), ("rnn", "post")])
+@pytest.mark.parametrize(
+    "arch,norm",
+    [("transformer", "post"), ("transformer", "pre"), ("decoder_only", "post"), ("rnn", "post")],
+)
 def test_installed_model_and_chunked_loss_equal_the_reference(arch, norm):
     """A whole model with the fast paths swapped in and the chunked loss gives the reference
     model's loss, NLL and every parameter gradient, and keeps its state_dict (checkpoints do
     not depend on the switch)."""
     from mt.fast import chunked_loss
     from mt.objectives.loss import reference_loss
+
     batch = _padded_batch()
 
     def run(model, loss_fn):
         model.train()
         loss, nll = loss_fn(model, batch, 0.1)
         (loss * 0.01).backward()
-        return loss.detach(), nll, {n: p.grad.clone() for n, p in model.named_parameters()
-                                    if p.grad is not None}
+        return (
+            loss.detach(),
+            nll,
+            {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
+        )
+
     ref_model, fast_model = _small_model(arch, norm), _small_model(arch, norm, parts=fast.PARTS)
     assert list(ref_model.state_dict()) == list(fast_model.state_dict())
-    assert any(type(m).__module__ == "mt.fast.modules" for m in fast_model.modules()) \
-        or arch == "rnn"
+    assert (
+        any(type(m).__module__ == "mt.fast.modules" for m in fast_model.modules()) or arch == "rnn"
+    )
     ref, got = run(ref_model, reference_loss), run(fast_model, chunked_loss)
     torch.testing.assert_close(got[0], ref[0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got[1], ref[1], rtol=1e-5, atol=1e-5)
@@ -320,15 +370,18 @@ def test_fast_paths_act_only_where_they_apply():
     h = model.decode(batch.tgt_in, model.encode(batch.src, batch.src_pad_mask), batch.src_pad_mask)
     assert {"_FeedForwardBackward", "_AddNormBackward", "_AttentionOutBackward"} <= _nodes(h)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        h = model.decode(batch.tgt_in, model.encode(batch.src, batch.src_pad_mask),
-                         batch.src_pad_mask)
+        h = model.decode(
+            batch.tgt_in, model.encode(batch.src, batch.src_pad_mask), batch.src_pad_mask
+        )
     assert not {"_FeedForwardBackward", "_AddNormBackward", "_AttentionOutBackward"} & _nodes(h)
     with torch.no_grad():
         model.eval()
         ref = _small_model(dropout=0.1).eval()
-        real = batch.tgt_in != PAD          # packing leaves padding positions uncomputed
-        torch.testing.assert_close(model(batch.src, batch.tgt_in, batch.src_pad_mask)[real],
-                                   ref(batch.src, batch.tgt_in, batch.src_pad_mask)[real])
+        real = batch.tgt_in != PAD  # packing leaves padding positions uncomputed
+        torch.testing.assert_close(
+            model(batch.src, batch.tgt_in, batch.src_pad_mask)[real],
+            ref(batch.src, batch.tgt_in, batch.src_pad_mask)[real],
+        )
 
 
 @pytest.mark.parametrize("eps,alpha", [(0.1, 2.5), (0.0, 5.0), (0.1, 0.0)])
@@ -339,6 +392,7 @@ def test_fused_rdrop_equals_the_reference_in_value_and_gradient(eps, alpha, chun
     with the gradients for both passes' states and W."""
     from mt.fast.loss import linear_rdrop_loss
     from mt.objectives.loss import symmetric_kl
+
     g = torch.Generator().manual_seed(2)
     h_a, h_b = (torch.randn(10, 6, generator=g, dtype=torch.float64) for _ in range(2))
     w = torch.randn(11, 6, generator=g, dtype=torch.float64) * 2
@@ -346,10 +400,11 @@ def test_fused_rdrop_equals_the_reference_in_value_and_gradient(eps, alpha, chun
     ref_in = [t.clone().requires_grad_() for t in (h_a, h_b, w)]
     got_in = [t.clone().requires_grad_() for t in (h_a, h_b, w)]
     lp_a, lp_b = (torch.log_softmax(h @ ref_in[2].t(), -1) for h in ref_in[:2])
-    (loss_a, nll_a, _), (loss_b, nll_b, _) = (label_smoothed_nll(lp, target, eps, PAD)
-                                              for lp in (lp_a, lp_b))
+    (loss_a, nll_a, _), (loss_b, nll_b, _) = (
+        label_smoothed_nll(lp, target, eps, PAD) for lp in (lp_a, lp_b)
+    )
     kl = symmetric_kl(lp_a, lp_b, torch.ones(10, dtype=torch.float64))
-    assert kl > 0.1                                     # the two passes really differ
+    assert kl > 0.1  # the two passes really differ
     ref = (loss_a + loss_b) / 2 + alpha * kl
     loss, nll = linear_rdrop_loss(*got_in, target, eps, alpha, chunk=chunk)
     torch.testing.assert_close(loss, ref)
@@ -366,6 +421,7 @@ def test_fused_rdrop_on_a_model_is_the_plain_loss_when_the_passes_agree():
     reference model's plain loss's; in evaluation it is the plain loss."""
     from mt.fast import chunked_rdrop_loss
     from mt.objectives.loss import reference_loss
+
     batch = _padded_batch()
     ref_model, fast_model = _small_model(), _small_model(parts=fast.PARTS)
     ref_loss, ref_nll = reference_loss(ref_model.train(), batch, 0.1)
@@ -377,15 +433,19 @@ def test_fused_rdrop_on_a_model_is_the_plain_loss_when_the_passes_agree():
     for (name, p), q in zip(fast_model.named_parameters(), ref_model.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)
     with torch.no_grad():
-        torch.testing.assert_close(chunked_rdrop_loss(fast_model.eval(), batch, 0.1, alpha=5.0)[0],
-                                   reference_loss(ref_model.eval(), batch, 0.1)[0],
-                                   rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            chunked_rdrop_loss(fast_model.eval(), batch, 0.1, alpha=5.0)[0],
+            reference_loss(ref_model.eval(), batch, 0.1)[0],
+            rtol=1e-5,
+            atol=1e-5,
+        )
 
 
 def test_fused_rdrop_draws_its_own_mask_for_each_pass():
     """With dropout the two stacked copies get different masks: the KL term is positive (the
     loss grows with alpha) and alpha 0 is not the KL-weighted loss."""
     from mt.fast import chunked_rdrop_loss
+
     model, batch = _small_model(dropout=0.3, parts=fast.PARTS).train(), _padded_batch()
     values = []
     for alpha in (0.0, 1.0):
@@ -405,15 +465,17 @@ def test_fast_paths_auto_builds_them_on_a_cpu_only():
     from mt.config import ModelConfig, TrainConfig
     from mt.fast.dropout import HashDropout
     from mt.model import build_model
+
     assert TrainConfig().fast_paths == "auto"
 
     def installed(setting, device, pretraining=False):
         parts = model_parts(TrainConfig(fast_paths=setting), torch.device(device), pretraining)
-        model = build_model(ModelConfig(d_model=32, enc_layers=1, dec_layers=1, d_ff=64,
-                                        dropout=0.1), 50, 50, parts)
+        model = build_model(
+            ModelConfig(d_model=32, enc_layers=1, dec_layers=1, d_ff=64, dropout=0.1), 50, 50, parts
+        )
         kinds = {type(m) for m in model.modules()}
         fast_kinds = {FastTransformer, FastFeedForward, FastMultiHeadAttention, HashDropout}
-        assert not kinds & fast_kinds or fast_kinds <= kinds      # all of mt/fast, or none
+        assert not kinds & fast_kinds or fast_kinds <= kinds  # all of mt/fast, or none
         assert torch.nn.Dropout not in kinds or not kinds & fast_kinds
         return bool(kinds & fast_kinds)
 

@@ -1,4 +1,5 @@
 """Label-smoothed cross-entropy (mt.objectives.loss): the pure function and the training loss."""
+
 import torch
 import torch.nn.functional as F
 
@@ -47,9 +48,21 @@ def _model_and_batch(dropout: float):
     from mt.config import ModelConfig
     from mt.data.batching import Batch
     from mt.model import build_model
+
     torch.manual_seed(0)
-    model = build_model(ModelConfig(d_model=32, n_heads=4, enc_layers=1, dec_layers=1, d_ff=64,
-                                    dropout=dropout, attn_dropout=dropout), 20, 20).train()
+    model = build_model(
+        ModelConfig(
+            d_model=32,
+            n_heads=4,
+            enc_layers=1,
+            dec_layers=1,
+            d_ff=64,
+            dropout=dropout,
+            attn_dropout=dropout,
+        ),
+        20,
+        20,
+    ).train()
     src = torch.randint(4, 20, (3, 6))
     src[1, 4:] = PAD
     tgt = torch.randint(4, 20, (3, 7))
@@ -61,6 +74,7 @@ def test_rdrop_with_identical_passes_is_the_plain_loss_and_alpha_scales_only_the
     """Without dropout both passes are the same: the KL term is zero, so for any alpha the
     R-Drop loss and its gradients are the plain loss's."""
     from mt.objectives.loss import rdrop_loss, reference_loss
+
     model, batch = _model_and_batch(0.0)
     plain, plain_nll = reference_loss(model, batch, 0.1)
     plain.backward()
@@ -78,6 +92,7 @@ def test_rdrop_with_identical_passes_is_the_plain_loss_and_alpha_scales_only_the
 def test_rdrop_alpha_zero_is_the_mean_of_two_plain_passes():
     """With dropout, alpha 0 gives the mean of the plain losses of the two masks it drew."""
     from mt.objectives.loss import rdrop_loss, reference_loss
+
     model, batch = _model_and_batch(0.3)
     torch.manual_seed(7)
     first, second = reference_loss(model, batch, 0.1)[0], reference_loss(model, batch, 0.1)[0]
@@ -85,11 +100,12 @@ def test_rdrop_alpha_zero_is_the_mean_of_two_plain_passes():
     loss, _ = rdrop_loss(model, batch, 0.1, 0.0)
     torch.testing.assert_close(loss, (first + second) / 2)
     torch.manual_seed(7)
-    assert rdrop_loss(model, batch, 0.1, 1.0)[0] > loss        # the two masks disagree
+    assert rdrop_loss(model, batch, 0.1, 1.0)[0] > loss  # the two masks disagree
 
 
 def test_symmetric_kl_is_symmetric_zero_for_equal_and_ignores_padding():
     from mt.objectives.loss import symmetric_kl
+
     g = torch.Generator().manual_seed(0)
     a = torch.log_softmax(torch.randn(5, 9, generator=g), -1)
     b = torch.log_softmax(torch.randn(5, 9, generator=g), -1)
@@ -98,7 +114,7 @@ def test_symmetric_kl_is_symmetric_zero_for_equal_and_ignores_padding():
     assert float(symmetric_kl(a, a, keep)) == 0.0
     assert float(symmetric_kl(a, b, keep)) > 0.0
     c = b.clone()
-    c[2] = torch.log_softmax(torch.randn(9, generator=g), -1)   # only a padding row differs
+    c[2] = torch.log_softmax(torch.randn(9, generator=g), -1)  # only a padding row differs
     torch.testing.assert_close(symmetric_kl(a, b, keep), symmetric_kl(a, c, keep))
     # the formula itself: (KL(a||b) + KL(b||a)) / 2 over kept rows, with torch's kl_div
     kl_ab = F.kl_div(b, a, log_target=True, reduction="none").sum(-1)

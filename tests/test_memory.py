@@ -1,4 +1,5 @@
 """Resident memory of training: what it must not load, and the heap pages it gives back."""
+
 import subprocess
 import sys
 
@@ -9,9 +10,14 @@ from tests.conftest import ROOT, cli_env
 
 
 def _python(code: str, *args, env=None) -> str:
-    proc = subprocess.run([sys.executable, "-c", code, *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300,
-                          env=cli_env(**(env or {})))
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *map(str, args)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=cli_env(**(env or {})),
+    )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip()
 
@@ -53,11 +59,13 @@ print(before, kept, rss_mb())
 """
     # a fixed mmap threshold above 1 MB: the blocks come from the heap, as a training
     # process's do once glibc has raised its threshold
-    out = _python(code, env={"MALLOC_MMAP_THRESHOLD_": str(32 * 2 ** 20)})
+    out = _python(code, env={"MALLOC_MMAP_THRESHOLD_": str(32 * 2**20)})
     before, kept, after = map(float, out.split())
     if kept < before - 30:
         # seen on an H200 machine's image (its PyTorch 2.11 + CUDA build, its C library):
         # freeing alone gave 148 of 150 MB back, so there is nothing left to test there
-        pytest.skip(f"this allocator returns freed blocks by itself ({before:.0f} MB, then "
-                    f"{kept:.0f} MB after freeing): nothing is left for malloc_trim to hand back")
-    assert after < kept - 100                   # 150 MB freed, at least 100 MB returned
+        pytest.skip(
+            f"this allocator returns freed blocks by itself ({before:.0f} MB, then "
+            f"{kept:.0f} MB after freeing): nothing is left for malloc_trim to hand back"
+        )
+    assert after < kept - 100  # 150 MB freed, at least 100 MB returned

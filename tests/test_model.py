@@ -14,8 +14,8 @@ def test_padding_does_not_change_outputs():
     tgt = torch.randint(4, V, (3, 6))
     batched = model(src, tgt, src == PAD)
     for i, n in enumerate([7, 3, 5]):
-        alone = model(src[i:i + 1, :n], tgt[i:i + 1], src[i:i + 1, :n] == PAD)
-        torch.testing.assert_close(batched[i:i + 1], alone, atol=1e-5, rtol=1e-5)
+        alone = model(src[i : i + 1, :n], tgt[i : i + 1], src[i : i + 1, :n] == PAD)
+        torch.testing.assert_close(batched[i : i + 1], alone, atol=1e-5, rtol=1e-5)
     # and target padding does not change earlier target positions
     tgt_padded = torch.cat([tgt[:, :4], torch.full((3, 2), PAD)], 1)
     torch.testing.assert_close(model(src, tgt_padded, src == PAD)[:, :4], batched[:, :4])
@@ -28,10 +28,12 @@ def test_cached_decoding_equals_uncached(pre_norm, tie):
     mask = src == PAD
     memory = model.encode(src, mask)
     tgt = torch.randint(4, V, (3, 7))
-    full = model.project(model.decode(tgt, memory, mask))             # (B, T, V)
+    full = model.project(model.decode(tgt, memory, mask))  # (B, T, V)
     cache = model.new_cache()
-    steps = [model.project(model.decode(tgt[:, t:t + 1], memory, mask, cache=cache, start=t))
-             for t in range(tgt.shape[1])]
+    steps = [
+        model.project(model.decode(tgt[:, t : t + 1], memory, mask, cache=cache, start=t))
+        for t in range(tgt.shape[1])
+    ]
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
     for b in (1, 4):  # the search loops give the same hypotheses with and without the cache
         assert beam_search(model, src, mask, b) == beam_search(model, src, mask, b, use_cache=False)
@@ -49,8 +51,8 @@ def test_reordered_cache_continues_the_selected_rows():
     tgt = torch.randint(4, V, (4, 4))
     cache = model.new_cache()
     for t in range(3):
-        model.decode(tgt[:, t:t + 1], memory, mask, cache=cache, start=t)
-    first, then = torch.tensor([2, 0, 0, 3]), torch.tensor([3, 1, 0])   # beam reorder, then drop
+        model.decode(tgt[:, t : t + 1], memory, mask, cache=cache, start=t)
+    first, then = torch.tensor([2, 0, 0, 3]), torch.tensor([3, 1, 0])  # beam reorder, then drop
     reorder_cache(cache, first)
     reorder_cache(cache, then)
     rows = first[then]
@@ -73,10 +75,14 @@ def test_search_respects_max_length_and_batch_independence():
     mask = src == PAD
     out = beam_search(model, src, mask, beam=3, max_len_a=1.0, max_len_b=2)
     for hyp, n in zip(out, [5, 9, 3]):
-        assert len(hyp) + 1 <= n + 2                      # EOS included in the limit
+        assert len(hyp) + 1 <= n + 2  # EOS included in the limit
         assert EOS not in hyp
-    alone = [beam_search(model, src[i:i + 1, :n], mask[i:i + 1, :n], beam=3, max_len_a=1.0,
-                         max_len_b=2)[0] for i, n in enumerate([5, 9, 3])]
+    alone = [
+        beam_search(
+            model, src[i : i + 1, :n], mask[i : i + 1, :n], beam=3, max_len_a=1.0, max_len_b=2
+        )[0]
+        for i, n in enumerate([5, 9, 3])
+    ]
     assert out == alone
 
 
@@ -88,7 +94,7 @@ def test_beam_finds_at_least_the_greedy_score():
     @torch.no_grad()
     def logp(i, hyp):
         tgt = torch.tensor([[2] + hyp])
-        lp = torch.log_softmax(model(src[i:i + 1], tgt, mask[i:i + 1]), -1)[0]
+        lp = torch.log_softmax(model(src[i : i + 1], tgt, mask[i : i + 1]), -1)[0]
         ids = hyp + [EOS]
         return float(sum(lp[t, ids[t]] for t in range(len(ids))))
 
@@ -104,16 +110,17 @@ def test_block_topk_equals_topk(length):
     returns what topk returns: with the best values crowded into one block, in the ragged tail
     after the last whole block, and with rows that are mostly -inf (forced EOS)."""
     from mt.decode.search import _topk_rows
+
     g = torch.Generator().manual_seed(length)
     x = torch.randn(6, length, generator=g)
-    x[0, 20:30] = 50.0 + torch.arange(10.0)                  # all of the top 10 in one block
-    x[1, -3:] = 40.0 + torch.arange(3.0)                      # in the tail (when there is one)
+    x[0, 20:30] = 50.0 + torch.arange(10.0)  # all of the top 10 in one block
+    x[1, -3:] = 40.0 + torch.arange(3.0)  # in the tail (when there is one)
     x[2] = -float("inf")
     x[2, 7] = 0.0
     values, index = _topk_rows(x, 10)
     expected = x.topk(10, dim=1)
     torch.testing.assert_close(values, expected.values)
-    torch.testing.assert_close(x.gather(1, index), values)   # indices point at those values
+    torch.testing.assert_close(x.gather(1, index), values)  # indices point at those values
     assert bool((index[:2] == expected.indices[:2]).all())
 
 
@@ -135,7 +142,7 @@ def test_attention_weights_path_equals_sdpa_path():
     with_w = model.decode(tgt, memory, mask, weights=weights)
     torch.testing.assert_close(with_w, model.decode(tgt, memory, mask), atol=1e-5, rtol=1e-5)
     assert len(weights) == 2 and weights[0].shape == (2, 4, 5, 6)
-    assert float(weights[0][1, :, :, 4:].detach().abs().max()) == 0.0   # padding: no attention
+    assert float(weights[0][1, :, :, 4:].detach().abs().max()) == 0.0  # padding: no attention
 
 
 def test_cross_cache_per_sentence_equals_one_copy_per_hypothesis():
@@ -164,5 +171,3 @@ def test_cross_cache_per_sentence_equals_one_copy_per_hypothesis():
     for a, b in zip(w_a, w_b):
         assert a.shape == (3 * k, 4, 1, 8)
         torch.testing.assert_close(a, b)
-
-

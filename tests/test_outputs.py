@@ -1,5 +1,6 @@
 """Outputs are the user's property: a file is replaced only with --force, never one of the
 inputs, and a full disk or read-only folder is one line that leaves the old file intact."""
+
 import os
 import shutil
 import subprocess
@@ -15,24 +16,35 @@ TINY = ROOT / "configs" / "tiny.yaml"
 def _can_mount() -> bool:
     if shutil.which("unshare") is None:
         return False
-    probe = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs tmpfs /mnt"],
-                           capture_output=True)
+    probe = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", "mount -t tmpfs tmpfs /mnt"], capture_output=True
+    )
     return probe.returncode == 0
 
 
-needs_mount = pytest.mark.skipif(not _can_mount(), reason="needs unshare -rm to mount a "
-                                 "read-only or tiny tmpfs (user namespaces)")
+needs_mount = pytest.mark.skipif(
+    not _can_mount(),
+    reason="needs unshare -rm to mount a read-only or tiny tmpfs (user namespaces)",
+)
 
 
 def run_on_mount(folder, options: str, *args, timeout=300):
     """`mt ARGS` inside a private mount namespace where `folder` is a fresh tmpfs mounted with
     `options` (e.g. "ro", "size=64k"): a real read-only or full filesystem, no root needed."""
     folder.mkdir(parents=True, exist_ok=True)
-    script = (f'mount -t tmpfs -o {options} tmpfs "{folder}" && exec "{sys.executable}" -m mt '
-              + " ".join(f"'{a}'" for a in map(str, args)))
+    script = (
+        f'mount -t tmpfs -o {options} tmpfs "{folder}" && exec "{sys.executable}" -m mt '
+        + " ".join(f"'{a}'" for a in map(str, args))
+    )
     env = cli_env()
-    return subprocess.run(["unshare", "-rm", "sh", "-c", script], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        ["unshare", "-rm", "sh", "-c", script],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture
@@ -44,21 +56,32 @@ def src_file(tmp_path):
 
 def test_translate_refuses_to_write_over_its_input(tiny_run, src_file):
     before = src_file.read_bytes()
-    assert_user_error(run_mt("translate", tiny_run, "-i", src_file, "-o", src_file),
-                      "also an input")
+    assert_user_error(
+        run_mt("translate", tiny_run, "-i", src_file, "-o", src_file), "also an input"
+    )
     assert src_file.read_bytes() == before
     # the same file by another name is still the input
-    assert_user_error(run_mt("translate", tiny_run, "-i", src_file,
-                             "-o", src_file.parent / "." / src_file.name), "also an input")
-    assert_user_error(run_mt("translate", tiny_run / "last.pt", "-i", src_file,
-                             "-o", tiny_run / "last.pt", "--force"), "also an input")
+    assert_user_error(
+        run_mt("translate", tiny_run, "-i", src_file, "-o", src_file.parent / "." / src_file.name),
+        "also an input",
+    )
+    assert_user_error(
+        run_mt(
+            "translate", tiny_run / "last.pt", "-i", src_file, "-o", tiny_run / "last.pt", "--force"
+        ),
+        "also an input",
+    )
 
 
 def test_translate_replaces_an_existing_output_only_with_force(tiny_run, src_file, tmp_path):
     out = tmp_path / "out.txt"
     out.write_text("keep me\n")
-    assert_user_error(run_mt("translate", tiny_run, "-i", src_file, "-o", out),
-                      str(out), "already exists", "--force")
+    assert_user_error(
+        run_mt("translate", tiny_run, "-i", src_file, "-o", out),
+        str(out),
+        "already exists",
+        "--force",
+    )
     assert out.read_text() == "keep me\n"
     proc = run_mt("translate", tiny_run, "-i", src_file, "-o", out, "--force")
     assert proc.returncode == 0, proc.stderr
@@ -67,17 +90,26 @@ def test_translate_replaces_an_existing_output_only_with_force(tiny_run, src_fil
     assert run_mt("translate", tiny_run, "-i", src_file, "-o", new).returncode == 0
     umask = os.umask(0)
     os.umask(umask)
-    assert new.stat().st_mode & 0o777 == 0o666 & ~umask       # not a private temp file
+    assert new.stat().st_mode & 0o777 == 0o666 & ~umask  # not a private temp file
 
 
 def test_outputs_in_a_missing_folder_fail_before_the_work(tiny_run, src_file, tmp_path):
     missing = tmp_path / "missing_dir"
-    assert_user_error(run_mt("translate", tiny_run, "-i", src_file, "-o", missing / "out.txt"),
-                      str(missing), "does not exist")
-    assert_user_error(run_mt("average", tiny_run, "--last", "2", "-o", missing / "x.pt"),
-                      str(missing), "does not exist")
-    assert_user_error(run_mt("attention", tiny_run, "mi lo", "-o", missing / "a.png"),
-                      str(missing), "does not exist")
+    assert_user_error(
+        run_mt("translate", tiny_run, "-i", src_file, "-o", missing / "out.txt"),
+        str(missing),
+        "does not exist",
+    )
+    assert_user_error(
+        run_mt("average", tiny_run, "--last", "2", "-o", missing / "x.pt"),
+        str(missing),
+        "does not exist",
+    )
+    assert_user_error(
+        run_mt("attention", tiny_run, "mi lo", "-o", missing / "a.png"),
+        str(missing),
+        "does not exist",
+    )
     assert_user_error(run_mt("plot", tiny_run, "-o", missing / "p.png"), "does not exist")
     assert not missing.exists()
 
@@ -90,17 +122,20 @@ def test_picture_and_average_need_force_to_replace(tiny_run, tmp_path):
     assert png.read_bytes() == b"mine"
     snap = sorted(tiny_run.glob("step_*.pt"))[-1]
     before = snap.read_bytes()
-    assert_user_error(run_mt("average", tiny_run, "--last", "2", "-o", snap, "--force"),
-                      "also an input")
+    assert_user_error(
+        run_mt("average", tiny_run, "--last", "2", "-o", snap, "--force"), "also an input"
+    )
     assert snap.read_bytes() == before
 
 
 @needs_mount
 def test_read_only_filesystem_is_one_line(tiny_run, src_file, tmp_path):
     ro = tmp_path / "ro"
-    for args in (("translate", tiny_run, "-i", src_file, "-o", ro / "out.txt"),
-                 ("plot", tiny_run, "-o", ro / "p.png"),
-                 ("download", "synthetic", "--out", ro / "data")):
+    for args in (
+        ("translate", tiny_run, "-i", src_file, "-o", ro / "out.txt"),
+        ("plot", tiny_run, "-o", ro / "p.png"),
+        ("download", "synthetic", "--out", ro / "data"),
+    ):
         proc = run_on_mount(ro, "ro", *args)
         assert_user_error(proc, str(ro), "Read-only file system")
 
@@ -108,8 +143,7 @@ def test_read_only_filesystem_is_one_line(tiny_run, src_file, tmp_path):
 @needs_mount
 def test_full_disk_while_saving_a_checkpoint_names_the_disk(tiny_run, tmp_path):
     full = tmp_path / "full"
-    proc = run_on_mount(full, "size=64k", "average", tiny_run, "--last", "2", "-o",
-                        full / "avg.pt")
+    proc = run_on_mount(full, "size=64k", "average", tiny_run, "--last", "2", "-o", full / "avg.pt")
     assert_user_error(proc, str(full / "avg.pt"), "disk is full")
 
 
@@ -122,9 +156,11 @@ def test_torch_unexpected_pos_on_a_full_disk_is_reported_as_a_full_disk(tmp_path
 
     def torch_on_full_disk(obj, f, *a, **k):
         raise RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos 64 vs 0")
+
     monkeypatch.setattr(torch, "save", torch_on_full_disk)
-    monkeypatch.setattr(outputs.shutil, "disk_usage",
-                        lambda p: shutil._ntuple_diskusage(10**9, 10**9 - 4096, 4096))
+    monkeypatch.setattr(
+        outputs.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9 - 4096, 4096)
+    )
     with pytest.raises(MTError, match=r"x\.pt: the disk is full"):
         checkpoint.atomic_save({"a": 1}, tmp_path / "x.pt")
     assert list(tmp_path.iterdir()) == []
@@ -143,6 +179,16 @@ def test_training_on_a_disk_that_fills_stops_with_one_line(tmp_path):
     disk = tmp_path / "disk"
     data = tmp_path / "data"
     assert run_mt("download", "synthetic", "--out", data).returncode == 0
-    proc = run_on_mount(disk, "size=1m", "train", TINY, "--run-dir", disk / "run", "--set",
-                        f"data.dir={data}", "train.max_steps=20", "train.save_every=5")
+    proc = run_on_mount(
+        disk,
+        "size=1m",
+        "train",
+        TINY,
+        "--run-dir",
+        disk / "run",
+        "--set",
+        f"data.dir={data}",
+        "train.max_steps=20",
+        "train.save_every=5",
+    )
     assert_user_error(proc, "disk is full")

@@ -1,5 +1,6 @@
 """A run directory belongs to one training process: its lock, the config changes it may and
 may not take on resuming."""
+
 import os
 import shutil
 import subprocess
@@ -17,8 +18,17 @@ def _snapshot(folder):
 
 
 def _train(run, data, *sets, timeout=600):
-    return run_mt("train", TINY, "--run-dir", run, "--set", f"data.dir={data}",
-                  "train.log_every=10", *sets, timeout=timeout)
+    return run_mt(
+        "train",
+        TINY,
+        "--run-dir",
+        run,
+        "--set",
+        f"data.dir={data}",
+        "train.log_every=10",
+        *sets,
+        timeout=timeout,
+    )
 
 
 def test_a_locked_run_directory_is_refused_with_the_holders_pid(tmp_path):
@@ -26,8 +36,11 @@ def test_a_locked_run_directory_is_refused_with_the_holders_pid(tmp_path):
     run.mkdir()
     lock = RunLock(run)
     try:
-        assert_user_error(_train(run, tmp_path / "data", "train.max_steps=5"),
-                          "in use by another mt train", f"pid {os.getpid()}")
+        assert_user_error(
+            _train(run, tmp_path / "data", "train.max_steps=5"),
+            "in use by another mt train",
+            f"pid {os.getpid()}",
+        )
     finally:
         lock.release()
     assert not (run / "config.yaml").exists()
@@ -36,10 +49,26 @@ def test_a_locked_run_directory_is_refused_with_the_holders_pid(tmp_path):
 def test_a_second_training_process_is_refused_and_a_stale_lock_taken_over(tmp_path):
     run, data = tmp_path / "run", tmp_path / "data"
     env = cli_env()
-    first = subprocess.Popen([sys.executable, "-m", "mt", "train", str(TINY), "--run-dir",
-                              str(run), "--set", f"data.dir={data}", "train.max_steps=100000",
-                              "train.log_every=1"], cwd=ROOT, env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mt",
+            "train",
+            str(TINY),
+            "--run-dir",
+            str(run),
+            "--set",
+            f"data.dir={data}",
+            "train.max_steps=100000",
+            "train.log_every=1",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.time() + 180
         while not (run / "train_log.jsonl").exists() and time.time() < deadline:
@@ -63,7 +92,7 @@ def test_a_config_change_that_cannot_be_honoured_is_refused_before_writing(tmp_p
     proc = _train(run, data, "train.max_steps=40", "model.d_model=32", "--allow-config-change")
     assert_user_error(proc, "model.d_model", "cannot change", "another --run-dir")
     assert "size mismatch" not in proc.stderr
-    assert _snapshot(run) == before                       # config.yaml not rewritten
+    assert _snapshot(run) == before  # config.yaml not rewritten
     # the original command still resumes
     proc = _train(run, data, "train.max_steps=30", "train.save_every=10")
     assert proc.returncode == 0, proc.stderr
@@ -73,8 +102,16 @@ def test_a_config_change_that_cannot_be_honoured_is_refused_before_writing(tmp_p
 def test_a_failed_start_does_not_lock_its_config(tmp_path):
     run, data = tmp_path / "run", tmp_path / "data"
     (tmp_path / "wrong").mkdir()
-    bad = run_mt("train", TINY, "--run-dir", run, "--set", f"data.dir={tmp_path / 'wrong'}",
-                 "data.dataset=null", "train.max_steps=10")
+    bad = run_mt(
+        "train",
+        TINY,
+        "--run-dir",
+        run,
+        "--set",
+        f"data.dir={tmp_path / 'wrong'}",
+        "data.dataset=null",
+        "train.max_steps=10",
+    )
     assert_user_error(bad, "no train data")
     proc = _train(run, data, "train.max_steps=10", "tokenizer.vocab_size=280")
     assert proc.returncode == 0, proc.stderr
@@ -94,5 +131,8 @@ def test_a_time_budget_or_a_moved_corpus_resumes_without_flags(tmp_path):
     shutil.copytree(data, other)
     (other / "train.src").write_text("lo\n" * 50)
     (other / "train.tgt").write_text("ka\n" * 50)
-    assert_user_error(_train(run, other, "train.max_steps=40", "train.max_minutes=5"),
-                      "different config", "data.dir")
+    assert_user_error(
+        _train(run, other, "train.max_steps=40", "train.max_minutes=5"),
+        "different config",
+        "data.dir",
+    )

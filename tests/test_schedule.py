@@ -1,4 +1,5 @@
 """The learning-rate schedule (Noam) and mt's Adam: pure functions and their torch twins."""
+
 import math
 
 import pytest
@@ -7,30 +8,41 @@ import torch
 from mt.train.schedule import noam
 
 
-@pytest.mark.parametrize("step,expected", [
-    (1, 512 ** -0.5 * 4000 ** -1.5),
-    (4000, 512 ** -0.5 * 4000 ** -0.5),       # the peak, at the end of warm-up
-    (16000, 512 ** -0.5 * 16000 ** -0.5),     # inverse square-root decay
-])
+@pytest.mark.parametrize(
+    "step,expected",
+    [
+        (1, 512**-0.5 * 4000**-1.5),
+        (4000, 512**-0.5 * 4000**-0.5),  # the peak, at the end of warm-up
+        (16000, 512**-0.5 * 16000**-0.5),  # inverse square-root decay
+    ],
+)
 def test_noam_known_values(step, expected):
     assert noam(step, 512, 4000) == pytest.approx(expected)
 
 
 def test_noam_shape_and_factor():
     lrs = [noam(s, 256, 100, 2.0) for s in range(1, 400)]
-    assert max(lrs) == lrs[99]                                   # peak at step == warmup
-    assert all(a < b for a, b in zip(lrs[:99], lrs[1:100]))      # linear warm-up
-    assert all(a > b for a, b in zip(lrs[100:], lrs[101:]))      # then decays
-    assert lrs[99] == pytest.approx(2.0 * 256 ** -0.5 * 100 ** -0.5)
-    assert noam(50, 256, 100) == pytest.approx(math.sqrt(1 / 256) * 50 * 100 ** -1.5)
+    assert max(lrs) == lrs[99]  # peak at step == warmup
+    assert all(a < b for a, b in zip(lrs[:99], lrs[1:100]))  # linear warm-up
+    assert all(a > b for a, b in zip(lrs[100:], lrs[101:]))  # then decays
+    assert lrs[99] == pytest.approx(2.0 * 256**-0.5 * 100**-0.5)
+    assert noam(50, 256, 100) == pytest.approx(math.sqrt(1 / 256) * 50 * 100**-1.5)
 
 
 def test_scheduler_gives_noam_of_the_update_number():
     from types import SimpleNamespace
 
     from mt.train.schedule import build_optimizer
-    cfg = SimpleNamespace(adam_beta1=0.9, adam_beta2=0.98, adam_eps=1e-9, weight_decay=0.0,
-                          warmup=10, lr_factor=1.0, cooldown=0.0)
+
+    cfg = SimpleNamespace(
+        adam_beta1=0.9,
+        adam_beta2=0.98,
+        adam_eps=1e-9,
+        weight_decay=0.0,
+        warmup=10,
+        lr_factor=1.0,
+        cooldown=0.0,
+    )
     p = torch.nn.Parameter(torch.zeros(1))
     opt, sched = build_optimizer([p], cfg, 64)
     for update in range(1, 25):
@@ -41,6 +53,7 @@ def test_scheduler_gives_noam_of_the_update_number():
 
 def _adam_pair(weight_decay):
     from mt.fast.optim import Adam
+
     g = torch.Generator().manual_seed(3)
     shapes = [(5, 4), (4,), (3, 5)]
     init = [torch.randn(s, generator=g) for s in shapes]
@@ -69,7 +82,7 @@ def test_adam_is_torch_adam_and_their_states_are_interchangeable(weight_decay):
     _adam_steps([(ours, opt), (theirs, ref)], grads[:3])
     for a, b in zip(ours, theirs):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
-    assert not torch.equal(ours[0], _adam_pair(weight_decay)[0][0][0])    # it did move
+    assert not torch.equal(ours[0], _adam_pair(weight_decay)[0][0][0])  # it did move
     # swap: each continues from the other's state (moments and step count)
     mine, torch_state = opt.state_dict(), ref.state_dict()
     opt.load_state_dict(torch_state)
@@ -84,6 +97,7 @@ def test_grad_scaler_drives_mt_adam():
     """fp16 training (GPU) steps mt's Adam through GradScaler: unscaled gradients, a skipped
     update and a halved scale on inf. Checked on CPU, where GradScaler works the same."""
     from mt.fast.optim import Adam
+
     torch.manual_seed(0)
     lin = torch.nn.Linear(4, 4)
     opt = Adam(lin.parameters(), lr=0.1, betas=(0.9, 0.98), eps=1e-9)
@@ -91,7 +105,7 @@ def test_grad_scaler_drives_mt_adam():
     x = torch.randn(3, 4)
     scaler.scale(lin(x).sum()).backward()
     scaler.unscale_(opt)
-    torch.testing.assert_close(lin.bias.grad, torch.full((4,), 3.0))   # d sum / d bias = 3
+    torch.testing.assert_close(lin.bias.grad, torch.full((4,), 3.0))  # d sum / d bias = 3
     before = lin.weight.detach().clone()
     scaler.step(opt)
     scaler.update()
@@ -106,9 +120,14 @@ def test_grad_scaler_drives_mt_adam():
 
 def test_adam_refuses_a_state_for_other_parameters():
     from mt.fast.optim import Adam
+
     opt = Adam([torch.nn.Parameter(torch.zeros(2))], lr=0.1, betas=(0.9, 0.98), eps=1e-9)
-    other = Adam([torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(3))],
-                 lr=0.1, betas=(0.9, 0.98), eps=1e-9)
+    other = Adam(
+        [torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(3))],
+        lr=0.1,
+        betas=(0.9, 0.98),
+        eps=1e-9,
+    )
     with pytest.raises(ValueError, match="2 parameters"):
         opt.load_state_dict(other.state_dict())
 
@@ -118,8 +137,16 @@ def test_noam_resumes_from_a_lambdalr_state():
     from types import SimpleNamespace
 
     from mt.train.schedule import build_optimizer
-    cfg = SimpleNamespace(adam_beta1=0.9, adam_beta2=0.98, adam_eps=1e-9, weight_decay=0.0,
-                          warmup=10, lr_factor=2.0, cooldown=0.0)
+
+    cfg = SimpleNamespace(
+        adam_beta1=0.9,
+        adam_beta2=0.98,
+        adam_eps=1e-9,
+        weight_decay=0.0,
+        warmup=10,
+        lr_factor=2.0,
+        cooldown=0.0,
+    )
     p = torch.nn.Parameter(torch.zeros(1))
     ref_opt = torch.optim.Adam([p], lr=1.0)
     ref = torch.optim.lr_scheduler.LambdaLR(ref_opt, lambda k: noam(k + 1, 64, 10, 2.0))
@@ -134,15 +161,17 @@ def test_noam_resumes_from_a_lambdalr_state():
 
 def test_budget_progress_is_the_larger_share_of_steps_and_clock():
     from mt.train.schedule import budget_progress
-    assert budget_progress(250, 9999.0, 1000, 0.0) == 0.25        # no time budget: steps only
-    assert budget_progress(250, 60.0 * 5, 1000, 10.0) == 0.5      # the clock is further on
-    assert budget_progress(900, 60.0 * 5, 1000, 10.0) == 0.9      # the steps are
-    assert budget_progress(10, 60.0 * 30, 1000, 10.0) == 1.0      # never past the end
+
+    assert budget_progress(250, 9999.0, 1000, 0.0) == 0.25  # no time budget: steps only
+    assert budget_progress(250, 60.0 * 5, 1000, 10.0) == 0.5  # the clock is further on
+    assert budget_progress(900, 60.0 * 5, 1000, 10.0) == 0.9  # the steps are
+    assert budget_progress(10, 60.0 * 30, 1000, 10.0) == 1.0  # never past the end
 
 
 def test_cooldown_is_flat_then_a_straight_line_to_zero():
     from mt.train.schedule import cooldown_scale
-    assert cooldown_scale(0.99, 0.0) == 1.0                       # off
+
+    assert cooldown_scale(0.99, 0.0) == 1.0  # off
     assert [cooldown_scale(p, 0.2) for p in (0.0, 0.5, 0.8)] == pytest.approx([1.0, 1.0, 1.0])
     assert cooldown_scale(0.9, 0.2) == pytest.approx(0.5)
     assert cooldown_scale(0.95, 0.2) == pytest.approx(0.25)
@@ -154,8 +183,16 @@ def test_noam_with_cooldown_scales_the_update_rate_and_resumes_with_it():
     from types import SimpleNamespace
 
     from mt.train.schedule import build_optimizer, cooldown_scale
-    cfg = SimpleNamespace(adam_beta1=0.9, adam_beta2=0.98, adam_eps=1e-9, weight_decay=0.0,
-                          warmup=10, lr_factor=1.0, cooldown=0.5)
+
+    cfg = SimpleNamespace(
+        adam_beta1=0.9,
+        adam_beta2=0.98,
+        adam_eps=1e-9,
+        weight_decay=0.0,
+        warmup=10,
+        lr_factor=1.0,
+        cooldown=0.5,
+    )
     opt, sched = build_optimizer([torch.nn.Parameter(torch.zeros(1))], cfg, 64)
     for update in range(1, 20):
         sched.step()
@@ -164,7 +201,7 @@ def test_noam_with_cooldown_scales_the_update_rate_and_resumes_with_it():
         assert opt.param_groups[0]["lr"] == pytest.approx(lr)
     assert sched.scale == pytest.approx(0.1)
     opt2, sched2 = build_optimizer([torch.nn.Parameter(torch.zeros(1))], cfg, 64)
-    sched2.load_state_dict(sched.state_dict())          # a resumed run goes on at the same lr
+    sched2.load_state_dict(sched.state_dict())  # a resumed run goes on at the same lr
     assert opt2.param_groups[0]["lr"] == opt.param_groups[0]["lr"]
-    sched2.load_state_dict({"last_epoch": 19})          # a checkpoint from before cool-down
+    sched2.load_state_dict({"last_epoch": 19})  # a checkpoint from before cool-down
     assert opt2.param_groups[0]["lr"] == pytest.approx(noam(20, 64, 10))

@@ -1,5 +1,6 @@
 """Scheduled sampling: the schedules, the mixing of predictions into the input, and teacher
 forcing exactly when the gold probability is 1."""
+
 import pytest
 import torch
 
@@ -16,16 +17,19 @@ from mt.tokens import BOS, PAD
 from tests.conftest import ROOT, make_src, run_mt
 
 
-@pytest.mark.parametrize("schedule,k,c", [("linear", 1.0, 1e-4), ("exponential", 0.9995, 0.0),
-                                          ("inverse_sigmoid", 500.0, 0.0)])
+@pytest.mark.parametrize(
+    "schedule,k,c",
+    [("linear", 1.0, 1e-4), ("exponential", 0.9995, 0.0), ("inverse_sigmoid", 500.0, 0.0)],
+)
 def test_schedules_start_at_one_decay_and_respect_the_floor(schedule, k, c):
     ps = [gold_probability(s, schedule, k, c, min_gold=0.25) for s in range(0, 20001, 500)]
     assert ps[0] == pytest.approx(1.0, abs=2e-3)
     assert all(a >= b for a, b in zip(ps, ps[1:])) and ps[-1] == 0.25
     assert gold_probability(1000, "linear", 1.0, 1e-4) == pytest.approx(0.9)
-    assert gold_probability(10, "exponential", 0.5) == pytest.approx(0.5 ** 10)
+    assert gold_probability(10, "exponential", 0.5) == pytest.approx(0.5**10)
     assert gold_probability(2000, "inverse_sigmoid", 1000.0) == pytest.approx(
-        1000 / (1000 + torch.e ** 2))
+        1000 / (1000 + torch.e**2)
+    )
 
 
 def test_mixed_input_keeps_bos_and_padding_and_mixes_the_rest():
@@ -49,15 +53,23 @@ def _batch():
     return Batch(src, tgt[:, :-1], tgt[:, 1:], int((tgt[:, 1:] != PAD).sum()))
 
 
-@pytest.mark.parametrize("arch,two_pass", [("transformer", True), ("transformer", False),
-                                           ("rnn", False), ("decoder_only", False)])
+@pytest.mark.parametrize(
+    "arch,two_pass",
+    [("transformer", True), ("transformer", False), ("rnn", False), ("decoder_only", False)],
+)
 def test_gold_probability_one_is_teacher_forcing(arch, two_pass):
     torch.manual_seed(0)
-    model = build_model(ModelConfig(arch=arch, d_model=32, n_heads=4, enc_layers=1,
-                                    dec_layers=2, d_ff=64, dropout=0.0), 40, 40).train()
+    model = build_model(
+        ModelConfig(
+            arch=arch, d_model=32, n_heads=4, enc_layers=1, dec_layers=2, d_ff=64, dropout=0.0
+        ),
+        40,
+        40,
+    ).train()
     batch = _batch()
-    ss = ScheduledSamplingLoss(ScheduledSamplingConfig(schedule="linear", k=1.0, c=0.0),
-                               reference_loss, two_pass)
+    ss = ScheduledSamplingLoss(
+        ScheduledSamplingConfig(schedule="linear", k=1.0, c=0.0), reference_loss, two_pass
+    )
     ss.set_step(1000)
     ref, ref_nll = reference_loss(model, batch, 0.1)
     ref.backward()
@@ -65,25 +77,29 @@ def test_gold_probability_one_is_teacher_forcing(arch, two_pass):
     model.zero_grad()
     loss, nll = ss(model, batch, 0.1)
     loss.backward()
-    if two_pass:                               # the same computation: bit for bit
+    if two_pass:  # the same computation: bit for bit
         assert torch.equal(loss, ref) and torch.equal(nll, ref_nll)
     torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(nll, ref_nll, rtol=1e-5, atol=1e-5)
     for n, g in ref_grads.items():
-        torch.testing.assert_close(dict(model.named_parameters())[n].grad, g, rtol=1e-4,
-                                   atol=1e-5, msg=n)
+        torch.testing.assert_close(
+            dict(model.named_parameters())[n].grad, g, rtol=1e-4, atol=1e-5, msg=n
+        )
 
 
 def test_gold_probability_zero_feeds_the_first_pass_predictions():
     torch.manual_seed(0)
-    model = build_model(ModelConfig(d_model=32, n_heads=4, enc_layers=1, dec_layers=1,
-                                    d_ff=64, dropout=0.0), 40, 40).train()
+    model = build_model(
+        ModelConfig(d_model=32, n_heads=4, enc_layers=1, dec_layers=1, d_ff=64, dropout=0.0), 40, 40
+    ).train()
     batch = _batch()
     seen = []
-    ss = ScheduledSamplingLoss(ScheduledSamplingConfig(schedule="linear", k=1.0, c=1.0),
-                               lambda m, b, e: seen.append(b.tgt_in) or reference_loss(m, b, e),
-                               two_pass=True)
-    ss.set_step(5)                                                # p = 1 - 5, floored at 0
+    ss = ScheduledSamplingLoss(
+        ScheduledSamplingConfig(schedule="linear", k=1.0, c=1.0),
+        lambda m, b, e: seen.append(b.tgt_in) or reference_loss(m, b, e),
+        two_pass=True,
+    )
+    ss.set_step(5)  # p = 1 - 5, floored at 0
     ss(model, batch, 0.1)
     with torch.no_grad():
         predicted = model(batch.src, batch.tgt_in, batch.src_pad_mask).argmax(-1)
@@ -93,9 +109,18 @@ def test_gold_probability_zero_feeds_the_first_pass_predictions():
 
 def test_training_with_scheduled_sampling_runs_from_the_cli(tmp_path):
     for arch in ("transformer", "rnn"):
-        proc = run_mt("train", ROOT / "configs/tiny.yaml", "--run-dir", tmp_path / arch,
-                      "--set", f"data.dir={tmp_path / 'd'}", f"model.arch={arch}",
-                      "train.max_steps=6", "train.valid_every=6",
-                      "train.scheduled_sampling.schedule=linear",
-                      "train.scheduled_sampling.k=1.0", "train.scheduled_sampling.c=0.1")
+        proc = run_mt(
+            "train",
+            ROOT / "configs/tiny.yaml",
+            "--run-dir",
+            tmp_path / arch,
+            "--set",
+            f"data.dir={tmp_path / 'd'}",
+            f"model.arch={arch}",
+            "train.max_steps=6",
+            "train.valid_every=6",
+            "train.scheduled_sampling.schedule=linear",
+            "train.scheduled_sampling.k=1.0",
+            "train.scheduled_sampling.c=0.1",
+        )
         assert proc.returncode == 0, proc.stderr

@@ -1,5 +1,6 @@
 """Beam search against a scripted model whose log-probabilities are known: the hypothesis it
 returns is the best one by logp / len^length_penalty, found by enumerating every output."""
+
 import itertools
 
 import pytest
@@ -9,7 +10,7 @@ import torch.nn.functional as F
 from mt.decode.search import beam_search, greedy
 from mt.tokens import BOS, EOS
 
-V = 7                      # PAD, UNK, BOS, EOS and three words
+V = 7  # PAD, UNK, BOS, EOS and three words
 WORDS = [4, 5, 6]
 
 
@@ -17,12 +18,13 @@ class ScriptedModel(torch.nn.Module):
     """The next token's log-probabilities depend on the last token only: table[last]. The
     search's interface without a network: states are one-hot last tokens, `project` looks
     the row up."""
+
     cross_cache_per_sentence = False
     max_positions = 64
 
     def __init__(self, table: torch.Tensor):
         super().__init__()
-        self.table = table                                   # (V, V) log-probabilities
+        self.table = table  # (V, V) log-probabilities
 
     def encode(self, src, src_pad_mask):
         return torch.zeros(src.shape[0], src.shape[1], 1)
@@ -31,7 +33,7 @@ class ScriptedModel(torch.nn.Module):
         return [{"self": {}}]
 
     def decode(self, tgt_in, memory, src_pad_mask, cache=None, start=0, weights=None):
-        return F.one_hot(tgt_in, V).float()                  # (B, T, V)
+        return F.one_hot(tgt_in, V).float()  # (B, T, V)
 
     def project(self, h):
         return h @ self.table
@@ -39,7 +41,7 @@ class ScriptedModel(torch.nn.Module):
 
 def _table(seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
-    logits = torch.full((V, V), -1e9)                        # PAD, UNK, BOS: never
+    logits = torch.full((V, V), -1e9)  # PAD, UNK, BOS: never
     for row in range(V):
         logits[row, [EOS, *WORDS]] = torch.randn(4, generator=g) * 2
     return torch.log_softmax(logits, -1)
@@ -55,7 +57,7 @@ def _best_by_enumeration(table, max_tokens: int, lp: float) -> list[int]:
             for a, b in zip(seq, seq[1:]):
                 logp += float(table[a, b])
             if n < max_tokens - 1:
-                logp += float(table[seq[-1], EOS])           # ends by choice, not forced
+                logp += float(table[seq[-1], EOS])  # ends by choice, not forced
             score = logp / (n + 1) ** lp
             if best is None or score > best[0]:
                 best = (score, list(words))
@@ -69,8 +71,7 @@ def test_exhaustive_beam_returns_the_best_scored_hypothesis(lp):
     src = torch.tensor([[4, 5, EOS]])
     for seed in range(15):
         table = _table(seed)
-        got = beam_search(ScriptedModel(table), src, src == 0, 9, lp, max_len_a=0.0,
-                          max_len_b=3)
+        got = beam_search(ScriptedModel(table), src, src == 0, 9, lp, max_len_a=0.0, max_len_b=3)
         assert got == [_best_by_enumeration(table, 3, lp)], seed
 
 
@@ -92,7 +93,7 @@ def test_greedy_follows_the_most_likely_token_and_beam_one_agrees():
     for seed in range(20):
         table = _table(seed)
         expected, last = [], BOS
-        for _ in range(5):                                  # max_len_b 6: 5 words at most
+        for _ in range(5):  # max_len_b 6: 5 words at most
             nxt = int(table[last].argmax())
             if nxt == EOS:
                 break
@@ -106,7 +107,7 @@ def test_greedy_follows_the_most_likely_token_and_beam_one_agrees():
 def test_a_sentence_ends_at_its_length_limit_with_eos():
     """A model that never wants to stop is cut at max_len_b tokens (EOS included)."""
     table = torch.full((V, V), -1e9)
-    table[:, 4] = 0.0                                         # always the word 4
+    table[:, 4] = 0.0  # always the word 4
     table = torch.log_softmax(table, -1)
     src = torch.tensor([[4, EOS]])
     assert greedy(ScriptedModel(table), src, src == 0, 0.0, 4) == [[4, 4, 4]]
@@ -118,14 +119,16 @@ def test_search_never_emits_pad_bos_or_unk():
     from mt.decode.search import beam_search, greedy
     from mt.model import build_model
     from mt.tokens import BOS, EOS, PAD, UNK
+
     torch.manual_seed(0)
     model = build_model(ModelConfig(d_model=32, enc_layers=1, dec_layers=1, d_ff=64), 40, 40).eval()
     real = model.project
 
-    def project(h):   # a model that loves the special tokens
+    def project(h):  # a model that loves the special tokens
         logits = real(h)
         logits[..., [PAD, BOS, UNK]] += 100.0
         return logits
+
     model.project = project
     src = torch.randint(4, 40, (3, 5))
     outs = greedy(model, src, src == 0, 0.0, 4) + beam_search(model, src, src == 0, 3, 1.0, 0.0, 4)

@@ -26,9 +26,10 @@ def _trainer(tmp_path, *overrides):
     # on the CPU on every machine: the tests feed CPU batches to train_step, and on a GPU
     # machine "auto" would put the model on the GPU (a test means the same there as in CI;
     # tests/test_cuda.py takes the GPU's paths)
-    cfg = load_config(ROOT / "configs/tiny.yaml", [f"data.dir={tmp_path / 'd'}",
-                                                    "train.log_every=2", "train.device=cpu",
-                                                    *overrides])
+    cfg = load_config(
+        ROOT / "configs/tiny.yaml",
+        [f"data.dir={tmp_path / 'd'}", "train.log_every=2", "train.device=cpu", *overrides],
+    )
     return build_trainer(cfg, tmp_path / "run", log=lambda *_: None)
 
 
@@ -40,6 +41,7 @@ def _poison(trainer, bad_calls):
         calls[0] += 1
         out = real(*a, **k)
         return out * float("nan") if calls[0] in bad_calls else out
+
     trainer.model.decode = forward
 
 
@@ -51,7 +53,7 @@ def test_nonfinite_update_is_skipped_and_logged(tmp_path):
     assert t.state.step == 1
     after_one = {k: v.clone() for k, v in t.model.state_dict().items()}
     assert t.train_step([next(t._batches())]) is False
-    assert t.state.step == 1                                    # not counted as an update
+    assert t.state.step == 1  # not counted as an update
     assert all(torch.equal(after_one[k], v) for k, v in t.model.state_dict().items())
     assert not all(torch.equal(before[k], v) for k, v in after_one.items())
     t.fit()
@@ -61,8 +63,13 @@ def test_nonfinite_update_is_skipped_and_logged(tmp_path):
 
 
 def test_training_stops_after_k_nonfinite_in_a_row(tmp_path):
-    t = _trainer(tmp_path, "train.max_steps=20", "train.save_every=5", "train.valid_every=100",
-                 "train.max_nonfinite=3")
+    t = _trainer(
+        tmp_path,
+        "train.max_steps=20",
+        "train.save_every=5",
+        "train.valid_every=100",
+        "train.max_nonfinite=3",
+    )
     _poison(t, set(range(8, 100)))
     with pytest.raises(MTError, match="NaN/inf for 3 updates in a row at step 7"):
         t.fit()
@@ -98,12 +105,14 @@ def test_out_of_memory_batch_is_skipped_and_counted(tmp_path):
 
 def test_run_dir_records_versions_and_commit(tmp_path):
     import json
+
     _trainer(tmp_path, "train.max_steps=1")
     import subprocess
+
     info = json.loads((tmp_path / "run/run_info.json").read_text())
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     assert info["torch"] == torch.__version__
-    assert info["git_commit"] == (head.stdout.strip() or None)     # the code that trained
+    assert info["git_commit"] == (head.stdout.strip() or None)  # the code that trained
     assert (tmp_path / "run/config.yaml").is_file()
 
 
@@ -121,12 +130,13 @@ def test_compiled_training_takes_the_same_steps(tmp_path):
     eager = _trainer(tmp_path / "e", "model.dropout=0.0")
     compiled = _trainer(tmp_path / "c", "model.dropout=0.0", "train.compile=true")
     compiled.model.load_state_dict(eager.model.state_dict())
-    assert compiled.train_model._orig_mod is compiled.model      # really compiled
+    assert compiled.train_model._orig_mod is compiled.model  # really compiled
     for idx in (range(0, 16), range(16, 40), range(40, 48)):
         batch = [collate(eager.train_data, np.array(list(idx)))]
         assert eager.train_step(batch) and compiled.train_step(batch)
-    torch.testing.assert_close(torch.stack(compiled._window.loss), torch.stack(eager._window.loss),
-                               rtol=1e-5, atol=0)
+    torch.testing.assert_close(
+        torch.stack(compiled._window.loss), torch.stack(eager._window.loss), rtol=1e-5, atol=0
+    )
     # Adam turns float-rounding differences in near-zero gradients into steps of up to lr
     # (about 4e-4 here), so the weights agree to a few lr, not to rounding.
     for k, v in compiled.model.state_dict().items():
@@ -137,9 +147,16 @@ def test_time_budget_ends_the_run_like_its_last_step(tmp_path):
     """train.max_minutes stops well before max_steps, and the run ends as a finished one:
     validated at the stopping step, last snapshot saved and averaged, best.pt written."""
     import json
-    t = _trainer(tmp_path, "train.max_steps=100000", "train.max_minutes=0.002",
-                 "train.valid_every=100000", "train.save_every=100000", "train.keep_checkpoints=2",
-                 "train.average_last=2")
+
+    t = _trainer(
+        tmp_path,
+        "train.max_steps=100000",
+        "train.max_minutes=0.002",
+        "train.valid_every=100000",
+        "train.save_every=100000",
+        "train.keep_checkpoints=2",
+        "train.average_last=2",
+    )
     t.fit()
     st = t.state
     assert 0 < st.step < 100000 and st.train_seconds >= 0.12
@@ -156,23 +173,27 @@ def test_mixed_precision_training_tracks_fp32(tmp_path, monkeypatch, precision):
     fp32's within low-precision rounding, and the weights and checkpoint stay fp32."""
 
     from mt.fast import modules
+
     full = _trainer(tmp_path / "fp32", "model.dropout=0.0")
     mixed = _trainer(tmp_path / precision, "model.dropout=0.0", f"train.precision={precision}")
     mixed.model.load_state_dict(full.model.state_dict())
-    batches = [[collate(full.train_data, np.array(list(range(i, i + 16))))] for i in range(0, 96, 16)]
+    batches = [
+        [collate(full.train_data, np.array(list(range(i, i + 16))))] for i in range(0, 96, 16)
+    ]
     for b in batches:
         assert full.train_step(b)
 
     def no_fused(*_):
         raise AssertionError("the fused fp32 CPU path ran under autocast")
+
     monkeypatch.setattr(modules, "feed_forward", no_fused)
     monkeypatch.setattr(modules, "add_norm", no_fused)
     monkeypatch.setattr(modules, "attention_out", no_fused)
     for b in batches:
         assert mixed.train_step(b)
     full_loss, mixed_loss = torch.stack(full._window.loss), torch.stack(mixed._window.loss)
-    assert not torch.equal(full_loss, mixed_loss)                   # really in low precision
-    torch.testing.assert_close(mixed_loss, full_loss, rtol=5e-3, atol=0)   # seen: 2e-4
+    assert not torch.equal(full_loss, mixed_loss)  # really in low precision
+    torch.testing.assert_close(mixed_loss, full_loss, rtol=5e-3, atol=0)  # seen: 2e-4
     assert {p.dtype for p in mixed.model.parameters()} == {torch.float32}
     mixed.save("last.pt")
     saved = checkpoint.load(tmp_path / precision / "run/last.pt")
@@ -183,10 +204,17 @@ def test_tensorboard_events_hold_the_logged_scalars(tmp_path):
     """train.tensorboard: the event files hold what train_log.jsonl holds (training loss,
     validation BLEU, the tuning grid) at the same steps."""
     import json
+
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    t = _trainer(tmp_path, "train.max_steps=6", "train.valid_every=3", "train.tensorboard=true",
-                 "decode.tune_beams=[1,2]")
+
+    t = _trainer(
+        tmp_path,
+        "train.max_steps=6",
+        "train.valid_every=3",
+        "train.tensorboard=true",
+        "decode.tune_beams=[1,2]",
+    )
     t.fit()
     t.close()
     events = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
@@ -206,13 +234,17 @@ def test_cooldown_brings_the_learning_rate_down_to_zero_at_the_last_step(tmp_pat
     import json
 
     from mt.train.schedule import noam
+
     t = _trainer(tmp_path, "train.max_steps=10", "train.cooldown=0.5", "train.valid_every=100")
     t.fit()
-    logged = {r["step"]: r["lr"] for r in map(json.loads, (tmp_path / "run/train_log.jsonl")
-                                               .read_text().splitlines()) if "lr" in r}
+    logged = {
+        r["step"]: r["lr"]
+        for r in map(json.loads, (tmp_path / "run/train_log.jsonl").read_text().splitlines())
+        if "lr" in r
+    }
     assert sorted(logged) == [2, 4, 6, 8, 10]
     ratio = {k: logged[k] / noam(k + 1, 1, t.cfg.warmup, t.cfg.lr_factor) for k in logged}
-    flat = ratio[2]                                             # d_model ** -0.5
+    flat = ratio[2]  # d_model ** -0.5
     assert ratio[4] == pytest.approx(flat)
     assert ratio[6] == pytest.approx(0.8 * flat) and ratio[8] == pytest.approx(0.4 * flat)
     assert logged[10] == 0.0
@@ -222,18 +254,20 @@ def test_with_bpe_dropout_the_start_up_log_counts_the_segmentation_epoch_0_train
     """With train.bpe_dropout the plain segmentation is never encoded: the counts logged at
     start-up (pairs kept, pairs longer than data.max_len) are those of epoch 0's dropout
     segmentation, the data the first epoch walks."""
-    first = _trainer(tmp_path)                     # the same run directory: the same BPE model
+    first = _trainer(tmp_path)  # the same run directory: the same BPE model
     plain = first.train_data
     first.close()
     fits = int(max(plain.src.lengths.max(), plain.tgt.lengths.max())) + 1
-    assert plain.stats.too_long == 0               # every plain pair fits data.max_len=fits
+    assert plain.stats.too_long == 0  # every plain pair fits data.max_len=fits
     logged = []
-    cfg = load_config(ROOT / "configs/tiny.yaml", [
-        f"data.dir={tmp_path / 'd'}", "train.bpe_dropout=0.1", f"data.max_len={fits}"])
+    cfg = load_config(
+        ROOT / "configs/tiny.yaml",
+        [f"data.dir={tmp_path / 'd'}", "train.bpe_dropout=0.1", f"data.max_len={fits}"],
+    )
     t = build_trainer(cfg, tmp_path / "run", log=lambda *a, **_: logged.extend(map(str, a)))
     epoch0 = t.epoch_data(0)
     t.close()
-    assert epoch0.stats.too_long > 0               # dropout's longer segmentations do not fit
+    assert epoch0.stats.too_long > 0  # dropout's longer segmentations do not fit
     assert epoch0.stats.describe("train") in logged
 
 
@@ -242,15 +276,16 @@ def test_bpe_dropout_segments_each_epoch_anew_and_the_same_on_every_rank_and_res
     the same text (it decodes to the same sentences, in more pieces than the deterministic
     segmentation); an epoch's segmentation depends on (seed, epoch) alone, so another rank or
     a resumed run gets the same batches at the same (epoch, position)."""
-    first = _trainer(tmp_path)                     # the same run directory: the same BPE model
+    first = _trainer(tmp_path)  # the same run directory: the same BPE model
     plain = first.train_data
     first.close()
     t = _trainer(tmp_path, "train.bpe_dropout=0.1", "train.max_tokens=256")
-    assert t.train_data is None          # no second copy of the split in the plain segmentation
+    assert t.train_data is None  # no second copy of the split in the plain segmentation
 
     def seqs(arr):
         return [arr[i].tolist() for i in range(len(arr))]
-    e0, e1 = t.epoch_data(0), t.epoch_data(1)    # e0: prepare_data's encoding; then re-encoded
+
+    e0, e1 = t.epoch_data(0), t.epoch_data(1)  # e0: prepare_data's encoding; then re-encoded
     assert seqs(t.epoch_data(0).src) == seqs(e0.src) and seqs(t.epoch_data(0).tgt) == seqs(e0.tgt)
     assert seqs(e0.tgt) != seqs(e1.tgt) and seqs(e0.src) != seqs(plain.src)
     assert t.tokenizer.decode_tgt(seqs(e0.tgt)) == t.tokenizer.decode_tgt(seqs(plain.tgt))
@@ -263,14 +298,16 @@ def test_bpe_dropout_segments_each_epoch_anew_and_the_same_on_every_rank_and_res
     while (t.state.epoch, t.state.batch_in_epoch) != (1, 2):
         next(batches)
     first = [next(batches) for _ in range(3)]
-    assert asked == [0, 1]                          # the trainer walks each epoch's own data
+    assert asked == [0, 1]  # the trainer walks each epoch's own data
     t.close()
     again = _trainer(tmp_path, "train.bpe_dropout=0.1", "train.max_tokens=256")
-    again.state.epoch, again.state.batch_in_epoch = 1, 2          # where a resume would start
+    again.state.epoch, again.state.batch_in_epoch = 1, 2  # where a resume would start
     second = [b for b, _ in zip(again._batches(), range(3))]
     again.close()
-    assert all(torch.equal(a.src, b.src) and torch.equal(a.tgt_out, b.tgt_out)
-               for a, b in zip(first, second))
+    assert all(
+        torch.equal(a.src, b.src) and torch.equal(a.tgt_out, b.tgt_out)
+        for a, b in zip(first, second)
+    )
 
 
 def test_forecast_is_revised_from_the_recent_speed():
@@ -278,21 +315,23 @@ def test_forecast_is_revised_from_the_recent_speed():
     so a run whose first updates were slow (a GPU's, docs/gpu.md) is forecast to reach
     max_steps once it is fast, and a budget still cuts it when the speed does not allow it."""
     from mt.train.progress import Forecast
+
     f = Forecast(step=0, seconds=0.0)
-    assert f.revise(100, 10.0, 30_000, 3600.0) is None            # nothing forecast yet
-    assert f.update(50, 12.5, 30_000, 3600.0) == 50 + int(3587.5 / 0.25)   # 0.25 s/update
-    assert f.update(60, 15.0, 30_000, 3600.0) is None              # said once
-    assert f.revise(1050, 62.5, 30_000, 3600.0) == 30_000          # 0.05 s/update since
+    assert f.revise(100, 10.0, 30_000, 3600.0) is None  # nothing forecast yet
+    assert f.update(50, 12.5, 30_000, 3600.0) == 50 + int(3587.5 / 0.25)  # 0.25 s/update
+    assert f.update(60, 15.0, 30_000, 3600.0) is None  # said once
+    assert f.revise(1050, 62.5, 30_000, 3600.0) == 30_000  # 0.05 s/update since
     assert f.sec_per_step == pytest.approx(0.05)
-    assert f.revise(1050, 62.5, 30_000, 3600.0) is None            # no step since
+    assert f.revise(1050, 62.5, 30_000, 3600.0) is None  # no step since
     assert f.revise(2050, 362.5, 30_000, 3600.0) == 2050 + int(3237.5 / 0.3)
-    assert f.revise(3050, 400.0, 30_000, 0.0) == 30_000            # no budget: max_steps
+    assert f.revise(3050, 400.0, 30_000, 0.0) == 30_000  # no budget: max_steps
 
 
 def _pairs(data) -> set[tuple[tuple[int, ...], tuple[int, ...]]]:
     """A ParallelData's (source, target) pairs as token ids."""
-    return {(tuple(map(int, data.src[i])), tuple(map(int, data.tgt[i])))
-            for i in range(len(data.src))}
+    return {
+        (tuple(map(int, data.src[i])), tuple(map(int, data.tgt[i]))) for i in range(len(data.src))
+    }
 
 
 def _rows(batch) -> set[tuple[tuple[int, ...], tuple[int, ...]]]:
@@ -301,6 +340,7 @@ def _rows(batch) -> set[tuple[tuple[int, ...], tuple[int, ...]]]:
 
     def ids(row):
         return tuple(int(x) for x in row if x not in (PAD, EOS))
+
     return {(ids(s), ids(t)) for s, t in zip(batch.src, batch.tgt_out)}
 
 
@@ -310,6 +350,7 @@ def test_bidirectional_share_trains_both_directions_early_then_one(tmp_path):
     source too); an epoch that begins later, on the configured direction alone. An epoch
     keeps the choice it began with, also in a run resumed inside it."""
     from mt.data.corpus import both_directions
+
     t = _trainer(tmp_path, "train.bidirectional_share=0.5", "train.max_tokens=256")
     data = t.train_data
     forward = _pairs(data)
@@ -319,13 +360,13 @@ def test_bidirectional_share_trains_both_directions_early_then_one(tmp_path):
     assert len(both.src) == 2 * len(data.src)
     assert _pairs(both) == forward | backward
 
-    per_epoch, kept = {}, []           # epoch -> its pairs; epoch 1's batches from position 2
+    per_epoch, kept = {}, []  # epoch -> its pairs; epoch 1's batches from position 2
     batches = t._batches()
     while t.state.epoch < 3:
-        batch = next(batches)          # (its epoch is state.epoch once it is handed out)
+        batch = next(batches)  # (its epoch is state.epoch once it is handed out)
         per_epoch.setdefault(t.state.epoch, set()).update(_rows(batch))
         if (t.state.epoch, t.state.batch_in_epoch) == (1, 2):
-            t._progress = 0.6          # past the share inside epoch 1
+            t._progress = 0.6  # past the share inside epoch 1
         elif t.state.epoch == 1 and t.state.batch_in_epoch > 2 and len(kept) < 3:
             kept.append(batch)
     t.close()
@@ -333,12 +374,14 @@ def test_bidirectional_share_trains_both_directions_early_then_one(tmp_path):
     assert per_epoch[2] <= forward and len(kept) == 3
 
     again = _trainer(tmp_path, "train.bidirectional_share=0.5", "train.max_tokens=256")
-    again.state.epoch, again.state.batch_in_epoch = 1, 2           # where a resume would start
-    again.state.both_directions, again._progress = True, 0.6       # as last.pt holds them
+    again.state.epoch, again.state.batch_in_epoch = 1, 2  # where a resume would start
+    again.state.both_directions, again._progress = True, 0.6  # as last.pt holds them
     resumed = [b for b, _ in zip(again._batches(), range(3))]
     again.close()
-    assert all(torch.equal(a.src, b.src) and torch.equal(a.tgt_out, b.tgt_out)
-               for a, b in zip(kept, resumed))
+    assert all(
+        torch.equal(a.src, b.src) and torch.equal(a.tgt_out, b.tgt_out)
+        for a, b in zip(kept, resumed)
+    )
 
 
 def test_bidirectional_stage_ends_by_the_budget_the_run_spends(tmp_path, capsys):
@@ -347,10 +390,17 @@ def test_bidirectional_stage_ends_by_the_budget_the_run_spends(tmp_path, capsys)
     which way the epoch it stopped in trains."""
     from mt.data.batching import epoch_batches
     from mt.data.corpus import both_directions
-    t = _trainer(tmp_path, "train.bidirectional_share=0.3", "train.max_tokens=2000",
-                 "train.max_steps=100", "train.valid_every=1000", "train.save_every=100")
+
+    t = _trainer(
+        tmp_path,
+        "train.bidirectional_share=0.3",
+        "train.max_tokens=2000",
+        "train.max_steps=100",
+        "train.valid_every=1000",
+        "train.save_every=100",
+    )
     first_epoch = len(epoch_batches(both_directions(t.train_data), 2000, t.cfg.seed, 0))
-    assert 30 < first_epoch < 100                  # epoch 0 ends past 30% of the budget
+    assert 30 < first_epoch < 100  # epoch 0 ends past 30% of the budget
     t.fit()
     t.close()
     err = capsys.readouterr().err
@@ -369,6 +419,7 @@ def test_word_dropout_turns_source_pieces_into_unk_the_same_on_resume(tmp_path):
 
     def walk(trainer, n):
         return [b for b, _ in zip(trainer._batches(), range(n))]
+
     plain = _trainer(tmp_path, "train.max_tokens=256")
     clean = walk(plain, 40)
     plain.close()
@@ -386,9 +437,9 @@ def test_word_dropout_turns_source_pieces_into_unk_the_same_on_resume(tmp_path):
     assert real > 2000 and 0.22 < dropped / real < 0.28
 
     again = _trainer(tmp_path, "train.word_dropout=0.25", "train.max_tokens=256")
-    again.state.batch_in_epoch = 5                    # where a resume inside epoch 0 would start
+    again.state.batch_in_epoch = 5  # where a resume inside epoch 0 would start
     resumed = walk(again, 3)
-    assert again.state.epoch == 0                     # (epoch 0 has more than 8 batches)
+    assert again.state.epoch == 0  # (epoch 0 has more than 8 batches)
     again.close()
     assert all(torch.equal(a.src, b.src) for a, b in zip(noisy[5:8], resumed))
 
@@ -398,25 +449,31 @@ TINY = ROOT / "configs" / "tiny.yaml"
 
 def _cfg(data_dir, *more):
     # train.device cpu: the ranks here are gloo ranks, also on a machine with one GPU
-    return load_config(TINY, [f"data.dir={data_dir}", "model.dropout=0.0", "train.device=cpu",
-                              *more])
+    return load_config(
+        TINY, [f"data.dir={data_dir}", "model.dropout=0.0", "train.device=cpu", *more]
+    )
 
 
 def test_fp16_overflow_skips_are_not_counted_as_steps(tmp_path):
     from mt.data.download import download as dl
+
     dl("synthetic", tmp_path / "d")
-    t = build_trainer(_cfg(tmp_path / "d", "train.precision=fp16", "train.log_every=1",
-                           "train.device=auto"),       # the GPU's GradScaler where there is one
-                      tmp_path / "run", log=lambda *_: None)
+    t = build_trainer(
+        _cfg(
+            tmp_path / "d", "train.precision=fp16", "train.log_every=1", "train.device=auto"
+        ),  # the GPU's GradScaler where there is one
+        tmp_path / "run",
+        log=lambda *_: None,
+    )
     batches = t._batches()
     assert t.train_step([next(batches)])
     assert t.state.step == 1 and t.scheduler.last_epoch == 1
     weight = t.model.tgt_embed.weight
-    handle = weight.register_hook(lambda g: g * float("inf"))       # overflowing gradients
+    handle = weight.register_hook(lambda g: g * float("inf"))  # overflowing gradients
     before = weight.detach().clone()
     assert t.train_step([next(batches)]) is False
     handle.remove()
-    assert t.state.step == 1 and t.scheduler.last_epoch == 1       # neither moved
+    assert t.state.step == 1 and t.scheduler.last_epoch == 1  # neither moved
     assert t.state.fp16_skipped == 1
     assert torch.equal(weight.detach(), before)
     assert t.train_step([next(batches)]) and t.state.step == 2
@@ -425,17 +482,33 @@ def test_fp16_overflow_skips_are_not_counted_as_steps(tmp_path):
     t.close()
 
 
-
-
 def test_ctrl_c_twice_says_what_was_lost(tmp_path):
     run, data = tmp_path / "run", tmp_path / "data"
     env = cli_env()
     # a slow update (a wide model), so that the second signal lands inside the same update
-    proc = subprocess.Popen([sys.executable, "-m", "mt", "train", str(TINY), "--run-dir",
-                             str(run), "--set", f"data.dir={data}", "train.max_steps=100000",
-                             "train.log_every=1", "model.d_model=512", "model.d_ff=4096",
-                             "train.max_tokens=8000"], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mt",
+            "train",
+            str(TINY),
+            "--run-dir",
+            str(run),
+            "--set",
+            f"data.dir={data}",
+            "train.max_steps=100000",
+            "train.log_every=1",
+            "model.d_model=512",
+            "model.d_ff=4096",
+            "train.max_tokens=8000",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 180
     while not (run / "train_log.jsonl").exists() and time.time() < deadline:
         time.sleep(0.1)
@@ -455,12 +528,24 @@ def test_ctrl_c_twice_says_what_was_lost(tmp_path):
 
 def test_same_config_and_seed_give_the_same_loss_curve(tmp_path):
     def curve(run):
-        proc = run_mt("train", ROOT / "configs/tiny.yaml", "--run-dir", tmp_path / run, "--set",
-                      f"data.dir={tmp_path / 'd'}", "train.max_steps=30", "train.log_every=5",
-                      "train.valid_every=30", "model.dropout=0.1")
+        proc = run_mt(
+            "train",
+            ROOT / "configs/tiny.yaml",
+            "--run-dir",
+            tmp_path / run,
+            "--set",
+            f"data.dir={tmp_path / 'd'}",
+            "train.max_steps=30",
+            "train.log_every=5",
+            "train.valid_every=30",
+            "model.dropout=0.1",
+        )
         assert proc.returncode == 0, proc.stderr
-        recs = [json.loads(x) for x in (tmp_path / run / "train_log.jsonl").read_text().splitlines()]
+        recs = [
+            json.loads(x) for x in (tmp_path / run / "train_log.jsonl").read_text().splitlines()
+        ]
         return [(r["step"], r["loss"], r["nll"]) for r in recs if "loss" in r]
+
     first = curve("a")
     assert len(first) == 6 and first == curve("b")
     info = json.loads((tmp_path / "a/run_info.json").read_text())

@@ -1,6 +1,7 @@
 """Self-describing checkpoints: config, tokenizer, model/optimizer/scheduler/scaler state,
 train counters and RNG states in one file, written atomically and read without unpickling
 code (`weights_only=True`)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -57,8 +58,10 @@ def load(path: str | Path) -> dict:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
         reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
-        raise MTError(f"checkpoint {path} is corrupt or not an mt checkpoint ({reason}); "
-                      f"use another checkpoint (e.g. last.pt or best.pt)") from None
+        raise MTError(
+            f"checkpoint {path} is corrupt or not an mt checkpoint ({reason}); "
+            f"use another checkpoint (e.g. last.pt or best.pt)"
+        ) from None
     if not isinstance(ckpt, dict) or ckpt.get("format_version") != FORMAT_VERSION:
         raise MTError(f"checkpoint {path} is not an mt checkpoint of format {FORMAT_VERSION}")
     return ckpt
@@ -66,23 +69,40 @@ def load(path: str | Path) -> dict:
 
 # -- building and reading the format: the one place that knows its keys -------------------
 
-def build(*, config: dict, model_state: dict, tokenizer, train_state: dict,
-          training: tuple | None = None, rank_rng: list[dict] | None = None,
-          ema: dict | None = None) -> dict:
+
+def build(
+    *,
+    config: dict,
+    model_state: dict,
+    tokenizer,
+    train_state: dict,
+    training: tuple | None = None,
+    rank_rng: list[dict] | None = None,
+    ema: dict | None = None,
+) -> dict:
     """A checkpoint: config, weights, the BPE model and the train counters; with
     `training` = (optimizer, scheduler, scaler) also their states and the random generators,
     so that training resumes exactly (last.pt, best.pt); without it, a model snapshot
     (step_N.pt, for averaging). rank_rng: every rank's generators (multi-rank runs); ema: the
     weight average's state, when `model_state` holds the raw weights (last.pt)."""
-    ckpt = {"format_version": FORMAT_VERSION, "config": config, "model": model_state,
-            "spm": tokenizer_state(tokenizer), "train_state": train_state}
+    ckpt = {
+        "format_version": FORMAT_VERSION,
+        "config": config,
+        "model": model_state,
+        "spm": tokenizer_state(tokenizer),
+        "train_state": train_state,
+    }
     if training is not None:
         optimizer, scheduler, scaler = training
-        ckpt.update(optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(),
-                    scaler=scaler.state_dict(), rng=rng_state())
+        ckpt.update(
+            optimizer=optimizer.state_dict(),
+            scheduler=scheduler.state_dict(),
+            scaler=scaler.state_dict(),
+            rng=rng_state(),
+        )
         if rank_rng is not None and len(rank_rng) > 1:
             ckpt["rank_rng"] = rank_rng
-    if ema is not None:      # train.ema_decay: the weight average, beside the raw weights
+    if ema is not None:  # train.ema_decay: the weight average, beside the raw weights
         ckpt["ema"] = ema
     return ckpt
 
@@ -111,6 +131,7 @@ def generators_of(ckpt: dict, rank: int, world: int) -> tuple[dict, bool]:
 
 def config_of(ckpt: dict, source: str = "checkpoint"):
     from mt.config import config_from_dict
+
     return config_from_dict(ckpt["config"], source)
 
 
@@ -119,11 +140,12 @@ class Trained:
     """A checkpoint opened for use: where it came from, the file's contents, and what they
     describe (the config, the BPE model, the model with its weights, on the CPU) and the
     precision its training computed in (see trained_precision)."""
+
     path: Path | None
     ckpt: dict
-    config: Any                  # mt.config.Config
-    tokenizer: Any               # mt.data.tokenizer.Tokenizer
-    model: Any                   # mt.model.Seq2Seq
+    config: Any  # mt.config.Config
+    tokenizer: Any  # mt.data.tokenizer.Tokenizer
+    model: Any  # mt.model.Seq2Seq
     precision: str
 
 
@@ -137,6 +159,7 @@ def open_trained(path: str | Path) -> Trained:
 def trained_from(ckpt: dict, path: Path | None = None) -> Trained:
     """A checkpoint already in memory (`path`, where it was read from, names it in errors)."""
     from mt.model import build_model
+
     cfg = config_of(ckpt, str(path or "checkpoint"))
     tokenizer = tokenizer_from(ckpt)
     model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
@@ -158,7 +181,8 @@ def trained_precision(ckpt: dict) -> str:
     is fp32 on a CPU, bf16 on an Ampere or later GPU), else, in checkpoints from before that
     was recorded, the config's train.precision."""
     return ckpt.get("train_state", {}).get("precision") or ckpt["config"]["train"].get(
-        "precision", "auto")
+        "precision", "auto"
+    )
 
 
 def set_train_state(ckpt: dict, train_state: dict) -> None:
@@ -167,15 +191,18 @@ def set_train_state(ckpt: dict, train_state: dict) -> None:
 
 def tokenizer_from(ckpt: dict):
     from mt.data.tokenizer import Tokenizer
+
     spm = ckpt["spm"]
-    return Tokenizer(tensor_to_bytes(spm["src"]),
-                     tensor_to_bytes(spm["tgt"]) if "tgt" in spm else None)
+    return Tokenizer(
+        tensor_to_bytes(spm["src"]), tensor_to_bytes(spm["tgt"]) if "tgt" in spm else None
+    )
 
 
 def same_tokenizer(a: dict, b: dict) -> bool:
     """Whether two checkpoints hold the same BPE model(s)."""
     return a["spm"].keys() == b["spm"].keys() and all(
-        torch.equal(a["spm"][k], b["spm"][k]) for k in a["spm"])
+        torch.equal(a["spm"][k], b["spm"][k]) for k in a["spm"]
+    )
 
 
 def tokenizer_state(tokenizer) -> dict:
@@ -200,8 +227,11 @@ def resolve(path: str | Path) -> Path:
 
 def snapshots(run_dir: Path) -> list[Path]:
     """The periodic model snapshots step_N.pt of a run, oldest first."""
-    found = [(int(p.stem.split("_")[1]), p) for p in Path(run_dir).glob("step_*.pt")
-             if p.stem.split("_")[1].isdigit()]
+    found = [
+        (int(p.stem.split("_")[1]), p)
+        for p in Path(run_dir).glob("step_*.pt")
+        if p.stem.split("_")[1].isdigit()
+    ]
     return [p for _, p in sorted(found)]
 
 
@@ -213,9 +243,14 @@ def average(paths: list[Path]) -> dict:
     ckpts = [load(p) for p in paths]
     last = ckpts[-1]
     for p, c in zip(paths, ckpts):
-        if c["config"]["model"] != last["config"]["model"] or c["model"].keys() != last["model"].keys():
-            raise MTError(f"{p} has a different model than {paths[-1]}: only checkpoints of one "
-                          f"run can be averaged")
+        if (
+            c["config"]["model"] != last["config"]["model"]
+            or c["model"].keys() != last["model"].keys()
+        ):
+            raise MTError(
+                f"{p} has a different model than {paths[-1]}: only checkpoints of one "
+                f"run can be averaged"
+            )
     avg = {}
     for key, value in last["model"].items():
         if value.is_floating_point():
@@ -223,15 +258,22 @@ def average(paths: list[Path]) -> dict:
             avg[key] = (total / len(ckpts)).to(value.dtype)
         else:
             avg[key] = value
-    return {"format_version": FORMAT_VERSION, "config": last["config"], "model": avg,
-            "spm": last["spm"], "train_state": last.get("train_state", {}),
-            "averaged_from": [Path(p).name for p in paths]}
+    return {
+        "format_version": FORMAT_VERSION,
+        "config": last["config"],
+        "model": avg,
+        "spm": last["spm"],
+        "train_state": last.get("train_state", {}),
+        "averaged_from": [Path(p).name for p in paths],
+    }
 
 
 def rng_state() -> dict:
     """This process's generator states: torch's CPU one and, where there is CUDA, each GPU's."""
-    return {"torch": torch.get_rng_state(),
-            **({"cuda": torch.cuda.get_rng_state_all()} if torch.cuda.is_available() else {})}
+    return {
+        "torch": torch.get_rng_state(),
+        **({"cuda": torch.cuda.get_rng_state_all()} if torch.cuda.is_available() else {}),
+    }
 
 
 def set_rng_state(state: dict, warn=None) -> None:
@@ -244,6 +286,8 @@ def set_rng_state(state: dict, warn=None) -> None:
     for index in range(min(len(saved), here)):
         torch.cuda.set_rng_state(saved[index], index)
     if warn is not None and len(saved) != here:
-        warn(f"note: the checkpoint holds random generator states of {len(saved)} GPU(s), this "
-             f"machine has {here}: restored {min(len(saved), here)}; dropout masks continue "
-             f"from a fresh state on the others, so the resumed run is not bit-identical")
+        warn(
+            f"note: the checkpoint holds random generator states of {len(saved)} GPU(s), this "
+            f"machine has {here}: restored {min(len(saved), here)}; dropout masks continue "
+            f"from a fresh state on the others, so the resumed run is not bit-identical"
+        )

@@ -3,6 +3,7 @@ directory, for fast inference (github.com/OpenNMT/CTranslate2), through the `ctr
 package's converter API (TransformerSpec.from_config). mt's sinusoidal (or learned) position
 table goes in as it is, the fused Q/K/V and K/V projections map onto CTranslate2's fused ones,
 and the sentencepiece model(s) are copied beside the model."""
+
 from __future__ import annotations
 
 import json
@@ -15,16 +16,14 @@ from mt.artifacts import checkpoint
 from mt.errors import MTError
 from mt.outputs import check_folder_creatable
 
-QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int16", "float16", "bfloat16",
-                 "float32")
+QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int16", "float16", "bfloat16", "float32")
 
 
 def _ctranslate2():
     try:
         import ctranslate2
     except ImportError:
-        raise MTError("exporting needs the ctranslate2 package: pip install 'mt[export]'") \
-            from None
+        raise MTError("exporting needs the ctranslate2 package: pip install 'mt[export]'") from None
     return ctranslate2
 
 
@@ -32,12 +31,16 @@ def check_exportable(cfg) -> None:
     """What CTranslate2's Transformer cannot represent is refused before any work."""
     m = cfg.model
     if m.arch != "transformer":
-        raise MTError(f"model.arch {m.arch}: only the encoder-decoder Transformer can be "
-                      f"exported to CTranslate2")
+        raise MTError(
+            f"model.arch {m.arch}: only the encoder-decoder Transformer can be "
+            f"exported to CTranslate2"
+        )
     if m.positional == "relative":
-        raise MTError("model.positional relative: mt's relative positions (Shaw et al., key "
-                      "term only) have no CTranslate2 equivalent; export a run with sinusoidal "
-                      "or learned positions")
+        raise MTError(
+            "model.positional relative: mt's relative positions (Shaw et al., key "
+            "term only) have no CTranslate2 equivalent; export a run with sinusoidal "
+            "or learned positions"
+        )
 
 
 def _np(t: torch.Tensor):
@@ -55,10 +58,10 @@ def _norm(spec, norm: torch.nn.LayerNorm) -> None:
 
 
 def _attention(spec, attn, cross: bool) -> None:
-    if cross:                       # CTranslate2: [query, fused key/value, output]
+    if cross:  # CTranslate2: [query, fused key/value, output]
         _linear(spec.linear[0], attn.q)
         _linear(spec.linear[1], attn.kv)
-    else:                           # [fused query/key/value, output]
+    else:  # [fused query/key/value, output]
         _linear(spec.linear[0], attn.qkv)
     _linear(spec.linear[-1], attn.out)
 
@@ -70,9 +73,10 @@ def _ffn(spec, ffn, norm) -> None:
 
 
 def _inputs(spec, embedding: torch.nn.Embedding, positions) -> None:
-    (spec.embeddings[0] if isinstance(spec.embeddings, list) else spec.embeddings).weight = \
-        _np(embedding.weight)
-    spec.scale_embeddings = True                      # x sqrt(d_model), sec. 3.4
+    (spec.embeddings[0] if isinstance(spec.embeddings, list) else spec.embeddings).weight = _np(
+        embedding.weight
+    )
+    spec.scale_embeddings = True  # x sqrt(d_model), sec. 3.4
     table = positions.table if positions.kind == "sinusoidal" else positions.learned.weight
     spec.position_encodings.encodings = _np(table)
 
@@ -81,10 +85,14 @@ def model_spec(model, cfg, tokenizer):
     """The CTranslate2 TransformerSpec holding `model`'s weights and vocabularies."""
     ct2 = _ctranslate2()
     from ctranslate2.specs import transformer_spec
+
     m = cfg.model
     spec = transformer_spec.TransformerSpec.from_config(
-        (m.enc_layers, m.dec_layers), m.n_heads, pre_norm=m.norm == "pre",
-        activation=ct2.specs.Activation.RELU)
+        (m.enc_layers, m.dec_layers),
+        m.n_heads,
+        pre_norm=m.norm == "pre",
+        activation=ct2.specs.Activation.RELU,
+    )
     _inputs(spec.encoder, model.src_embed, model.positions)
     for s, layer in zip(spec.encoder.layer, model.encoder):
         _attention(s.self_attention, layer.self_attn, cross=False)
@@ -103,8 +111,8 @@ def model_spec(model, cfg, tokenizer):
     spec.decoder.projection.weight = _np(model.output_weight)
     spec.register_source_vocabulary(_pieces(tokenizer.src))
     spec.register_target_vocabulary(_pieces(tokenizer.tgt))
-    spec.config.add_source_eos = True                 # mt's sources end with EOS
-    spec.config.decoder_start_token = "<s>"           # and targets start with BOS
+    spec.config.add_source_eos = True  # mt's sources end with EOS
+    spec.config.decoder_start_token = "<s>"  # and targets start with BOS
     return spec
 
 
@@ -127,24 +135,34 @@ def export(run: Path, out: Path, quantization: str | None = None, force: bool = 
             return model_spec(model.eval(), cfg, tokenizer)
 
     Converter().convert(str(out), quantization=quantization, force=True)
-    tokenizer.save(out)                              # spm.model, or spm.src/tgt.model
-    (out / "mt_export.json").write_text(json.dumps({
-        "from": str(trained.path), "quantization": quantization or "float32",
-        "source_tokens": "sentencepiece pieces of the source (spm.model or spm.src.model); "
-                         "the model appends </s>",
-        "decode": {"beam": cfg.decode.beam, "length_penalty": cfg.decode.length_penalty}},
-        indent=1) + "\n", encoding="utf-8")
+    tokenizer.save(out)  # spm.model, or spm.src/tgt.model
+    (out / "mt_export.json").write_text(
+        json.dumps(
+            {
+                "from": str(trained.path),
+                "quantization": quantization or "float32",
+                "source_tokens": "sentencepiece pieces of the source (spm.model or spm.src.model); "
+                "the model appends </s>",
+                "decode": {"beam": cfg.decode.beam, "length_penalty": cfg.decode.length_penalty},
+            },
+            indent=1,
+        )
+        + "\n",
+        encoding="utf-8",
+    )
     return out
 
 
 def _check_out(out: Path, force: bool) -> None:
     if out.exists() and not out.is_dir():
         raise MTError(f"{out} is a file; give a folder for the CTranslate2 model")
-    check_folder_creatable(out.parent, "export")     # OUT is removed and made again in it
+    check_folder_creatable(out.parent, "export")  # OUT is removed and made again in it
     if out.exists() and any(out.iterdir()):
         if not force:
             raise MTError(f"{out} already exists and is not empty; pass --force to replace it")
         if not (out / "model.bin").is_file():
-            raise MTError(f"{out} is not an exported model (no model.bin): mt will not replace "
-                          f"it even with --force; choose another folder")
+            raise MTError(
+                f"{out} is not an exported model (no model.bin): mt will not replace "
+                f"it even with --force; choose another folder"
+            )
         shutil.rmtree(out)

@@ -6,6 +6,7 @@ a user error is one line on stderr and exit status 2, never a traceback.
     use.py    translate, eval, attention, export
     tools.py  report, average, tune, plot
 """
+
 from __future__ import annotations
 
 import sys
@@ -18,6 +19,7 @@ from mt.cli.app import _err, app
 
 def main() -> None:
     from mt.errors import Interrupted
+
     try:
         app()
     except Interrupted as e:

@@ -1,5 +1,6 @@
 """The `mt` Typer app, the command decorator (a user error, MTError, is one line on stderr
 and exit status 2, never a traceback) and the checks several commands share."""
+
 from __future__ import annotations
 
 import functools
@@ -9,21 +10,33 @@ import typer
 
 from mt.errors import MTError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  rich_markup_mode=None,  # plain one-line usage errors, no boxes
-                  help="Train, run and score Transformer translation models.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain one-line usage errors, no boxes
+    help="Train, run and score Transformer translation models.",
+)
 
 
 def _print_version(value: bool) -> None:
     if value:
         import mt
+
         typer.echo(f"mt {mt.__version__}")
         raise typer.Exit()
 
 
 @app.callback()
-def _root(version: bool = typer.Option(False, "--version", callback=_print_version,
-                                       is_eager=True, help="print the version and exit")):
+def _root(
+    version: bool = typer.Option(
+        False,
+        "--version",
+        callback=_print_version,
+        is_eager=True,
+        help="print the version and exit",
+    ),
+):
     """Train, run and score Transformer translation models."""
 
 
@@ -33,6 +46,7 @@ def _err(msg: str) -> None:
 
 def command(name: str):
     """Register a command whose MTError becomes one line on stderr and exit status 2."""
+
     def wrap(fn):
         @functools.wraps(fn)
         def run(*args, **kwargs):
@@ -46,9 +60,12 @@ def command(name: str):
                     raise
                 # a file mt reads or writes along the way (a log, a config, a BPE model)
                 from mt.outputs import describe_os_error
+
                 _err(f"error: {describe_os_error(e)}")
                 raise typer.Exit(2)
+
         return app.command(name)(run)
+
     return wrap
 
 
@@ -59,9 +76,12 @@ def _check_device(device: str) -> None:
 
 def _check_beam(beam: Optional[int]) -> None:
     from mt.config import MAX_BEAM
+
     if beam is not None and beam > MAX_BEAM:
-        raise MTError(f"--beam {beam}: at most {MAX_BEAM} (BLEU stops improving after a beam of "
-                      f"about 10, and decoding time grows with the beam); use a smaller --beam")
+        raise MTError(
+            f"--beam {beam}: at most {MAX_BEAM} (BLEU stops improving after a beam of "
+            f"about 10, and decoding time grows with the beam); use a smaller --beam"
+        )
 
 
 def _number_list(text: str, cast, flag: str) -> list:

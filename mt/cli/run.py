@@ -1,4 +1,5 @@
 """`mt download`, `mt configs`, `mt train`: from a corpus to a trained run."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,8 +16,11 @@ def download_cmd(
     name: str = typer.Argument(..., help="multi30k, wmt14, synthetic, or a hub dataset id"),
     out: Path = typer.Option(..., "--out", "-o", help="folder to write {train,valid,test}.{lang}"),
     from_dir: Optional[Path] = typer.Option(
-        None, "--from-dir", help="import local files (Multi30k raw layout, plain splits, or a "
-                                 "datasets save_to_disk folder) instead of the hub"),
+        None,
+        "--from-dir",
+        help="import local files (Multi30k raw layout, plain splits, or a "
+        "datasets save_to_disk folder) instead of the hub",
+    ),
     config: Optional[str] = typer.Option(None, "--config", help="hub dataset config, e.g. de-en"),
     src: Optional[str] = typer.Option(None, "--src", help="source language / column"),
     tgt: Optional[str] = typer.Option(None, "--tgt", help="target language / column"),
@@ -28,13 +32,16 @@ def download_cmd(
     Offline:  mt download multi30k --from-dir ~/multi30k/data/task1/raw --out data/multi30k
     """
     from mt.data.download import download
+
     if (src is None) != (tgt is None):
         raise MTError("give both --src and --tgt, or neither")
-    counts = download(name, out, config=config, from_path=from_dir,
-                      langs=(src, tgt) if src else None, force=force)
+    counts = download(
+        name, out, config=config, from_path=from_dir, langs=(src, tgt) if src else None, force=force
+    )
     for split, n in counts.items():
         typer.echo(f"{split}: {n} pairs")
     typer.echo(f"wrote {out}")
+
 
 @command("configs")
 def configs_cmd():
@@ -43,20 +50,29 @@ def configs_cmd():
     Example: mt configs
     """
     from mt.config import builtin_configs, describe_config
+
     for name, path in builtin_configs().items():
         typer.echo(f"{name:<20} {describe_config(path)}")
     typer.echo(f"(files in {next(iter(builtin_configs().values())).parent}; copy one to change it)")
 
+
 @command("train")
 def train_cmd(
-    config: Path = typer.Argument(..., help="YAML config, e.g. configs/multi30k_de_en.yaml, or "
-                                            "a built-in config's name (mt configs lists them)"),
+    config: Path = typer.Argument(
+        ...,
+        help="YAML config, e.g. configs/multi30k_de_en.yaml, or "
+        "a built-in config's name (mt configs lists them)",
+    ),
     run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="default: runs/<config name>"),
-    overrides: List[str] = typer.Option([], "--set", help="override a key: --set train.max_steps=500"),
-    more: Optional[List[str]] = typer.Argument(None, help="more KEY=VALUE overrides after --set",
-                                               show_default=False),
+    overrides: List[str] = typer.Option(
+        [], "--set", help="override a key: --set train.max_steps=500"
+    ),
+    more: Optional[List[str]] = typer.Argument(
+        None, help="more KEY=VALUE overrides after --set", show_default=False
+    ),
     allow_config_change: bool = typer.Option(
-        False, "--allow-config-change", help="continue a run dir that holds a different config"),
+        False, "--allow-config-change", help="continue a run dir that holds a different config"
+    ),
 ):
     """Train BPE and a Transformer; rerunning on the same run dir resumes from last.pt.
 
@@ -64,6 +80,7 @@ def train_cmd(
     """
     from mt.train.build import build_trainer
     from mt.config import load_config
+
     cfg = load_config(config, list(overrides) + list(more or []))
     run_dir = run_dir or Path("runs") / config.stem
     trainer = build_trainer(cfg, run_dir, allow_config_change, log=_err)
@@ -79,12 +96,18 @@ def train_cmd(
 
 @command("pretrain")
 def pretrain_cmd(
-    config: Path = typer.Argument(..., help="YAML config or built-in name: its data, tokenizer "
-                                  "and model (the encoder is trained), train.max_steps etc."),
+    config: Path = typer.Argument(
+        ...,
+        help="YAML config or built-in name: its data, tokenizer "
+        "and model (the encoder is trained), train.max_steps etc.",
+    ),
     run_dir: Path = typer.Option(..., "--run-dir", help="where pretrained.pt is written"),
-    overrides: List[str] = typer.Option([], "--set", help="override a key: --set train.max_steps=500"),
-    more: Optional[List[str]] = typer.Argument(None, help="more KEY=VALUE overrides after --set",
-                                               show_default=False),
+    overrides: List[str] = typer.Option(
+        [], "--set", help="override a key: --set train.max_steps=500"
+    ),
+    more: Optional[List[str]] = typer.Argument(
+        None, help="more KEY=VALUE overrides after --set", show_default=False
+    ),
 ):
     """Masked-LM pretraining of the encoder on the training split's source side (BERT's 15%
     masking); then start translation runs from it with model.init_encoder=RUN_DIR/pretrained.pt.
@@ -93,13 +116,18 @@ def pretrain_cmd(
     """
     from mt.config import load_config
     from mt.train.pretrain import pretrain
+
     cfg = load_config(config, list(overrides) + list(more or []))
     record = pretrain(cfg, run_dir, log=_err)
     if not record["is_main"]:
         return
     if record["stopped"]:
-        _err(f"stopped at step {record['step']}; last.pt in {run_dir}: run the same command "
-             f"again to resume")
+        _err(
+            f"stopped at step {record['step']}; last.pt in {run_dir}: run the same command "
+            f"again to resume"
+        )
         return
-    typer.echo(f"wrote {run_dir / 'pretrained.pt'} after {record['step']} updates "
-               f"(masked-LM loss {record['mlm_loss'] if record['mlm_loss'] is not None else '-'})")
+    typer.echo(
+        f"wrote {run_dir / 'pretrained.pt'} after {record['step']} updates "
+        f"(masked-LM loss {record['mlm_loss'] if record['mlm_loss'] is not None else '-'})"
+    )

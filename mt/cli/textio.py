@@ -1,5 +1,6 @@
 """Lines in and out of `mt translate`: a file or stdin, a file or stdout, and the interactive
 mode at a terminal."""
+
 from __future__ import annotations
 
 import sys
@@ -13,10 +14,12 @@ def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def check_input_output(input: Optional[Path], output: Optional[Path], force: bool,
-                       models: list[Path]) -> None:
+def check_input_output(
+    input: Optional[Path], output: Optional[Path], force: bool, models: list[Path]
+) -> None:
     """Before any work: the input exists, the output is writable and none of the inputs."""
     from mt.outputs import check_output, is_stdio
+
     check_output(output, force=force, inputs=[input, *models])
     if not is_stdio(input) and not Path(input).is_file():
         raise MTError(f"input file {input} not found")
@@ -24,6 +27,7 @@ def check_input_output(input: Optional[Path], output: Optional[Path], force: boo
 
 def read_input(path: Optional[Path]) -> list[str]:
     from mt.data.corpus import read_lines
+
     if path is None or str(path) == "-":
         data = sys.stdin.buffer.read()
         try:
@@ -36,6 +40,7 @@ def read_input(path: Optional[Path]) -> list[str]:
 
 def write_output(path: Optional[Path], lines: list[str]) -> None:
     from mt.outputs import is_stdio, write_text
+
     text = "".join(line + "\n" for line in lines)
     if is_stdio(path):
         sys.stdout.write(text)
@@ -50,10 +55,10 @@ def interactive(translator, options: dict) -> None:
     while True:
         if sys.stdout.isatty():
             try:
-                line = input("> ")          # with line editing
+                line = input("> ")  # with line editing
             except EOFError:
                 line = None
-        else:                               # stdout is a file: only translations go there
+        else:  # stdout is a file: only translations go there
             sys.stderr.write("> ")
             sys.stderr.flush()
             line = sys.stdin.readline() or None

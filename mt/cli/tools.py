@@ -1,4 +1,5 @@
 """`mt report`, `mt average`, `mt tune`, `mt plot`: looking after a run."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,10 +15,12 @@ from mt.errors import MTError
 def report_cmd(
     run_dir: Path = typer.Argument(..., help="run directory"),
     output: Path = typer.Option(..., "--output", "-o", help="the HTML page to write"),
-    baseline: Optional[Path] = typer.Option(None, "--baseline", help="another run to compare "
-                                            "with (significance on the test split)"),
-    src: Optional[Path] = typer.Option(None, "--src", help="test source (default: the run's "
-                                       "test split)"),
+    baseline: Optional[Path] = typer.Option(
+        None, "--baseline", help="another run to compare with (significance on the test split)"
+    ),
+    src: Optional[Path] = typer.Option(
+        None, "--src", help="test source (default: the run's test split)"
+    ),
     ref: Optional[Path] = typer.Option(None, "--ref", help="test references"),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda"),
     force: bool = typer.Option(False, "--force", help="overwrite --output if it exists"),
@@ -29,6 +32,7 @@ def report_cmd(
     """
     from mt.outputs import check_output, write_text
     from mt.evaluate.report import build_report
+
     _check_device(device)
     if (src is None) != (ref is None):
         raise MTError("give both --src and --ref, or neither (the run's test split)")
@@ -40,6 +44,7 @@ def report_cmd(
             raise MTError(f"{path} not found")
     write_text(output, build_report(run_dir, baseline, src, ref, device))
     typer.echo(f"wrote {output}")
+
 
 @command("average")
 def average_cmd(
@@ -54,6 +59,7 @@ def average_cmd(
     """
     from mt.artifacts import checkpoint
     from mt.outputs import check_output
+
     if not run_dir.is_dir():
         raise MTError(f"{run_dir} is not a run directory; give the folder of an mt train run")
     paths = checkpoint.snapshots(run_dir)[-last:]
@@ -63,14 +69,17 @@ def average_cmd(
     checkpoint.atomic_save(checkpoint.average(paths), output)
     typer.echo(f"averaged {', '.join(p.name for p in paths)} -> {output}")
 
+
 @command("tune")
 def tune_cmd(
     run_dir: Path = typer.Argument(..., help="run directory with best.pt"),
     beams: str = typer.Option("1,5,10", "--beams", help="beam sizes to try, comma-separated"),
-    penalties: str = typer.Option("0.6,1.0,1.4", "--length-penalties",
-                                  help="length penalties to try, comma-separated"),
-    src: Optional[Path] = typer.Option(None, "--src", help="tuning source (default: the "
-                                                           "run's valid split)"),
+    penalties: str = typer.Option(
+        "0.6,1.0,1.4", "--length-penalties", help="length penalties to try, comma-separated"
+    ),
+    src: Optional[Path] = typer.Option(
+        None, "--src", help="tuning source (default: the run's valid split)"
+    ),
     ref: Optional[Path] = typer.Option(None, "--ref", help="tuning references"),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda"),
 ):
@@ -80,6 +89,7 @@ def tune_cmd(
     Example: mt tune runs/multi30k_de_en --beams 1,5,10 --length-penalties 0.6,1.0,1.4
     """
     from mt.evaluate.tuning import tune_best, tuning_pairs
+
     if not (run_dir / "best.pt").is_file():
         raise MTError(f"{run_dir}/best.pt not found: tune a run directory that has validated")
     if (src is None) != (ref is None):
@@ -92,16 +102,23 @@ def tune_cmd(
     src_lines, ref_lines = tuning_pairs(run_dir / "best.pt", src, ref)
     rec = tune_best(run_dir / "best.pt", src_lines, ref_lines, beam_list, lp_list, device)
     for g in rec["grid"]:
-        typer.echo(f"beam {g['beam']:>3}  length penalty {g['length_penalty']:<4}  "
-                   f"BLEU {g['valid_bleu']:.2f}")
+        typer.echo(
+            f"beam {g['beam']:>3}  length penalty {g['length_penalty']:<4}  "
+            f"BLEU {g['valid_bleu']:.2f}"
+        )
     best = rec["tuned_decoding"]
-    typer.echo(f"stored in {run_dir / 'best.pt'}: beam {best['beam']}, length penalty "
-               f"{best['length_penalty']}")
+    typer.echo(
+        f"stored in {run_dir / 'best.pt'}: beam {best['beam']}, length penalty "
+        f"{best['length_penalty']}"
+    )
+
 
 @command("plot")
 def plot_cmd(
     run_dir: Path = typer.Argument(..., help="run directory with train_log.jsonl"),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="default RUN_DIR/training.png"),
+    output: Optional[Path] = typer.Option(
+        None, "--output", "-o", help="default RUN_DIR/training.png"
+    ),
     force: bool = typer.Option(False, "--force", help="overwrite --output if it exists"),
 ):
     """Draw the training curve (training/validation loss, validation BLEU) as a PNG.
@@ -110,7 +127,8 @@ def plot_cmd(
     """
     from mt.outputs import check_folder_writable, check_output
     from mt.evaluate.plot import plot_run
-    if output is None:           # the run's own picture, redrawn as training redraws it
+
+    if output is None:  # the run's own picture, redrawn as training redraws it
         if run_dir.is_dir():
             check_folder_writable(run_dir, "run")
     else:
@@ -133,6 +151,7 @@ def distill_cmd(
     Example: mt distill runs/multi30k_de_en --data data/multi30k --out data/multi30k_kd
     """
     from mt.train.distill import distill
+
     _check_device(device)
     _check_beam(beam)
     n = distill(teacher, data, out, beam, device, force, log=_err)

@@ -1,4 +1,5 @@
 """`mt translate`, `mt eval`, `mt attention`, `mt export`: using a trained model."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,9 @@ from mt.errors import MTError
 
 @command("translate")
 def translate_cmd(
-    models: List[Path] = typer.Argument(..., help="run directory (best.pt, else last.pt) or "
-                                        "checkpoint; several: an ensemble"),
+    models: List[Path] = typer.Argument(
+        ..., help="run directory (best.pt, else last.pt) or checkpoint; several: an ensemble"
+    ),
     input: Optional[Path] = typer.Option(None, "-i", "--input", help="default stdin"),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="default stdout"),
     beam: Optional[int] = typer.Option(None, "--beam", min=1, help="default: the config's"),
@@ -23,16 +25,20 @@ def translate_cmd(
     length_penalty: Optional[float] = typer.Option(None, "--length-penalty", min=0.0),
     nbest: int = typer.Option(1, "--nbest", min=1, help="N best per line: LINE TAB SCORE TAB TEXT"),
     sample: bool = typer.Option(False, "--sample", help="draw each token instead of searching"),
-    temperature: float = typer.Option(1.0, "--temperature", help="--sample: <1 sharper, >1 flatter"),
+    temperature: float = typer.Option(
+        1.0, "--temperature", help="--sample: <1 sharper, >1 flatter"
+    ),
     topk: int = typer.Option(0, "--topk", min=0, help="--sample: the k likeliest tokens (0: all)"),
     topp: float = typer.Option(1.0, "--topp", help="--sample: the nucleus of this probability"),
     seed: Optional[int] = typer.Option(None, "--seed", help="--sample: repeatable draws"),
     prefix: Optional[str] = typer.Option(None, "--prefix", help="translations start with this"),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda"),
-    precision: str = typer.Option("auto", "--precision", help="auto (GPU: the run's precision; "
-                                  "CPU: fp32), fp32, bf16 or fp16"),
-    print_alignment: bool = typer.Option(False, "--print-alignment", help="append TAB and "
-                                         "source-target subword links (s-t, 0-based)"),
+    precision: str = typer.Option(
+        "auto", "--precision", help="auto (GPU: the run's precision; CPU: fp32), fp32, bf16 or fp16"
+    ),
+    print_alignment: bool = typer.Option(
+        False, "--print-alignment", help="append TAB and source-target subword links (s-t, 0-based)"
+    ),
     force: bool = typer.Option(False, "--force", help="overwrite --output if it exists"),
 ):
     """Translate a file or stdin, one output line per input line (typed lines are answered one
@@ -45,6 +51,7 @@ def translate_cmd(
     from mt.cli.textio import check_input_output, interactive, read_input, write_output
     from mt.runtime.threads import choose_threads
     from mt.decode.translator import Sampling, Translator
+
     _check_device(device)
     _check_beam(beam)
     sampling = Sampling.from_flags(sample, temperature, topk, topp, seed, beam, nbest)
@@ -56,30 +63,44 @@ def translate_cmd(
     translator = Translator.load(paths, device, precision)
     options = {"beam": 1 if greedy else beam, "length_penalty": length_penalty, "prefix": prefix}
     _err(translator.describe(paths, options, nbest, sampling))
-    if is_stdio(input) and sys.stdin.isatty() and is_stdio(output) and not print_alignment \
-            and nbest == 1:
+    if (
+        is_stdio(input)
+        and sys.stdin.isatty()
+        and is_stdio(output)
+        and not print_alignment
+        and nbest == 1
+    ):
         return interactive(translator, dict(options, sampling=sampling))
-    write_output(output, translator.translate_lines(read_input(input), options, nbest,
-                                                    sampling, print_alignment))
+    write_output(
+        output,
+        translator.translate_lines(read_input(input), options, nbest, sampling, print_alignment),
+    )
+
 
 @command("eval")
 def eval_cmd(
-    models: Optional[List[Path]] = typer.Argument(None, help="run directories or checkpoints "
-                                                  "that translate --src (several: compared)"),
+    models: Optional[List[Path]] = typer.Argument(
+        None, help="run directories or checkpoints that translate --src (several: compared)"
+    ),
     src: Optional[Path] = typer.Option(None, "--src", help="source file to translate"),
     ref: Path = typer.Option(..., "--ref", help="reference translations (raw text)"),
-    hyps: Optional[List[Path]] = typer.Option(None, "--hyp", help="score this file instead of "
-                                              "translating; repeat to compare systems"),
+    hyps: Optional[List[Path]] = typer.Option(
+        None, "--hyp", help="score this file instead of translating; repeat to compare systems"
+    ),
     beam: Optional[int] = typer.Option(None, "--beam", min=1),
     length_penalty: Optional[float] = typer.Option(None, "--length-penalty", min=0.0),
-    ci: bool = typer.Option(False, "--ci", help="bootstrap 95% confidence intervals "
-                                                "(1,000 resamples)"),
+    ci: bool = typer.Option(
+        False, "--ci", help="bootstrap 95% confidence intervals (1,000 resamples)"
+    ),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     device: str = typer.Option("auto", "--device"),
     precision: str = typer.Option("auto", "--precision", help="as for mt translate"),
     moses_lang: Optional[str] = typer.Option(
-        None, "--lc-tok", help="also report lowercased Moses-tokenized BLEU for this target "
-                               "language (the Multi30k papers' metric), e.g. --lc-tok en"),
+        None,
+        "--lc-tok",
+        help="also report lowercased Moses-tokenized BLEU for this target "
+        "language (the Multi30k papers' metric), e.g. --lc-tok en",
+    ),
 ):
     """Score with sacreBLEU (BLEU, chrF, chrF++, TER) against raw references, printing the
     signatures. Two or more systems (--hyp files or models) are compared with the first as
@@ -92,13 +113,20 @@ def eval_cmd(
     from mt.evaluate import compare
     from mt.data.corpus import read_lines
     from mt.evaluate.metrics import check_moses_lang, paired_significance
+
     _check_device(device)
     _check_beam(beam)
     if moses_lang:
-        check_moses_lang(moses_lang)          # before any translating
-    systems = compare.systems(list(models or []), list(hyps or []), src, beam=beam,
-                              length_penalty=length_penalty, device=device,
-                              precision=precision)
+        check_moses_lang(moses_lang)  # before any translating
+    systems = compare.systems(
+        list(models or []),
+        list(hyps or []),
+        src,
+        beam=beam,
+        length_penalty=length_penalty,
+        device=device,
+        precision=precision,
+    )
     refs = read_lines(ref)
     if len(systems) == 1:
         result = compare.one_system(systems[0][1], refs, ci, moses_lang)
@@ -107,14 +135,18 @@ def eval_cmd(
         rows = paired_significance(systems, refs)
         typer.echo(json.dumps({"systems": rows}) if as_json else compare.describe_table(rows))
 
+
 @command("attention")
 def attention_cmd(
     model: Path = typer.Argument(..., help="run directory or checkpoint"),
     sentence: str = typer.Argument(..., help="the source sentence to translate"),
     output: Path = typer.Option(Path("attention.png"), "--output", "-o", help="PNG to write"),
-    layer: Optional[int] = typer.Option(None, "--layer", min=1, help="one decoder layer (1-based); "
-                                        "default: the mean over layers"),
-    head: Optional[int] = typer.Option(None, "--head", min=1, help="one head (1-based); default: mean"),
+    layer: Optional[int] = typer.Option(
+        None, "--layer", min=1, help="one decoder layer (1-based); default: the mean over layers"
+    ),
+    head: Optional[int] = typer.Option(
+        None, "--head", min=1, help="one head (1-based); default: mean"
+    ),
     grid: bool = typer.Option(False, "--grid", help="one panel per layer and head"),
     beam: Optional[int] = typer.Option(None, "--beam", min=1),
     device: str = typer.Option("auto", "--device"),
@@ -128,6 +160,7 @@ def attention_cmd(
     from mt.decode.alignment import plot_attention
     from mt.outputs import check_output
     from mt.decode.translator import Translator
+
     _check_device(device)
     _check_beam(beam)
     path = checkpoint.resolve(model)
@@ -139,18 +172,21 @@ def attention_cmd(
         raise MTError(f"--layer {layer}: the decoder has {n_layers} layers")
     if head is not None and head > n_heads:
         raise MTError(f"--head {head}: the model has {n_heads} heads")
-    plot_attention(weights, src_labels, tgt_labels, output, layer, head, grid,
-                   title=f"{sentence}\n-> {text}")
+    plot_attention(
+        weights, src_labels, tgt_labels, output, layer, head, grid, title=f"{sentence}\n-> {text}"
+    )
     typer.echo(text)
     typer.echo(f"wrote {output}")
+
 
 @command("export")
 def export_cmd(
     run: Path = typer.Argument(..., help="run directory (best.pt, else last.pt) or checkpoint"),
     to: str = typer.Option("ctranslate2", "--to", help="the format: ctranslate2"),
     out: Path = typer.Argument(..., help="folder to write the exported model into"),
-    quantization: Optional[str] = typer.Option(None, "--quantization",
-                                               help="int8, float16, ... (default: float32)"),
+    quantization: Optional[str] = typer.Option(
+        None, "--quantization", help="int8, float16, ... (default: float32)"
+    ),
     force: bool = typer.Option(False, "--force", help="replace an earlier export in OUT"),
 ):
     """Export a Transformer run for a fast inference engine (CTranslate2).
@@ -158,6 +194,7 @@ def export_cmd(
     Example: mt export runs/multi30k_de_en ct2_de_en --quantization int8
     """
     from mt.artifacts.export import export
+
     if to != "ctranslate2":
         raise MTError(f"--to {to!r}: the one format is ctranslate2")
     typer.echo(f"wrote {export(run, out, quantization, force)}")

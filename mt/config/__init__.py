@@ -2,13 +2,47 @@
 
 Every section rejects unknown keys (naming the nearest valid one) and wrong types, so a typo
 can never silently fall back to a default."""
-from mt.config.load import (apply_overrides, builtin_configs, config_from_dict, describe_config,
-                            diff_configs, find_config, load_config, parse_override, save_config,
-                            validate)
-from mt.config.schema import (MAX_BEAM, Config, DataConfig, DecodeConfig, ModelConfig,
-                              ScheduledSamplingConfig, TokenizerConfig, TrainConfig)
 
-__all__ = ["Config", "DataConfig", "TokenizerConfig", "ModelConfig", "ScheduledSamplingConfig",
-           "TrainConfig", "DecodeConfig", "MAX_BEAM", "load_config", "config_from_dict",
-           "save_config", "diff_configs", "find_config", "builtin_configs", "describe_config",
-           "validate", "parse_override", "apply_overrides"]
+from mt.config.load import (
+    apply_overrides,
+    builtin_configs,
+    config_from_dict,
+    describe_config,
+    diff_configs,
+    find_config,
+    load_config,
+    parse_override,
+    save_config,
+    validate,
+)
+from mt.config.schema import (
+    MAX_BEAM,
+    Config,
+    DataConfig,
+    DecodeConfig,
+    ModelConfig,
+    ScheduledSamplingConfig,
+    TokenizerConfig,
+    TrainConfig,
+)
+
+__all__ = [
+    "Config",
+    "DataConfig",
+    "TokenizerConfig",
+    "ModelConfig",
+    "ScheduledSamplingConfig",
+    "TrainConfig",
+    "DecodeConfig",
+    "MAX_BEAM",
+    "load_config",
+    "config_from_dict",
+    "save_config",
+    "diff_configs",
+    "find_config",
+    "builtin_configs",
+    "describe_config",
+    "validate",
+    "parse_override",
+    "apply_overrides",
+]

@@ -1,6 +1,7 @@
 """Loading a run configuration: a YAML file (or a built-in config by name) plus `--set
 a.b=value` overrides, validated into a Config with one-line errors that name the key and the
 nearest valid one; saving it, and comparing two."""
+
 from __future__ import annotations
 
 import difflib
@@ -19,8 +20,9 @@ def _section_class(loc: tuple) -> type[BaseModel] | None:
     cls: type[BaseModel] = Config
     for part in loc:
         field = cls.model_fields.get(str(part))
-        if field is None or not (isinstance(field.annotation, type)
-                                 and issubclass(field.annotation, BaseModel)):
+        if field is None or not (
+            isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
+        ):
             return cls if part == loc[-1] else None
         cls = field.annotation
     return cls
@@ -46,8 +48,10 @@ def _describe(err: dict) -> str:
 
 def validate(raw: dict[str, Any], source: str) -> Config:
     if not isinstance(raw, dict):
-        raise MTError(f"{source}: the config must be a YAML mapping of sections "
-                      f"(data, tokenizer, model, train, decode)")
+        raise MTError(
+            f"{source}: the config must be a YAML mapping of sections "
+            f"(data, tokenizer, model, train, decode)"
+        )
     try:
         return Config.model_validate(raw)
     except ValidationError as e:
@@ -69,14 +73,14 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 def _parse_value(text: str) -> Any:
     # Not yaml.safe_load: YAML 1.1 reads `no`/`on` as booleans, which breaks language codes.
     lowered = text.lower()
-    if text.startswith("["):                     # a list: --set decode.tune_beams=[1,5,10]
+    if text.startswith("["):  # a list: --set decode.tune_beams=[1,5,10]
         try:
             return yaml.safe_load(text)
         except yaml.YAMLError:
             raise MTError(f"--set value {text!r} is not a valid list; write it like [1,5,10]")
     if lowered in ("true", "false"):
         return lowered == "true"
-    if lowered in ("null", "~", ""):             # as YAML: `none` is a string (attention: none)
+    if lowered in ("null", "~", ""):  # as YAML: `none` is a string (attention: none)
         return None
     for cast in (int, float):
         try:
@@ -132,8 +136,10 @@ def find_config(name: str | Path) -> Path:
     if builtin is not None and (path.parent == Path(".") or path.parent.name == "configs"):
         return builtin
     names = ", ".join(builtin_configs())
-    raise MTError(f"config {name} not found: pass the path to a YAML file or the name of a "
-                  f"built-in config ({names}; `mt configs` lists them)")
+    raise MTError(
+        f"config {name} not found: pass the path to a YAML file or the name of a "
+        f"built-in config ({names}; `mt configs` lists them)"
+    )
 
 
 def load_config(path: str | Path, overrides: list[str] = ()) -> Config:

@@ -1,4 +1,5 @@
 """Length-bucketed batches of about `max_tokens` (padding included) and their tensors."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,8 +11,9 @@ from mt.data.corpus import ParallelData, TokenArray
 from mt.tokens import BOS, EOS, PAD, UNK
 
 
-def token_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int,
-                  seed: int | None) -> list[np.ndarray]:
+def token_batches(
+    src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int, seed: int | None
+) -> list[np.ndarray]:
     """Group sentence indices into batches whose padded size stays under `max_tokens`.
 
     Sorting by length before cutting keeps padding low; with a seed, ties are broken randomly
@@ -54,15 +56,19 @@ def length_order(src_lens: np.ndarray, tgt_lens: np.ndarray, tie: np.ndarray) ->
 
 @dataclass
 class Batch:
-    src: torch.Tensor          # (B, S) source ids + EOS, right-padded
-    tgt_in: torch.Tensor       # (B, T) BOS + target
-    tgt_out: torch.Tensor      # (B, T) target + EOS
-    n_tokens: int              # target tokens that count in the loss (EOS included)
+    src: torch.Tensor  # (B, S) source ids + EOS, right-padded
+    tgt_in: torch.Tensor  # (B, T) BOS + target
+    tgt_out: torch.Tensor  # (B, T) target + EOS
+    n_tokens: int  # target tokens that count in the loss (EOS included)
 
     def to(self, device: torch.device) -> "Batch":
         nb = device.type == "cuda"
-        return Batch(self.src.to(device, non_blocking=nb), self.tgt_in.to(device, non_blocking=nb),
-                     self.tgt_out.to(device, non_blocking=nb), self.n_tokens)
+        return Batch(
+            self.src.to(device, non_blocking=nb),
+            self.tgt_in.to(device, non_blocking=nb),
+            self.tgt_out.to(device, non_blocking=nb),
+            self.n_tokens,
+        )
 
     @property
     def src_pad_mask(self) -> torch.Tensor:
@@ -73,7 +79,7 @@ def pad_sources(seqs: list[np.ndarray]) -> torch.Tensor:
     """(B, S) int64 tensor: each sequence + EOS, right-padded with PAD."""
     out = np.full((len(seqs), max(len(s) for s in seqs) + 1), PAD, dtype=np.int64)
     for i, s in enumerate(seqs):
-        out[i, :len(s)] = s
+        out[i, : len(s)] = s
         out[i, len(s)] = EOS
     return torch.from_numpy(out)
 
@@ -86,8 +92,8 @@ def collate(data: ParallelData, indices: np.ndarray, pin: bool = False) -> Batch
     tgt_out = np.full((len(tgts), width), PAD, dtype=np.int64)
     for i, t in enumerate(tgts):
         tgt_in[i, 0] = BOS
-        tgt_in[i, 1:len(t) + 1] = t
-        tgt_out[i, :len(t)] = t
+        tgt_in[i, 1 : len(t) + 1] = t
+        tgt_out[i, : len(t)] = t
         tgt_out[i, len(t)] = EOS
     tensors = [src, torch.from_numpy(tgt_in), torch.from_numpy(tgt_out)]
     if pin:
@@ -111,8 +117,9 @@ def epoch_seed(seed: int, epoch: int) -> int:
 
 def epoch_batches(data: ParallelData, max_tokens: int, seed: int, epoch: int) -> list[np.ndarray]:
     # +1 on each side for EOS / BOS, the lengths the tensors will actually have.
-    return token_batches(data.src.lengths + 1, data.tgt.lengths + 1, max_tokens,
-                         seed=epoch_seed(seed, epoch))
+    return token_batches(
+        data.src.lengths + 1, data.tgt.lengths + 1, max_tokens, seed=epoch_seed(seed, epoch)
+    )
 
 
 def padding_fraction(arr: TokenArray, batches: list[np.ndarray]) -> float:
@@ -125,6 +132,8 @@ def padding_fraction(arr: TokenArray, batches: list[np.ndarray]) -> float:
 
 def describe_batches(data: ParallelData, batches: list[np.ndarray], max_tokens: int) -> str:
     """One line on an epoch's batches: how many, and how much of them is padding."""
-    return (f"batches: {len(batches)} per epoch of at most {max_tokens} tokens; padding "
-            f"{padding_fraction(data.src, batches):.1%} of source, "
-            f"{padding_fraction(data.tgt, batches):.1%} of target positions")
+    return (
+        f"batches: {len(batches)} per epoch of at most {max_tokens} tokens; padding "
+        f"{padding_fraction(data.src, batches):.1%} of source, "
+        f"{padding_fraction(data.tgt, batches):.1%} of target positions"
+    )

@@ -1,4 +1,5 @@
 """Parallel text on disk -> checked, cleaned line pairs -> compact token-id arrays."""
+
 from __future__ import annotations
 
 import gzip
@@ -35,8 +36,10 @@ def iter_lines(path: str | Path) -> Iterator[str]:
                 try:
                     yield raw.decode("utf-8").rstrip("\r\n")
                 except UnicodeDecodeError as e:
-                    raise MTError(f"{path}:{i}: invalid UTF-8 at byte {e.start} "
-                                  f"(re-encode the file as UTF-8, e.g. with iconv)") from None
+                    raise MTError(
+                        f"{path}:{i}: invalid UTF-8 at byte {e.start} "
+                        f"(re-encode the file as UTF-8, e.g. with iconv)"
+                    ) from None
     except (OSError, EOFError) as e:
         raise MTError(f"{path}: cannot read ({e})") from None
 
@@ -49,7 +52,9 @@ def clean(line: str) -> str:
     return " ".join(_CONTROL.sub(" ", line).split())
 
 
-def split_paths(data_dir: str | Path, split: str, src_lang: str, tgt_lang: str) -> tuple[Path, Path]:
+def split_paths(
+    data_dir: str | Path, split: str, src_lang: str, tgt_lang: str
+) -> tuple[Path, Path]:
     d = Path(data_dir)
     return d / f"{split}.{src_lang}", d / f"{split}.{tgt_lang}"
 
@@ -74,8 +79,10 @@ def iter_parallel(src_path: Path, tgt_path: Path) -> Iterator[tuple[str, str]]:
 
 
 def _mismatch(src_path, n_src, tgt_path, n_tgt):
-    raise MTError(f"{src_path} has {n_src} lines but {tgt_path} has {n_tgt}: "
-                  f"a parallel corpus needs one target line per source line")
+    raise MTError(
+        f"{src_path} has {n_src} lines but {tgt_path} has {n_tgt}: "
+        f"a parallel corpus needs one target line per source line"
+    )
 
 
 def read_parallel(src_path: Path, tgt_path: Path) -> tuple[list[str], list[str]]:
@@ -94,8 +101,10 @@ class Stats:
         return self.total - self.empty - self.too_long
 
     def describe(self, name: str) -> str:
-        return (f"{name}: {self.kept} of {self.total} pairs kept "
-                f"({self.empty} empty, {self.too_long} longer than max_len dropped)")
+        return (
+            f"{name}: {self.kept} of {self.total} pairs kept "
+            f"({self.empty} empty, {self.too_long} longer than max_len dropped)"
+        )
 
 
 def clean_pairs(pairs: Iterable[tuple[str, str]], stats: Stats) -> Iterator[tuple[str, str]]:
@@ -114,7 +123,9 @@ def drop_empty(src: list[str], tgt: list[str], stats: Stats) -> tuple[list[str],
     return [s for s, _ in pairs], [t for _, t in pairs]
 
 
-def sample_pairs(pairs: Iterable[tuple[str, str]], n: int, seed: int) -> tuple[list[str], list[str]]:
+def sample_pairs(
+    pairs: Iterable[tuple[str, str]], n: int, seed: int
+) -> tuple[list[str], list[str]]:
     """At most n pairs drawn uniformly (reservoir sampling) in one streaming pass."""
     rng, sample = random.Random(seed), []
     for i, pair in enumerate(pairs):
@@ -134,8 +145,9 @@ class TokenArray:
         self.lengths = np.fromiter((len(s) for s in seqs), dtype=np.int32, count=len(seqs))
         self.offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
         np.cumsum(self.lengths, out=self.offsets[1:])
-        self.data = np.fromiter((t for s in seqs for t in s), dtype=dtype,
-                                count=int(self.offsets[-1]))
+        self.data = np.fromiter(
+            (t for s in seqs for t in s), dtype=dtype, count=int(self.offsets[-1])
+        )
 
     @classmethod
     def concat(cls, parts: list["TokenArray"]) -> "TokenArray":
@@ -151,7 +163,7 @@ class TokenArray:
         return len(self.lengths)
 
     def __getitem__(self, i: int) -> np.ndarray:
-        return self.data[self.offsets[i]:self.offsets[i + 1]]
+        return self.data[self.offsets[i] : self.offsets[i + 1]]
 
 
 @dataclass
@@ -164,12 +176,19 @@ class ParallelData:
 def both_directions(data: ParallelData) -> ParallelData:
     """The pairs in both directions, (src, tgt) then (tgt, src): one training set for a model
     that translates either way (same token ids on both sides: a joint vocabulary)."""
-    return ParallelData(TokenArray.concat([data.src, data.tgt]),
-                        TokenArray.concat([data.tgt, data.src]), data.stats)
+    return ParallelData(
+        TokenArray.concat([data.src, data.tgt]), TokenArray.concat([data.tgt, data.src]), data.stats
+    )
 
 
-def encode_stream(pairs: Iterable[tuple[str, str]], tokenizer, max_len: int, stats: Stats,
-                  chunk: int = 20_000, dropout: float = 0.0) -> ParallelData:
+def encode_stream(
+    pairs: Iterable[tuple[str, str]],
+    tokenizer,
+    max_len: int,
+    stats: Stats,
+    chunk: int = 20_000,
+    dropout: float = 0.0,
+) -> ParallelData:
     """Tokenize and drop pairs whose either side exceeds `max_len` subwords (+EOS/BOS).
     Streams in chunks, so only one chunk ever exists as Python strings and lists of ints
     (~36 bytes per token); the result is uint16 arrays (2 bytes per token) when the
@@ -184,8 +203,11 @@ def encode_stream(pairs: Iterable[tuple[str, str]], tokenizer, max_len: int, sta
     def flush():
         src_ids = tokenizer.encode_src([s for s, _ in buf], dropout)
         tgt_ids = tokenizer.encode_tgt([t for _, t in buf], dropout)
-        keep = [i for i in range(len(buf))
-                if len(src_ids[i]) + 1 <= max_len and len(tgt_ids[i]) + 1 <= max_len]
+        keep = [
+            i
+            for i in range(len(buf))
+            if len(src_ids[i]) + 1 <= max_len and len(tgt_ids[i]) + 1 <= max_len
+        ]
         stats.too_long += len(buf) - len(keep)
         src_parts.append(TokenArray([src_ids[i] for i in keep], dtype))
         tgt_parts.append(TokenArray([tgt_ids[i] for i in keep], dtype))
@@ -200,6 +222,7 @@ def encode_stream(pairs: Iterable[tuple[str, str]], tokenizer, max_len: int, sta
     return ParallelData(TokenArray.concat(src_parts), TokenArray.concat(tgt_parts), stats)
 
 
-def encode_pairs(src: list[str], tgt: list[str], tokenizer, max_len: int,
-                 stats: Stats) -> ParallelData:
+def encode_pairs(
+    src: list[str], tgt: list[str], tokenizer, max_len: int, stats: Stats
+) -> ParallelData:
     return encode_stream(zip(src, tgt), tokenizer, max_len, stats)

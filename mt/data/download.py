@@ -4,6 +4,7 @@ Sources: the Hugging Face hub through `datasets.load_dataset`, a local folder (t
 Multi30k raw layout, plain text splits, or a `datasets` folder written by `save_to_disk`),
 or the built-in synthetic task.
 """
+
 from __future__ import annotations
 
 import re
@@ -20,8 +21,15 @@ HUB_ALIASES = {
     "multi30k": ("bentrevett/multi30k", None),
     "wmt14": ("wmt/wmt14", "de-en"),
 }
-_SPLIT_NAMES = {"train": "train", "validation": "valid", "valid": "valid", "val": "valid",
-                "dev": "valid", "test": "test", "test_2016_flickr": "test"}
+_SPLIT_NAMES = {
+    "train": "train",
+    "validation": "valid",
+    "valid": "valid",
+    "val": "valid",
+    "dev": "valid",
+    "test": "test",
+    "test_2016_flickr": "test",
+}
 _FILE = re.compile(r"^(?P<split>[^.]+)\.(?P<lang>[A-Za-z_-]{2,8})(?:\.gz)?$")
 
 
@@ -35,8 +43,9 @@ def write_splits(splits: dict[str, dict[str, list[str]]], out: Path, force: bool
     targets = [out / f"{split}.{lang}" for split, by_lang in splits.items() for lang in by_lang]
     existing = [str(p) for p in targets if p.exists()]
     if existing and not force:
-        raise MTError(f"{existing[0]} already exists; pass --force to overwrite or choose "
-                      f"another --out")
+        raise MTError(
+            f"{existing[0]} already exists; pass --force to overwrite or choose another --out"
+        )
     for split, by_lang in splits.items():
         counts = {lang: len(lines) for lang, lines in by_lang.items()}
         if len(set(counts.values())) > 1:
@@ -72,8 +81,10 @@ def from_datasets(dd, langs: tuple[str, str] | None = None) -> dict[str, dict[st
             use = langs or tuple(cols)
             missing = [lang for lang in use if lang not in cols]
             if missing:
-                raise MTError(f"split {name} has text columns {cols}, not {missing}; "
-                              f"pass --src and --tgt with column names")
+                raise MTError(
+                    f"split {name} has text columns {cols}, not {missing}; "
+                    f"pass --src and --tgt with column names"
+                )
             out[split] = {lang: list(ds[lang]) for lang in use}
     if "train" not in out:
         raise MTError(f"the dataset has splits {list(dd)}, but none is named train")
@@ -85,6 +96,7 @@ def from_dir(path: Path, langs: tuple[str, str] | None = None) -> dict[str, dict
         raise MTError(f"--from-dir {path}: not a folder")
     if (path / "dataset_dict.json").is_file():
         import datasets
+
         return from_datasets(datasets.load_from_disk(str(path)), langs)
     found: dict[str, dict[str, Path]] = {}
     for f in sorted(path.iterdir()):
@@ -94,10 +106,14 @@ def from_dir(path: Path, langs: tuple[str, str] | None = None) -> dict[str, dict
             # Prefer an exact name (test_2016_flickr) over a later duplicate of the same split.
             found.setdefault(split, {}).setdefault(m["lang"], f)
     if "train" not in found:
-        raise MTError(f"--from-dir {path}: no training files found; expected train.LANG[.gz] "
-                      f"(and val/valid/dev, test or test_2016_flickr) for two languages")
-    return {split: {lang: read_lines(p) for lang, p in by_lang.items()}
-            for split, by_lang in found.items()}
+        raise MTError(
+            f"--from-dir {path}: no training files found; expected train.LANG[.gz] "
+            f"(and val/valid/dev, test or test_2016_flickr) for two languages"
+        )
+    return {
+        split: {lang: read_lines(p) for lang, p in by_lang.items()}
+        for split, by_lang in found.items()
+    }
 
 
 def from_hub(name: str, config: str | None, langs: tuple[str, str] | None, out: Path):
@@ -105,18 +121,28 @@ def from_hub(name: str, config: str | None, langs: tuple[str, str] | None, out: 
     config = config or default_config
     try:
         import datasets
+
         dd = datasets.load_dataset(hub_id, config)
     except Exception as e:  # network, auth and missing-dataset errors all mean the same here
         reason = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
-        raise MTError(f"could not load '{hub_id}' from the Hugging Face hub ({reason}); "
-                      f"without network access, import local files with "
-                      f"`mt download {name} --from-dir DIR --out {out}`")
+        raise MTError(
+            f"could not load '{hub_id}' from the Hugging Face hub ({reason}); "
+            f"without network access, import local files with "
+            f"`mt download {name} --from-dir DIR --out {out}`"
+        )
     return from_datasets(dd, langs)
 
 
-def download(name: str, out: Path, *, config: str | None = None, from_path: Path | None = None,
-             langs: tuple[str, str] | None = None, force: bool = False) -> dict[str, int]:
-    check_folder_creatable(out, "--out")   # before anything is fetched
+def download(
+    name: str,
+    out: Path,
+    *,
+    config: str | None = None,
+    from_path: Path | None = None,
+    langs: tuple[str, str] | None = None,
+    force: bool = False,
+) -> dict[str, int]:
+    check_folder_creatable(out, "--out")  # before anything is fetched
     if name == "synthetic":
         splits = {s: {"src": a, "tgt": b} for s, (a, b) in synthetic.splits().items()}
     elif from_path is not None:
@@ -125,6 +151,8 @@ def download(name: str, out: Path, *, config: str | None = None, from_path: Path
         splits = from_hub(name, config, langs, out)
     for split in SPLITS:
         if split in splits and len(splits[split]) < 2:
-            raise MTError(f"split {split} has only the language(s) {list(splits[split])}; "
-                          f"a parallel corpus needs two")
+            raise MTError(
+                f"split {split} has only the language(s) {list(splits[split])}; "
+                f"a parallel corpus needs two"
+            )
     return write_splits(splits, out, force)

@@ -4,6 +4,7 @@ The source language has a random lexicon of made-up words; the target maps each 
 fixed dictionary and puts every adjective after its noun (a local reordering, as German->English
 sometimes needs). A correct model scores BLEU 100 on held-out sentences.
 """
+
 from __future__ import annotations
 
 import random
@@ -46,9 +47,13 @@ def generate(n_pairs: int, seed: int = 0) -> tuple[list[str], list[str]]:
     return src, tgt
 
 
-def splits(train: int = 6000, valid: int = 200, test: int = 200,
-           seed: int = 0) -> dict[str, tuple[list[str], list[str]]]:
+def splits(
+    train: int = 6000, valid: int = 200, test: int = 200, seed: int = 0
+) -> dict[str, tuple[list[str], list[str]]]:
     src, tgt = generate(train + valid + test, seed)
-    cut = {"train": (0, train), "valid": (train, train + valid),
-           "test": (train + valid, train + valid + test)}
+    cut = {
+        "train": (0, train),
+        "valid": (train, train + valid),
+        "test": (train + valid, train + valid + test),
+    }
     return {name: (src[a:b], tgt[a:b]) for name, (a, b) in cut.items()}

@@ -1,5 +1,6 @@
 """Sentencepiece BPE: trained once on the training split, stored in the run directory and in
 every checkpoint, so training, translation and evaluation tokenize text identically."""
+
 from __future__ import annotations
 
 import io
@@ -14,8 +15,13 @@ from mt.errors import MTError
 from mt.tokens import BOS, EOS, PAD, UNK  # noqa: F401  (re-exported)
 
 
-def train_bpe(lines: Iterable[str], vocab_size: int, character_coverage: float = 1.0,
-              max_sentences: int = 2_000_000, seed: int = 0) -> bytes:
+def train_bpe(
+    lines: Iterable[str],
+    vocab_size: int,
+    character_coverage: float = 1.0,
+    max_sentences: int = 2_000_000,
+    seed: int = 0,
+) -> bytes:
     """Train a BPE model on `lines`; returns the serialized model."""
     lines = [line for line in lines if line]
     if len(lines) > max_sentences:
@@ -24,15 +30,23 @@ def train_bpe(lines: Iterable[str], vocab_size: int, character_coverage: float =
         raise MTError("cannot train BPE: the training text is empty")
     buf = io.BytesIO()
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(lines), model_writer=buf, model_type="bpe",
+        sentence_iterator=iter(lines),
+        model_writer=buf,
+        model_type="bpe",
         vocab_size=vocab_size,
         # A soft limit: small corpora (tests, toy tasks) cannot fill a large vocabulary.
         hard_vocab_limit=False,
         character_coverage=character_coverage,
-        pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS,
-        max_sentence_length=1 << 16, num_threads=2, minloglevel=2,
+        pad_id=PAD,
+        unk_id=UNK,
+        bos_id=BOS,
+        eos_id=EOS,
+        max_sentence_length=1 << 16,
+        num_threads=2,
+        minloglevel=2,
         # Keep digits and unknown characters round-trippable instead of mapping them to <unk>.
-        split_digits=True, byte_fallback=False,
+        split_digits=True,
+        byte_fallback=False,
     )
     return buf.getvalue()
 
@@ -42,8 +56,10 @@ def _load(model: bytes) -> spm.SentencePieceProcessor:
     try:
         sp.LoadFromSerializedProto(model)
     except Exception as e:  # sentencepiece raises RuntimeError/OSError with C++ text
-        raise MTError(f"the sentencepiece model is corrupt ({e}); retrain it by removing it "
-                      f"from the run directory")
+        raise MTError(
+            f"the sentencepiece model is corrupt ({e}); retrain it by removing it "
+            f"from the run directory"
+        )
     return sp
 
 
@@ -108,16 +124,29 @@ class Tokenizer:
         if (run_dir / "spm.model").is_file():
             return cls((run_dir / "spm.model").read_bytes())
         if (run_dir / "spm.src.model").is_file() and (run_dir / "spm.tgt.model").is_file():
-            return cls((run_dir / "spm.src.model").read_bytes(),
-                       (run_dir / "spm.tgt.model").read_bytes())
+            return cls(
+                (run_dir / "spm.src.model").read_bytes(), (run_dir / "spm.tgt.model").read_bytes()
+            )
         return None
 
     @classmethod
-    def train(cls, src_lines: list[str], tgt_lines: list[str], *, vocab_size: int,
-              joint: bool, character_coverage: float, max_sentences: int,
-              seed: int) -> "Tokenizer":
-        kw = dict(vocab_size=vocab_size, character_coverage=character_coverage,
-                  max_sentences=max_sentences, seed=seed)
+    def train(
+        cls,
+        src_lines: list[str],
+        tgt_lines: list[str],
+        *,
+        vocab_size: int,
+        joint: bool,
+        character_coverage: float,
+        max_sentences: int,
+        seed: int,
+    ) -> "Tokenizer":
+        kw = dict(
+            vocab_size=vocab_size,
+            character_coverage=character_coverage,
+            max_sentences=max_sentences,
+            seed=seed,
+        )
         if joint:
             return cls(train_bpe(src_lines + tgt_lines, **kw))
         return cls(train_bpe(src_lines, **kw), train_bpe(tgt_lines, **kw))

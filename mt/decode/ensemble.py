@@ -3,6 +3,7 @@ mean of the models' (a product of experts, renormalised by search's log-softmax)
 ensemble speaks the Seq2Seq interface search uses, so greedy, beam and sampling work on it
 unchanged: each model's memory and decoder states ride side by side along the last dimension,
 and its cache layers follow each other in one list."""
+
 from __future__ import annotations
 
 import torch
@@ -38,7 +39,7 @@ class Ensemble(nn.Module):
         """Each model's states (B, T, D_i) side by side; `project` takes them apart again."""
         states, offset = [], 0
         for m, mem, n in zip(self.models, self._memories(memory), self._layers):
-            part = None if cache is None else cache[offset:offset + n]
+            part = None if cache is None else cache[offset : offset + n]
             states.append(m.decode(tgt_in, mem, src_pad_mask, cache=part, start=start))
             offset += n
         return torch.cat(states, -1)
@@ -46,5 +47,6 @@ class Ensemble(nn.Module):
     def project(self, h: torch.Tensor) -> torch.Tensor:
         """The mean of the models' log-probabilities (..., V)."""
         parts = h.split([m.d_model for m in self.models], -1)
-        return torch.stack([torch.log_softmax(m.project(p).float(), -1)
-                            for m, p in zip(self.models, parts)]).mean(0)
+        return torch.stack(
+            [torch.log_softmax(m.project(p).float(), -1) for m, p in zip(self.models, parts)]
+        ).mean(0)

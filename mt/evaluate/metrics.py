@@ -1,5 +1,6 @@
 """Corpus BLEU, chrF, chrF++ and TER with sacreBLEU on detokenized text against raw
 references; bootstrap confidence intervals and paired significance tests between systems."""
+
 from __future__ import annotations
 
 import functools
@@ -14,14 +15,16 @@ from mt.errors import MTError
 class Scores:
     bleu: float
     chrf: float
-    signature: str          # sacreBLEU's BLEU signature
+    signature: str  # sacreBLEU's BLEU signature
     chrf_signature: str
 
 
 def _check_counts(hyps: list[str], refs: list[str]) -> None:
     if len(hyps) != len(refs):
-        raise MTError(f"{len(hyps)} hypotheses but {len(refs)} references: they must have the "
-                      f"same number of lines")
+        raise MTError(
+            f"{len(hyps)} hypotheses but {len(refs)} references: they must have the "
+            f"same number of lines"
+        )
     if not hyps:
         raise MTError("nothing to score: the hypotheses and references have no lines")
 
@@ -29,6 +32,7 @@ def _check_counts(hyps: list[str], refs: list[str]) -> None:
 @functools.lru_cache(maxsize=1)
 def moses_languages() -> list[str]:
     from sacremoses.corpus import NonbreakingPrefixes
+
     return sorted({code for code in NonbreakingPrefixes().available_langs.values()})
 
 
@@ -36,12 +40,15 @@ def check_moses_lang(lang: str) -> None:
     """sacremoses accepts any string and silently tokenizes unknown languages as English."""
     known = moses_languages()
     if lang not in known:
-        raise MTError(f"--lc-tok {lang!r}: not a language the Moses tokenizer knows; use one of "
-                      f"{', '.join(known)}")
+        raise MTError(
+            f"--lc-tok {lang!r}: not a language the Moses tokenizer knows; use one of "
+            f"{', '.join(known)}"
+        )
 
 
-def score(hyps: list[str], refs: list[str], lowercase: bool = False,
-          tokenize: str | None = None) -> Scores:
+def score(
+    hyps: list[str], refs: list[str], lowercase: bool = False, tokenize: str | None = None
+) -> Scores:
     _check_counts(hyps, refs)
     bleu = sacrebleu.BLEU(lowercase=lowercase, tokenize=tokenize)
     chrf = sacrebleu.CHRF()
@@ -54,9 +61,12 @@ def moses_lc_tokenize(lines: list[str], lang: str) -> list[str]:
     """Multi30k's official task1-tokenize.sh: lowercase, normalize-punctuation.perl -l LANG,
     tokenizer.perl -l LANG (with its default HTML escaping), here through sacremoses."""
     from sacremoses import MosesPunctNormalizer, MosesTokenizer
+
     normalizer, tokenizer = MosesPunctNormalizer(lang=lang), MosesTokenizer(lang=lang)
-    return [tokenizer.tokenize(normalizer.normalize(line.lower()), escape=True, return_str=True)
-            for line in lines]
+    return [
+        tokenizer.tokenize(normalizer.normalize(line.lower()), escape=True, return_str=True)
+        for line in lines
+    ]
 
 
 def lc_tok_bleu(hyps: list[str], refs: list[str], lang: str) -> float:
@@ -73,8 +83,12 @@ def full_scores(hyps: list[str], refs: list[str], n_bootstrap: int = 0) -> dict:
     95% confidence half-width (Koehn 2004), as "<metric>_mean" and "<metric>_ci"."""
     _check_counts(hyps, refs)
     out = {}
-    metrics = {"bleu": sacrebleu.BLEU(), "chrf": sacrebleu.CHRF(),
-               "chrf_pp": sacrebleu.CHRF(word_order=2), "ter": sacrebleu.TER()}
+    metrics = {
+        "bleu": sacrebleu.BLEU(),
+        "chrf": sacrebleu.CHRF(),
+        "chrf_pp": sacrebleu.CHRF(word_order=2),
+        "ter": sacrebleu.TER(),
+    }
     for name, metric in metrics.items():
         s = metric.corpus_score(hyps, [refs], n_bootstrap=max(n_bootstrap, 1))
         out[name] = round(s.score, 2)
@@ -84,12 +98,17 @@ def full_scores(hyps: list[str], refs: list[str], n_bootstrap: int = 0) -> dict:
     return out
 
 
-def paired_significance(systems: list[tuple[str, list[str]]], refs: list[str],
-                        n_bootstrap: int = 1000, n_trials: int = 10000) -> list[dict]:
+def paired_significance(
+    systems: list[tuple[str, list[str]]],
+    refs: list[str],
+    n_bootstrap: int = 1000,
+    n_trials: int = 10000,
+) -> list[dict]:
     """Each system against the first (the baseline) on BLEU and chrF: sacreBLEU's paired
     bootstrap resampling (Koehn 2004; its mean, 95% CI and p-value) and approximate
     randomisation (Riezler & Maxwell 2005; its p-value). One row per system, baseline first."""
     from sacrebleu.significance import PairedTest
+
     for name, hyps in systems:
         if len(hyps) != len(refs):
             raise MTError(f"{name}: {len(hyps)} lines but the references have {len(refs)}")

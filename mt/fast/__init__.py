@@ -21,16 +21,21 @@ Each fast class subclasses its reference module: the parameters, the state_dict 
 checkpoints stay exactly those of the reference model, and each fast path equals the reference
 in values and gradients (tests/test_fast_paths.py). Measurements: docs/performance.md.
 """
+
 from __future__ import annotations
 
 from mt.fast.dropout import HashDropout
 from mt.fast.loss import chunked_loss, chunked_rdrop_loss
-from mt.fast.modules import (FastFeedForward, FastMultiHeadAttention, FastResidual,
-                             FastTransformer)
+from mt.fast.modules import FastFeedForward, FastMultiHeadAttention, FastResidual, FastTransformer
 from mt.model import Parts
 
 # what mt.model.build_model builds from where the fast paths apply (mt.train.objective)
-PARTS = Parts(attention=FastMultiHeadAttention, feed_forward=FastFeedForward,
-              residual=FastResidual, dropout=HashDropout, transformer=FastTransformer)
+PARTS = Parts(
+    attention=FastMultiHeadAttention,
+    feed_forward=FastFeedForward,
+    residual=FastResidual,
+    dropout=HashDropout,
+    transformer=FastTransformer,
+)
 
 __all__ = ["PARTS", "chunked_loss", "chunked_rdrop_loss"]

@@ -13,6 +13,7 @@ from them straight into the float dtype it multiplies (`KeepMask.of`): multiplyi
 tensor by a uint8 or bool mask converts it in a separate pass or takes a slow path. On GPU,
 F.dropout is used. The timings behind these choices: docs/performance.md.
 """
+
 from __future__ import annotations
 
 import math
@@ -27,12 +28,13 @@ _MAX_RELATIVE_ERROR = 0.02
 
 
 class KeepMask(NamedTuple):
-    lanes: torch.Tensor      # uniform random int8 (int16) lanes, the masked tensor's shape
-    threshold: int           # an element is kept where its lane >= threshold
-    scale: float             # 1 / P(kept)
+    lanes: torch.Tensor  # uniform random int8 (int16) lanes, the masked tensor's shape
+    threshold: int  # an element is kept where its lane >= threshold
+    scale: float  # 1 / P(kept)
 
-    def of(self, dtype: torch.dtype, rows: slice = slice(None),
-           out: torch.Tensor | None = None) -> torch.Tensor:
+    def of(
+        self, dtype: torch.dtype, rows: slice = slice(None), out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """The mask of `rows` (all by default) as 0/1 values of `dtype` (1 = kept), written
         into `out` (of that dtype) when given, a new tensor otherwise."""
         lanes = self.lanes[rows]
@@ -60,7 +62,7 @@ def keep_mask(shape, p: float, device) -> KeepMask:
 
 # lowbias32's multipliers (C. Wellons, "Prospecting for hash functions", 2018): a 32-bit
 # integer hash whose output bits each flip with probability ~1/2 when any input bit does.
-_M1, _M2 = 0x7FEB352D, 0x846CA68B - 2 ** 32
+_M1, _M2 = 0x7FEB352D, 0x846CA68B - 2**32
 _counters = torch.empty(0, dtype=torch.int32)
 _scratch = torch.empty(0, dtype=torch.int32)
 
@@ -72,16 +74,17 @@ def random_bytes(n: int, device) -> torch.Tensor:
     masks whose counter ranges overlap (keys closer than their length) still differ."""
     global _counters, _scratch
     words = (n + 3) // 4
-    k1, k2 = torch.randint(-2 ** 31, 2 ** 31, (2,), dtype=torch.int64).tolist()
+    k1, k2 = torch.randint(-(2**31), 2**31, (2,), dtype=torch.int64).tolist()
     if _counters.numel() < words or _counters.device != torch.device(device):
         _counters = torch.arange(words, dtype=torch.int32, device=device)
         _scratch = torch.empty_like(_counters)
-    x = torch.add(_counters[:words], k1)            # int32 arithmetic wraps around
+    x = torch.add(_counters[:words], k1)  # int32 arithmetic wraps around
     tmp = _scratch[:words]
 
-    def xorshift(s: int) -> None:                   # x ^= x >>> s (logical shift)
+    def xorshift(s: int) -> None:  # x ^= x >>> s (logical shift)
         torch.bitwise_right_shift(x, s, out=tmp).bitwise_and_((1 << (32 - s)) - 1)
         x.bitwise_xor_(tmp)
+
     xorshift(16)
     x.mul_(_M1)
     xorshift(15)

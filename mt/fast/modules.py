@@ -2,6 +2,7 @@
 module and overrides `forward` (or one small step of it) only: same parameters, same
 state_dict, and where the fast path does not apply (GPU, autocast, no gradients, a decoding
 cache, attention weights wanted) it hands over to the reference."""
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -83,33 +84,53 @@ class FastResidual(Residual):
 
     def _residual(self, x: torch.Tensor, f) -> torch.Tensor:
         if not self.pre_norm and cpu_fused(x, self.norm.weight, self.training):
-            return add_norm(x, f(x), self.norm.weight, self.norm.bias, self.dropout.p,
-                            self.norm.eps)
+            return add_norm(
+                x, f(x), self.norm.weight, self.norm.bias, self.dropout.p, self.norm.eps
+            )
         return super().forward(x, f)
 
 
 class FastMultiHeadAttention(MultiHeadAttention):
-    def forward(self, x, memory=None, attn_mask=None, is_causal=False, cache=None,
-                need_weights=False, q_pos=None, k_pos=None):
+    def forward(
+        self,
+        x,
+        memory=None,
+        attn_mask=None,
+        is_causal=False,
+        cache=None,
+        need_weights=False,
+        q_pos=None,
+        k_pos=None,
+    ):
         plain = cache is not None or need_weights
         if plain or not cpu_fused(x, self.out.weight, self.training):
             if not plain and self.training and self.dropout > 0.0 and not x.is_cuda:
                 # SDPA's CPU dropout takes its math path and draws the mask with bernoulli_
                 # (slow): the explicit path, with the hash dropout of weights_dropout
-                return super().forward(x, memory, attn_mask, is_causal, cache, True, q_pos,
-                                       k_pos)[0]
-            return super().forward(x, memory, attn_mask, is_causal, cache, need_weights,
-                                   q_pos, k_pos)
+                return super().forward(x, memory, attn_mask, is_causal, cache, True, q_pos, k_pos)[
+                    0
+                ]
+            return super().forward(
+                x, memory, attn_mask, is_causal, cache, need_weights, q_pos, k_pos
+            )
         # one node from the input projections to the output projection (mt.fast.nodes), which
         # reads the projections in the layouts their matmuls give: (B, T, 3D) for
         # self-attention, (B, T, D) and the memory's (B, S, 2D) for cross-attention
         proj, kv_proj, q, k = self._fused_projections(x, memory)
-        attn_mask, is_causal = self.scores_mask(q, k, x.shape[0], attn_mask, is_causal,
-                                                q_pos, k_pos)
+        attn_mask, is_causal = self.scores_mask(
+            q, k, x.shape[0], attn_mask, is_causal, q_pos, k_pos
+        )
         if is_causal:
             attn_mask = with_causal(attn_mask, q.shape[-2], k.shape[-2], q.device)
-        return attention_out(proj, kv_proj, self.n_heads, attn_mask, self.out.weight,
-                             self.out.bias, self.dropout if self.training else 0.0)
+        return attention_out(
+            proj,
+            kv_proj,
+            self.n_heads,
+            attn_mask,
+            self.out.weight,
+            self.out.bias,
+            self.dropout if self.training else 0.0,
+        )
 
     def weights_dropout(self, weights: torch.Tensor, p: float) -> torch.Tensor:
         return dropout(weights, p, True)

@@ -2,6 +2,7 @@
 backward and making fewer passes over memory than the op-by-op chain. They are used when
 training in fp32 on CPU (`cpu_fused`); on GPU, autocast and PyTorch's kernels do the job.
 Each equals its op-by-op chain with the same dropout mask (tests/test_fast_paths.py)."""
+
 from __future__ import annotations
 
 import torch
@@ -11,8 +12,13 @@ from mt.fast.dropout import KeepMask, keep_mask
 
 def cpu_fused(x: torch.Tensor, weight: torch.Tensor, training: bool) -> bool:
     """Whether a fused path applies: CPU training with gradients, fp32 as the weights."""
-    return (training and not x.is_cuda and torch.is_grad_enabled() and x.dtype == weight.dtype
-            and not torch.is_autocast_enabled("cpu"))
+    return (
+        training
+        and not x.is_cuda
+        and torch.is_grad_enabled()
+        and x.dtype == weight.dtype
+        and not torch.is_autocast_enabled("cpu")
+    )
 
 
 # Rows of the FFN taken at a time: the (rows, d_ff) slice of the hidden activation stays in
@@ -50,7 +56,7 @@ class _FeedForward(torch.autograd.Function):
         for rows in _chunks(n):
             h = torch.addmm(b1, x2[rows], w1.t(), out=a[rows]).relu_()
             if keep is not None:
-                h.mul_(keep.of(h.dtype, rows, out=mask[:len(h)]))
+                h.mul_(keep.of(h.dtype, rows, out=mask[: len(h)]))
             torch.addmm(b2, h, w2.t(), alpha=scale, out=y[rows])
         ctx.save_for_backward(x2, w1, w2, a)
         ctx.scale = scale
@@ -67,8 +73,7 @@ class _FeedForward(torch.autograd.Function):
         for rows in _chunks(len(g)):
             gh_rows = torch.mm(g[rows], w2, out=gh[rows])
             # relu's and dropout's backward (gradient where a > 0): in place
-            torch.ops.aten.threshold_backward.grad_input(gh_rows, a[rows], 0.0,
-                                                         grad_input=gh_rows)
+            torch.ops.aten.threshold_backward.grad_input(gh_rows, a[rows], 0.0, grad_input=gh_rows)
             torch.mm(gh_rows, w1, out=grad_x[rows])
         grad_w1, grad_b1 = gh.t() @ x2, gh.sum(0)
         return grad_x.view(*grad.shape[:-1], w1.shape[1]), grad_w1, grad_b1, grad_w2, grad_b2, None
@@ -101,11 +106,11 @@ class _AddNorm(torch.autograd.Function):
         if p > 0.0:
             keep = keep_mask(f.shape, p, f.device)
             lanes, threshold, scale = keep
-            s = torch.addcmul(x, f, keep.of(f.dtype), value=scale)   # x + dropout(f), one pass
+            s = torch.addcmul(x, f, keep.of(f.dtype), value=scale)  # x + dropout(f), one pass
         else:
             s, scale = x + f, 1.0
         y, mean, rstd = torch.native_layer_norm(s, [d], weight, bias, eps)
-        from_output = bool((weight.abs() >= 1e-3).all())      # CPU: no device sync to wait on
+        from_output = bool((weight.abs() >= 1e-3).all())  # CPU: no device sync to wait on
         if from_output:
             ctx.save_for_backward(y, rstd, weight, bias, lanes)
         else:
@@ -118,18 +123,19 @@ class _AddNorm(torch.autograd.Function):
         if ctx.from_output:
             y, rstd, weight, bias, lanes = ctx.saved_tensors
             inv = weight.reciprocal()
-            x_hat = torch.addcmul(-bias * inv, y, inv)        # (N, D): LayerNorm's x_hat
+            x_hat = torch.addcmul(-bias * inv, y, inv)  # (N, D): LayerNorm's x_hat
             # LayerNorm's backward fed x_hat with mean 0 and rstd 1 gives the weight and bias
             # gradients as they are and the input gradient divided by rstd
             unit = torch.ones_like(rstd)
             gs, gw, gb = torch.ops.aten.native_layer_norm_backward(
-                gy, x_hat, [ctx.d], torch.zeros_like(rstd), unit, weight, bias,
-                [True, True, True])
+                gy, x_hat, [ctx.d], torch.zeros_like(rstd), unit, weight, bias, [True, True, True]
+            )
             gs.mul_(rstd)
         else:
             s, mean, rstd, weight, bias, lanes = ctx.saved_tensors
             gs, gw, gb = torch.ops.aten.native_layer_norm_backward(
-                gy, s, [ctx.d], mean, rstd, weight, bias, [True, True, True])
+                gy, s, [ctx.d], mean, rstd, weight, bias, [True, True, True]
+            )
         if lanes is None:
             return gs, gs, gw, gb, None, None
         gf = gs.mul(KeepMask(lanes, ctx.threshold, ctx.scale).of(gs.dtype)).mul_(ctx.scale)
@@ -168,8 +174,8 @@ class _AttentionOut(torch.autograd.Function):
             kh, vh = _split_heads(kv_proj, 2, n_heads)
         bsz, t = proj.shape[:2]
         h, s, dh = n_heads, kh.shape[1], qh.shape[2]
-        scale = dh ** -0.5
-        scores = torch.bmm(qh, kh.transpose(1, 2)).mul_(scale)      # (B*H, T, S)
+        scale = dh**-0.5
+        scores = torch.bmm(qh, kh.transpose(1, 2)).mul_(scale)  # (B*H, T, S)
         view = scores.view(bsz, h, t, s)
         if attn_mask is not None and attn_mask.dtype == torch.bool:
             view.masked_fill_(attn_mask.logical_not(), float("-inf"))
@@ -183,14 +189,15 @@ class _AttentionOut(torch.autograd.Function):
             keep = keep_mask(weights.shape, p, weights.device)
             lanes, threshold, dscale = keep
             dropped = weights * keep.of(weights.dtype)
-        context = _head_rows(torch.bmm(dropped, vh), bsz)           # the scale: alpha
+        context = _head_rows(torch.bmm(dropped, vh), bsz)  # the scale: alpha
         del dropped
         out = torch.addmm(bias, context, weight.t(), alpha=dscale)
         ctx.save_for_backward(qh, kh, vh, weights, lanes, weight)
         ctx.dims = bsz, h, t, s, dh, scale, dscale, threshold
         ctx.cross = kv_proj is not None
-        ctx.bias_shape = None if attn_mask is None or attn_mask.dtype == torch.bool \
-            else attn_mask.shape
+        ctx.bias_shape = (
+            None if attn_mask is None or attn_mask.dtype == torch.bool else attn_mask.shape
+        )
         return out.view(bsz, t, weight.shape[0])
 
     @staticmethod
@@ -200,25 +207,25 @@ class _AttentionOut(torch.autograd.Function):
         keep = None if lanes is None else KeepMask(lanes, threshold, dscale).of(weights.dtype)
         g = grad.reshape(bsz * t, -1)
         dropped = weights if keep is None else weights * keep
-        context = _head_rows(torch.bmm(dropped, vh), bsz)        # recomputed
+        context = _head_rows(torch.bmm(dropped, vh), bsz)  # recomputed
         grad_w = torch.mm(g.t(), context)
         if dscale != 1.0:
             grad_w.mul_(dscale)
         grad_b = g.sum(0)
         del context
         # the context's gradient, per head: (B*H, T, Dh)
-        g_ctx = (g @ (weight * dscale if dscale != 1.0 else weight))
+        g_ctx = g @ (weight * dscale if dscale != 1.0 else weight)
         g_ctx = g_ctx.view(bsz, t, h, dh).transpose(1, 2).reshape(-1, t, dh)
         grad_v = torch.bmm(dropped.transpose(1, 2), g_ctx)
         del dropped
-        g_w = torch.bmm(g_ctx, vh.transpose(1, 2))               # (B*H, T, S)
+        g_w = torch.bmm(g_ctx, vh.transpose(1, 2))  # (B*H, T, S)
         if keep is not None:
             g_w.mul_(keep)
         g_scores = torch._softmax_backward_data(g_w, weights, -1, weights.dtype)
         grad_mask = None
-        if ctx.bias_shape is not None and ctx.needs_input_grad[3]:    # a bias made from q
+        if ctx.bias_shape is not None and ctx.needs_input_grad[3]:  # a bias made from q
             grad_mask = g_scores.view(bsz, h, t, s).sum_to_size(ctx.bias_shape)
-            g_scores = g_scores * scale                 # grad_mask may be g_scores itself
+            g_scores = g_scores * scale  # grad_mask may be g_scores itself
         else:
             g_scores.mul_(scale)
         grad_q = torch.bmm(g_scores, kh)

@@ -5,20 +5,21 @@
 
 on top of `F.scaled_dot_product_attention`, with a key/value cache for incremental decoding.
 (The fused CPU training node that can replace `forward` lives in mt/fast.)"""
+
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mt.model.cache import (extend_self_cache, group_queries, memory_keys_values,
-                            ungroup_weights)
+from mt.model.cache import extend_self_cache, group_queries, memory_keys_values, ungroup_weights
 from mt.model.positions import RelativeKeys
 
 
 class MultiHeadAttention(nn.Module):
-    def __init__(self, d_model: int, n_heads: int, dropout: float, self_attention: bool,
-                 relative: int = 0):
+    def __init__(
+        self, d_model: int, n_heads: int, dropout: float, self_attention: bool, relative: int = 0
+    ):
         """relative > 0: Shaw et al. relative position keys clipped at that distance."""
         super().__init__()
         self.n_heads, self.d_head = n_heads, d_model // n_heads
@@ -28,14 +29,21 @@ class MultiHeadAttention(nn.Module):
             self.qkv = nn.Linear(d_model, 3 * d_model)  # W^Q, W^K, W^V side by side: one matmul
         else:
             self.q = nn.Linear(d_model, d_model)
-            self.kv = nn.Linear(d_model, 2 * d_model)   # the memory's W^K and W^V
-        self.out = nn.Linear(d_model, d_model)          # W^O
+            self.kv = nn.Linear(d_model, 2 * d_model)  # the memory's W^K and W^V
+        self.out = nn.Linear(d_model, d_model)  # W^O
         self.rel = RelativeKeys(relative, self.d_head) if relative else None
 
-    def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None,
-                attn_mask: torch.Tensor | None = None, is_causal: bool = False,
-                cache: dict | None = None, need_weights: bool = False,
-                q_pos: torch.Tensor | None = None, k_pos: torch.Tensor | None = None):
+    def forward(
+        self,
+        x: torch.Tensor,
+        memory: torch.Tensor | None = None,
+        attn_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        cache: dict | None = None,
+        need_weights: bool = False,
+        q_pos: torch.Tensor | None = None,
+        k_pos: torch.Tensor | None = None,
+    ):
         """x: (B, T, D) queries. memory: (B, S, D) for cross-attention.
         attn_mask: bool, broadcastable to (B, H, T, S), True = may attend.
         cache: dict updated in place; self-attention appends this step's keys/values,
@@ -51,9 +59,10 @@ class MultiHeadAttention(nn.Module):
         if need_weights:
             ctx, weights = self.attend_explicit(q, k, v, attn_mask, is_causal, dropout_p)
         else:
-            ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
-                                                 is_causal=is_causal, dropout_p=dropout_p)
-        out = self.out(ctx.transpose(1, 2).reshape(b, t, d))        # concat heads, W^O: (B, T, D)
+            ctx = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout_p
+            )
+        out = self.out(ctx.transpose(1, 2).reshape(b, t, d))  # concat heads, W^O: (B, T, D)
         if not need_weights:
             return out
         return out, ungroup_weights(weights, b, t)
@@ -63,7 +72,7 @@ class MultiHeadAttention(nn.Module):
         (of x itself, or of the memory), with a cache's past keys and values included."""
         if self.self_attention:
             q, k, v = self._heads_split(self.qkv(x), 3)
-            if cache is not None:                  # the past steps' keys and values come first
+            if cache is not None:  # the past steps' keys and values come first
                 k, v = extend_self_cache(cache, k, v)
             return q, k, v
         # the memory's keys and values: once per sentence, then from the cache
@@ -75,8 +84,8 @@ class MultiHeadAttention(nn.Module):
         """The (attn_mask, is_causal) pair for SDPA: grouped queries take one mask row per
         sentence; relative positions become an additive bias (with -inf where barred); a bool
         mask and is_causal together become one mask (SDPA takes one or the other)."""
-        if b != k.shape[0] and attn_mask is not None:     # grouped queries: one mask row each
-            attn_mask = attn_mask[::b // k.shape[0]]
+        if b != k.shape[0] and attn_mask is not None:  # grouped queries: one mask row each
+            attn_mask = attn_mask[:: b // k.shape[0]]
         if self.rel is not None:
             return _as_bias(self.rel(q, q_pos, k_pos), attn_mask, is_causal), False
         if is_causal and attn_mask is not None:

@@ -1,6 +1,7 @@
 """What every architecture shares: the interface that search, the trainer and alignment use
 (encode -> memory, decode -> states, project -> logits, a batch-first cache), embeddings that
 can be tied, and the weight initialisation."""
+
 from __future__ import annotations
 
 import torch
@@ -24,21 +25,23 @@ class Seq2Seq(nn.Module):
     def project(self, h: torch.Tensor) -> torch.Tensor:
         if self.output is not None:
             return self.output(h)
-        return F.linear(h, self.tgt_embed.weight)    # (..., V): tied with the target embedding
+        return F.linear(h, self.tgt_embed.weight)  # (..., V): tied with the target embedding
 
     @property
     def output_weight(self) -> torch.Tensor:
         """(V, D): logits = states @ output_weight.T (no bias)."""
         return self.output.weight if self.output is not None else self.tgt_embed.weight
 
-    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor,
-                src_pad_mask: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, src: torch.Tensor, tgt_in: torch.Tensor, src_pad_mask: torch.Tensor
+    ) -> torch.Tensor:
         """Teacher-forced logits (B, T, V) of the next target token at every position."""
         return self.project(self.decode(tgt_in, self.encode(src, src_pad_mask), src_pad_mask))
 
 
-def make_embeddings(model: nn.Module, src_vocab: int, tgt_vocab: int, d_model: int,
-                    tie: str) -> None:
+def make_embeddings(
+    model: nn.Module, src_vocab: int, tgt_vocab: int, d_model: int, tie: str
+) -> None:
     """src_embed, tgt_embed and output (None when the output layer is the target embedding)."""
     model.tgt_embed = nn.Embedding(tgt_vocab, d_model, padding_idx=PAD)
     if tie == "all":

@@ -1,13 +1,15 @@
 """The decoding cache every architecture shares: a list (one entry per layer) of
 {"self": {name: tensor}, "cross": {name: tensor}}, batch first, so search can reorder beams
 and drop finished sentences without knowing the model."""
+
 from __future__ import annotations
 
 import torch
 
 
-def reorder_cache(cache: list[dict], index: torch.Tensor,
-                  cross: bool | torch.Tensor = True) -> None:
+def reorder_cache(
+    cache: list[dict], index: torch.Tensor, cross: bool | torch.Tensor = True
+) -> None:
     """Select rows `index` of every cached tensor (beam reordering / dropping finished
     sentences). "cross" entries depend only on the sentence: a pure beam reorder inside the
     same sentences skips them (cross=False), and where they hold one row per sentence rather

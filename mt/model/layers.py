@@ -1,5 +1,6 @@
 """Encoder and decoder blocks: sublayers wrapped in residual connections and LayerNorm,
 post-LN as in Vaswani et al. (2017) or pre-LN as in Xiong et al. (2020)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,8 +18,9 @@ class FeedForward(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, dropout: float):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(d_model, d_ff), nn.ReLU(), nn.Dropout(dropout),
-                                 nn.Linear(d_ff, d_model))
+        self.net = nn.Sequential(
+            nn.Linear(d_model, d_ff), nn.ReLU(), nn.Dropout(dropout), nn.Linear(d_ff, d_model)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
@@ -36,7 +38,7 @@ class Residual(nn.Module):
     def forward(self, x: torch.Tensor, f) -> torch.Tensor:
         if self.pre_norm:
             return x + self.dropout(f(self.norm(x)))
-        return self.norm(x + self.dropout(f(x)))             # LayerNorm(x + Sublayer(x))
+        return self.norm(x + self.dropout(f(x)))  # LayerNorm(x + Sublayer(x))
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,7 @@ class Parts:
     """The module classes a model is built from: the reference ones (REFERENCE), or mt/fast's
     subclasses of them (same parameters, same state_dict), which the training factory picks
     where they apply. transformer: the encoder-decoder's own class (None: Transformer)."""
+
     attention: type = MultiHeadAttention
     feed_forward: type = FeedForward
     residual: type = Residual
@@ -58,23 +61,43 @@ class EncoderLayer(nn.Module):
     """Self-attention + FFN. Also the block of the decoder-only model, which passes a causal
     mask and a cache."""
 
-    def __init__(self, d_model, n_heads, d_ff, dropout, attn_dropout, pre_norm, relative=0,
-                 act_dropout=None, parts: Parts = REFERENCE):
+    def __init__(
+        self,
+        d_model,
+        n_heads,
+        d_ff,
+        dropout,
+        attn_dropout,
+        pre_norm,
+        relative=0,
+        act_dropout=None,
+        parts: Parts = REFERENCE,
+    ):
         super().__init__()
-        self.self_attn = parts.attention(d_model, n_heads, attn_dropout, self_attention=True,
-                                         relative=relative)
-        self.ffn = parts.feed_forward(d_model, d_ff,
-                                      dropout if act_dropout is None else act_dropout)
+        self.self_attn = parts.attention(
+            d_model, n_heads, attn_dropout, self_attention=True, relative=relative
+        )
+        self.ffn = parts.feed_forward(
+            d_model, d_ff, dropout if act_dropout is None else act_dropout
+        )
         self.res1 = parts.residual(d_model, dropout, pre_norm)
         self.res2 = parts.residual(d_model, dropout, pre_norm)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor, cache: dict | None = None,
-                q_pos=None, k_pos=None, weights: list | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        attn_mask: torch.Tensor,
+        cache: dict | None = None,
+        q_pos=None,
+        k_pos=None,
+        weights: list | None = None,
+    ) -> torch.Tensor:
         def attend(h):
             if weights is None:
                 return self.self_attn(h, attn_mask=attn_mask, cache=cache, q_pos=q_pos, k_pos=k_pos)
-            out, w = self.self_attn(h, attn_mask=attn_mask, cache=cache, q_pos=q_pos,
-                                    k_pos=k_pos, need_weights=True)
+            out, w = self.self_attn(
+                h, attn_mask=attn_mask, cache=cache, q_pos=q_pos, k_pos=k_pos, need_weights=True
+            )
             weights.append(w)
             return out
 
@@ -83,20 +106,41 @@ class EncoderLayer(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, d_model, n_heads, d_ff, dropout, attn_dropout, pre_norm, relative=0,
-                 act_dropout=None, parts: Parts = REFERENCE):
+    def __init__(
+        self,
+        d_model,
+        n_heads,
+        d_ff,
+        dropout,
+        attn_dropout,
+        pre_norm,
+        relative=0,
+        act_dropout=None,
+        parts: Parts = REFERENCE,
+    ):
         super().__init__()
-        self.self_attn = parts.attention(d_model, n_heads, attn_dropout, self_attention=True,
-                                         relative=relative)
+        self.self_attn = parts.attention(
+            d_model, n_heads, attn_dropout, self_attention=True, relative=relative
+        )
         self.cross_attn = parts.attention(d_model, n_heads, attn_dropout, self_attention=False)
-        self.ffn = parts.feed_forward(d_model, d_ff,
-                                      dropout if act_dropout is None else act_dropout)
+        self.ffn = parts.feed_forward(
+            d_model, d_ff, dropout if act_dropout is None else act_dropout
+        )
         self.res1 = parts.residual(d_model, dropout, pre_norm)
         self.res2 = parts.residual(d_model, dropout, pre_norm)
         self.res3 = parts.residual(d_model, dropout, pre_norm)
 
-    def forward(self, x, memory, memory_mask, cache: dict | None = None, weights: list | None = None,
-                q_pos=None, k_pos=None, self_mask: torch.Tensor | None = None):
+    def forward(
+        self,
+        x,
+        memory,
+        memory_mask,
+        cache: dict | None = None,
+        weights: list | None = None,
+        q_pos=None,
+        k_pos=None,
+        self_mask: torch.Tensor | None = None,
+    ):
         """x: (B, T, D); memory: (B, S, D); memory_mask: (B, 1, 1, S) True = may attend.
         With a cache, x holds only the newest position and the past comes from the cache.
         If `weights` is a list, this layer's cross-attention weights (B, H, T, S) go into it.
@@ -108,14 +152,19 @@ class DecoderLayer(nn.Module):
         # Training sees the whole target at once and needs the causal mask; a cached step
         # holds one query that may see every cached key.
         causal = cache is None and self_mask is None
-        x = self.res1(x, lambda h: self.self_attn(h, attn_mask=self_mask, is_causal=causal,
-                                                  cache=self_cache, q_pos=q_pos, k_pos=k_pos))
+        x = self.res1(
+            x,
+            lambda h: self.self_attn(
+                h, attn_mask=self_mask, is_causal=causal, cache=self_cache, q_pos=q_pos, k_pos=k_pos
+            ),
+        )
 
         def cross(h):
             if weights is None:
                 return self.cross_attn(h, memory, attn_mask=memory_mask, cache=cross_cache)
-            out, w = self.cross_attn(h, memory, attn_mask=memory_mask, cache=cross_cache,
-                                     need_weights=True)
+            out, w = self.cross_attn(
+                h, memory, attn_mask=memory_mask, cache=cross_cache, need_weights=True
+            )
             weights.append(w)
             return out
 

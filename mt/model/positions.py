@@ -1,6 +1,7 @@
 """Where a token is: absolute positions added to the embeddings (sinusoidal, Vaswani et al.
 2017 sec. 3.5, or learned, as in BERT/GPT) or relative positions inside self-attention
 (Shaw et al. 2018): a learned vector per clipped distance j - i, added to the keys."""
+
 from __future__ import annotations
 
 import math
@@ -12,8 +13,9 @@ from torch import nn
 def sinusoidal_table(n_positions: int, d_model: int) -> torch.Tensor:
     """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...)  (sec. 3.5)."""
     pos = torch.arange(n_positions, dtype=torch.float32)[:, None]
-    inv_freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32)
-                         * (-math.log(10000.0) / d_model))
+    inv_freq = torch.exp(
+        torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model)
+    )
     table = torch.zeros(n_positions, d_model)
     table[:, 0::2] = torch.sin(pos * inv_freq)
     table[:, 1::2] = torch.cos(pos * inv_freq[: d_model // 2])
@@ -28,11 +30,12 @@ class AbsolutePositions(nn.Module):
         super().__init__()
         self.kind, self.max_positions = kind, max_positions
         if kind == "sinusoidal":
-            self.register_buffer("table", sinusoidal_table(max_positions, d_model),
-                                 persistent=False)
+            self.register_buffer(
+                "table", sinusoidal_table(max_positions, d_model), persistent=False
+            )
         elif kind == "learned":
             self.learned = nn.Embedding(max_positions, d_model)
-            nn.init.normal_(self.learned.weight, std=d_model ** -0.5)
+            nn.init.normal_(self.learned.weight, std=d_model**-0.5)
 
     def forward(self, pos: torch.Tensor) -> torch.Tensor | float:
         if self.kind == "sinusoidal":
@@ -52,14 +55,14 @@ class RelativeKeys(nn.Module):
         super().__init__()
         self.k = max_distance
         self.table = nn.Embedding(2 * max_distance + 1, d_head)
-        nn.init.normal_(self.table.weight, std=d_head ** -0.5)
+        nn.init.normal_(self.table.weight, std=d_head**-0.5)
 
     def forward(self, q: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         """q: (B, H, T, Dh); q_pos: (T,) or (B, T); k_pos: (S,) or (B, S).
         Returns the additive score bias (B, H, T, S)."""
         b, h, t, dh = q.shape
-        dist = k_pos[..., None, :] - q_pos[..., :, None]             # (T, S) or (B, T, S)
+        dist = k_pos[..., None, :] - q_pos[..., :, None]  # (T, S) or (B, T, S)
         idx = dist.clamp(-self.k, self.k) + self.k
         idx = idx[None, None] if idx.dim() == 2 else idx[:, None]
-        scores = q @ self.table.weight.to(q.dtype).t()               # (B, H, T, 2k+1)
-        return scores.gather(-1, idx.expand(b, h, t, idx.shape[-1])) / dh ** 0.5
+        scores = q @ self.table.weight.to(q.dtype).t()  # (B, H, T, 2k+1)
+        return scores.gather(-1, idx.expand(b, h, t, idx.shape[-1])) / dh**0.5

@@ -7,6 +7,7 @@ current decoder state and combined with it after the recurrence (`luong`, Luong 
 without input feeding). Only `bahdanau` must run step by step in training; the others run the
 GRU over the whole target at once.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,7 +29,7 @@ class AdditiveAttention(nn.Module):
         self.v = nn.Linear(d, 1, bias=False)
 
     def keys(self, memory: torch.Tensor) -> torch.Tensor:
-        return self.key(memory)                              # U h_j, once per sentence
+        return self.key(memory)  # U h_j, once per sentence
 
     def scores(self, query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         """query (B, T, D), keys (B, S, D) -> (B, T, S)."""
@@ -50,9 +51,20 @@ class GeneralAttention(nn.Module):
 
 
 class RNNSeq2Seq(Seq2Seq):
-    def __init__(self, *, src_vocab: int, tgt_vocab: int, d_model: int, enc_layers: int,
-                 dec_layers: int, dropout: float, attention: str, tie_embeddings: str,
-                 max_positions: int, parts: Parts = REFERENCE):
+    def __init__(
+        self,
+        *,
+        src_vocab: int,
+        tgt_vocab: int,
+        d_model: int,
+        enc_layers: int,
+        dec_layers: int,
+        dropout: float,
+        attention: str,
+        tie_embeddings: str,
+        max_positions: int,
+        parts: Parts = REFERENCE,
+    ):
         super().__init__()
         if d_model % 2:
             raise ValueError("the bidirectional encoder needs an even d_model")
@@ -61,14 +73,26 @@ class RNNSeq2Seq(Seq2Seq):
         make_embeddings(self, src_vocab, tgt_vocab, d_model, tie_embeddings)
         self.dropout = parts.dropout(dropout)
         # Each direction has d/2 units, so an encoder state (both directions) has d.
-        self.encoder = nn.GRU(d_model, d_model // 2, enc_layers, batch_first=True,
-                              bidirectional=True, dropout=dropout if enc_layers > 1 else 0.0)
+        self.encoder = nn.GRU(
+            d_model,
+            d_model // 2,
+            enc_layers,
+            batch_first=True,
+            bidirectional=True,
+            dropout=dropout if enc_layers > 1 else 0.0,
+        )
         self.init_state = nn.Linear(d_model, dec_layers * d_model)
-        reads_context = attention in ("bahdanau", "none")     # context enters the recurrence
-        self.decoder = nn.GRU(d_model * (2 if reads_context else 1), d_model, dec_layers,
-                              batch_first=True, dropout=dropout if dec_layers > 1 else 0.0)
+        reads_context = attention in ("bahdanau", "none")  # context enters the recurrence
+        self.decoder = nn.GRU(
+            d_model * (2 if reads_context else 1),
+            d_model,
+            dec_layers,
+            batch_first=True,
+            dropout=dropout if dec_layers > 1 else 0.0,
+        )
         self.attn = {"bahdanau": AdditiveAttention, "luong": GeneralAttention}.get(
-            attention, lambda d: None)(d_model)
+            attention, lambda d: None
+        )(d_model)
         # Output layer input: [s_t; c_t; y_{t-1}] (Bahdanau, Cho) or [c_t; h_t] (Luong).
         self.combine = nn.Linear(d_model * (3 if reads_context else 2), d_model)
         init_weights(self)
@@ -113,9 +137,15 @@ class RNNSeq2Seq(Seq2Seq):
         weights = scores.softmax(-1).to(memory.dtype)
         return weights @ memory, weights
 
-    def decode(self, tgt_in: torch.Tensor, memory: torch.Tensor, src_pad_mask: torch.Tensor,
-               cache: list[dict] | None = None, start: int = 0,
-               weights: list | None = None) -> torch.Tensor:
+    def decode(
+        self,
+        tgt_in: torch.Tensor,
+        memory: torch.Tensor,
+        src_pad_mask: torch.Tensor,
+        cache: list[dict] | None = None,
+        start: int = 0,
+        weights: list | None = None,
+    ) -> torch.Tensor:
         """tgt_in (B, T) -> output states (B, T, D). With a cache, the decoder state carries
         over from the previous call. Attention weights (B, 1, T, S) go into `weights`."""
         y = self.dropout(self.tgt_embed(tgt_in) * math.sqrt(self.d_model))
@@ -131,7 +161,7 @@ class RNNSeq2Seq(Seq2Seq):
             s, h = recur(self.decoder, torch.cat([y, ctx], -1), h)
             out, w = torch.tanh(self.combine(torch.cat([s, ctx, y], -1))), None
         if cache is not None:
-            cache[0]["self"] = {"h": h.transpose(0, 1)}          # batch first, for reordering
+            cache[0]["self"] = {"h": h.transpose(0, 1)}  # batch first, for reordering
         if weights is not None and w is not None:
             weights.append(w[:, None])
         return self.dropout(out)
@@ -140,9 +170,9 @@ class RNNSeq2Seq(Seq2Seq):
         """Step by step: c_t from s_{t-1}; s_t = GRU([y_{t-1}; c_t], s_{t-1})."""
         outs, ws = [], []
         for t in range(y.shape[1]):
-            ctx, w = self._attend(h[-1][:, None], keys, memory, src_pad_mask)   # (B, 1, D)
-            s, h = recur(self.decoder, torch.cat([y[:, t:t + 1], ctx], -1), h)
-            outs.append(torch.tanh(self.combine(torch.cat([s, ctx, y[:, t:t + 1]], -1))))
+            ctx, w = self._attend(h[-1][:, None], keys, memory, src_pad_mask)  # (B, 1, D)
+            s, h = recur(self.decoder, torch.cat([y[:, t : t + 1], ctx], -1), h)
+            outs.append(torch.tanh(self.combine(torch.cat([s, ctx, y[:, t : t + 1]], -1))))
             ws.append(w)
         return torch.cat(outs, 1), h, torch.cat(ws, 1)
 

@@ -1,4 +1,5 @@
 """Label-smoothed cross-entropy (Szegedy et al. 2016; Vaswani et al. 2017 sec. 5.4)."""
+
 from __future__ import annotations
 
 import torch
@@ -6,8 +7,9 @@ import torch
 from mt.tokens import PAD
 
 
-def label_smoothed_nll(lprobs: torch.Tensor, target: torch.Tensor, eps: float,
-                       pad: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def label_smoothed_nll(
+    lprobs: torch.Tensor, target: torch.Tensor, eps: float, pad: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """lprobs: (N, V) log-probabilities; target: (N,) ids.
 
     The smoothed target puts 1 - eps on the true class and spreads eps evenly over the V - 1
@@ -32,8 +34,9 @@ def flat_lprobs(logits: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(logits.float(), dim=-1).view(-1, logits.shape[-1])
 
 
-def logits_loss(logits: torch.Tensor, target: torch.Tensor,
-                eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def logits_loss(
+    logits: torch.Tensor, target: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(smoothed loss sum, NLL sum) of logits (..., V) against target (...), PAD not scored."""
     loss, nll, _ = label_smoothed_nll(flat_lprobs(logits), target.reshape(-1), eps, PAD)
     return loss, nll
@@ -46,12 +49,13 @@ def reference_loss(model, batch, eps: float) -> tuple[torch.Tensor, torch.Tensor
     return logits_loss(model(batch.src, batch.tgt_in, batch.src_pad_mask), batch.tgt_out, eps)
 
 
-def symmetric_kl(lprobs_a: torch.Tensor, lprobs_b: torch.Tensor,
-                 keep: torch.Tensor) -> torch.Tensor:
+def symmetric_kl(
+    lprobs_a: torch.Tensor, lprobs_b: torch.Tensor, keep: torch.Tensor
+) -> torch.Tensor:
     """sum over the kept positions of (KL(a || b) + KL(b || a)) / 2, from log-probabilities
     (N, V) of the same targets: R-Drop's regulariser (Liang et al. 2021, eq. 2)."""
     pa, pb = lprobs_a.exp(), lprobs_b.exp()
-    per_position = ((pa * (lprobs_a - lprobs_b)).sum(-1) + (pb * (lprobs_b - lprobs_a)).sum(-1))
+    per_position = (pa * (lprobs_a - lprobs_b)).sum(-1) + (pb * (lprobs_b - lprobs_a)).sum(-1)
     return (per_position * keep).sum() / 2
 
 
@@ -69,7 +73,8 @@ def rdrop_loss(model, batch, eps: float, alpha: float) -> tuple[torch.Tensor, to
     passes = []
     for _ in range(2):
         passes.append(flat_lprobs(model(batch.src, batch.tgt_in, batch.src_pad_mask)))
-    (loss_a, nll_a, _), (loss_b, nll_b, _) = (label_smoothed_nll(lp, v_target, eps, PAD)
-                                              for lp in passes)
+    (loss_a, nll_a, _), (loss_b, nll_b, _) = (
+        label_smoothed_nll(lp, v_target, eps, PAD) for lp in passes
+    )
     kl = symmetric_kl(passes[0], passes[1], keep)
     return (loss_a + loss_b) / 2 + alpha * kl, (nll_a + nll_b) / 2

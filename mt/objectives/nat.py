@@ -6,6 +6,7 @@ tokens are hidden behind the mask token; the decoder predicts them (label-smooth
 cross-entropy over the hidden positions), and the length predictor learns the target length
 (cross-entropy, weight 0.1 as in fairseq's cmlm).
 """
+
 from __future__ import annotations
 
 import torch
@@ -26,12 +27,13 @@ def mask_for_training(tokens: torch.Tensor, generator=None) -> torch.Tensor:
     """(B, T) bool: which tokens to hide. Per sentence, n ~ Uniform{1..length} of its real
     positions, chosen uniformly at random."""
     real = tokens != PAD
-    lengths = real.sum(1)                                                   # (B,)
-    n = (torch.rand(lengths.shape, generator=generator, device=tokens.device)
-         * lengths).long() + 1                                              # 1 .. length
+    lengths = real.sum(1)  # (B,)
+    n = (
+        torch.rand(lengths.shape, generator=generator, device=tokens.device) * lengths
+    ).long() + 1  # 1 .. length
     scores = torch.rand(tokens.shape, generator=generator, device=tokens.device)
-    scores = scores.masked_fill(~real, 2.0)                 # padding never among the lowest
-    ranks = scores.argsort(1).argsort(1)                    # rank of each position's score
+    scores = scores.masked_fill(~real, 2.0)  # padding never among the lowest
+    ranks = scores.argsort(1).argsort(1)  # rank of each position's score
     return (ranks < n[:, None]) & real
 
 
@@ -41,8 +43,8 @@ def nat_loss(model, batch: Batch, eps: float, generator=None):
     hidden = mask_for_training(tokens, generator)
     inputs = tokens.masked_fill(hidden, MASK)
     memory = model.encode(batch.src, batch.src_pad_mask)
-    logits = model.project(model.decode(inputs, memory, batch.src_pad_mask))   # (B, T, V)
-    loss, nll = logits_loss(logits, tokens.masked_fill(~hidden, PAD), eps)   # hidden only
+    logits = model.project(model.decode(inputs, memory, batch.src_pad_mask))  # (B, T, V)
+    loss, nll = logits_loss(logits, tokens.masked_fill(~hidden, PAD), eps)  # hidden only
     length_logits = model.predict_length(memory, batch.src_pad_mask).float()
     lengths = (tokens != PAD).sum(1).clamp(max=length_logits.shape[-1] - 1)
     length_loss = torch.nn.functional.cross_entropy(length_logits, lengths, reduction="sum")

@@ -1,4 +1,5 @@
 """What the Trainer minimises, as one value: the loss function and what it needs around it."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ class Objective:
     update (scheduled sampling's schedule). translates: the model it trains translates, so
     validation decodes the valid split and scores BLEU, and the run ends with averaging and
     tuning (False: an encoder objective, trained for its weights alone)."""
+
     loss: Callable[..., tuple]
     prepare: Callable[[Batch, list[int]], Batch] | None = None
     on_step: Callable[[int], None] | None = None

@@ -10,6 +10,7 @@ mistakes that decoding will make. With p = 1 it is exactly teacher forcing.
   cache, and each step's input is chosen from the gold token and the previous step's
   prediction.
 """
+
 from __future__ import annotations
 
 import math
@@ -21,8 +22,12 @@ from mt.objectives.loss import logits_loss
 from mt.tokens import PAD
 
 
-def mixed_input(tgt_in: torch.Tensor, predicted: torch.Tensor, gold_p: float,
-                generator: torch.Generator | None = None) -> torch.Tensor:
+def mixed_input(
+    tgt_in: torch.Tensor,
+    predicted: torch.Tensor,
+    gold_p: float,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
     """tgt_in (B, T) starts with BOS; predicted[:, t] is the model's guess of tgt_in[:, t+1].
     Each position after BOS keeps its gold token with probability gold_p and takes the
     prediction otherwise; padding stays padding."""
@@ -32,15 +37,16 @@ def mixed_input(tgt_in: torch.Tensor, predicted: torch.Tensor, gold_p: float,
     return mixed.masked_fill(tgt_in == PAD, PAD)
 
 
-def gold_probability(step: int, schedule: str, k: float, c: float = 0.0,
-                     min_gold: float = 0.0) -> float:
+def gold_probability(
+    step: int, schedule: str, k: float, c: float = 0.0, min_gold: float = 0.0
+) -> float:
     """Scheduled sampling's probability of feeding the gold previous token at update `step`
     (Bengio et al. 2015, sec. 2.4): linear k - c * step, exponential k ** step (k < 1), inverse
     sigmoid k / (k + exp(step / k)) (k >= 1); never below min_gold."""
     if schedule == "linear":
         p = k - c * step
     elif schedule == "exponential":
-        p = k ** step
+        p = k**step
     elif schedule == "inverse_sigmoid":
         p = k / (k + math.exp(min(step / k, 700.0)))
     else:
@@ -66,7 +72,7 @@ class ScheduledSamplingLoss:
         return gold_probability(self.step, c.schedule, c.k, c.c, c.min_gold)
 
     def __call__(self, model, batch: Batch, eps: float):
-        if not model.training:                  # validation: the model as it decodes
+        if not model.training:  # validation: the model as it decodes
             return self.base_loss(model, batch, eps)
         p = self.gold_p()
         if self.two_pass:
@@ -79,7 +85,7 @@ class ScheduledSamplingLoss:
     def _mixed_batch(self, model, batch: Batch, p: float) -> Batch:
         if p >= 1.0:
             return batch
-        with torch.no_grad():                   # the first pass only predicts
+        with torch.no_grad():  # the first pass only predicts
             predicted = model(batch.src, batch.tgt_in, batch.src_pad_mask).argmax(-1)
         tgt_in = mixed_input(batch.tgt_in, predicted, p, self._draws(batch.tgt_in))
         return Batch(batch.src, tgt_in, batch.tgt_out, batch.n_tokens)
@@ -87,15 +93,16 @@ class ScheduledSamplingLoss:
     def _step_by_step(self, model, batch: Batch, eps: float, p: float):
         memory = model.encode(batch.src, batch.src_pad_mask)
         cache = model.new_cache()
-        token, states = batch.tgt_in[:, :1], []                   # BOS
+        token, states = batch.tgt_in[:, :1], []  # BOS
         for t in range(batch.tgt_in.shape[1]):
             h = model.decode(token, memory, batch.src_pad_mask, cache=cache, start=t)
-            states.append(h)                                     # (B, 1, D)
+            states.append(h)  # (B, 1, D)
             if t + 1 < batch.tgt_in.shape[1]:
                 with torch.no_grad():
                     guess = model.project(h[:, -1]).argmax(-1)
                 gold = batch.tgt_in[:, t + 1]
-                use_gold = torch.rand(gold.shape, generator=self._draws(gold),
-                                      device=gold.device) < p
+                use_gold = (
+                    torch.rand(gold.shape, generator=self._draws(gold), device=gold.device) < p
+                )
                 token = torch.where(use_gold | (gold == PAD), gold, guess)[:, None]
         return logits_loss(model.project(torch.cat(states, 1)), batch.tgt_out, eps)

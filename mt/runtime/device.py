@@ -1,4 +1,5 @@
 """Which device and which autocast precision a run, or a decoding, uses."""
+
 from __future__ import annotations
 
 import torch

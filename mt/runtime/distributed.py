@@ -1,6 +1,7 @@
 """Data-parallel training with torch.distributed, launched by torchrun
 (`torchrun --nproc_per_node N -m mt train CONFIG`). Without torchrun everything here is a
 no-op for a single process."""
+
 from __future__ import annotations
 
 import os
@@ -59,7 +60,7 @@ class Dist:
             return
         params = [p for p in params if p.requires_grad]
         for p in params:
-            if p.grad is None:          # unused this step here, maybe not on another rank
+            if p.grad is None:  # unused this step here, maybe not on another rank
                 p.grad = torch.zeros_like(p)
         for dtype in sorted({p.grad.dtype for p in params}, key=str):
             grads = [p.grad for p in params if p.grad.dtype == dtype]
@@ -68,7 +69,7 @@ class Dist:
             flat.div_(self.world)
             offset = 0
             for g in grads:
-                g.copy_(flat[offset:offset + g.numel()].view_as(g))
+                g.copy_(flat[offset : offset + g.numel()].view_as(g))
                 offset += g.numel()
 
     def gather(self, obj) -> list:
@@ -96,8 +97,9 @@ class Dist:
         return bool(t.item())
 
 
-def setup(device_name: str, timeout_minutes: float = 30.0,
-          wait_minutes: float = 240.0) -> tuple[Dist, str]:
+def setup(
+    device_name: str, timeout_minutes: float = 30.0, wait_minutes: float = 240.0
+) -> tuple[Dist, str]:
     """Join the process group torchrun describes in the environment; returns the Dist and the
     device this rank should use.
 
@@ -115,12 +117,15 @@ def setup(device_name: str, timeout_minutes: float = 30.0,
     # ordinal", and leave the others waiting for them
     local_world = max(int(os.environ.get("LOCAL_WORLD_SIZE", "0")), local_rank + 1)
     if use_cuda and local_world > (n := torch.cuda.device_count()):
-        raise MTError(f"torchrun started {local_world} processes on this machine, which has "
-                      f"{n} GPU{'s' * (n != 1)}: use --nproc-per-node {n}, one process per "
-                      f"GPU, or train.device: cpu")
+        raise MTError(
+            f"torchrun started {local_world} processes on this machine, which has "
+            f"{n} GPU{'s' * (n != 1)}: use --nproc-per-node {n}, one process per "
+            f"GPU, or train.device: cpu"
+        )
     if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if use_cuda else "gloo",
-                                timeout=timedelta(minutes=timeout_minutes))
+        dist.init_process_group(
+            backend="nccl" if use_cuda else "gloo", timeout=timedelta(minutes=timeout_minutes)
+        )
     wait_group = dist.new_group(backend="gloo", timeout=timedelta(minutes=wait_minutes))
     if use_cuda:
         torch.cuda.set_device(local_rank)

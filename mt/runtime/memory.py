@@ -6,6 +6,7 @@ shapes pile up: resident memory stays far above what is live. `malloc_trim` retu
 pages. Trimming costs the next allocations their page faults again, so it is done between
 phases (training, validation), not per update (figures: docs/performance.md).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -22,7 +23,7 @@ def prefer_huge_pages() -> None:
 
 def _find_trim():
     try:
-        return ctypes.CDLL(None).malloc_trim    # glibc; absent from musl and macOS
+        return ctypes.CDLL(None).malloc_trim  # glibc; absent from musl and macOS
     except (OSError, AttributeError):
         return None
 

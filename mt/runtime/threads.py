@@ -7,6 +7,7 @@ starts, and says so; `train.num_threads` or MT_THREADS choose. It keeps libgomp'
 wait: sleeping at once (OMP_WAIT_POLICY=PASSIVE) avoids the slowdown too, but made the idle
 machine's small-op training 1.5x slower (scripts/bench/bench_threads.py, docs/performance.md).
 """
+
 from __future__ import annotations
 
 import os
@@ -20,7 +21,7 @@ def _cpu_times() -> tuple[float, float] | None:
             fields = [float(x) for x in f.readline().split()[1:]]
     except (OSError, ValueError):
         return None
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)     # idle + iowait
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
     return sum(fields) - idle, sum(fields)
 
 
@@ -50,6 +51,7 @@ def choose_threads(requested: int = 0, log=print) -> int:
     """Set torch's intra-op threads: `requested` (or MT_THREADS) if given, else the cores left
     free by other processes, at most torch's own default (the physical cores)."""
     import torch
+
     requested = requested or int(os.environ.get("MT_THREADS", "0") or 0)
     if requested:
         torch.set_num_threads(requested)
@@ -58,8 +60,10 @@ def choose_threads(requested: int = 0, log=print) -> int:
     busy = busy_cores()
     free = max(1, min(default, int(usable_cores() - busy + 0.5)))
     if free < default:
-        log(f"the machine is busy (other processes use {busy:.1f} of {usable_cores()} cores): "
+        log(
+            f"the machine is busy (other processes use {busy:.1f} of {usable_cores()} cores): "
             f"using {free} thread(s) instead of {default}; set train.num_threads (or MT_THREADS) "
-            f"to choose")
+            f"to choose"
+        )
         torch.set_num_threads(free)
     return free

@@ -2,6 +2,7 @@
 exponential smoothing, fairseq's --ema-decay): training goes on with the raw weights, while
 validation, the step_N.pt snapshots and best.pt hold the average, which moves less with each
 noisy update than the weights themselves."""
+
 from __future__ import annotations
 
 import torch
@@ -15,7 +16,7 @@ class WeightAverage:
 
     def __init__(self, model: torch.nn.Module, decay: float):
         self.decay, self.updates = decay, 0
-        self.params = list(model.parameters())        # tied parameters once
+        self.params = list(model.parameters())  # tied parameters once
         self.average = [p.detach().clone() for p in self.params]
 
     def update(self) -> None:
@@ -28,8 +29,9 @@ class WeightAverage:
         """model.state_dict() with every parameter's average in its place (under each name of
         a tied parameter); buffers as they are."""
         average = {id(p): a for p, a in zip(self.params, self.average)}
-        return {k: average.get(id(v), v).detach()
-                for k, v in model.state_dict(keep_vars=True).items()}
+        return {
+            k: average.get(id(v), v).detach() for k, v in model.state_dict(keep_vars=True).items()
+        }
 
     def state_dict(self, model: torch.nn.Module) -> dict:
         return {"updates": self.updates, "weights": self.weights(model)}

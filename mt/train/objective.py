@@ -1,6 +1,7 @@
 """The one factory of the training objective: from the config and the model to the Objective
 the Trainer minimises (label-smoothed cross-entropy, fused where mt/fast applies; R-Drop;
 scheduled sampling; the NAT's masked-target loss; the masked-LM loss of encoder pretraining)."""
+
 from __future__ import annotations
 
 import functools
@@ -33,8 +34,9 @@ def model_parts(t, device: torch.device, pretraining: bool = False) -> Parts:
     return fast.PARTS
 
 
-def build_objective(cfg: Config, *, fused: bool, seed: int = 0,
-                    pretraining: bool = False, vocab_size: int = 0) -> Objective:
+def build_objective(
+    cfg: Config, *, fused: bool, seed: int = 0, pretraining: bool = False, vocab_size: int = 0
+) -> Objective:
     """fused: mt/fast's chunked loss instead of the reference (where the model is built from
     fast.PARTS, except under torch.compile, which fuses on its own);
     seed: scheduled sampling's draws (this rank's); pretraining: the masked-LM objective over
@@ -46,9 +48,10 @@ def build_objective(cfg: Config, *, fused: bool, seed: int = 0,
     if cfg.model.arch == "nat":
         return Objective(loss=functools.partial(nat_loss, eps=eps))
     loss = fast.chunked_loss if fused else reference_loss
-    if t.rdrop_alpha > 0:     # fused like the plain loss where that is, else the reference
-        loss = functools.partial(fast.chunked_rdrop_loss if fused else rdrop_loss,
-                                 alpha=t.rdrop_alpha)
+    if t.rdrop_alpha > 0:  # fused like the plain loss where that is, else the reference
+        loss = functools.partial(
+            fast.chunked_rdrop_loss if fused else rdrop_loss, alpha=t.rdrop_alpha
+        )
     if t.scheduled_sampling is None:
         return Objective(loss=functools.partial(loss, eps=eps))
     ss = t.scheduled_sampling

@@ -2,6 +2,7 @@
 model's encoder on the source side of a corpus (mt/objectives/mlm.py), through the same Trainer
 as `mt train`: resume, Ctrl-C, budgets, logging and ranks work as they do there. It writes
 RUN_DIR/pretrained.pt, which `model.init_encoder` starts translation runs from."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -32,5 +33,9 @@ def pretrain(cfg: Config, run_dir: Path, log=print) -> dict:
             checkpoint.atomic_save(ckpt, run_dir / "pretrained.pt")
     finally:
         trainer.close()
-    return {"step": state.step, "stopped": trainer.stop_requested,
-            "mlm_loss": trainer.last_record.get("loss"), "is_main": trainer.dist.is_main}
+    return {
+        "step": state.step,
+        "stopped": trainer.stop_requested,
+        "mlm_loss": trainer.last_record.get("loss"),
+        "is_main": trainer.dist.is_main,
+    }

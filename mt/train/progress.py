@@ -1,5 +1,6 @@
 """What a user sees and does while a run trains: how long it will take on this machine, and
 Ctrl-C (once: stop after this update and save; twice: stop now, saying what was lost)."""
+
 from __future__ import annotations
 
 import signal
@@ -15,11 +16,14 @@ from mt.errors import Interrupted
 def stop_on_signal(on_signal, lost_work):
     """SIGINT/SIGTERM call on_signal(name) (the loop stops after the current update and
     saves); a second Ctrl-C raises Interrupted(lost_work()) at once."""
+
     def handler(signum, frame):
         on_signal(signal.Signals(signum).name)
         signal.signal(signal.SIGINT, second)
-        sys.stderr.write(f"\n{signal.Signals(signum).name}: stopping after this update and "
-                         f"saving last.pt (Ctrl-C again to stop at once, losing it)\n")
+        sys.stderr.write(
+            f"\n{signal.Signals(signum).name}: stopping after this update and "
+            f"saving last.pt (Ctrl-C again to stop at once, losing it)\n"
+        )
         sys.stderr.flush()
 
     def second(signum, frame):
@@ -37,15 +41,21 @@ def stop_on_signal(on_signal, lost_work):
 
 
 def lost_work_message(step: int, saved_step: int) -> str:
-    since = (f"since the last save (step {saved_step}, last.pt)" if saved_step >= 0
-             else "since this run started or resumed")
-    return (f"interrupted twice at step {step}: stopped without saving; the updates {since} "
-            f"are lost; run the same command again to resume from last.pt (one Ctrl-C saves "
-            f"before stopping)")
+    since = (
+        f"since the last save (step {saved_step}, last.pt)"
+        if saved_step >= 0
+        else "since this run started or resumed"
+    )
+    return (
+        f"interrupted twice at step {step}: stopped without saving; the updates {since} "
+        f"are lost; run the same command again to resume from last.pt (one Ctrl-C saves "
+        f"before stopping)"
+    )
 
 
 class Forecast:
     """How long the run will take, from the speed of its first updates in this process."""
+
     MEASURE_STEPS, MEASURE_SECONDS = 5, 10.0
 
     def __init__(self, step: int, seconds: float):
@@ -67,11 +77,13 @@ class Forecast:
         them alone would end the progress bar thousands of steps early."""
         if not self.done or step <= self.now_step or seconds <= self.now_seconds:
             return None
-        return self._end(step, seconds, (seconds - self.now_seconds) / (step - self.now_step),
-                         max_steps, budget)
+        return self._end(
+            step, seconds, (seconds - self.now_seconds) / (step - self.now_step), max_steps, budget
+        )
 
-    def _end(self, step: int, seconds: float, sec_per_step: float, max_steps: int,
-             budget: float) -> int:
+    def _end(
+        self, step: int, seconds: float, sec_per_step: float, max_steps: int, budget: float
+    ) -> int:
         self.sec_per_step = sec_per_step
         self.now_step, self.now_seconds = step, seconds
         end = max_steps
@@ -82,11 +94,15 @@ class Forecast:
 
     def describe(self, max_steps: int, max_minutes: float) -> str:
         left = (self.end_step - self.now_step) * self.sec_per_step
-        msg = (f"{self.sec_per_step:.2f} s per update on this machine: "
-               f"{_duration(left)} of training left")
+        msg = (
+            f"{self.sec_per_step:.2f} s per update on this machine: "
+            f"{_duration(left)} of training left"
+        )
         if self.end_step < max_steps:
-            msg += (f"; the {max_minutes:g}-minute budget (train.max_minutes) stops it near "
-                    f"step {self.end_step:,} of {max_steps:,}")
+            msg += (
+                f"; the {max_minutes:g}-minute budget (train.max_minutes) stops it near "
+                f"step {self.end_step:,} of {max_steps:,}"
+            )
         else:
             msg += f" to step {max_steps:,}"
         return msg + ", plus validation"
@@ -112,8 +128,7 @@ def show_progress(bar, st, cfg, forecast: Forecast, last_update, say) -> None:
         say(forecast.describe(cfg.max_steps, cfg.max_minutes))
     elif st.step % cfg.valid_every == 0:
         # silently, from the speed since: the first updates can be unrepresentative
-        end_step = forecast.revise(st.step, st.train_seconds, cfg.max_steps,
-                                   60 * cfg.max_minutes)
+        end_step = forecast.revise(st.step, st.train_seconds, cfg.max_steps, 60 * cfg.max_minutes)
     if end_step is not None and end_step != bar.total:
-        bar.total = end_step     # a time budget ends the bar (and its ETA) earlier
+        bar.total = end_step  # a time budget ends the bar (and its ETA) earlier
         bar.refresh()

@@ -1,5 +1,6 @@
 """A run directory belongs to one training process at a time, and holds one run: what may
 change when a run is resumed, and what must be refused before anything is written."""
+
 from __future__ import annotations
 
 import hashlib
@@ -18,17 +19,35 @@ from mt.outputs import check_folder_writable
 # Keys that may change between a run and its resumption without --allow-config-change: they
 # change how long or where it trains, not what it learns. (data.dir is checked separately: a
 # moved corpus is the same run, another corpus is not.)
-RESUMABLE = ("train.max_steps", "train.max_minutes", "train.log_every", "train.valid_every",
-             "train.save_every", "train.patience", "train.device", "train.num_threads",
-             "train.valid_beam", "train.compile", "train.fast_paths", "train.tensorboard",
-             "train.dist_timeout_minutes", "train.dist_wait_minutes", "decode", "data.dir")
+RESUMABLE = (
+    "train.max_steps",
+    "train.max_minutes",
+    "train.log_every",
+    "train.valid_every",
+    "train.save_every",
+    "train.patience",
+    "train.device",
+    "train.num_threads",
+    "train.valid_beam",
+    "train.compile",
+    "train.fast_paths",
+    "train.tensorboard",
+    "train.dist_timeout_minutes",
+    "train.dist_wait_minutes",
+    "decode",
+    "data.dir",
+)
 # Keys no flag can change in a run that has a checkpoint: the weights, the optimizer's moments
 # and the BPE model were made for them.
 FIXED_SECTIONS = ("model", "tokenizer")
 FIXED_KEYS = ("data.src_lang", "data.tgt_lang")
 # ...except these, on which no shape depends
-CHANGEABLE_IN_MODEL = ("model.dropout", "model.attn_dropout", "model.act_dropout",
-                       "model.init_encoder")
+CHANGEABLE_IN_MODEL = (
+    "model.dropout",
+    "model.attn_dropout",
+    "model.act_dropout",
+    "model.init_encoder",
+)
 
 LOCK_NAME = ".lock"
 CORPUS_NAME = "corpus.json"
@@ -40,6 +59,7 @@ class RunLock:
 
     def __init__(self, run_dir: Path):
         import fcntl
+
         self.path = run_dir / LOCK_NAME
         self._f = open(self.path, "a+", encoding="utf-8")
         try:
@@ -48,8 +68,10 @@ class RunLock:
             self._f.seek(0)
             holder = self._f.read().strip() or "unknown"
             self._f.close()
-            raise MTError(f"{run_dir} is in use by another mt train (pid {holder}); wait for it "
-                          f"to finish, stop it, or use another --run-dir") from None
+            raise MTError(
+                f"{run_dir} is in use by another mt train (pid {holder}); wait for it "
+                f"to finish, stop it, or use another --run-dir"
+            ) from None
         self._f.seek(0)
         self._f.truncate()
         self._f.write(f"{os.getpid()}\n")
@@ -57,7 +79,7 @@ class RunLock:
 
     def release(self) -> None:
         if not self._f.closed:
-            self._f.close()       # closing drops the flock; the file may stay
+            self._f.close()  # closing drops the flock; the file may stay
 
 
 def has_checkpoint(run_dir: Path) -> bool:
@@ -99,22 +121,33 @@ def check_config_change(cfg: Config, run_dir: Path, allow_config_change: bool) -
     """Refuse a config this run cannot continue with; returns the changes that will apply."""
     old = _saved_config(run_dir)
     if old is None or not has_checkpoint(run_dir):
-        return []     # nothing trained yet: a failed start must not lock its config
+        return []  # nothing trained yet: a failed start must not lock its config
     changed = diff_configs(cfg, old)
-    fixed = [c for c in changed
-             if (c.split(".")[0] in FIXED_SECTIONS or _key(c) in FIXED_KEYS)
-             and _key(c) not in CHANGEABLE_IN_MODEL]
+    fixed = [
+        c
+        for c in changed
+        if (c.split(".")[0] in FIXED_SECTIONS or _key(c) in FIXED_KEYS)
+        and _key(c) not in CHANGEABLE_IN_MODEL
+    ]
     if fixed:
-        raise MTError(f"{run_dir} holds a trained run whose {_names(fixed)} cannot change "
-                      f"({'; '.join(fixed[:3])}): its weights and BPE model were made for the "
-                      f"old values; use another --run-dir for the new config")
-    needs_flag = [c for c in changed if not _key(c).startswith(RESUMABLE)
-                  or (_key(c) == "data.dir" and not _corpus_moved(cfg, run_dir))]
+        raise MTError(
+            f"{run_dir} holds a trained run whose {_names(fixed)} cannot change "
+            f"({'; '.join(fixed[:3])}): its weights and BPE model were made for the "
+            f"old values; use another --run-dir for the new config"
+        )
+    needs_flag = [
+        c
+        for c in changed
+        if not _key(c).startswith(RESUMABLE)
+        or (_key(c) == "data.dir" and not _corpus_moved(cfg, run_dir))
+    ]
     if needs_flag and not allow_config_change:
-        raise MTError(f"{run_dir} holds a run with a different config "
-                      f"({'; '.join(needs_flag[:3])}{'; ...' if len(needs_flag) > 3 else ''}); "
-                      f"use another --run-dir, or "
-                      f"pass --allow-config-change to continue it with the new config")
+        raise MTError(
+            f"{run_dir} holds a run with a different config "
+            f"({'; '.join(needs_flag[:3])}{'; ...' if len(needs_flag) > 3 else ''}); "
+            f"use another --run-dir, or "
+            f"pass --allow-config-change to continue it with the new config"
+        )
     return changed
 
 
@@ -133,17 +166,21 @@ def _drop_stale_tokenizer(cfg: Config, run_dir: Path, log) -> None:
     if old is None:
         return
     changed = diff_configs(cfg, old)
-    if any(c.startswith(("tokenizer.", "data.")) and not c.startswith("data.max_len")
-           for c in changed):
+    if any(
+        c.startswith(("tokenizer.", "data.")) and not c.startswith("data.max_len") for c in changed
+    ):
         for name in ("spm.model", "spm.src.model", "spm.tgt.model"):
             if (run_dir / name).exists():
                 (run_dir / name).unlink()
-                log(f"{run_dir / name} was made for another corpus or tokenizer config: "
-                    f"training BPE again")
+                log(
+                    f"{run_dir / name} was made for another corpus or tokenizer config: "
+                    f"training BPE again"
+                )
 
 
-def prepare_run_dir(cfg: Config, run_dir: Path, allow_config_change: bool,
-                    is_main: bool = True, log=print) -> RunLock | None:
+def prepare_run_dir(
+    cfg: Config, run_dir: Path, allow_config_change: bool, is_main: bool = True, log=print
+) -> RunLock | None:
     """Check the run directory (every rank: all must fail together); rank 0 locks it and
     writes the config. Nothing is written before every check has passed."""
     if not is_main:
@@ -152,17 +189,18 @@ def prepare_run_dir(cfg: Config, run_dir: Path, allow_config_change: bool,
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise MTError(f"run directory {run_dir} is not writable ({e.strerror}); choose another "
-                      f"with --run-dir") from None
+        raise MTError(
+            f"run directory {run_dir} is not writable ({e.strerror}); choose another with --run-dir"
+        ) from None
     check_folder_writable(run_dir, "run")
-    check_config_change(cfg, run_dir, allow_config_change)    # refused before the lock file
+    check_config_change(cfg, run_dir, allow_config_change)  # refused before the lock file
     lock = RunLock(run_dir)
     try:
-        check_config_change(cfg, run_dir, allow_config_change)    # as the lock holder sees it
+        check_config_change(cfg, run_dir, allow_config_change)  # as the lock holder sees it
         if not has_checkpoint(run_dir):
             _drop_stale_tokenizer(cfg, run_dir, log)
         save_config(cfg, run_dir / "config.yaml")
-        for stale in run_dir.glob(".*.tmp"):     # left by a save that was killed half-way
+        for stale in run_dir.glob(".*.tmp"):  # left by a save that was killed half-way
             stale.unlink()
     except BaseException:
         lock.release()
@@ -186,14 +224,29 @@ def write_run_info(run_dir: Path) -> None:
     import torch
 
     import mt
+
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent, timeout=10).stdout.strip() or None
+        commit = (
+            subprocess.run(
+                ["git", "rev-parse", "HEAD"],
+                capture_output=True,
+                text=True,
+                cwd=Path(__file__).parent,
+                timeout=10,
+            ).stdout.strip()
+            or None
+        )
     except (OSError, subprocess.SubprocessError):
         commit = None
-    info = {"mt_version": mt.__version__, "git_commit": commit, "torch": torch.__version__,
-            "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
-            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-            "python": sys.version.split()[0], "platform": platform.platform(),
-            "argv": sys.argv}
+    info = {
+        "mt_version": mt.__version__,
+        "git_commit": commit,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "argv": sys.argv,
+    }
     (run_dir / "run_info.json").write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")

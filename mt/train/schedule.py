@@ -1,5 +1,6 @@
 """The "Noam" learning-rate schedule (Vaswani et al. 2017, eq. 3), the cool-down at the end of a
 budget, and the optimizer they drive (Adam, mt/fast/optim.py)."""
+
 from __future__ import annotations
 
 from mt.fast.optim import Adam
@@ -9,7 +10,7 @@ def noam(step: int, d_model: int, warmup: int, factor: float = 1.0) -> float:
     """lr = factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), step >= 1:
     linear warm-up for `warmup` updates, then decay with the inverse square root."""
     step = max(step, 1)
-    return factor * d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
+    return factor * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
 
 
 def budget_progress(step: int, seconds: float, max_steps: int, max_minutes: float) -> float:
@@ -39,8 +40,9 @@ class Noam:
     takes a torch.optim.Optimizer, and mt's Adam is not one), times the cool-down factor of
     the budget spent so far (`set_progress`)."""
 
-    def __init__(self, optimizer, d_model: int, warmup: int, factor: float = 1.0,
-                 cooldown: float = 0.0):
+    def __init__(
+        self, optimizer, d_model: int, warmup: int, factor: float = 1.0, cooldown: float = 0.0
+    ):
         self.optimizer, self.d_model, self.warmup, self.factor = optimizer, d_model, warmup, factor
         self.cooldown = cooldown
         self.last_epoch = 0
@@ -69,13 +71,18 @@ class Noam:
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.last_epoch = int(state_dict["last_epoch"])
-        self.scale = float(state_dict.get("scale", 1.0))   # checkpoints from before cool-down
+        self.scale = float(state_dict.get("scale", 1.0))  # checkpoints from before cool-down
         self._apply()
 
 
 def build_optimizer(params, cfg_train, d_model: int) -> tuple[Adam, Noam]:
     """Adam (beta1, beta2, eps as configured; the paper uses 0.9, 0.98, 1e-9) with the Noam
     schedule and the configured cool-down."""
-    opt = Adam(params, lr=1.0, betas=(cfg_train.adam_beta1, cfg_train.adam_beta2),
-               eps=cfg_train.adam_eps, weight_decay=cfg_train.weight_decay)
+    opt = Adam(
+        params,
+        lr=1.0,
+        betas=(cfg_train.adam_beta1, cfg_train.adam_beta2),
+        eps=cfg_train.adam_eps,
+        weight_decay=cfg_train.weight_decay,
+    )
     return opt, Noam(opt, d_model, cfg_train.warmup, cfg_train.lr_factor, cfg_train.cooldown)

@@ -1,5 +1,6 @@
 """The Trainer's state: the counters a checkpoint carries (TrainState), the valid split it
 scores, and the window of updates between two log lines."""
+
 from __future__ import annotations
 
 import time
@@ -11,15 +12,15 @@ from mt.data.corpus import ParallelData
 
 @dataclass
 class TrainState:
-    step: int = 0                 # optimizer updates done
+    step: int = 0  # optimizer updates done
     epoch: int = 0
-    batch_in_epoch: int = 0       # batches of `epoch` already consumed (exact resume)
+    batch_in_epoch: int = 0  # batches of `epoch` already consumed (exact resume)
     best_bleu: float = -1.0
-    bad_validations: int = 0      # validations since the best one (early stopping)
+    bad_validations: int = 0  # validations since the best one (early stopping)
     train_seconds: float = 0.0
     nonfinite_in_a_row: int = 0
-    oom_skipped: int = 0          # updates dropped after running out of memory (any rank)
-    fp16_skipped: int = 0         # updates the fp16 GradScaler skipped (inf/NaN gradients)
+    oom_skipped: int = 0  # updates dropped after running out of memory (any rank)
+    fp16_skipped: int = 0  # updates the fp16 GradScaler skipped (inf/NaN gradients)
     # what training last computed in ("fp32", "bf16", "fp16"): train.precision "auto"
     # resolved on the device it ran on, so that decoding can follow the run, not its config
     precision: str = ""
@@ -35,11 +36,11 @@ class TrainState:
 
 @dataclass
 class Validation:
-    src: list[str]                # raw source lines
-    refs: list[str]               # raw, untouched references
-    data: ParallelData            # the same pairs as token ids, for the loss
+    src: list[str]  # raw source lines
+    refs: list[str]  # raw, untouched references
+    data: ParallelData  # the same pairs as token ids, for the loss
     beam: int
-    decode: DecodeConfig          # how it is decoded, and the grid tuned on it at the end
+    decode: DecodeConfig  # how it is decoded, and the grid tuned on it at the end
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 `Trainer` takes explicit objects; `build_trainer` (in mt.train.build) reads the config and makes them.
 """
+
 from __future__ import annotations
 
 import math
@@ -32,11 +33,29 @@ from mt.decode.translator import Translator
 
 
 class Trainer:
-    def __init__(self, *, model, optimizer, scheduler, scaler, train_data: ParallelData | None,
-                 validation: Validation | None, tokenizer, cfg, run_config: dict,
-                 run_dir: Path, device: torch.device, amp_dtype: torch.dtype | None,
-                 objective: Objective, state: TrainState | None = None, log=print,
-                 dist: Dist = Dist(), lock=None, tensorboard: bool = False, epoch_data=None):
+    def __init__(
+        self,
+        *,
+        model,
+        optimizer,
+        scheduler,
+        scaler,
+        train_data: ParallelData | None,
+        validation: Validation | None,
+        tokenizer,
+        cfg,
+        run_config: dict,
+        run_dir: Path,
+        device: torch.device,
+        amp_dtype: torch.dtype | None,
+        objective: Objective,
+        state: TrainState | None = None,
+        log=print,
+        dist: Dist = Dist(),
+        lock=None,
+        tensorboard: bool = False,
+        epoch_data=None,
+    ):
         """cfg: the train section (budgets, schedule of logs, validations and saves);
         run_config: the whole config as a dict, which every checkpoint carries; objective: what
         is minimised (mt.train.objective.build_objective); validation: None for an objective
@@ -44,7 +63,12 @@ class Trainer:
         training data of each epoch where it changes from epoch to epoch (BPE-dropout), and
         then train_data is None: the plain segmentation would be a second copy of the split
         kept for nothing; None: train_data always."""
-        self.model, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler
+        self.model, self.optimizer, self.scheduler, self.scaler = (
+            model,
+            optimizer,
+            scheduler,
+            scaler,
+        )
         self.dist, self.objective = dist, objective
         # Data parallel without a DDP wrapper: every rank starts from rank 0's weights, and
         # the gradients are averaged after the backward pass, once all ranks have said it
@@ -52,7 +76,7 @@ class Trainer:
         # only ones are fixed tables (sinusoidal positions).
         dist.broadcast_parameters(model)
         self.train_model = model
-        if cfg.compile:      # shapes vary with every batch: compile for dynamic shapes once
+        if cfg.compile:  # shapes vary with every batch: compile for dynamic shapes once
             self.train_model = torch.compile(model, dynamic=True)
         self.train_data, self.validation, self.tokenizer = train_data, validation, tokenizer
         self.epoch_data = epoch_data
@@ -60,32 +84,42 @@ class Trainer:
         self.run_dir, self.device, self.amp_dtype = run_dir, device, amp_dtype
         self.state = state or TrainState()
         self.log = log
-        self.lock = lock              # the run directory's RunLock (rank 0), released by close()
+        self.lock = lock  # the run directory's RunLock (rank 0), released by close()
         self.run_log = RunLog(run_dir, tensorboard) if dist.is_main else None
         # train.ema_decay: rank 0 alone validates and saves, so it alone keeps the average
-        self.ema = WeightAverage(model, cfg.ema_decay) if cfg.ema_decay > 0 and dist.is_main \
-            else None
+        self.ema = (
+            WeightAverage(model, cfg.ema_decay) if cfg.ema_decay > 0 and dist.is_main else None
+        )
         self._window = LogWindow()
-        self._progress = 0.0          # the share of the budget spent (budget_progress)
+        self._progress = 0.0  # the share of the budget spent (budget_progress)
         # what the end of a run asks: the step of the last validation and of the last save of
         # last.pt in this process (-1: none yet), and whether a signal asked it to stop
         self.last_valid_step = self.last_save_step = -1
-        self.last_record: dict = {}   # the last training log record (loss, nll, ppl, lr, ...)
+        self.last_record: dict = {}  # the last training log record (loss, nll, ppl, lr, ...)
         self.stop_requested: str | None = None
 
     # -- data -----------------------------------------------------------------------------
     def _batches(self) -> Iterator[Batch]:
         """The training batches from the saved position on (mt.data.walk)."""
         return training_batches(
-            self.state, self.cfg,
+            self.state,
+            self.cfg,
             lambda epoch: self.train_data if self.epoch_data is None else self.epoch_data(epoch),
-            self.device, rank=self.dist.rank, world=self.dist.world,
-            progress=lambda: self._progress, say=self.say, prepare=self.objective.prepare)
+            self.device,
+            rank=self.dist.rank,
+            world=self.dist.world,
+            progress=lambda: self._progress,
+            say=self.say,
+            prepare=self.objective.prepare,
+        )
 
     # -- one update -----------------------------------------------------------------------
     def _loss(self, batch: Batch, model=None) -> tuple[torch.Tensor, torch.Tensor]:
-        with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32,
-                            enabled=self.amp_dtype is not None):
+        with torch.autocast(
+            self.device.type,
+            dtype=self.amp_dtype or torch.float32,
+            enabled=self.amp_dtype is not None,
+        ):
             return self.objective.loss(self.model if model is None else model, batch)
 
     def train_step(self, batches: list[Batch]) -> bool:
@@ -99,8 +133,11 @@ class Trainer:
         n_tokens = sum(b.n_tokens for b in batches)
         # Normalise by the target tokens of all ranks: DDP's gradient mean times world size
         # then equals the gradient of one big batch.
-        n_total = (int(self.dist.sum(torch.tensor(n_tokens, device=self.device)))  # NCCL: on GPU
-                   if self.dist.enabled else n_tokens)
+        n_total = (
+            int(self.dist.sum(torch.tensor(n_tokens, device=self.device)))  # NCCL: on GPU
+            if self.dist.enabled
+            else n_tokens
+        )
         try:
             losses, nlls = self._backward(batches, self.dist.world / n_total)
         except torch.OutOfMemoryError:
@@ -116,14 +153,19 @@ class Trainer:
         if not bool(torch.isfinite(self.dist.sum(torch.stack(losses).sum()))):
             self.optimizer.zero_grad(set_to_none=True)
             self.state.nonfinite_in_a_row += 1
-            self.write_log({"step": self.state.step, "skipped": "non-finite loss",
-                             "in_a_row": self.state.nonfinite_in_a_row})
+            self.write_log(
+                {
+                    "step": self.state.step,
+                    "skipped": "non-finite loss",
+                    "in_a_row": self.state.nonfinite_in_a_row,
+                }
+            )
             return False
         self.state.nonfinite_in_a_row = 0
         self._window.loss += losses
         self._window.nll += nlls
         self._window.tokens += n_tokens
-        self._last_update = (losses, n_tokens)    # this rank's, for the first steps' display
+        self._last_update = (losses, n_tokens)  # this rank's, for the first steps' display
         return self._update()
 
     def _update(self) -> bool:
@@ -139,8 +181,13 @@ class Trainer:
             # fp16: the GradScaler found inf/NaN gradients, skipped the update and lowered its
             # scale. Not an update, so neither the step count nor the schedule moves (fairseq).
             self.state.fp16_skipped += 1
-            self.write_log({"step": self.state.step, "skipped": "fp16 gradient overflow",
-                             "loss_scale": self.scaler.get_scale()})
+            self.write_log(
+                {
+                    "step": self.state.step,
+                    "skipped": "fp16 gradient overflow",
+                    "loss_scale": self.scaler.get_scale(),
+                }
+            )
             return False
         self.scheduler.step()
         self.state.step += 1
@@ -156,9 +203,14 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         self.state.oom_skipped += 1
-        self.write_log({"step": self.state.step, "skipped": "out of memory",
-                         "src_shape": list(batches[0].src.shape),
-                         **({} if here else {"on": "another rank"})})
+        self.write_log(
+            {
+                "step": self.state.step,
+                "skipped": "out of memory",
+                "src_shape": list(batches[0].src.shape),
+                **({} if here else {"on": "another rank"}),
+            }
+        )
 
     def _backward(self, batches: list[Batch], scale: float) -> tuple[list, list]:
         """Gradients of every batch's loss times `scale`, summed, on this rank only (the
@@ -181,14 +233,27 @@ class Trainer:
     def log_train(self) -> dict:
         w = self._window
         elapsed = time.perf_counter() - w.start
-        sums = self.dist.sum(torch.stack([torch.stack(w.loss).sum(), torch.stack(w.nll).sum(),
-                                          torch.tensor(float(w.tokens), device=w.loss[0].device)]))
-        loss_sum, nll_sum, tokens = sums.tolist()   # the only host sync per log window
+        sums = self.dist.sum(
+            torch.stack(
+                [
+                    torch.stack(w.loss).sum(),
+                    torch.stack(w.nll).sum(),
+                    torch.tensor(float(w.tokens), device=w.loss[0].device),
+                ]
+            )
+        )
+        loss_sum, nll_sum, tokens = sums.tolist()  # the only host sync per log window
         loss, nll = loss_sum / tokens, nll_sum / tokens
-        record = {"step": self.state.step, "loss": round(loss, 4), "nll": round(nll, 4),
-                  "ppl": round(math.exp(min(nll, 50)), 2),
-                  "lr": self.scheduler.get_last_lr()[0], "tok_s": round(tokens / elapsed, 1),
-                  "tokens": int(tokens), "epoch": self.state.epoch}
+        record = {
+            "step": self.state.step,
+            "loss": round(loss, 4),
+            "nll": round(nll, 4),
+            "ppl": round(math.exp(min(nll, 50)), 2),
+            "lr": self.scheduler.get_last_lr()[0],
+            "tok_s": round(tokens / elapsed, 1),
+            "tokens": int(tokens),
+            "epoch": self.state.epoch,
+        }
         self.write_log(record)
         self.last_record = record
         self._window = LogWindow()
@@ -204,7 +269,7 @@ class Trainer:
     @torch.no_grad()
     def _validate(self) -> dict:
         """The valid loss, and with a translating objective the BLEU of decoding the split."""
-        release_free_memory()        # what training freed, before decoding allocates its own
+        release_free_memory()  # what training freed, before decoding allocates its own
         self.model.eval()
         v = self.validation
         loss_sum = nll_sum = 0.0
@@ -214,10 +279,14 @@ class Trainer:
             loss, nll = self._loss(batch)
             loss_sum, nll_sum, n = loss_sum + float(loss), nll_sum + float(nll), n + batch.n_tokens
         s = score(self.translator().translate(v.src, beam=v.beam), v.refs)
-        record = {"step": self.state.step, "valid_loss": round(loss_sum / n, 4),
-                  "valid_nll": round(nll_sum / n, 4),
-                  "valid_ppl": round(math.exp(min(nll_sum / n, 50)), 2),
-                  "valid_bleu": round(s.bleu, 2), "valid_chrf": round(s.chrf, 2)}
+        record = {
+            "step": self.state.step,
+            "valid_loss": round(loss_sum / n, 4),
+            "valid_nll": round(nll_sum / n, 4),
+            "valid_ppl": round(math.exp(min(nll_sum / n, 50)), 2),
+            "valid_bleu": round(s.bleu, 2),
+            "valid_chrf": round(s.chrf, 2),
+        }
         if s.bleu > self.state.best_bleu:
             self.state.best_bleu, self.state.bad_validations = s.bleu, 0
             self.save("best.pt")
@@ -231,11 +300,13 @@ class Trainer:
     def translator(self) -> Translator:
         """The model as it decodes the valid split (also for the end of the run's averaging
         and tuning)."""
-        return Translator(self.model, self.tokenizer, self.validation.decode, self.device,
-                          self.amp_dtype)
+        return Translator(
+            self.model, self.tokenizer, self.validation.decode, self.device, self.amp_dtype
+        )
 
-    def checkpoint_dict(self, rank_rng: list[dict] | None = None, snapshot: bool = False,
-                        for_resume: bool = False) -> dict:
+    def checkpoint_dict(
+        self, rank_rng: list[dict] | None = None, snapshot: bool = False, for_resume: bool = False
+    ) -> dict:
         """rank_rng: every rank's generator states (`rng_states`), so that a multi-rank run
         resumes with each rank's own dropout stream; snapshot: the weights alone. With
         train.ema_decay the weights are the average, except in the checkpoint training
@@ -247,10 +318,14 @@ class Trainer:
             else:
                 weights = self.ema.weights(self.model)
         return checkpoint.build(
-            config=self.run_config, model_state=weights,
-            tokenizer=self.tokenizer, train_state=self.state.state_dict(), rank_rng=rank_rng,
+            config=self.run_config,
+            model_state=weights,
+            tokenizer=self.tokenizer,
+            train_state=self.state.state_dict(),
+            rank_rng=rank_rng,
             training=None if snapshot else (self.optimizer, self.scheduler, self.scaler),
-            ema=ema)
+            ema=ema,
+        )
 
     def rng_states(self) -> list[dict]:
         """The generator states of every rank, in rank order (a collective: all ranks call it)."""
@@ -259,9 +334,11 @@ class Trainer:
     def save(self, name: str, rank_rng: list[dict] | None = None) -> None:
         if not self.dist.is_main:
             return
-        checkpoint.atomic_save(self.checkpoint_dict(rank_rng, for_resume=name == "last.pt"),
-                               self.run_dir / name,
-                               keep_previous=name == "last.pt")
+        checkpoint.atomic_save(
+            self.checkpoint_dict(rank_rng, for_resume=name == "last.pt"),
+            self.run_dir / name,
+            keep_previous=name == "last.pt",
+        )
         if name == "last.pt":
             self._saved_step = self.state.step
 
@@ -269,9 +346,10 @@ class Trainer:
         """step_N.pt: the model alone (for averaging), keeping the last `keep_checkpoints`."""
         if self.cfg.keep_checkpoints == 0 or not self.dist.is_main:
             return
-        checkpoint.atomic_save(self.checkpoint_dict(snapshot=True),
-                               self.run_dir / f"step_{self.state.step}.pt")
-        for old in checkpoint.snapshots(self.run_dir)[:-self.cfg.keep_checkpoints]:
+        checkpoint.atomic_save(
+            self.checkpoint_dict(snapshot=True), self.run_dir / f"step_{self.state.step}.pt"
+        )
+        for old in checkpoint.snapshots(self.run_dir)[: -self.cfg.keep_checkpoints]:
             old.unlink()
 
     # -- the loop -------------------------------------------------------------------------
@@ -292,26 +370,33 @@ class Trainer:
     def fit(self) -> TrainState:
         def on_signal(name: str) -> None:
             self.stop_requested = name
+
         with stop_on_signal(on_signal, self._lost_work_message):
             return self._fit()
 
     def _fit(self) -> TrainState:
         cfg, st = self.cfg, self.state
         batches = self._batches()
-        bar = tqdm(total=cfg.max_steps, initial=st.step, desc="train", dynamic_ncols=True,
-                   mininterval=1.0, disable=not self.dist.is_main)
+        bar = tqdm(
+            total=cfg.max_steps,
+            initial=st.step,
+            desc="train",
+            dynamic_ncols=True,
+            mininterval=1.0,
+            disable=not self.dist.is_main,
+        )
         self._saved_step = st.step if st.step else -1
         self._forecast = Forecast(st.step, st.train_seconds)
         t0 = time.perf_counter() - st.train_seconds
-        self._progress = budget_progress(st.step, st.train_seconds, cfg.max_steps,
-                                         cfg.max_minutes)
+        self._progress = budget_progress(st.step, st.train_seconds, cfg.max_steps, cfg.max_minutes)
         while st.step < cfg.max_steps:
             if not self.train_step([next(batches) for _ in range(cfg.accum_steps)]):
                 if st.nonfinite_in_a_row >= cfg.max_nonfinite:
                     raise MTError(
                         f"the loss was NaN/inf for {st.nonfinite_in_a_row} updates in a row at "
                         f"step {st.step}; training stopped, the last good checkpoint is kept "
-                        f"(last.pt); lower train.lr_factor or raise train.warmup")
+                        f"(last.pt); lower train.lr_factor or raise train.warmup"
+                    )
                 continue
             st.train_seconds = time.perf_counter() - t0
             seconds = self._agreed_seconds()
@@ -337,14 +422,16 @@ class Trainer:
             rec = self.log_train()
             bar.set_postfix(loss=rec["loss"], lr=f"{rec['lr']:.2e}", tok_s=rec["tok_s"])
         if self.validation is not None and (st.step % cfg.valid_every == 0 or final):
-            if self.dist.is_main:                        # (the same test on every rank)
+            if self.dist.is_main:  # (the same test on every rank)
                 rec = self.validate()
                 self.last_valid_step = st.step
                 draw_training_picture(self.run_dir, self.say)
-                self.say(f"step {st.step}: valid loss {rec['valid_loss']} ppl "
-                          f"{rec['valid_ppl']} BLEU {rec['valid_bleu']} chrF {rec['valid_chrf']}"
-                          + (" (best)" if rec.get("best") else ""))
-            self.dist.wait_for_main()    # the others wait in the long-timeout group
+                self.say(
+                    f"step {st.step}: valid loss {rec['valid_loss']} ppl "
+                    f"{rec['valid_ppl']} BLEU {rec['valid_bleu']} chrF {rec['valid_chrf']}"
+                    + (" (best)" if rec.get("best") else "")
+                )
+            self.dist.wait_for_main()  # the others wait in the long-timeout group
         if st.step % cfg.save_every == 0:
             self.save("last.pt", self.rng_states())
             self.save_snapshot()
@@ -357,8 +444,10 @@ class Trainer:
             if early:
                 self.say(f"early stop: no better validation BLEU in {cfg.patience} validations")
             else:
-                self.say(f"{self.stop_requested or 'stop'} at step {st.step}: saving last.pt; "
-                          f"run the same command again to resume")
+                self.say(
+                    f"{self.stop_requested or 'stop'} at step {st.step}: saving last.pt; "
+                    f"run the same command again to resume"
+                )
                 self.stop_requested = self.stop_requested or "stop"
             return True
         return False
@@ -376,7 +465,7 @@ class Trainer:
     def _finish(self) -> None:
         if self._window.loss:
             self.log_train()
-        rank_rng = self.rng_states()        # every rank, for the last.pt that rank 0 may save
+        rank_rng = self.rng_states()  # every rank, for the last.pt that rank 0 may save
         if self.dist.is_main:
             finish_run(self, rank_rng)
 

@@ -26,6 +26,7 @@ after the steps says whether B computes what A does (0.0: bit for bit).
 With --json the last line is a JSON object: a_tok_s, b_tok_s, ratio (B over A), round_ratios,
 max_param_diff.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,15 +54,18 @@ def resolve_patch(spec: str) -> tuple[object, str, object]:
     target, sep, source = spec.partition("=")
     module_name, colon, name = target.partition(":")
     if not sep or not colon or not module_name or not name or not source:
-        raise PatchError(f"--patch {spec!r}: write MODULE:NAME=VALUE, "
-                         f"e.g. mt.fast.nodes:FFN_CHUNK_ROWS=512")
+        raise PatchError(
+            f"--patch {spec!r}: write MODULE:NAME=VALUE, e.g. mt.fast.nodes:FFN_CHUNK_ROWS=512"
+        )
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
         raise PatchError(f"--patch {spec!r}: cannot import {module_name} ({e})") from None
     if not hasattr(module, name):
-        raise PatchError(f"--patch {spec!r}: {module_name} has no attribute {name!r}; "
-                         f"patch a name the module has")
+        raise PatchError(
+            f"--patch {spec!r}: {module_name} has no attribute {name!r}; "
+            f"patch a name the module has"
+        )
     return module, name, _value(spec, source)
 
 
@@ -80,8 +84,10 @@ def _value(spec: str, source: str) -> object:
         loader.loader.exec_module(module)
         return getattr(module, name)
     except (ImportError, AttributeError, ValueError) as e:
-        raise PatchError(f"--patch {spec!r}: cannot load {source} ({e}); give a Python "
-                         f"literal, MODULE:NAME or FILE.py:NAME") from None
+        raise PatchError(
+            f"--patch {spec!r}: cannot load {source} ({e}); give a Python "
+            f"literal, MODULE:NAME or FILE.py:NAME"
+        ) from None
 
 
 @contextlib.contextmanager
@@ -111,12 +117,14 @@ def own_generator(state: dict):
         set_rng_state(outer)
 
 
-def contenders(patches: list[tuple[object, str, object]], models: dict,
-               b_precision: str | None = None) -> dict:
+def contenders(
+    patches: list[tuple[object, str, object]], models: dict, b_precision: str | None = None
+) -> dict:
     """A: bench_train's `ours`; B: the same with `patches` in place (and trained in
     `b_precision` when given). `models` receives both models, to compare their weights
     afterwards. Both start from the same seed and each draws its own dropout masks, so with
     the same arithmetic they end with the same weights."""
+
     def maker(label, patches, own_precision=None):
         def make(size, device, precision="fp32", compile=False):
             rng: dict = {}
@@ -128,13 +136,24 @@ def contenders(patches: list[tuple[object, str, object]], models: dict,
             def patched_step(batch):
                 with patched(patches), own_generator(rng):
                     step(batch)
+
             return model, patched_step
+
         return make
+
     return {"A": maker("A", []), "B": maker("B", patches, b_precision)}
 
 
-def run_ab(size: dict, steps: int, warmup: int, patches: list, device=torch.device("cpu"),
-           precision: str = "fp32", rounds: int = 2, b_precision: str | None = None) -> dict:
+def run_ab(
+    size: dict,
+    steps: int,
+    warmup: int,
+    patches: list,
+    device=torch.device("cpu"),
+    precision: str = "fp32",
+    rounds: int = 2,
+    b_precision: str | None = None,
+) -> dict:
     """`rounds` runs of `steps` timed steps each, fresh models every round, the side that is
     built first (and goes first on even batches) alternating from round to round: in A/A runs
     on this VM the model built second ran 2.5-5.6% slower in three of three runs, a bias that
@@ -147,31 +166,56 @@ def run_ab(size: dict, steps: int, warmup: int, patches: list, device=torch.devi
             sides = {"B": sides["B"], "A": sides["A"]}
         rates = bt.run_interleaved(size, steps, warmup, device, precision, sides)
         per_round.append(rates)
-        diff = max(diff, max((a - b).abs().max().item()
-                             for a, b in zip(models["A"].parameters(), models["B"].parameters())))
+        diff = max(
+            diff,
+            max(
+                (a - b).abs().max().item()
+                for a, b in zip(models["A"].parameters(), models["B"].parameters())
+            ),
+        )
     ratios = [x["B"] / x["A"] for x in per_round]
-    return {"a_tok_s": sum(x["A"] for x in per_round) / rounds,
-            "b_tok_s": sum(x["B"] for x in per_round) / rounds,
-            "ratio": math.prod(ratios) ** (1 / rounds), "round_ratios": ratios,
-            "max_param_diff": diff}
+    return {
+        "a_tok_s": sum(x["A"] for x in per_round) / rounds,
+        "b_tok_s": sum(x["B"] for x in per_round) / rounds,
+        "ratio": math.prod(ratios) ** (1 / rounds),
+        "round_ratios": ratios,
+        "max_param_diff": diff,
+    }
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--patch", action="append", default=[], metavar="MODULE:NAME=VALUE",
-                    help="an attribute B replaces (repeat for several)")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--patch",
+        action="append",
+        default=[],
+        metavar="MODULE:NAME=VALUE",
+        help="an attribute B replaces (repeat for several)",
+    )
     ap.add_argument("--size", choices=list(bt.SIZES), default="small")
     ap.add_argument("--steps", type=int, default=20, help="timed steps of each side per round")
-    ap.add_argument("--rounds", type=int, default=2,
-                    help="rounds with fresh models, which one is built first alternating")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="rounds with fresh models, which one is built first alternating",
+    )
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--max-tokens", type=int, default=0,
-                    help="tokens per batch (source + target); default: the size's 8192")
+    ap.add_argument(
+        "--max-tokens",
+        type=int,
+        default=0,
+        help="tokens per batch (source + target); default: the size's 8192",
+    )
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
-    ap.add_argument("--b-precision", choices=["fp32", "bf16"],
-                    help="B's own training precision (default: --precision, as A's)")
+    ap.add_argument(
+        "--b-precision",
+        choices=["fp32", "bf16"],
+        help="B's own training precision (default: --precision, as A's)",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.steps < 1 or args.warmup < 0 or args.rounds < 1:
@@ -182,23 +226,46 @@ def main() -> None:
         patches = [resolve_patch(spec) for spec in args.patch]
     except PatchError as e:
         ap.error(str(e))
-    r = run_ab(bt.size_of(args.size, args.max_tokens), args.steps, args.warmup, patches,
-               torch.device(args.device), args.precision, args.rounds, args.b_precision)
-    changes = args.patch + ([f"trained in {args.b_precision}"]
-                            if args.b_precision and args.b_precision != args.precision else [])
+    r = run_ab(
+        bt.size_of(args.size, args.max_tokens),
+        args.steps,
+        args.warmup,
+        patches,
+        torch.device(args.device),
+        args.precision,
+        args.rounds,
+        args.b_precision,
+    )
+    changes = args.patch + (
+        [f"trained in {args.b_precision}"]
+        if args.b_precision and args.b_precision != args.precision
+        else []
+    )
     what = ", ".join(changes) or "no patch (A/A: the harness's noise)"
-    print(f"{args.rounds} rounds of {args.steps} steps of the {args.size} model each "
-          f"({args.warmup} warm-up), taking turns batch by batch, {args.device} {args.precision}")
+    print(
+        f"{args.rounds} rounds of {args.steps} steps of the {args.size} model each "
+        f"({args.warmup} warm-up), taking turns batch by batch, {args.device} {args.precision}"
+    )
     print(f"  A  mt as it is{r['a_tok_s']:>12.0f} target tok/s")
     print(f"  B  {what}: {r['b_tok_s']:.0f} target tok/s")
     rounds = " ".join(f"{x:.3f}" for x in r["round_ratios"])
-    print(f"  B/A {r['ratio']:.3f} (rounds: {rounds}); largest parameter difference after the steps "
-          f"{r['max_param_diff']:.3g} (0 = the same arithmetic)")
+    print(
+        f"  B/A {r['ratio']:.3f} (rounds: {rounds}); largest parameter difference after the steps "
+        f"{r['max_param_diff']:.3g} (0 = the same arithmetic)"
+    )
     if args.json:
-        print(json.dumps({**{k: round(r[k], 4) for k in ("a_tok_s", "b_tok_s", "ratio")},
-                          "round_ratios": [round(x, 4) for x in r["round_ratios"]],
-                          "max_param_diff": r["max_param_diff"], "patches": args.patch,
-                          "steps": args.steps, "size": args.size}))
+        print(
+            json.dumps(
+                {
+                    **{k: round(r[k], 4) for k in ("a_tok_s", "b_tok_s", "ratio")},
+                    "round_ratios": [round(x, 4) for x in r["round_ratios"]],
+                    "max_param_diff": r["max_param_diff"],
+                    "patches": args.patch,
+                    "steps": args.steps,
+                    "size": args.size,
+                }
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ On a GPU both contenders run on it, under the same autocast (--precision), and t
 for the GPU (harness.sync) so that queued kernels are counted. Target tokens/s = sentences x
 --steps / seconds (the unit of CTranslate2's published table).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,9 +32,9 @@ from mt.tokens import BOS, EOS, PAD
 
 
 def batches_of(ids: list[np.ndarray], size: int):
-    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))   # as mt translate does
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))  # as mt translate does
     for i in range(0, len(order), size):
-        yield pad_sources([ids[j] for j in order[i:i + size]])
+        yield pad_sources([ids[j] for j in order[i : i + size]])
 
 
 def timed(decode, ids, args) -> float:
@@ -62,9 +63,18 @@ def ours_decoder(model, args, use_cache: bool):
     def decode(src):
         src = src.to(args.device)
         with autocast(args.device, args.precision):
-            out = beam_search(model, src, src == PAD, args.beam, max_len_a=0,
-                              max_len_b=args.steps, min_len=args.steps - 1, use_cache=use_cache)
+            out = beam_search(
+                model,
+                src,
+                src == PAD,
+                args.beam,
+                max_len_a=0,
+                max_len_b=args.steps,
+                min_len=args.steps - 1,
+                use_cache=use_cache,
+            )
         assert all(len(h) == args.steps - 1 for h in out)
+
     return decode
 
 
@@ -78,38 +88,75 @@ def ct2_decoder(model, tok, args, folder):
 
     class Converter(ctranslate2.converters.Converter):
         def _load(self):
-            cfg = Config(model=ModelConfig(d_model=256, n_heads=4, enc_layers=3, dec_layers=3,
-                                           d_ff=1024, norm="post", max_positions=256))
+            cfg = Config(
+                model=ModelConfig(
+                    d_model=256,
+                    n_heads=4,
+                    enc_layers=3,
+                    dec_layers=3,
+                    d_ff=1024,
+                    norm="post",
+                    max_positions=256,
+                )
+            )
             return model_spec(model, cfg, tok)
+
     Converter().convert(str(folder), force=True)
-    ct2 = ctranslate2.Translator(str(folder), device="cpu", inter_threads=1,
-                                 intra_threads=torch.get_num_threads())
+    ct2 = ctranslate2.Translator(
+        str(folder), device="cpu", inter_threads=1, intra_threads=torch.get_num_threads()
+    )
 
     def decode(src):
         batch = [[tok.src.IdToPiece(int(i)) for i in row if i not in (PAD, EOS)] for row in src]
-        out = ct2.translate_batch(batch, beam_size=args.beam, max_decoding_length=args.steps,
-                                  min_decoding_length=args.steps, length_penalty=1.0)
+        out = ct2.translate_batch(
+            batch,
+            beam_size=args.beam,
+            max_decoding_length=args.steps,
+            min_decoding_length=args.steps,
+            length_penalty=1.0,
+        )
         assert all(len(r.hypotheses[0]) == args.steps for r in out)
+
     return decode
 
 
 def hf_decoder(vocab, args):
     from transformers import MarianConfig, MarianMTModel
-    cfg = MarianConfig(vocab_size=vocab, d_model=256, encoder_layers=3, decoder_layers=3,
-                       encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=1024,
-                       decoder_ffn_dim=1024, activation_function="relu", max_position_embeddings=256,
-                       pad_token_id=PAD, eos_token_id=EOS, decoder_start_token_id=BOS,
-                       forced_eos_token_id=None, share_encoder_decoder_embeddings=True)
+
+    cfg = MarianConfig(
+        vocab_size=vocab,
+        d_model=256,
+        encoder_layers=3,
+        decoder_layers=3,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=1024,
+        decoder_ffn_dim=1024,
+        activation_function="relu",
+        max_position_embeddings=256,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+        decoder_start_token_id=BOS,
+        forced_eos_token_id=None,
+        share_encoder_decoder_embeddings=True,
+    )
     model = MarianMTModel(cfg).eval().to(args.device)
 
     @torch.no_grad()
     def decode(src):
         src = src.to(args.device)
         with autocast(args.device, args.precision):
-            out = model.generate(input_ids=src, attention_mask=src != PAD, num_beams=args.beam,
-                                 min_new_tokens=args.steps, max_new_tokens=args.steps,
-                                 do_sample=False, early_stopping=False)
-        assert out.shape[1] == args.steps + 1                         # + decoder start token
+            out = model.generate(
+                input_ids=src,
+                attention_mask=src != PAD,
+                num_beams=args.beam,
+                min_new_tokens=args.steps,
+                max_new_tokens=args.steps,
+                do_sample=False,
+                early_stopping=False,
+            )
+        assert out.shape[1] == args.steps + 1  # + decoder start token
+
     return decode
 
 
@@ -117,21 +164,43 @@ def setup(args):
     """The BPE model (from the corpus), the test sentences as ids and an untrained model of the
     Multi30k size (its weights do not change the work: every output has --steps tokens)."""
     d = args.data_dir
-    tok = Tokenizer.train(read_lines(d / f"train.{args.src}")[:10000],
-                          read_lines(d / f"train.{args.tgt}")[:10000], vocab_size=8000,
-                          joint=True, character_coverage=1.0, max_sentences=20000, seed=0)
+    tok = Tokenizer.train(
+        read_lines(d / f"train.{args.src}")[:10000],
+        read_lines(d / f"train.{args.tgt}")[:10000],
+        vocab_size=8000,
+        joint=True,
+        character_coverage=1.0,
+        max_sentences=20000,
+        seed=0,
+    )
     lines = read_lines(d / f"test.{args.src}")[: args.sentences]
     ids = [np.asarray(x, dtype=np.int64) for x in tok.encode_src(lines)]
     torch.manual_seed(0)
-    model = Transformer(src_vocab=tok.src_vocab_size, tgt_vocab=tok.tgt_vocab_size, d_model=256,
-                        n_heads=4, enc_layers=3, dec_layers=3, d_ff=1024, dropout=0.1,
-                        attn_dropout=0.0, pre_norm=False, tie_embeddings="all",
-                        max_positions=256).eval().to(args.device)
+    model = (
+        Transformer(
+            src_vocab=tok.src_vocab_size,
+            tgt_vocab=tok.tgt_vocab_size,
+            d_model=256,
+            n_heads=4,
+            enc_layers=3,
+            dec_layers=3,
+            d_ff=1024,
+            dropout=0.1,
+            attn_dropout=0.0,
+            pre_norm=False,
+            tie_embeddings="all",
+            max_positions=256,
+        )
+        .eval()
+        .to(args.device)
+    )
     return tok, ids, model
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--data-dir", type=Path, required=True, help="folder with test.SRC and train.*")
     ap.add_argument("--src", default="de")
     ap.add_argument("--tgt", default="en")
@@ -139,59 +208,94 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=50)
     ap.add_argument("--beam", type=int, default=5)
     ap.add_argument("--steps", type=int, default=30, help="output tokens per sentence")
-    ap.add_argument("--repeats", type=int, default=3, help="timed passes per cached contender (median)")
+    ap.add_argument(
+        "--repeats", type=int, default=3, help="timed passes per cached contender (median)"
+    )
     ap.add_argument("--skip-nocache", action="store_true")
-    ap.add_argument("--ctranslate2", action="store_true",
-                    help="also CTranslate2 on the same model (pip install 'mt[export]')")
+    ap.add_argument(
+        "--ctranslate2",
+        action="store_true",
+        help="also CTranslate2 on the same model (pip install 'mt[export]')",
+    )
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
-                    help="autocast for both contenders (bf16 is meant for a GPU)")
+    ap.add_argument(
+        "--precision",
+        choices=["fp32", "bf16"],
+        default="fp32",
+        help="autocast for both contenders (bf16 is meant for a GPU)",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     args.device = torch.device(args.device)
     if args.ctranslate2 and args.device.type != "cpu":
         ap.error("--ctranslate2 is measured on the CPU only")
     tok, ids, model = setup(args)
-    where = (torch.cuda.get_device_name(0) if args.device.type == "cuda"
-             else f"{torch.get_num_threads()} threads")
-    print(f"{len(ids)} sentences, beam {args.beam}, batches of {args.batch_size}, {args.steps} "
-          f"output tokens each, {where}, {args.precision}")
+    where = (
+        torch.cuda.get_device_name(0)
+        if args.device.type == "cuda"
+        else f"{torch.get_num_threads()} threads"
+    )
+    print(
+        f"{len(ids)} sentences, beam {args.beam}, batches of {args.batch_size}, {args.steps} "
+        f"output tokens each, {where}, {args.precision}"
+    )
     result = measure(args, tok, ids, model)
     if "ratio_nocache" in result:
         print(f"speed-up over no cache: {result['ratio_nocache']:.2f}x")
-    print(f"speed-up over HF generate: {result['ratio_hf']:.2f}x ({result['ratio_hf_turns']:.2f}x "
-          f"taking turns)" + (f"; CTranslate2 took {result['ratio_ct2_turns']:.2f}x mt's time "
-                              f"taking turns" if "ratio_ct2_turns" in result else ""))
+    print(
+        f"speed-up over HF generate: {result['ratio_hf']:.2f}x ({result['ratio_hf_turns']:.2f}x "
+        f"taking turns)"
+        + (
+            f"; CTranslate2 took {result['ratio_ct2_turns']:.2f}x mt's time taking turns"
+            if "ratio_ct2_turns" in result
+            else ""
+        )
+    )
     if args.json:
         print(json.dumps(result))
 
 
 def measure(args, tok, ids, model) -> dict:
     n = len(ids)
-    ours_dec, hf_dec = ours_decoder(model, args, use_cache=True), hf_decoder(tok.tgt_vocab_size, args)
+    ours_dec, hf_dec = (
+        ours_decoder(model, args, use_cache=True),
+        hf_decoder(tok.tgt_vocab_size, args),
+    )
     runs = {"ours": [], "hf": []}
-    for _ in range(args.repeats):          # interleaved, so drift in machine load hits both
+    for _ in range(args.repeats):  # interleaved, so drift in machine load hits both
         runs["ours"].append(timed(ours_dec, ids, args))
         runs["hf"].append(timed(hf_dec, ids, args))
     ours, hf = statistics.median(runs["ours"]), statistics.median(runs["hf"])
     tok_s = n * args.steps
-    print(f"mt (KV cache)      {ours:7.2f} s  {n / ours:7.1f} sent/s  {tok_s / ours:9.0f} tgt tok/s"
-          f"   (median of {args.repeats})")
+    print(
+        f"mt (KV cache)      {ours:7.2f} s  {n / ours:7.1f} sent/s  {tok_s / ours:9.0f} tgt tok/s"
+        f"   (median of {args.repeats})"
+    )
     print(f"HF Marian generate {hf:7.2f} s  {n / hf:7.1f} sent/s  {tok_s / hf:9.0f} tgt tok/s")
     contenders = {"ours": ours_dec, "hf": hf_dec}
     if args.ctranslate2:
         import tempfile
+
         contenders["ct2"] = ct2_decoder(model, tok, args, Path(tempfile.mkdtemp()) / "ct2")
     turns = taking_turns(contenders, ids, args)
     print("taking turns batch by batch: " + ", ".join(f"{k} {v:.2f} s" for k, v in turns.items()))
-    result = {"sentences": n, "ours_s": round(ours, 2), "ours_sent_s": round(n / ours, 2),
-              "ours_tgt_tok_s": round(tok_s / ours), "hf_tgt_tok_s": round(tok_s / hf),
-              "hf_s": round(hf, 2), "ratio_hf": round(hf / ours, 2),
-              "ours_s_turns": round(turns["ours"], 2), "hf_s_turns": round(turns["hf"], 2),
-              "ratio_hf_turns": round(turns["hf"] / turns["ours"], 2)}
+    result = {
+        "sentences": n,
+        "ours_s": round(ours, 2),
+        "ours_sent_s": round(n / ours, 2),
+        "ours_tgt_tok_s": round(tok_s / ours),
+        "hf_tgt_tok_s": round(tok_s / hf),
+        "hf_s": round(hf, 2),
+        "ratio_hf": round(hf / ours, 2),
+        "ours_s_turns": round(turns["ours"], 2),
+        "hf_s_turns": round(turns["hf"], 2),
+        "ratio_hf_turns": round(turns["hf"] / turns["ours"], 2),
+    }
     if "ct2" in turns:
-        result.update(ct2_s_turns=round(turns["ct2"], 2),
-                      ratio_ct2_turns=round(turns["ct2"] / turns["ours"], 2))
+        result.update(
+            ct2_s_turns=round(turns["ct2"], 2),
+            ratio_ct2_turns=round(turns["ct2"] / turns["ours"], 2),
+        )
     if not args.skip_nocache:
         nocache = timed(ours_decoder(model, args, use_cache=False), ids, args)
         print(f"mt without cache   {nocache:7.1f} s  {n / nocache:7.1f} sent/s")

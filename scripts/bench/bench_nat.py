@@ -11,6 +11,7 @@ autoregressive beam search.
     python scripts/bench/bench_nat.py --nat runs/story/nat --ar runs/story/transformer-plain \
         --data-dir data/multi30k [--sentences 200] [--json out.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,15 +28,21 @@ from mt.decode.translator import Translator
 
 def with_iterations(nat: Translator, iterations: int) -> Translator:
     """The same NAT model decoding with another number of mask-predict iterations."""
-    return Translator(nat.model, nat.tokenizer,
-                      nat.cfg.model_copy(update={"nat_iterations": iterations}),
-                      nat.device, nat.amp_dtype)
+    return Translator(
+        nat.model,
+        nat.tokenizer,
+        nat.cfg.model_copy(update={"nat_iterations": iterations}),
+        nat.device,
+        nat.amp_dtype,
+    )
 
 
 def decoders(nat: Translator, ar: Translator, iterations: list[int], beam: int) -> dict:
     """name -> callable(list of lines) -> translations."""
-    out = {"AR greedy": lambda lines: ar.translate(lines, beam=1),
-           f"AR beam {beam}": lambda lines: ar.translate(lines, beam=beam)}
+    out = {
+        "AR greedy": lambda lines: ar.translate(lines, beam=1),
+        f"AR beam {beam}": lambda lines: ar.translate(lines, beam=beam),
+    }
     for t in iterations:
         out[f"NAT T={t}"] = with_iterations(nat, t).translate
     return out
@@ -46,17 +53,18 @@ def quality(runners: dict, src: list[str], ref: list[str], lang: str) -> dict:
     for name, run in runners.items():
         hyps = run(src)
         rows[name] = {"bleu": round(score(hyps, ref).bleu, 2)}
-        if lang in moses_languages():                       # the Multi30k papers' BLEU
+        if lang in moses_languages():  # the Multi30k papers' BLEU
             rows[name]["bleu_lc_tok"] = round(lc_tok_bleu(hyps, ref, lang), 2)
-        print(f"{name:12s} " + "  ".join(f"{k} {v:6.2f}" for k, v in rows[name].items()),
-              flush=True)
+        print(
+            f"{name:12s} " + "  ".join(f"{k} {v:6.2f}" for k, v in rows[name].items()), flush=True
+        )
     return rows
 
 
 def speed(runners: dict, src: list[str], batch: int) -> dict:
     """Sentences/s of each runner over `src` cut into items of `batch` sentences (the first
     item is a warm-up, not timed)."""
-    items = [src[i:i + batch] for i in range(0, len(src), batch)]
+    items = [src[i : i + batch] for i in range(0, len(src), batch)]
     secs = take_turns(runners, items[:1] + items, 1, torch.device("cpu"))
     return {name: len(src) / s for name, s in secs.items()}
 
@@ -82,7 +90,7 @@ def main() -> None:
     print(f"quality on {len(src)} test sentences ({torch.get_num_threads()} threads):")
     result = {"threads": torch.get_num_threads(), "quality": quality(runners, src, ref, a.tgt_lang)}
     for label, batch in (("batch 1", 1), (f"batches of {a.batch}", a.batch)):
-        rates = speed(runners, src[:a.sentences], batch)
+        rates = speed(runners, src[: a.sentences], batch)
         base = rates[f"AR beam {a.beam}"]
         print(f"speed, {label}, {a.sentences} sentences taking turns:")
         for name, r in rates.items():

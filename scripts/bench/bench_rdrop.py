@@ -11,6 +11,7 @@ passes, full logits and their KL: mt.objectives.loss.rdrop_loss) and the fused R
 batch in one process (bench_train.interleaved_seconds), so a drift in the machine's speed hits all
 alike. Prints seconds per step and each one's ratio to the plain step; R-Drop's floor is 2x
 (every batch goes through the model twice)."""
+
 from __future__ import annotations
 
 import argparse
@@ -33,15 +34,18 @@ def main() -> None:
     contenders = {
         "plain (fused)": functools.partial(ours, dropout=0.3),
         "R-Drop, reference": functools.partial(
-            ours, dropout=0.3, loss_fn=functools.partial(rdrop_loss, alpha=args.alpha)),
+            ours, dropout=0.3, loss_fn=functools.partial(rdrop_loss, alpha=args.alpha)
+        ),
         "R-Drop, fused": functools.partial(
-            ours, dropout=0.3, loss_fn=functools.partial(fast.chunked_rdrop_loss,
-                                                         alpha=args.alpha)),
+            ours, dropout=0.3, loss_fn=functools.partial(fast.chunked_rdrop_loss, alpha=args.alpha)
+        ),
     }
     secs, tokens = interleaved_seconds(size, args.steps, args.warmup, cpu, "fp32", contenders)
     plain = secs["plain (fused)"]
-    print(f"{torch.get_num_threads()} threads, {args.steps} steps each, "
-          f"{tokens // args.steps} target tokens per batch")
+    print(
+        f"{torch.get_num_threads()} threads, {args.steps} steps each, "
+        f"{tokens // args.steps} target tokens per batch"
+    )
     for name, sec in secs.items():
         print(f"{name:20s} {sec / args.steps:.3f} s/step  x{sec / plain:.2f} the plain step")
 

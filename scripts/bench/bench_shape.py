@@ -9,6 +9,7 @@ vocab) changing the shipped Multi30k shape (bench_train.py's "tiny": 4+4 layers,
 4 heads, FFN 256, 5k vocabulary, 8,192 tokens a batch). Prints milliseconds per update and each
 shape's cost as a ratio of the shipped shape's.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,13 +50,16 @@ def main() -> None:
         torch.manual_seed(0)
         model, step = ours(size, torch.device("cpu"), dropout=0.2)
         steps[n] = step
-        print(f"{n}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters",
-              flush=True)
+        print(
+            f"{n}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters", flush=True
+        )
     secs = take_turns(steps, batches, args.warmup, torch.device("cpu"))
     base = secs[SHIPPED]
     for n in names:
-        print(f"{n}: {secs[n] / args.steps * 1000:.0f} ms per update, "
-              f"{secs[n] / base:.3f}x the shipped {SHIPPED}'s cost")
+        print(
+            f"{n}: {secs[n] / args.steps * 1000:.0f} ms per update, "
+            f"{secs[n] / base:.3f}x the shipped {SHIPPED}'s cost"
+        )
 
 
 if __name__ == "__main__":

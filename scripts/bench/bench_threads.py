@@ -12,6 +12,7 @@ A ratio, measured in one run, is the claim: never a timed unit test.
 
     python scripts/bench/bench_threads.py [--steps 40] [--repeats 2]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,15 +24,29 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-NEIGHBOUR = ("import torch\ntorch.set_num_threads(1)\na = torch.randn(512, 512)\n"
-             "while True:\n    a = (a @ a).tanh()\n")
+NEIGHBOUR = (
+    "import torch\ntorch.set_num_threads(1)\na = torch.randn(512, 512)\n"
+    "while True:\n    a = (a @ a).tanh()\n"
+)
 
 
 def train_seconds(env: dict, steps: int, work: Path) -> float:
     run = work / f"run{time.perf_counter_ns()}"
-    cmd = [sys.executable, "-m", "mt", "train", "tiny", "--run-dir", str(run), "--set",
-           f"data.dir={work / 'data'}", f"train.max_steps={steps}", "train.valid_every=100000",
-           "train.save_every=100000", "decode.tune_beams=[]"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mt",
+        "train",
+        "tiny",
+        "--run-dir",
+        str(run),
+        "--set",
+        f"data.dir={work / 'data'}",
+        f"train.max_steps={steps}",
+        "train.valid_every=100000",
+        "train.save_every=100000",
+        "decode.tune_beams=[]",
+    ]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if proc.returncode:
@@ -40,8 +55,11 @@ def train_seconds(env: dict, steps: int, work: Path) -> float:
 
 
 def cases() -> dict[str, dict]:
-    base = {k: v for k, v in os.environ.items()
-            if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MT_THREADS")}
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MT_THREADS")
+    }
     base["PYTHONPATH"] = str(ROOT)
     cores = str(os.cpu_count())
     return {
@@ -62,10 +80,11 @@ def main() -> None:
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        train_seconds(cases()["1 thread"], 2, work)          # data, BPE and caches once
+        train_seconds(cases()["1 thread"], 2, work)  # data, BPE and caches once
         for load in ("idle", "busy neighbour"):
-            neighbour = (subprocess.Popen([sys.executable, "-c", NEIGHBOUR])
-                         if load != "idle" else None)
+            neighbour = (
+                subprocess.Popen([sys.executable, "-c", NEIGHBOUR]) if load != "idle" else None
+            )
             try:
                 time.sleep(2 if neighbour else 0)
                 for name, env in cases().items():

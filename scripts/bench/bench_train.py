@@ -17,6 +17,7 @@ Every contender's process imports mt (for the batches), so all three run with th
 setting mt makes on import (transparent huge pages for tensors of 2 MB and more; see
 mt/__init__.py): the ratios compare the training steps, not allocator settings.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,6 +55,7 @@ def make_batches(size: dict, n_batches: int, seed: int = 0):
     """Multi30k-like sentence lengths (src ~ 14, tgt ~ 13 subwords), bucketed into batches of
     about max_tokens (source + target, padding included: about 4k target tokens)."""
     from mt.data.batching import token_batches
+
     rng = np.random.default_rng(seed)
     n = 40_000
     src_len = np.clip(rng.normal(14, 5, n).round(), 3, 60).astype(int)
@@ -66,11 +68,11 @@ def make_batches(size: dict, n_batches: int, seed: int = 0):
         tgt_in = torch.full((len(idx), t.max() + 1), PAD)
         tgt_out = torch.full((len(idx), t.max() + 1), PAD)
         for i in range(len(idx)):
-            src[i, :s[i]] = torch.from_numpy(rng.integers(4, size["vocab"], s[i]))
+            src[i, : s[i]] = torch.from_numpy(rng.integers(4, size["vocab"], s[i]))
             src[i, s[i]] = EOS
             words = torch.from_numpy(rng.integers(4, size["vocab"], t[i]))
-            tgt_in[i, 0], tgt_in[i, 1:t[i] + 1] = BOS, words
-            tgt_out[i, :t[i]], tgt_out[i, t[i]] = words, EOS
+            tgt_in[i, 0], tgt_in[i, 1 : t[i] + 1] = BOS, words
+            tgt_out[i, : t[i]], tgt_out[i, t[i]] = words, EOS
         batches.append((src, tgt_in, tgt_out))
     return batches
 
@@ -84,7 +86,7 @@ def useful_flops(batch, size: dict) -> float:
     t_len = (tgt_out != PAD).sum(1).double()
     enc = s_len * L * (2 * (4 * d * d + 2 * d * ff) + 4 * s_len * d)
     dec = t_len * L * (2 * (4 * d * d + 2 * d * d + 2 * d * ff) + 4 * t_len * d / 2 + 4 * s_len * d)
-    dec += s_len * L * 2 * 2 * d * d                      # cross-attention K,V of the memory
+    dec += s_len * L * 2 * 2 * d * d  # cross-attention K,V of the memory
     out = t_len * 2 * d * V
     return float(3 * (enc + dec + out).sum())
 
@@ -103,28 +105,51 @@ def ours(size, device, precision="fp32", compile=False, loss_fn=None, dropout=0.
     from mt.train.objective import build_objective, model_parts
     from mt.train.schedule import build_optimizer
     from mt.train.trainer import Trainer
-    model_cfg = ModelConfig(d_model=size["d_model"], n_heads=size["heads"],
-                            enc_layers=size.get("enc_layers", size["layers"]),
-                            dec_layers=size.get("dec_layers", size["layers"]),
-                            d_ff=size["d_ff"], dropout=dropout, attn_dropout=0.0, norm="post",
-                            tie_embeddings="all", max_positions=256)
-    train_cfg = TrainConfig(label_smoothing=0.1, clip_norm=0.0, compile=compile,
-                            fast_paths=FAST_PATHS)
-    parts = model_parts(train_cfg, device)                 # as mt train chooses
+
+    model_cfg = ModelConfig(
+        d_model=size["d_model"],
+        n_heads=size["heads"],
+        enc_layers=size.get("enc_layers", size["layers"]),
+        dec_layers=size.get("dec_layers", size["layers"]),
+        d_ff=size["d_ff"],
+        dropout=dropout,
+        attn_dropout=0.0,
+        norm="post",
+        tie_embeddings="all",
+        max_positions=256,
+    )
+    train_cfg = TrainConfig(
+        label_smoothing=0.1, clip_norm=0.0, compile=compile, fast_paths=FAST_PATHS
+    )
+    parts = model_parts(train_cfg, device)  # as mt train chooses
     model = build_model(model_cfg, size["vocab"], size["vocab"], parts).to(device)
     fused = parts is not REFERENCE and not compile
-    objective = build_objective(Config(model=model_cfg, train=train_cfg), fused=fused) \
-        if loss_fn is None else Objective(loss=functools.partial(loss_fn, eps=0.1))
+    objective = (
+        build_objective(Config(model=model_cfg, train=train_cfg), fused=fused)
+        if loss_fn is None
+        else Objective(loss=functools.partial(loss_fn, eps=0.1))
+    )
     optimizer, scheduler = build_optimizer(model.parameters(), train_cfg, size["d_model"])
-    trainer = Trainer(model=model, optimizer=optimizer, scheduler=scheduler,
-                      scaler=torch.amp.GradScaler(device.type, enabled=False), train_data=None,
-                      validation=None, tokenizer=None, cfg=train_cfg, run_config={},
-                      run_dir=Path("."), device=device, objective=objective,
-                      amp_dtype=torch.bfloat16 if precision == "bf16" else None)
+    trainer = Trainer(
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        scaler=torch.amp.GradScaler(device.type, enabled=False),
+        train_data=None,
+        validation=None,
+        tokenizer=None,
+        cfg=train_cfg,
+        run_config={},
+        run_dir=Path("."),
+        device=device,
+        objective=objective,
+        amp_dtype=torch.bfloat16 if precision == "bf16" else None,
+    )
 
     def step(batch):
         src, tgt_in, tgt_out = batch
         trainer.train_step([Batch(src, tgt_in, tgt_out, int((tgt_out != PAD).sum()))])
+
     return model, step
 
 
@@ -135,18 +160,32 @@ class _TorchRef(torch.nn.Module):
         self.d = d
         self.embed = torch.nn.Embedding(size["vocab"], d, padding_idx=PAD)
         from mt.model.positions import sinusoidal_table
+
         self.register_buffer("pe", sinusoidal_table(256, d))
-        self.core = torch.nn.Transformer(d, size["heads"], size["layers"], size["layers"],
-                                         size["d_ff"], dropout=0.1, batch_first=True)
+        self.core = torch.nn.Transformer(
+            d,
+            size["heads"],
+            size["layers"],
+            size["layers"],
+            size["d_ff"],
+            dropout=0.1,
+            batch_first=True,
+        )
         self.out = torch.nn.Linear(d, size["vocab"], bias=False)
         self.out.weight = self.embed.weight
 
     def forward(self, src, tgt_in):
         e = lambda x: self.embed(x) * math.sqrt(self.d) + self.pe[: x.shape[1]]
-        t = tgt_in.shape[1]      # bool, like the padding masks: True = may not attend
+        t = tgt_in.shape[1]  # bool, like the padding masks: True = may not attend
         causal = torch.ones(t, t, dtype=torch.bool, device=tgt_in.device).triu(1)
-        h = self.core(e(src), e(tgt_in), tgt_mask=causal, src_key_padding_mask=src == PAD,
-                      tgt_key_padding_mask=tgt_in == PAD, memory_key_padding_mask=src == PAD)
+        h = self.core(
+            e(src),
+            e(tgt_in),
+            tgt_mask=causal,
+            src_key_padding_mask=src == PAD,
+            tgt_key_padding_mask=tgt_in == PAD,
+            memory_key_padding_mask=src == PAD,
+        )
         return self.out(h)
 
 
@@ -158,11 +197,16 @@ def _reference_step(model, logits_of):
     def step(batch):
         src, tgt_in, tgt_out = batch
         logits = logits_of(src, tgt_in)
-        loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), tgt_out.view(-1),
-                               ignore_index=PAD, label_smoothing=0.1)
+        loss = F.cross_entropy(
+            logits.view(-1, logits.shape[-1]),
+            tgt_out.view(-1),
+            ignore_index=PAD,
+            label_smoothing=0.1,
+        )
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+
     return model, step
 
 
@@ -173,17 +217,38 @@ def torch_ref(size, device, precision="fp32", compile=False):
 
 def hf_marian(size, device, precision="fp32", compile=False):
     from transformers import MarianConfig, MarianMTModel
-    cfg = MarianConfig(vocab_size=size["vocab"], d_model=size["d_model"],
-                       encoder_layers=size["layers"], decoder_layers=size["layers"],
-                       encoder_attention_heads=size["heads"], decoder_attention_heads=size["heads"],
-                       encoder_ffn_dim=size["d_ff"], decoder_ffn_dim=size["d_ff"], dropout=0.1,
-                       attention_dropout=0.0, activation_function="relu", max_position_embeddings=256,
-                       pad_token_id=PAD, eos_token_id=EOS, decoder_start_token_id=BOS,
-                       scale_embedding=True, share_encoder_decoder_embeddings=True)
+
+    cfg = MarianConfig(
+        vocab_size=size["vocab"],
+        d_model=size["d_model"],
+        encoder_layers=size["layers"],
+        decoder_layers=size["layers"],
+        encoder_attention_heads=size["heads"],
+        decoder_attention_heads=size["heads"],
+        encoder_ffn_dim=size["d_ff"],
+        decoder_ffn_dim=size["d_ff"],
+        dropout=0.1,
+        attention_dropout=0.0,
+        activation_function="relu",
+        max_position_embeddings=256,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+        decoder_start_token_id=BOS,
+        scale_embedding=True,
+        share_encoder_decoder_embeddings=True,
+    )
     model = MarianMTModel(cfg).to(device)
-    return _reference_step(model, lambda src, tgt_in: model(
-        input_ids=src, attention_mask=src != PAD, decoder_input_ids=tgt_in,
-        decoder_attention_mask=tgt_in != PAD).logits)
+    return _reference_step(
+        model,
+        lambda src, tgt_in: (
+            model(
+                input_ids=src,
+                attention_mask=src != PAD,
+                decoder_input_ids=tgt_in,
+                decoder_attention_mask=tgt_in != PAD,
+            ).logits
+        ),
+    )
 
 
 CONTENDERS = {"ours": ours, "torch": torch_ref, "hf": hf_marian}
@@ -202,8 +267,16 @@ def target_tokens(batches) -> int:
     return sum(int((b[2] != PAD).sum()) for b in batches)
 
 
-def run_one(name: str, size: dict, steps: int, warmup: int, device: torch.device,
-            precision: str, compile_ours: bool, matmul_n: int = 2048) -> dict:
+def run_one(
+    name: str,
+    size: dict,
+    steps: int,
+    warmup: int,
+    device: torch.device,
+    precision: str,
+    compile_ours: bool,
+    matmul_n: int = 2048,
+) -> dict:
     """Runs in a fresh subprocess: (tokens/s, peak memory MB, useful FLOP/s). matmul_n: the
     size of the product that measures the machine's matmul speed (on CPU)."""
     torch.manual_seed(0)
@@ -216,6 +289,7 @@ def run_one(name: str, size: dict, steps: int, warmup: int, device: torch.device
         for b in bs:
             with amp:
                 step(b)
+
     run(batches[:warmup])
     sync(device)
     if device.type == "cuda":
@@ -244,16 +318,31 @@ def run_one(name: str, size: dict, steps: int, warmup: int, device: torch.device
     sync(device)
     sec = time.perf_counter() - t0
     padded = sum(b[2].numel() for b in batches[warmup:])
-    peak = (torch.cuda.max_memory_allocated() / 2 ** 20 if device.type == "cuda"
-            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
-    matmul = (before + matmul_peak(device, matmul_n)) / 2        # after reading the peak memory
-    return {"tok_s": tokens / sec, "tok_s_first_sight": first_sight, "peak_rss_mb": peak,
-            "flop_s": flops / sec, "matmul_flop_s": matmul, "padding": 1 - tokens / padded,
-            "params": sum(p.numel() for p in model.parameters())}
+    peak = (
+        torch.cuda.max_memory_allocated() / 2**20
+        if device.type == "cuda"
+        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    )
+    matmul = (before + matmul_peak(device, matmul_n)) / 2  # after reading the peak memory
+    return {
+        "tok_s": tokens / sec,
+        "tok_s_first_sight": first_sight,
+        "peak_rss_mb": peak,
+        "flop_s": flops / sec,
+        "matmul_flop_s": matmul,
+        "padding": 1 - tokens / padded,
+        "params": sum(p.numel() for p in model.parameters()),
+    }
 
 
-def interleaved_seconds(size: dict, steps: int, warmup: int, device: torch.device,
-                        precision: str, contenders: dict | None = None) -> tuple[dict, int]:
+def interleaved_seconds(
+    size: dict,
+    steps: int,
+    warmup: int,
+    device: torch.device,
+    precision: str,
+    contenders: dict | None = None,
+) -> tuple[dict, int]:
     """All three contenders (or `contenders`: name -> maker like `ours`) in this one process,
     taking turns batch by batch (which one goes first rotates): a drift in the machine's speed,
     which on this VM reaches tens of percent within a minute, then hits all alike, and the
@@ -266,14 +355,20 @@ def interleaved_seconds(size: dict, steps: int, warmup: int, device: torch.devic
         torch.manual_seed(0)
         model, steps_of[name] = make(size, device, precision)
         model.train()
-    if device.type == "cuda":        # every shape seen once before the timed turns (run_one)
+    if device.type == "cuda":  # every shape seen once before the timed turns (run_one)
         batches, warmup = batches + batches[warmup:], len(batches)
     secs = take_turns(steps_of, batches, warmup, device, lambda: autocast(device, precision))
     return secs, target_tokens(batches[warmup:])
 
 
-def run_interleaved(size: dict, steps: int, warmup: int, device: torch.device,
-                    precision: str, contenders: dict | None = None) -> dict:
+def run_interleaved(
+    size: dict,
+    steps: int,
+    warmup: int,
+    device: torch.device,
+    precision: str,
+    contenders: dict | None = None,
+) -> dict:
     """interleaved_seconds as target tokens/s per contender."""
     secs, tokens = interleaved_seconds(size, steps, warmup, device, precision, contenders)
     return {name: tokens / sec for name, sec in secs.items()}
@@ -286,27 +381,55 @@ def measure(size_name: str, args) -> dict:
     runs = {name: [] for name in CONTENDERS}
     for _ in range(args.repeats):
         for name in CONTENDERS:
-            proc = subprocess.run([sys.executable, __file__, "--worker", name, "--size", size_name,
-                                   "--steps", str(args.steps), "--warmup", str(args.warmup),
-                                   "--device", args.device, "--precision", args.precision,
-                                   *(["--max-tokens", str(args.max_tokens)] if args.max_tokens else []),
-                                   *(["--compile"] if args.compile else []),
-                                   *{True: ["--fast-paths"], False: ["--no-fast-paths"]}.get(
-                                       FAST_PATHS, [])],
-                                  capture_output=True, text=True)
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--worker",
+                    name,
+                    "--size",
+                    size_name,
+                    "--steps",
+                    str(args.steps),
+                    "--warmup",
+                    str(args.warmup),
+                    "--device",
+                    args.device,
+                    "--precision",
+                    args.precision,
+                    *(["--max-tokens", str(args.max_tokens)] if args.max_tokens else []),
+                    *(["--compile"] if args.compile else []),
+                    *{True: ["--fast-paths"], False: ["--no-fast-paths"]}.get(FAST_PATHS, []),
+                ],
+                capture_output=True,
+                text=True,
+            )
             if proc.returncode != 0:
                 raise SystemExit(f"{name} failed:\n{proc.stderr[-3000:]}")
             runs[name].append(json.loads(proc.stdout.strip().splitlines()[-1]))
             # each run as it ends, to stderr: a call cut by a time limit keeps what it measured
-            print(f"[{size_name}] {name}: " + json.dumps(
-                {k: round(v, 1) if isinstance(v, float) else v for k, v in runs[name][-1].items()}),
-                file=sys.stderr, flush=True)
+            print(
+                f"[{size_name}] {name}: "
+                + json.dumps(
+                    {
+                        k: round(v, 1) if isinstance(v, float) else v
+                        for k, v in runs[name][-1].items()
+                    }
+                ),
+                file=sys.stderr,
+                flush=True,
+            )
     res = {}
     for name, rs in runs.items():
         rs = sorted(rs, key=lambda r: r["tok_s"])
         res[name] = dict(rs[len(rs) // 2], peak_rss_mb=max(r["peak_rss_mb"] for r in rs))
-    turns = run_interleaved(size_of(size_name, args.max_tokens), args.steps, args.warmup, torch.device(args.device),
-                            args.precision)
+    turns = run_interleaved(
+        size_of(size_name, args.max_tokens),
+        args.steps,
+        args.warmup,
+        torch.device(args.device),
+        args.precision,
+    )
     for name in CONTENDERS:
         res[name]["tok_s_turns"] = turns[name]
     return res
@@ -315,89 +438,151 @@ def measure(size_name: str, args) -> dict:
 def report(size_name: str, res: dict, args, mem: str, kind: str, sheet: float | None) -> None:
     o, r, h = res["ours"], res["torch"], res["hf"]
     peak = o["matmul_flop_s"]
-    print(f"\n[{size_name}] {o['params'] / 1e6:.1f}M params, padding {o['padding']:.1%} of target "
-          f"positions; median of {args.repeats} interleaved runs each")
+    print(
+        f"\n[{size_name}] {o['params'] / 1e6:.1f}M params, padding {o['padding']:.1%} of target "
+        f"positions; median of {args.repeats} interleaved runs each"
+    )
     print(f"{'':12}{'tgt tok/s':>12}{mem:>14}{'useful GFLOP/s':>16}")
     for name, label in (("ours", "mt"), ("torch", "nn.Transformer"), ("hf", "HF Marian")):
         x = res[name]
         print(f"{label:14}{x['tok_s']:>10.0f}{x['peak_rss_mb']:>14.0f}{x['flop_s'] / 1e9:>16.1f}")
-    print(f"in one process, taking turns batch by batch: mt {o['tok_s_turns']:.0f}, "
-          f"nn.Transformer {r['tok_s_turns']:.0f}, HF Marian {h['tok_s_turns']:.0f} tok/s: "
-          f"{o['tok_s_turns'] / r['tok_s_turns']:.2f}x and "
-          f"{o['tok_s_turns'] / h['tok_s_turns']:.2f}x")
-    print(f"ratio mt / nn.Transformer: {o['tok_s'] / r['tok_s']:.2f}x   "
-          f"mt / HF Marian: {o['tok_s'] / h['tok_s']:.2f}x   "
-          f"FLOP utilization: {o['flop_s'] / peak:.1%} of the measured {kind} matmul "
-          f"({peak / 1e9:.1f} GFLOP/s, around that run)"
-          + (f"   MFU: {o['flop_s'] / sheet:.1%} of the datasheet peak" if sheet else ""))
+    print(
+        f"in one process, taking turns batch by batch: mt {o['tok_s_turns']:.0f}, "
+        f"nn.Transformer {r['tok_s_turns']:.0f}, HF Marian {h['tok_s_turns']:.0f} tok/s: "
+        f"{o['tok_s_turns'] / r['tok_s_turns']:.2f}x and "
+        f"{o['tok_s_turns'] / h['tok_s_turns']:.2f}x"
+    )
+    print(
+        f"ratio mt / nn.Transformer: {o['tok_s'] / r['tok_s']:.2f}x   "
+        f"mt / HF Marian: {o['tok_s'] / h['tok_s']:.2f}x   "
+        f"FLOP utilization: {o['flop_s'] / peak:.1%} of the measured {kind} matmul "
+        f"({peak / 1e9:.1f} GFLOP/s, around that run)"
+        + (f"   MFU: {o['flop_s'] / sheet:.1%} of the datasheet peak" if sheet else "")
+    )
     if o.get("tok_s_first_sight"):
-        print("first pass over the batch shapes (untimed above): " + ", ".join(
-            f"{label} {res[name]['tok_s_first_sight']:.0f}" for name, label in
-            (("ours", "mt"), ("torch", "nn.Transformer"), ("hf", "HF Marian"))) + " tok/s")
+        print(
+            "first pass over the batch shapes (untimed above): "
+            + ", ".join(
+                f"{label} {res[name]['tok_s_first_sight']:.0f}"
+                for name, label in (
+                    ("ours", "mt"),
+                    ("torch", "nn.Transformer"),
+                    ("hf", "HF Marian"),
+                )
+            )
+            + " tok/s"
+        )
 
 
-def summarize(size_name: str, res: dict, args, where: str, preload: str,
-              sheet: float | None) -> dict:
+def summarize(
+    size_name: str, res: dict, args, where: str, preload: str, sheet: float | None
+) -> dict:
     """The JSON summary of one size."""
     o, r, h = res["ours"], res["torch"], res["hf"]
     peak = o["matmul_flop_s"]
-    return {"size": size_name, "ours_tok_s": round(o["tok_s"], 1),
-            "ref_tok_s": round(r["tok_s"], 1), "hf_tok_s": round(h["tok_s"], 1),
-            "ratio_ref": round(o["tok_s"] / r["tok_s"], 3),
-            "ratio_hf": round(o["tok_s"] / h["tok_s"], 3),
-            "ratio_ref_turns": round(o["tok_s_turns"] / r["tok_s_turns"], 3),
-            "ratio_hf_turns": round(o["tok_s_turns"] / h["tok_s_turns"], 3),
-            "flop_utilization": round(o["flop_s"] / peak, 3),
-            "matmul_gflop_s": round(peak / 1e9, 1),
-            "ours_peak_rss_mb": round(o["peak_rss_mb"]),
-            "ref_peak_rss_mb": round(r["peak_rss_mb"]),
-            "hf_peak_rss_mb": round(h["peak_rss_mb"]),
-            "padding": round(o["padding"], 3), "device": where,
-            "precision": args.precision, "ld_preload": preload,
-            **({"mfu": round(o["flop_s"] / sheet, 3)} if sheet else {})}
+    return {
+        "size": size_name,
+        "ours_tok_s": round(o["tok_s"], 1),
+        "ref_tok_s": round(r["tok_s"], 1),
+        "hf_tok_s": round(h["tok_s"], 1),
+        "ratio_ref": round(o["tok_s"] / r["tok_s"], 3),
+        "ratio_hf": round(o["tok_s"] / h["tok_s"], 3),
+        "ratio_ref_turns": round(o["tok_s_turns"] / r["tok_s_turns"], 3),
+        "ratio_hf_turns": round(o["tok_s_turns"] / h["tok_s_turns"], 3),
+        "flop_utilization": round(o["flop_s"] / peak, 3),
+        "matmul_gflop_s": round(peak / 1e9, 1),
+        "ours_peak_rss_mb": round(o["peak_rss_mb"]),
+        "ref_peak_rss_mb": round(r["peak_rss_mb"]),
+        "hf_peak_rss_mb": round(h["peak_rss_mb"]),
+        "padding": round(o["padding"], 3),
+        "device": where,
+        "precision": args.precision,
+        "ld_preload": preload,
+        **({"mfu": round(o["flop_s"] / sheet, 3)} if sheet else {}),
+    }
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--size", choices=["tiny", "small", "base", "both"], default="both")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--repeats", type=int, default=3,
-                    help="interleaved runs of each contender; the median is reported")
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="interleaved runs of each contender; the median is reported",
+    )
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
-                    help="bf16 = torch.autocast(bfloat16) around every contender's step")
-    ap.add_argument("--max-tokens", type=int, default=0,
-                    help="tokens per batch (source + target); default: the size's 8192")
-    ap.add_argument("--compile", action="store_true", help="torch.compile mt's model (dynamic shapes)")
+    ap.add_argument(
+        "--precision",
+        choices=["fp32", "bf16"],
+        default="fp32",
+        help="bf16 = torch.autocast(bfloat16) around every contender's step",
+    )
+    ap.add_argument(
+        "--max-tokens",
+        type=int,
+        default=0,
+        help="tokens per batch (source + target); default: the size's 8192",
+    )
+    ap.add_argument(
+        "--compile", action="store_true", help="torch.compile mt's model (dynamic shapes)"
+    )
     paths = ap.add_mutually_exclusive_group()
-    paths.add_argument("--no-fast-paths", action="store_true",
-                       help="mt's contender without mt/fast: the reference model and loss")
-    paths.add_argument("--fast-paths", action="store_true",
-                       help="mt's contender with mt/fast on any device (default: on a CPU only)")
+    paths.add_argument(
+        "--no-fast-paths",
+        action="store_true",
+        help="mt's contender without mt/fast: the reference model and loss",
+    )
+    paths.add_argument(
+        "--fast-paths",
+        action="store_true",
+        help="mt's contender with mt/fast on any device (default: on a CPU only)",
+    )
     ap.add_argument("--worker", choices=list(CONTENDERS), help=argparse.SUPPRESS)
     args = ap.parse_args()
     global FAST_PATHS
     FAST_PATHS = False if args.no_fast_paths else True if args.fast_paths else "auto"
     device = torch.device(args.device)
     if args.worker:
-        print(json.dumps(run_one(args.worker, size_of(args.size, args.max_tokens), args.steps,
-                                 args.warmup, device, args.precision, args.compile)))
+        print(
+            json.dumps(
+                run_one(
+                    args.worker,
+                    size_of(args.size, args.max_tokens),
+                    args.steps,
+                    args.warmup,
+                    device,
+                    args.precision,
+                    args.compile,
+                )
+            )
+        )
         return
     sheet = datasheet_peak(device)
-    where = (torch.cuda.get_device_name(0) if device.type == "cuda"
-             else f"{torch.get_num_threads()} CPU threads")
+    where = (
+        torch.cuda.get_device_name(0)
+        if device.type == "cuda"
+        else f"{torch.get_num_threads()} CPU threads"
+    )
     kind = "bf16" if device.type == "cuda" else "fp32"
-    preload = os.environ.get("LD_PRELOAD", "")     # e.g. scripts/mkl_amd_shim.sh's library
-    print(f"torch {torch.__version__}, {where}, {args.precision}"
-          + {True: ", mt with its fast paths forced on", False: ", mt without its fast paths "
-             "(reference model and loss)"}.get(FAST_PATHS, "")
-          + (f", datasheet dense bf16 {sheet / 1e12:.0f} TFLOP/s" if sheet else "")
-          + (f", LD_PRELOAD={preload} (every contender runs with it)" if preload else ""))
+    preload = os.environ.get("LD_PRELOAD", "")  # e.g. scripts/mkl_amd_shim.sh's library
+    print(
+        f"torch {torch.__version__}, {where}, {args.precision}"
+        + {
+            True: ", mt with its fast paths forced on",
+            False: ", mt without its fast paths (reference model and loss)",
+        }.get(FAST_PATHS, "")
+        + (f", datasheet dense bf16 {sheet / 1e12:.0f} TFLOP/s" if sheet else "")
+        + (f", LD_PRELOAD={preload} (every contender runs with it)" if preload else "")
+    )
     mem = "peak GPU MB" if device.type == "cuda" else "peak RSS MB"
     summary = {}
-    for size_name in (["small", "base"] if args.size == "both" else [args.size]):
+    for size_name in ["small", "base"] if args.size == "both" else [args.size]:
         res = measure(size_name, args)
         report(size_name, res, args, mem, kind, sheet)
         if size_name == "small" or args.size != "both":

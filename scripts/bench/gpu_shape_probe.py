@@ -8,6 +8,7 @@ On an H100 the shipped Multi30k config trained about 4 updates/s for its first ~
 21/s after (docs/gpu.md). If the first sight of a shape is what costs, the first column is far
 above the second; if one attention backend is the cause, its row alone shows it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,8 +52,9 @@ def worker(args) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--size", choices=["tiny", "small", "base"], default="tiny")
     ap.add_argument("--max-tokens", type=int, default=0)
     ap.add_argument("--batches", type=int, default=12)
@@ -63,20 +65,37 @@ def main() -> None:
         return
     if not torch.cuda.is_available():
         raise SystemExit("gpu_shape_probe.py needs a CUDA GPU")
-    print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, size {args.size}, "
-          f"{args.batches} batches (medians over all but the first)")
-    print(f"{'attention kernels':22}{'shapes':>7}{'first sight ms':>16}{'again ms':>10}{'ratio':>7}")
+    print(
+        f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, size {args.size}, "
+        f"{args.batches} batches (medians over all but the first)"
+    )
+    print(
+        f"{'attention kernels':22}{'shapes':>7}{'first sight ms':>16}{'again ms':>10}{'ratio':>7}"
+    )
     for name in SETTINGS:
-        proc = subprocess.run([sys.executable, __file__, "--setting", name, "--size", args.size,
-                               "--batches", str(args.batches),
-                               *(["--max-tokens", str(args.max_tokens)] if args.max_tokens else [])],
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--setting",
+                name,
+                "--size",
+                args.size,
+                "--batches",
+                str(args.batches),
+                *(["--max-tokens", str(args.max_tokens)] if args.max_tokens else []),
+            ],
+            capture_output=True,
+            text=True,
+        )
         if proc.returncode != 0:
             print(f"{name:22} failed: {proc.stderr.strip().splitlines()[-1:]}")
             continue
         r = json.loads(proc.stdout.strip().splitlines()[-1])
-        print(f"{name:22}{r['shapes']:>7}{r['first'] * 1e3:>16.1f}{r['again'] * 1e3:>10.1f}"
-              f"{r['first'] / r['again']:>7.1f}")
+        print(
+            f"{name:22}{r['shapes']:>7}{r['first'] * 1e3:>16.1f}{r['again'] * 1e3:>10.1f}"
+            f"{r['first'] / r['again']:>7.1f}"
+        )
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ that a drift in the machine's speed hits all alike).
 The scripts import it, and each other, as sibling modules: `python scripts/NAME.py` puts
 scripts/ on the module path, and mt itself comes from the installed package
 (`bash scripts/setup.sh` or `pip install -e .`)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -33,7 +34,7 @@ def matmul_peak(device: torch.device, n: int = 2048, reps: int = 20) -> float:
     for _ in range(reps):
         a @ b
     sync(device)
-    return 2 * n ** 3 * reps / (time.perf_counter() - t0)
+    return 2 * n**3 * reps / (time.perf_counter() - t0)
 
 
 def datasheet_peak(device: torch.device) -> float | None:
@@ -45,12 +46,16 @@ def datasheet_peak(device: torch.device) -> float | None:
 
 def autocast(device: torch.device, precision: str):
     """bf16 autocast around a step, or nothing for fp32."""
-    return (torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16"
-            else contextlib.nullcontext())
+    return (
+        torch.autocast(device.type, dtype=torch.bfloat16)
+        if precision == "bf16"
+        else contextlib.nullcontext()
+    )
 
 
-def take_turns(runners: dict, items: list, warmup: int, device: torch.device,
-               around=contextlib.nullcontext) -> dict:
+def take_turns(
+    runners: dict, items: list, warmup: int, device: torch.device, around=contextlib.nullcontext
+) -> dict:
     """Each runner (name -> callable(item)) on every item in turn, the one that goes first
     rotating from item to item (the first timed item in the runners' order); the first
     `warmup` items are not timed. Returns the seconds each runner spent on the timed items."""

@@ -1,6 +1,7 @@
 """One line per run of its train_log.jsonl: greedy valid BLEU by validation, the average of
 the last snapshots, and the tuned beam's valid BLEU (what docs/multi30k_recipe.md's tables
 hold).   python scripts/lab/recipe_summary.py RUN_DIR [RUN_DIR ...]"""
+
 import json
 import sys
 from pathlib import Path
@@ -8,17 +9,23 @@ from pathlib import Path
 
 def summary(run: Path) -> str:
     records = [json.loads(x) for x in (run / "train_log.jsonl").read_text().splitlines() if x]
-    curve = [f"{r['step']}: {r['valid_bleu']}" for r in records
-             if "valid_bleu" in r and "averaged" not in r]
+    curve = [
+        f"{r['step']}: {r['valid_bleu']}"
+        for r in records
+        if "valid_bleu" in r and "averaged" not in r
+    ]
     parts = [f"{run.name}: greedy valid BLEU " + ", ".join(curve)]
     for r in records:
         if "averaged" in r:
-            parts.append(f"average of the last {r['averaged']}: {r['valid_bleu']}"
-                         + (" (kept)" if r.get("best") else " (not kept)"))
+            parts.append(
+                f"average of the last {r['averaged']}: {r['valid_bleu']}"
+                + (" (kept)" if r.get("best") else " (not kept)")
+            )
         if "tuned_decoding" in r:
             t = r["tuned_decoding"]
-            parts.append(f"tuned: beam {t['beam']}, length penalty {t['length_penalty']}, "
-                         f"{t['valid_bleu']}")
+            parts.append(
+                f"tuned: beam {t['beam']}, length penalty {t['length_penalty']}, {t['valid_bleu']}"
+            )
     return "; ".join(parts)
 
 
