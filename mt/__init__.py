@@ -7,7 +7,7 @@ prefer_huge_pages()  # before torch's first large allocation: mt/runtime/memory.
 __version__ = "0.1.0"
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> object:
     # The Python API, imported on first use so that `import mt` (and `mt --help`) stays light:
     # from mt import Translator, Sampling
     if name in ("Translator", "Sampling"):

@@ -13,9 +13,9 @@ import errno
 import os
 import shutil
 import tempfile
-from contextlib import contextmanager
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Iterable, Iterator
 
 from mt.errors import MTError
 
@@ -70,11 +70,11 @@ def check_output(
     what: str = "output",
 ) -> None:
     """Raise MTError before any work if writing `path` would fail or destroy something."""
-    if is_stdio(path):
+    if path is None or is_stdio(path):
         return
     path = Path(path)
     for src in inputs:
-        if is_stdio(src):
+        if src is None or is_stdio(src):
             continue
         if _same_file(path, Path(src)) or path.resolve() == Path(src).resolve():
             raise MTError(
@@ -97,10 +97,8 @@ def describe_write_error(path: Path, e: BaseException) -> str:
     )
     full = getattr(e, "errno", None) == errno.ENOSPC
     if not full:
-        try:
+        with suppress(OSError):
             full = shutil.disk_usage(path.parent).free < FULL_DISK_BYTES
-        except OSError:
-            pass
     if full:
         return (
             f"could not write {path}: the disk is full ({reason}); free some space (or "
@@ -128,7 +126,7 @@ def atomic_file(path: str | Path, mode: str = "wb", keep_as: Path | None = None)
         raise MTError(describe_write_error(path, e)) from None
     try:
         os.chmod(tmp, _file_mode(path))
-        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+        with os.fdopen(fd, mode) if "b" in mode else os.fdopen(fd, mode, encoding="utf-8") as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
@@ -155,10 +153,8 @@ def _file_mode(path: Path) -> int:
 
 
 def _remove(tmp: str) -> None:
-    try:
+    with suppress(OSError):
         os.unlink(tmp)
-    except OSError:
-        pass
 
 
 def write_text(path: str | Path, text: str) -> None:

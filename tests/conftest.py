@@ -12,8 +12,9 @@ from mt.tokens import EOS, PAD
 os.environ["HF_HUB_OFFLINE"] = "1"  # the hub is unreachable here; fail fast, not after retries
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 # One thread in every test process: mt otherwise picks its thread count from how busy the
-# machine is (mt/runtime/threads.py), and two runs that a test expects to be bit-identical (resumed vs
-# uninterrupted) could then use different counts while the other pytest worker is busy.
+# machine is (mt/runtime/threads.py), and two runs that a test expects to be bit-identical
+# (resumed vs uninterrupted) could then use different counts while the other pytest worker is
+# busy.
 os.environ.setdefault("MT_THREADS", "1")
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -19,14 +19,14 @@ from tests.conftest import (
 )
 
 VARIANTS = {
-    "transformer-post-sinusoidal": dict(arch="transformer"),
-    "transformer-pre-learned": dict(arch="transformer", norm="pre", positional="learned"),
-    "transformer-relative": dict(arch="transformer", positional="relative", max_relative=3),
-    "rnn-bahdanau": dict(arch="rnn", attention="bahdanau", enc_layers=2, dec_layers=2),
-    "rnn-luong": dict(arch="rnn", attention="luong"),
-    "rnn-none": dict(arch="rnn", attention="none", tie_embeddings="none"),
-    "decoder_only-sinusoidal": dict(arch="decoder_only", norm="pre"),
-    "decoder_only-relative": dict(arch="decoder_only", positional="relative", max_relative=4),
+    "transformer-post-sinusoidal": {"arch": "transformer"},
+    "transformer-pre-learned": {"arch": "transformer", "norm": "pre", "positional": "learned"},
+    "transformer-relative": {"arch": "transformer", "positional": "relative", "max_relative": 3},
+    "rnn-bahdanau": {"arch": "rnn", "attention": "bahdanau", "enc_layers": 2, "dec_layers": 2},
+    "rnn-luong": {"arch": "rnn", "attention": "luong"},
+    "rnn-none": {"arch": "rnn", "attention": "none", "tie_embeddings": "none"},
+    "decoder_only-sinusoidal": {"arch": "decoder_only", "norm": "pre"},
+    "decoder_only-relative": {"arch": "decoder_only", "positional": "relative", "max_relative": 4},
 }
 
 
@@ -34,16 +34,14 @@ def make(variant, seed=0):
     torch.manual_seed(seed)
     cfg = ModelConfig(
         **{
-            **dict(
-                d_model=32,
-                n_heads=4,
-                enc_layers=2,
-                dec_layers=2,
-                d_ff=64,
-                dropout=0.1,
-                attn_dropout=0.1,
-                max_positions=64,
-            ),
+            "d_model": 32,
+            "n_heads": 4,
+            "enc_layers": 2,
+            "dec_layers": 2,
+            "d_ff": 64,
+            "dropout": 0.1,
+            "attn_dropout": 0.1,
+            "max_positions": 64,
             **VARIANTS[variant],
         }
     )
@@ -180,7 +178,7 @@ def test_act_dropout_is_the_feed_forward_hidden_dropout_alone(arch, installed):
         src, tgt = make_src([9, 3, 6, 4]), torch.randint(4, V, (4, 8))
         return model(src, tgt, src == PAD)
 
-    plain = dict(dropout=0.0, attn_dropout=0.0)
+    plain = {"dropout": 0.0, "attn_dropout": 0.0}
     torch.testing.assert_close(out(True, **plain, act_dropout=0.0), out(False, **plain))
     assert not torch.allclose(out(True, **plain, act_dropout=0.5), out(False, **plain))
     # act_dropout 0 under dropout 0.3: what is left is the residual and embedding dropout

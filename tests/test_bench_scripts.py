@@ -335,8 +335,10 @@ def test_mkl_shim_makes_mkl_take_its_avx2_path_and_matmuls_stay_right(tmp_path):
         "lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), 'lib', "
         "'libtorch_cpu.so'))\n"
         "torch.manual_seed(0)\n"
-        "a, b = torch.randn(300, 200, dtype=torch.float64), torch.randn(200, 500, dtype=torch.float64)\n"
-        "print(lib.mkl_serv_cpu_detect(), ((a.float() @ b.float()).double() - a @ b).abs().max().item())"
+        "a = torch.randn(300, 200, dtype=torch.float64)\n"
+        "b = torch.randn(200, 500, dtype=torch.float64)\n"
+        "err = ((a.float() @ b.float()).double() - a @ b).abs().max().item()\n"
+        "print(lib.mkl_serv_cpu_detect(), err)"
     )
     out = subprocess.run(
         [sys.executable, "-c", probe],

@@ -32,7 +32,7 @@ def test_help_for_every_command():
 
 def test_translate_keeps_line_count_and_order(tiny_run, tmp_path):
     src, _ = generate(30, seed=99)
-    lines = src[:10] + [""] + src[10:20] + ["   "] + src[20:] + [""]
+    lines = [*src[:10], "", *src[10:20], "   ", *src[20:], ""]
     (tmp_path / "in.src").write_text("\n".join(lines) + "\n", encoding="utf-8")
     proc = run_mt(
         "translate", tiny_run, "-i", tmp_path / "in.src", "-o", tmp_path / "out", "--beam", "3"
@@ -152,7 +152,7 @@ def test_alignment_and_attention_picture(tiny_run, tmp_path):
 def test_eval_reports_chrf_pp_ter_and_bootstrap_intervals_as_sacrebleu_does(tmp_path):
     import sacrebleu
 
-    src, ref = generate(60, seed=11)
+    _src, ref = generate(60, seed=11)
     hyp = [" ".join(line.split()[:-1]) or line for line in ref]  # drop each last word
     (tmp_path / "h").write_text("\n".join(hyp) + "\n")
     (tmp_path / "r").write_text("\n".join(ref) + "\n")

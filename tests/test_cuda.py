@@ -135,7 +135,7 @@ def test_mt_train_on_cuda_learns_and_saves_fp32_weights(tmp_path, precision):
     run = _train(tmp_path, precision)
     records = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in records if "loss" in r and "valid_bleu" not in r]
-    assert losses and all(l == l and l < 1e4 for l in losses), losses  # no NaN, no overflow
+    assert losses and all(x == x and x < 1e4 for x in losses), losses  # no NaN, no overflow
     assert losses[-1] < 0.7 * losses[0], losses
     ckpt = torch.load(run / "last.pt", map_location="cpu", weights_only=False)
     assert all(t.dtype == torch.float32 for t in ckpt["model"].values() if t.is_floating_point())
@@ -168,7 +168,7 @@ def test_decoding_on_cuda_equals_decoding_on_cpu(tmp_path):
         assert proc.returncode == 0, proc.stderr
         outs[device] = hyp.read_text().splitlines()
     assert len(outs["cuda"]) == len(outs["cpu"]) > 50
-    same = sum(a == b for a, b in zip(outs["cuda"], outs["cpu"]))
+    same = sum(a == b for a, b in zip(outs["cuda"], outs["cpu"], strict=True))
     assert same >= 0.95 * len(outs["cpu"]), same
 
 

@@ -156,7 +156,7 @@ def test_batches_respect_max_tokens_and_cover_everything():
     for b in batches:
         assert len(b) == 1 or len(b) * (src_lens[b].max() + tgt_lens[b].max()) <= 300
     again = token_batches(src_lens, tgt_lens, max_tokens=300, seed=3)
-    assert all((a == b).all() for a, b in zip(batches, again))
+    assert all((a == b).all() for a, b in zip(batches, again, strict=True))
 
 
 def test_batches_keep_both_sides_padding_low():

@@ -65,7 +65,9 @@ def test_an_ensemble_of_one_is_the_model_and_of_two_copies_too():
         assert greedy(ens, src, src == 0) == greedy(model, src, src == 0)
         assert beam_search(ens, src, src == 0, 4, 1.0) == beam_search(model, src, src == 0, 4, 1.0)
         for (a, sa), (b, sb) in zip(
-            beam_nbest(ens, src, src == 0, 3, 3)[0], beam_nbest(model, src, src == 0, 3, 3)[0]
+            beam_nbest(ens, src, src == 0, 3, 3)[0],
+            beam_nbest(model, src, src == 0, 3, 3)[0],
+            strict=True,
         ):
             assert a == b and abs(sa - sb) < 1e-5
 
@@ -87,7 +89,7 @@ def test_an_ensemble_of_two_different_models_averages_their_log_probabilities():
 def test_api_nbest_sampling_prefix_and_ensemble_on_a_trained_run(tiny_run):
     t = Translator.load(tiny_run, "cpu")
     src, _ = generate(12, seed=3)
-    lines = src[:6] + [""] + src[6:]
+    lines = [*src[:6], "", *src[6:]]
     best = t.translate(lines, beam=4)
     nbest = t.translate_nbest(lines, 3, beam=4)
     assert [hyps[0][0] if hyps else "" for hyps in nbest] == best

@@ -19,7 +19,7 @@ from mt.errors import MTError
 from mt.train.build import build_trainer
 from tests.conftest import ROOT, cli_env, free_port, out_of_memory_on_call
 
-HALVES = (list(range(0, 24)), list(range(24, 48)))
+HALVES = (list(range(24)), list(range(24, 48)))
 
 
 def _cfg(data_dir):

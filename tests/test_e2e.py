@@ -98,8 +98,8 @@ def test_multi30k_validation_bleu_rises(tmp_path):
     t = Translator.load(tmp_path / "r", "cpu")
     sources = (tmp_path / "m" / "test.de").read_text().splitlines()[:100]
     ct2, ours = _ct2_greedy(tmp_path / "ct2", t, sources), t.translate(sources, beam=1)
-    assert sum(a == b for a, b in zip(ct2, ours)) >= 98, [
-        (a, b) for a, b in zip(ct2, ours) if a != b
+    assert sum(a == b for a, b in zip(ct2, ours, strict=True)) >= 98, [
+        (a, b) for a, b in zip(ct2, ours, strict=True) if a != b
     ][:3]
 
 

@@ -25,8 +25,10 @@ def test_average_follows_the_recurrence_with_its_warm_up():
                 p.add_(torch.randn_like(p))
         ema.update()
         d = min(0.9, (1 + n) / (10 + n))  # 0.2, 0.27, ... then 0.9
-        expected = [d * e + (1 - d) * p.detach() for e, p in zip(expected, model.parameters())]
-    for a, e in zip(ema.average, expected):
+        expected = [
+            d * e + (1 - d) * p.detach() for e, p in zip(expected, model.parameters(), strict=True)
+        ]
+    for a, e in zip(ema.average, expected, strict=True):
         assert torch.allclose(a, e, atol=1e-6)
 
 
@@ -56,7 +58,7 @@ def test_state_round_trip_resumes_the_same_average():
     again = WeightAverage(model, decay=0.99)
     again.load_state_dict(ema.state_dict(model), model)
     assert again.updates == 3
-    assert all(torch.equal(a, b) for a, b in zip(again.average, ema.average))
+    assert all(torch.equal(a, b) for a, b in zip(again.average, ema.average, strict=True))
 
 
 def test_a_run_validates_and_snapshots_the_average_and_resumes_from_raw_weights(tmp_path):

@@ -39,7 +39,10 @@ def test_exported_model_decodes_as_mt(tiny_run, tmp_path):
     proc = run_mt("export", tiny_run, tmp_path / "int8", "--quantization", "int8")
     assert proc.returncode == 0, proc.stderr
     agree = sum(
-        a == b for a, b in zip(_ct2_greedy(tmp_path / "int8", t, src), t.translate(src, beam=1))
+        a == b
+        for a, b in zip(
+            _ct2_greedy(tmp_path / "int8", t, src), t.translate(src, beam=1), strict=True
+        )
     )
     assert agree >= len(src) // 2
 

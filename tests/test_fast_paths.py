@@ -9,9 +9,9 @@ import torch
 from mt import fast
 from mt.config import load_config
 from mt.errors import MTError
+from mt.fast.modules import FastFeedForward, FastMultiHeadAttention, FastTransformer
 from mt.objectives.loss import label_smoothed_nll
 from mt.tokens import PAD
-from mt.fast.modules import FastFeedForward, FastMultiHeadAttention, FastTransformer
 from mt.train.objective import model_parts
 from tests.conftest import ROOT, V, make_src
 
@@ -86,7 +86,7 @@ def test_fused_loss_in_fp32_matches_fp64_also_when_target_probabilities_underflo
         assert (logp < -104).float().mean() > 0.2  # below fp32's smallest subnormal
     torch.testing.assert_close(loss.double(), ref_loss.detach(), rtol=1e-5, atol=0)
     torch.testing.assert_close(nll.double(), ref_nll, rtol=1e-5, atol=0)
-    for a, b in zip(ours, ref):  # fp32 sums of 300 rows: relative to the largest
+    for a, b in zip(ours, ref, strict=True):  # fp32 sums of 300 rows: relative to the largest
         torch.testing.assert_close(
             a.grad.double(), b.grad, rtol=1e-3, atol=1e-5 * b.grad.abs().max().item()
         )
@@ -117,7 +117,7 @@ def test_fused_feed_forward_equals_linear_relu_dropout_linear(p, chunk_rows, mon
     y_fused, g_fused = run(ffn)
     y_ref, g_ref = run(ffn.net)  # nn.Sequential: Linear, ReLU, Dropout, Linear
     torch.testing.assert_close(y_fused, y_ref)
-    for a, b in zip(g_fused, g_ref):
+    for a, b in zip(g_fused, g_ref, strict=True):
         torch.testing.assert_close(a, b)
     with torch.no_grad():  # evaluation: no dropout, the plain chain
         y_eval = ffn.eval()(x)
@@ -155,7 +155,7 @@ def test_fused_add_norm_equals_layer_norm_of_dropout_residual(p, weight_scale):
 
     fused = run(lambda: add_norm(x, f, norm.weight, norm.bias, p, norm.eps))
     chain = run(lambda: norm(x + drop(f)))
-    for a, b in zip(fused, chain):
+    for a, b in zip(fused, chain, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     assert (p == 0) == torch.allclose(fused[2], fused[1])  # dropout reached f's gradient
 
@@ -180,11 +180,11 @@ def test_fused_attention_equals_the_op_by_op_chain(kind, p, monkeypatch):
     may_attend[0, ..., -2:] = False
     upstream = torch.randn(3, 5, 16)
     kwargs = {
-        "padded": dict(attn_mask=may_attend),
-        "causal": dict(is_causal=True),
-        "padded causal": dict(attn_mask=may_attend, is_causal=True),
-        "cross": dict(memory=memory, attn_mask=may_attend),
-        "relative": dict(is_causal=True, q_pos=torch.arange(5), k_pos=torch.arange(5)),
+        "padded": {"attn_mask": may_attend},
+        "causal": {"is_causal": True},
+        "padded causal": {"attn_mask": may_attend, "is_causal": True},
+        "cross": {"memory": memory, "attn_mask": may_attend},
+        "relative": {"is_causal": True, "q_pos": torch.arange(5), "k_pos": torch.arange(5)},
     }[kind]
     leaves = [x, memory, *attn.parameters()]
 
@@ -202,7 +202,7 @@ def test_fused_attention_equals_the_op_by_op_chain(kind, p, monkeypatch):
     monkeypatch.setattr("mt.fast.modules.cpu_fused", lambda *a: False)
     chain = run()
     assert nodes[0] == "_AttentionOutBackward" != nodes[1]  # the fused node really ran
-    for a, b in zip(fused, chain):
+    for a, b in zip(fused, chain, strict=True):
         assert (a is None) == (b is None)
         if a is not None:
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
@@ -228,7 +228,7 @@ def test_fused_loss_under_autocast_matches_fp32():
         assert loss.dtype == torch.float32
         loss.backward()
         grads.append((loss.detach(), nll, hh.grad, ww.grad))
-    for a, b in zip(*grads):  # relative error of the whole tensor
+    for a, b in zip(*grads, strict=True):  # relative error of the whole tensor
         assert ((b - a).norm() / a.norm()).item() < 1e-2
 
 
@@ -388,8 +388,8 @@ def test_fast_paths_act_only_where_they_apply():
 @pytest.mark.parametrize("chunk", [3, 2048])
 def test_fused_rdrop_equals_the_reference_in_value_and_gradient(eps, alpha, chunk):
     """The fused R-Drop node on two different sets of decoder states = the mean of the two
-    passes' label-smoothed losses of log_softmax(h W^T) plus alpha times mt.objectives.loss.symmetric_kl,
-    with the gradients for both passes' states and W."""
+    passes' label-smoothed losses of log_softmax(h W^T) plus alpha times
+    mt.objectives.loss.symmetric_kl, with the gradients for both passes' states and W."""
     from mt.fast.loss import linear_rdrop_loss
     from mt.objectives.loss import symmetric_kl
 
@@ -411,7 +411,7 @@ def test_fused_rdrop_equals_the_reference_in_value_and_gradient(eps, alpha, chun
     torch.testing.assert_close(nll, (nll_a + nll_b) / 2)
     (3.0 * ref).backward()
     (3.0 * loss).backward()
-    for got, want in zip(got_in, ref_in):
+    for got, want in zip(got_in, ref_in, strict=True):
         torch.testing.assert_close(got.grad, want.grad)
 
 
@@ -430,7 +430,7 @@ def test_fused_rdrop_on_a_model_is_the_plain_loss_when_the_passes_agree():
     (loss * 0.01).backward()
     torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(nll, ref_nll, rtol=1e-5, atol=1e-5)
-    for (name, p), q in zip(fast_model.named_parameters(), ref_model.parameters()):
+    for (name, p), q in zip(fast_model.named_parameters(), ref_model.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)
     with torch.no_grad():
         torch.testing.assert_close(
@@ -482,10 +482,10 @@ def test_fast_paths_auto_builds_them_on_a_cpu_only():
     assert not installed(True, "cpu", pretraining=True)
     assert installed("auto", "cpu") and not installed("auto", "meta")
     assert installed(True, "meta") and not installed(False, "cpu")
-    with pytest.raises(MTError, match="train.fast_paths"):
+    with pytest.raises(MTError, match=r"train\.fast_paths"):
         load_config(TINY, ["train.fast_paths=sometimes"])
     # 1 == True, so a Literal of booleans alone would take 1 and 0 where every other
     # boolean key refuses them.
     for number in ("1", "0"):
-        with pytest.raises(MTError, match="train.fast_paths: expected 'auto', true or false"):
+        with pytest.raises(MTError, match=r"train\.fast_paths: expected 'auto', true or false"):
             load_config(TINY, [f"train.fast_paths={number}"])

@@ -85,7 +85,7 @@ def test_rdrop_with_identical_passes_is_the_plain_loss_and_alpha_scales_only_the
         loss.backward()
         torch.testing.assert_close(loss, plain)
         torch.testing.assert_close(nll, plain_nll)
-        for g, r in zip((p.grad for p in model.parameters()), ref_grads):
+        for g, r in zip((p.grad for p in model.parameters()), ref_grads, strict=True):
             torch.testing.assert_close(g, r)
 
 

@@ -74,7 +74,7 @@ def test_search_respects_max_length_and_batch_independence():
     src = make_src([5, 9, 3])
     mask = src == PAD
     out = beam_search(model, src, mask, beam=3, max_len_a=1.0, max_len_b=2)
-    for hyp, n in zip(out, [5, 9, 3]):
+    for hyp, n in zip(out, [5, 9, 3], strict=True):
         assert len(hyp) + 1 <= n + 2  # EOS included in the limit
         assert EOS not in hyp
     alone = [
@@ -93,9 +93,9 @@ def test_beam_finds_at_least_the_greedy_score():
 
     @torch.no_grad()
     def logp(i, hyp):
-        tgt = torch.tensor([[2] + hyp])
+        tgt = torch.tensor([[2, *hyp]])
         lp = torch.log_softmax(model(src[i : i + 1], tgt, mask[i : i + 1]), -1)[0]
-        ids = hyp + [EOS]
+        ids = [*hyp, EOS]
         return float(sum(lp[t, ids[t]] for t in range(len(ids))))
 
     g = greedy(model, src, mask, max_len_a=0, max_len_b=12)
@@ -168,6 +168,6 @@ def test_cross_cache_per_sentence_equals_one_copy_per_hypothesis():
         outs.append((h, weights))
     (h_a, w_a), (h_b, w_b) = outs
     torch.testing.assert_close(h_a, h_b)
-    for a, b in zip(w_a, w_b):
+    for a, b in zip(w_a, w_b, strict=True):
         assert a.shape == (3 * k, 4, 1, 8)
         torch.testing.assert_close(a, b)

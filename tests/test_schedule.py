@@ -1,5 +1,6 @@
 """The learning-rate schedule (Noam) and mt's Adam: pure functions and their torch twins."""
 
+import itertools
 import math
 
 import pytest
@@ -23,8 +24,8 @@ def test_noam_known_values(step, expected):
 def test_noam_shape_and_factor():
     lrs = [noam(s, 256, 100, 2.0) for s in range(1, 400)]
     assert max(lrs) == lrs[99]  # peak at step == warmup
-    assert all(a < b for a, b in zip(lrs[:99], lrs[1:100]))  # linear warm-up
-    assert all(a > b for a, b in zip(lrs[100:], lrs[101:]))  # then decays
+    assert all(a < b for a, b in itertools.pairwise(lrs[:100]))  # linear warm-up
+    assert all(a > b for a, b in itertools.pairwise(lrs[100:]))  # then decays
     assert lrs[99] == pytest.approx(2.0 * 256**-0.5 * 100**-0.5)
     assert noam(50, 256, 100) == pytest.approx(math.sqrt(1 / 256) * 50 * 100**-1.5)
 
@@ -60,7 +61,7 @@ def _adam_pair(weight_decay):
     grads = [[torch.randn(s, generator=g) for s in shapes] for _ in range(6)]
     ours = [torch.nn.Parameter(x.clone()) for x in init]
     theirs = [torch.nn.Parameter(x.clone()) for x in init]
-    kw = dict(betas=(0.9, 0.98), eps=1e-9, weight_decay=weight_decay)
+    kw = {"betas": (0.9, 0.98), "eps": 1e-9, "weight_decay": weight_decay}
     ref = torch.optim.Adam(theirs, lr=0.01, **kw)
     return (ours, Adam(ours, lr=0.01, **kw)), (theirs, ref), grads
 
@@ -68,7 +69,7 @@ def _adam_pair(weight_decay):
 def _adam_steps(pairs, grads):
     for step_grads in grads:
         for params, opt in pairs:
-            for p, gr in zip(params, step_grads):
+            for p, gr in zip(params, step_grads, strict=True):
                 p.grad = gr.clone()
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -80,7 +81,7 @@ def test_adam_is_torch_adam_and_their_states_are_interchangeable(weight_decay):
     steps as torch.optim.Adam, and either one resumes from the other's state_dict."""
     (ours, opt), (theirs, ref), grads = _adam_pair(weight_decay)
     _adam_steps([(ours, opt), (theirs, ref)], grads[:3])
-    for a, b in zip(ours, theirs):
+    for a, b in zip(ours, theirs, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
     assert not torch.equal(ours[0], _adam_pair(weight_decay)[0][0][0])  # it did move
     # swap: each continues from the other's state (moments and step count)
@@ -88,7 +89,7 @@ def test_adam_is_torch_adam_and_their_states_are_interchangeable(weight_decay):
     opt.load_state_dict(torch_state)
     ref.load_state_dict(mine)
     _adam_steps([(ours, opt), (theirs, ref)], grads[3:])
-    for a, b in zip(ours, theirs):
+    for a, b in zip(ours, theirs, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
     assert [s["step"].item() for s in opt.state_dict()["state"].values()] == [6.0] * 3
 

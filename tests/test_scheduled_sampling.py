@@ -1,6 +1,8 @@
 """Scheduled sampling: the schedules, the mixing of predictions into the input, and teacher
 forcing exactly when the gold probability is 1."""
 
+import itertools
+
 import pytest
 import torch
 
@@ -24,7 +26,7 @@ from tests.conftest import ROOT, make_src, run_mt
 def test_schedules_start_at_one_decay_and_respect_the_floor(schedule, k, c):
     ps = [gold_probability(s, schedule, k, c, min_gold=0.25) for s in range(0, 20001, 500)]
     assert ps[0] == pytest.approx(1.0, abs=2e-3)
-    assert all(a >= b for a, b in zip(ps, ps[1:])) and ps[-1] == 0.25
+    assert all(a >= b for a, b in itertools.pairwise(ps)) and ps[-1] == 0.25
     assert gold_probability(1000, "linear", 1.0, 1e-4) == pytest.approx(0.9)
     assert gold_probability(10, "exponential", 0.5) == pytest.approx(0.5**10)
     assert gold_probability(2000, "inverse_sigmoid", 1000.0) == pytest.approx(

@@ -54,7 +54,7 @@ def _best_by_enumeration(table, max_tokens: int, lp: float) -> list[int]:
     for n in range(max_tokens):
         for words in itertools.product(WORDS, repeat=n):
             seq, logp = [BOS, *words], 0.0
-            for a, b in zip(seq, seq[1:]):
+            for a, b in itertools.pairwise(seq):
                 logp += float(table[a, b])
             if n < max_tokens - 1:
                 logp += float(table[seq[-1], EOS])  # ends by choice, not forced

@@ -1,5 +1,5 @@
-"""mt's thread count on a shared machine (mt/runtime/threads.py): the cores other processes leave free,
-said in one line; an explicit count wins. The speed behind it is measured by
+"""mt's thread count on a shared machine (mt/runtime/threads.py): the cores other processes
+leave free, said in one line; an explicit count wins. The speed behind it is measured by
 scripts/bench/bench_threads.py, not here."""
 
 import pytest

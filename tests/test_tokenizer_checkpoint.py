@@ -107,7 +107,7 @@ def test_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(torch, "save", crash)
-    with pytest.raises(MTError, match="last.pt: the disk is full"):
+    with pytest.raises(MTError, match=r"last\.pt: the disk is full"):
         checkpoint.atomic_save(
             {"format_version": 1, "model": {"w": torch.zeros(3)}}, path, keep_previous=True
         )

@@ -82,7 +82,7 @@ def test_gradient_accumulation_equals_one_big_batch(tmp_path):
     """Two batches accumulated into one update == one update on their union (dropout off)."""
 
     t = _trainer(tmp_path, "model.dropout=0.0")
-    idx_a, idx_b = list(range(0, 16)), list(range(16, 32))
+    idx_a, idx_b = list(range(16)), list(range(16, 32))
     state0 = {k: v.clone() for k, v in t.model.state_dict().items()}
     opt0 = t.optimizer.state_dict()
     t.train_step([collate(t.train_data, np.array(idx_a)), collate(t.train_data, np.array(idx_b))])
@@ -131,7 +131,7 @@ def test_compiled_training_takes_the_same_steps(tmp_path):
     compiled = _trainer(tmp_path / "c", "model.dropout=0.0", "train.compile=true")
     compiled.model.load_state_dict(eager.model.state_dict())
     assert compiled.train_model._orig_mod is compiled.model  # really compiled
-    for idx in (range(0, 16), range(16, 40), range(40, 48)):
+    for idx in (range(16), range(16, 40), range(40, 48)):
         batch = [collate(eager.train_data, np.array(list(idx)))]
         assert eager.train_step(batch) and compiled.train_step(batch)
     torch.testing.assert_close(
@@ -302,11 +302,11 @@ def test_bpe_dropout_segments_each_epoch_anew_and_the_same_on_every_rank_and_res
     t.close()
     again = _trainer(tmp_path, "train.bpe_dropout=0.1", "train.max_tokens=256")
     again.state.epoch, again.state.batch_in_epoch = 1, 2  # where a resume would start
-    second = [b for b, _ in zip(again._batches(), range(3))]
+    second = [b for b, _ in zip(again._batches(), range(3), strict=False)]
     again.close()
     assert all(
         torch.equal(a.src, b.src) and torch.equal(a.tgt_out, b.tgt_out)
-        for a, b in zip(first, second)
+        for a, b in zip(first, second, strict=True)
     )
 
 
@@ -341,7 +341,7 @@ def _rows(batch) -> set[tuple[tuple[int, ...], tuple[int, ...]]]:
     def ids(row):
         return tuple(int(x) for x in row if x not in (PAD, EOS))
 
-    return {(ids(s), ids(t)) for s, t in zip(batch.src, batch.tgt_out)}
+    return {(ids(s), ids(t)) for s, t in zip(batch.src, batch.tgt_out, strict=True)}
 
 
 def test_bidirectional_share_trains_both_directions_early_then_one(tmp_path):
@@ -376,11 +376,11 @@ def test_bidirectional_share_trains_both_directions_early_then_one(tmp_path):
     again = _trainer(tmp_path, "train.bidirectional_share=0.5", "train.max_tokens=256")
     again.state.epoch, again.state.batch_in_epoch = 1, 2  # where a resume would start
     again.state.both_directions, again._progress = True, 0.6  # as last.pt holds them
-    resumed = [b for b, _ in zip(again._batches(), range(3))]
+    resumed = [b for b, _ in zip(again._batches(), range(3), strict=False)]
     again.close()
     assert all(
         torch.equal(a.src, b.src) and torch.equal(a.tgt_out, b.tgt_out)
-        for a, b in zip(kept, resumed)
+        for a, b in zip(kept, resumed, strict=True)
     )
 
 
@@ -418,7 +418,7 @@ def test_word_dropout_turns_source_pieces_into_unk_the_same_on_resume(tmp_path):
     from mt.tokens import EOS, PAD, UNK
 
     def walk(trainer, n):
-        return [b for b, _ in zip(trainer._batches(), range(n))]
+        return [b for b, _ in zip(trainer._batches(), range(n), strict=False)]
 
     plain = _trainer(tmp_path, "train.max_tokens=256")
     clean = walk(plain, 40)
@@ -427,7 +427,7 @@ def test_word_dropout_turns_source_pieces_into_unk_the_same_on_resume(tmp_path):
     noisy = walk(t, 40)
     t.close()
     real = dropped = 0
-    for a, b in zip(clean, noisy):
+    for a, b in zip(clean, noisy, strict=True):
         assert torch.equal(a.tgt_in, b.tgt_in) and torch.equal(a.tgt_out, b.tgt_out)
         changed = a.src != b.src
         assert bool((b.src[changed] == UNK).all())
@@ -441,7 +441,7 @@ def test_word_dropout_turns_source_pieces_into_unk_the_same_on_resume(tmp_path):
     resumed = walk(again, 3)
     assert again.state.epoch == 0  # (epoch 0 has more than 8 batches)
     again.close()
-    assert all(torch.equal(a.src, b.src) for a, b in zip(noisy[5:8], resumed))
+    assert all(torch.equal(a.src, b.src) for a, b in zip(noisy[5:8], resumed, strict=True))
 
 
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -519,7 +519,7 @@ def test_ctrl_c_twice_says_what_was_lost(tmp_path):
     while "Ctrl-C again" not in seen and time.time() < deadline:
         seen += os.read(proc.stderr.fileno(), 4096).decode(errors="replace")
     proc.send_signal(signal.SIGINT)
-    rest, err = proc.communicate(timeout=120)
+    _rest, err = proc.communicate(timeout=120)
     err = seen + err
     assert proc.returncode == 130, err
     assert "Traceback" not in err

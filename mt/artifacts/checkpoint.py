@@ -4,14 +4,20 @@ code (`weights_only=True`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
 
 from mt.errors import MTError
 from mt.outputs import atomic_file
+
+if TYPE_CHECKING:
+    from mt.config import Config
+    from mt.data.tokenizer import Tokenizer
 
 FORMAT_VERSION = 1
 
@@ -38,7 +44,7 @@ def previous(path: Path) -> Path:
     return path.with_name(path.name + ".prev")
 
 
-def load_for_resume(path: Path, warn) -> tuple[dict, Path] | None:
+def load_for_resume(path: Path, warn: Callable[[str], None]) -> tuple[dict[str, Any], Path] | None:
     """last.pt, or its previous version when last.pt is damaged or missing (with a warning)."""
     for candidate in (path, previous(path)):
         if not candidate.is_file():
@@ -50,7 +56,7 @@ def load_for_resume(path: Path, warn) -> tuple[dict, Path] | None:
     return None
 
 
-def load(path: str | Path) -> dict:
+def load(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise MTError(f"checkpoint {path} not found")
@@ -72,14 +78,14 @@ def load(path: str | Path) -> dict:
 
 def build(
     *,
-    config: dict,
-    model_state: dict,
-    tokenizer,
-    train_state: dict,
-    training: tuple | None = None,
-    rank_rng: list[dict] | None = None,
-    ema: dict | None = None,
-) -> dict:
+    config: dict[str, Any],
+    model_state: dict[str, Any],
+    tokenizer: Tokenizer,
+    train_state: dict[str, Any],
+    training: tuple[Any, Any, torch.amp.GradScaler] | None = None,
+    rank_rng: list[dict[str, Any]] | None = None,
+    ema: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """A checkpoint: config, weights, the BPE model and the train counters; with
     `training` = (optimizer, scheduler, scaler) also their states and the random generators,
     so that training resumes exactly (last.pt, best.pt); without it, a model snapshot
@@ -107,29 +113,37 @@ def build(
     return ckpt
 
 
-def restore_training(ckpt: dict, model, optimizer, scheduler, scaler) -> dict:
+def restore_training(
+    ckpt: dict[str, Any],
+    model: nn.Module,
+    optimizer: Any,
+    scheduler: Any,
+    scaler: torch.amp.GradScaler,
+) -> dict[str, Any]:
     """Load a resumable checkpoint into the training objects; returns its train counters."""
     model.load_state_dict(ckpt["model"])
     optimizer.load_state_dict(ckpt["optimizer"])
     scheduler.load_state_dict(ckpt["scheduler"])
     scaler.load_state_dict(ckpt["scaler"])
-    return ckpt["train_state"]
+    counters: dict[str, Any] = ckpt["train_state"]
+    return counters
 
 
-def ema_of(ckpt: dict) -> dict | None:
+def ema_of(ckpt: dict[str, Any]) -> dict[str, Any] | None:
     """The weight average a resumable checkpoint carries (train.ema_decay), if any."""
     return ckpt.get("ema")
 
 
-def generators_of(ckpt: dict, rank: int, world: int) -> tuple[dict, bool]:
+def generators_of(ckpt: dict[str, Any], rank: int, world: int) -> tuple[dict[str, Any], bool]:
     """(the generator states this rank resumes with, whether they are its own): each rank's
     own where as many ranks saved them, else rank 0's."""
     rank_rng = ckpt.get("rank_rng")
-    own = rank_rng is not None and len(rank_rng) == world
-    return (rank_rng[rank] if own else ckpt["rng"]), own
+    if rank_rng is not None and len(rank_rng) == world:
+        return rank_rng[rank], True
+    return ckpt["rng"], False
 
 
-def config_of(ckpt: dict, source: str = "checkpoint"):
+def config_of(ckpt: dict[str, Any], source: str = "checkpoint") -> Config:
     from mt.config import config_from_dict
 
     return config_from_dict(ckpt["config"], source)
@@ -142,7 +156,7 @@ class Trained:
     precision its training computed in (see trained_precision)."""
 
     path: Path | None
-    ckpt: dict
+    ckpt: dict[str, Any]
     config: Any  # mt.config.Config
     tokenizer: Any  # mt.data.tokenizer.Tokenizer
     model: Any  # mt.model.Seq2Seq
@@ -156,7 +170,7 @@ def open_trained(path: str | Path) -> Trained:
     return trained_from(load(path), path)
 
 
-def trained_from(ckpt: dict, path: Path | None = None) -> Trained:
+def trained_from(ckpt: dict[str, Any], path: Path | None = None) -> Trained:
     """A checkpoint already in memory (`path`, where it was read from, names it in errors)."""
     from mt.model import build_model
 
@@ -167,29 +181,29 @@ def trained_from(ckpt: dict, path: Path | None = None) -> Trained:
     return Trained(path, ckpt, cfg, tokenizer, model, trained_precision(ckpt))
 
 
-def weights_of(ckpt: dict) -> dict:
-    return ckpt["model"]
+def weights_of(ckpt: dict[str, Any]) -> dict[str, Any]:
+    weights: dict[str, Any] = ckpt["model"]
+    return weights
 
 
-def set_decoding(ckpt: dict, beam: int, length_penalty: float) -> None:
+def set_decoding(ckpt: dict[str, Any], beam: int, length_penalty: float) -> None:
     """Store decoding settings (what `mt translate RUN_DIR` then uses) in the checkpoint."""
     ckpt["config"]["decode"].update(beam=beam, length_penalty=length_penalty)
 
 
-def trained_precision(ckpt: dict) -> str:
+def trained_precision(ckpt: dict[str, Any]) -> str:
     """What the run computed in: the precision its trainer resolved (train.precision "auto"
     is fp32 on a CPU, bf16 on an Ampere or later GPU), else, in checkpoints from before that
     was recorded, the config's train.precision."""
-    return ckpt.get("train_state", {}).get("precision") or ckpt["config"]["train"].get(
-        "precision", "auto"
-    )
+    resolved = ckpt.get("train_state", {}).get("precision")
+    return str(resolved or ckpt["config"]["train"].get("precision", "auto"))
 
 
-def set_train_state(ckpt: dict, train_state: dict) -> None:
+def set_train_state(ckpt: dict[str, Any], train_state: dict[str, Any]) -> None:
     ckpt["train_state"] = train_state
 
 
-def tokenizer_from(ckpt: dict):
+def tokenizer_from(ckpt: dict[str, Any]) -> Tokenizer:
     from mt.data.tokenizer import Tokenizer
 
     spm = ckpt["spm"]
@@ -198,14 +212,14 @@ def tokenizer_from(ckpt: dict):
     )
 
 
-def same_tokenizer(a: dict, b: dict) -> bool:
+def same_tokenizer(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """Whether two checkpoints hold the same BPE model(s)."""
     return a["spm"].keys() == b["spm"].keys() and all(
         torch.equal(a["spm"][k], b["spm"][k]) for k in a["spm"]
     )
 
 
-def tokenizer_state(tokenizer) -> dict:
+def tokenizer_state(tokenizer: Tokenizer) -> dict[str, Any]:
     state = {"src": bytes_to_tensor(tokenizer.src_model)}
     if not tokenizer.joint:
         state["tgt"] = bytes_to_tensor(tokenizer.tgt_model)
@@ -235,14 +249,14 @@ def snapshots(run_dir: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def average(paths: list[Path]) -> dict:
+def average(paths: list[Path]) -> dict[str, Any]:
     """Element-wise mean of the model weights of `paths` (Vaswani et al. 2017 average the last
     5 or 20 checkpoints); config, tokenizer and counters come from the last one."""
     if not paths:
         raise MTError("no checkpoints to average")
     ckpts = [load(p) for p in paths]
     last = ckpts[-1]
-    for p, c in zip(paths, ckpts):
+    for p, c in zip(paths, ckpts, strict=True):
         if (
             c["config"]["model"] != last["config"]["model"]
             or c["model"].keys() != last["model"].keys()
@@ -268,7 +282,7 @@ def average(paths: list[Path]) -> dict:
     }
 
 
-def rng_state() -> dict:
+def rng_state() -> dict[str, Any]:
     """This process's generator states: torch's CPU one and, where there is CUDA, each GPU's."""
     return {
         "torch": torch.get_rng_state(),
@@ -276,7 +290,7 @@ def rng_state() -> dict:
     }
 
 
-def set_rng_state(state: dict, warn=None) -> None:
+def set_rng_state(state: dict[str, Any], warn: Callable[[str], None] | None = None) -> None:
     """The generators as `rng_state` found them. GPUs are restored by index as far as both
     sides have them: a run saved on 8 GPUs resumes on 1 (and on 1 resumes on 8), and `warn`
     hears which generators could not be restored."""

@@ -94,12 +94,12 @@ def model_spec(model, cfg, tokenizer):
         activation=ct2.specs.Activation.RELU,
     )
     _inputs(spec.encoder, model.src_embed, model.positions)
-    for s, layer in zip(spec.encoder.layer, model.encoder):
+    for s, layer in zip(spec.encoder.layer, model.encoder, strict=True):
         _attention(s.self_attention, layer.self_attn, cross=False)
         _norm(s.self_attention.layer_norm, layer.res1.norm)
         _ffn(s.ffn, layer.ffn, layer.res2.norm)
     _inputs(spec.decoder, model.tgt_embed, model.positions)
-    for s, layer in zip(spec.decoder.layer, model.decoder):
+    for s, layer in zip(spec.decoder.layer, model.decoder, strict=True):
         _attention(s.self_attention, layer.self_attn, cross=False)
         _norm(s.self_attention.layer_norm, layer.res1.norm)
         _attention(s.attention, layer.cross_attn, cross=True)
@@ -130,7 +130,8 @@ def export(run: Path, out: Path, quantization: str | None = None, force: bool = 
     check_exportable(cfg)
     _check_out(out, force)
 
-    class Converter(ct2.converters.Converter):
+    # ctranslate2 is imported when export runs (an optional extra)
+    class Converter(ct2.converters.Converter):  # type: ignore[name-defined]
         def _load(self):
             return model_spec(model.eval(), cfg, tokenizer)
 

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import sys
 
-from mt.cli import run  # noqa: F401  (each module registers its commands, in this order)
-from mt.cli import use  # noqa: F401
-from mt.cli import tools  # noqa: F401
+from mt.cli import (
+    run,  # noqa: F401  (each module registers its commands, in this order)
+    tools,  # noqa: F401
+    use,  # noqa: F401
+)
 from mt.cli.app import _err, app
 
 

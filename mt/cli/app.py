@@ -4,7 +4,6 @@ and exit status 2, never a traceback) and the checks several commands share."""
 from __future__ import annotations
 
 import functools
-from typing import Optional
 
 import typer
 
@@ -54,7 +53,7 @@ def command(name: str):
                 return fn(*args, **kwargs)
             except MTError as e:
                 _err(f"error: {e}")
-                raise typer.Exit(2)
+                raise typer.Exit(2) from None
             except OSError as e:
                 if e.filename is None:
                     raise
@@ -62,7 +61,7 @@ def command(name: str):
                 from mt.outputs import describe_os_error
 
                 _err(f"error: {describe_os_error(e)}")
-                raise typer.Exit(2)
+                raise typer.Exit(2) from None
 
         return app.command(name)(run)
 
@@ -74,7 +73,7 @@ def _check_device(device: str) -> None:
         raise MTError(f"--device {device!r}: use auto, cpu or cuda")
 
 
-def _check_beam(beam: Optional[int]) -> None:
+def _check_beam(beam: int | None) -> None:
     from mt.config import MAX_BEAM
 
     if beam is not None and beam > MAX_BEAM:
@@ -88,4 +87,6 @@ def _number_list(text: str, cast, flag: str) -> list:
     try:
         return [cast(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise MTError(f"{flag} {text!r}: give comma-separated numbers, e.g. {flag} 1,5,10")
+        raise MTError(
+            f"{flag} {text!r}: give comma-separated numbers, e.g. {flag} 1,5,10"
+        ) from None

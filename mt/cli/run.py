@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -15,15 +14,15 @@ from mt.errors import MTError
 def download_cmd(
     name: str = typer.Argument(..., help="multi30k, wmt14, synthetic, or a hub dataset id"),
     out: Path = typer.Option(..., "--out", "-o", help="folder to write {train,valid,test}.{lang}"),
-    from_dir: Optional[Path] = typer.Option(
+    from_dir: Path | None = typer.Option(
         None,
         "--from-dir",
         help="import local files (Multi30k raw layout, plain splits, or a "
         "datasets save_to_disk folder) instead of the hub",
     ),
-    config: Optional[str] = typer.Option(None, "--config", help="hub dataset config, e.g. de-en"),
-    src: Optional[str] = typer.Option(None, "--src", help="source language / column"),
-    tgt: Optional[str] = typer.Option(None, "--tgt", help="target language / column"),
+    config: str | None = typer.Option(None, "--config", help="hub dataset config, e.g. de-en"),
+    src: str | None = typer.Option(None, "--src", help="source language / column"),
+    tgt: str | None = typer.Option(None, "--tgt", help="target language / column"),
     force: bool = typer.Option(False, "--force", help="overwrite existing split files"),
 ):
     """Fetch a parallel corpus and write plain text splits.
@@ -36,7 +35,12 @@ def download_cmd(
     if (src is None) != (tgt is None):
         raise MTError("give both --src and --tgt, or neither")
     counts = download(
-        name, out, config=config, from_path=from_dir, langs=(src, tgt) if src else None, force=force
+        name,
+        out,
+        config=config,
+        from_path=from_dir,
+        langs=(src, tgt) if src and tgt else None,
+        force=force,
     )
     for split, n in counts.items():
         typer.echo(f"{split}: {n} pairs")
@@ -63,11 +67,11 @@ def train_cmd(
         help="YAML config, e.g. configs/multi30k_de_en.yaml, or "
         "a built-in config's name (mt configs lists them)",
     ),
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="default: runs/<config name>"),
-    overrides: List[str] = typer.Option(
+    run_dir: Path | None = typer.Option(None, "--run-dir", help="default: runs/<config name>"),
+    overrides: list[str] = typer.Option(
         [], "--set", help="override a key: --set train.max_steps=500"
     ),
-    more: Optional[List[str]] = typer.Argument(
+    more: list[str] | None = typer.Argument(
         None, help="more KEY=VALUE overrides after --set", show_default=False
     ),
     allow_config_change: bool = typer.Option(
@@ -78,8 +82,8 @@ def train_cmd(
 
     Example: mt train configs/multi30k_de_en.yaml --set data.dir=data/multi30k
     """
-    from mt.train.build import build_trainer
     from mt.config import load_config
+    from mt.train.build import build_trainer
 
     cfg = load_config(config, list(overrides) + list(more or []))
     run_dir = run_dir or Path("runs") / config.stem
@@ -102,10 +106,10 @@ def pretrain_cmd(
         "and model (the encoder is trained), train.max_steps etc.",
     ),
     run_dir: Path = typer.Option(..., "--run-dir", help="where pretrained.pt is written"),
-    overrides: List[str] = typer.Option(
+    overrides: list[str] = typer.Option(
         [], "--set", help="override a key: --set train.max_steps=500"
     ),
-    more: Optional[List[str]] = typer.Argument(
+    more: list[str] | None = typer.Argument(
         None, help="more KEY=VALUE overrides after --set", show_default=False
     ),
 ):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
 
 from mt.errors import MTError
 
@@ -15,17 +14,17 @@ def _say(msg: str) -> None:
 
 
 def check_input_output(
-    input: Optional[Path], output: Optional[Path], force: bool, models: list[Path]
+    input: Path | None, output: Path | None, force: bool, models: list[Path]
 ) -> None:
     """Before any work: the input exists, the output is writable and none of the inputs."""
     from mt.outputs import check_output, is_stdio
 
     check_output(output, force=force, inputs=[input, *models])
-    if not is_stdio(input) and not Path(input).is_file():
+    if input is not None and not is_stdio(input) and not input.is_file():
         raise MTError(f"input file {input} not found")
 
 
-def read_input(path: Optional[Path]) -> list[str]:
+def read_input(path: Path | None) -> list[str]:
     from mt.data.corpus import read_lines
 
     if path is None or str(path) == "-":
@@ -33,16 +32,16 @@ def read_input(path: Optional[Path]) -> list[str]:
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise MTError(f"stdin: invalid UTF-8 at byte {e.start}")
+            raise MTError(f"stdin: invalid UTF-8 at byte {e.start}") from None
         return text.splitlines()
     return read_lines(path)
 
 
-def write_output(path: Optional[Path], lines: list[str]) -> None:
+def write_output(path: Path | None, lines: list[str]) -> None:
     from mt.outputs import is_stdio, write_text
 
     text = "".join(line + "\n" for line in lines)
-    if is_stdio(path):
+    if path is None or is_stdio(path):
         sys.stdout.write(text)
         sys.stdout.flush()
     else:

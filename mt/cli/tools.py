@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
-from mt.cli.app import _check_beam, _err, _check_device, _number_list, command
+from mt.cli.app import _check_beam, _check_device, _err, _number_list, command
 from mt.errors import MTError
 
 
@@ -15,13 +14,13 @@ from mt.errors import MTError
 def report_cmd(
     run_dir: Path = typer.Argument(..., help="run directory"),
     output: Path = typer.Option(..., "--output", "-o", help="the HTML page to write"),
-    baseline: Optional[Path] = typer.Option(
+    baseline: Path | None = typer.Option(
         None, "--baseline", help="another run to compare with (significance on the test split)"
     ),
-    src: Optional[Path] = typer.Option(
+    src: Path | None = typer.Option(
         None, "--src", help="test source (default: the run's test split)"
     ),
-    ref: Optional[Path] = typer.Option(None, "--ref", help="test references"),
+    ref: Path | None = typer.Option(None, "--ref", help="test references"),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda"),
     force: bool = typer.Option(False, "--force", help="overwrite --output if it exists"),
 ):
@@ -30,8 +29,8 @@ def report_cmd(
 
     Example: mt report runs/multi30k_de_en --baseline runs/rnn -o report.html
     """
-    from mt.outputs import check_output, write_text
     from mt.evaluate.report import build_report
+    from mt.outputs import check_output, write_text
 
     _check_device(device)
     if (src is None) != (ref is None):
@@ -77,10 +76,10 @@ def tune_cmd(
     penalties: str = typer.Option(
         "0.6,1.0,1.4", "--length-penalties", help="length penalties to try, comma-separated"
     ),
-    src: Optional[Path] = typer.Option(
+    src: Path | None = typer.Option(
         None, "--src", help="tuning source (default: the run's valid split)"
     ),
-    ref: Optional[Path] = typer.Option(None, "--ref", help="tuning references"),
+    ref: Path | None = typer.Option(None, "--ref", help="tuning references"),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda"),
 ):
     """Choose beam size and length penalty on the valid split and store them in best.pt
@@ -116,17 +115,15 @@ def tune_cmd(
 @command("plot")
 def plot_cmd(
     run_dir: Path = typer.Argument(..., help="run directory with train_log.jsonl"),
-    output: Optional[Path] = typer.Option(
-        None, "--output", "-o", help="default RUN_DIR/training.png"
-    ),
+    output: Path | None = typer.Option(None, "--output", "-o", help="default RUN_DIR/training.png"),
     force: bool = typer.Option(False, "--force", help="overwrite --output if it exists"),
 ):
     """Draw the training curve (training/validation loss, validation BLEU) as a PNG.
 
     Example: mt plot runs/multi30k_de_en
     """
-    from mt.outputs import check_folder_writable, check_output
     from mt.evaluate.plot import plot_run
+    from mt.outputs import check_folder_writable, check_output
 
     if output is None:  # the run's own picture, redrawn as training redraws it
         if run_dir.is_dir():
@@ -141,7 +138,7 @@ def distill_cmd(
     teacher: Path = typer.Argument(..., help="the teacher: run directory or checkpoint"),
     data: Path = typer.Option(..., "--data", help="corpus folder with the training split"),
     out: Path = typer.Option(..., "--out", help="folder for the distilled corpus"),
-    beam: Optional[int] = typer.Option(None, "--beam", min=1, help="default: the teacher's"),
+    beam: int | None = typer.Option(None, "--beam", min=1, help="default: the teacher's"),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda"),
     force: bool = typer.Option(False, "--force", help="overwrite files in --out"),
 ):

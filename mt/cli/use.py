@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -15,14 +14,14 @@ from mt.errors import MTError
 
 @command("translate")
 def translate_cmd(
-    models: List[Path] = typer.Argument(
+    models: list[Path] = typer.Argument(
         ..., help="run directory (best.pt, else last.pt) or checkpoint; several: an ensemble"
     ),
-    input: Optional[Path] = typer.Option(None, "-i", "--input", help="default stdin"),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="default stdout"),
-    beam: Optional[int] = typer.Option(None, "--beam", min=1, help="default: the config's"),
+    input: Path | None = typer.Option(None, "-i", "--input", help="default stdin"),
+    output: Path | None = typer.Option(None, "-o", "--output", help="default stdout"),
+    beam: int | None = typer.Option(None, "--beam", min=1, help="default: the config's"),
     greedy: bool = typer.Option(False, "--greedy", help="greedy search (= --beam 1)"),
-    length_penalty: Optional[float] = typer.Option(None, "--length-penalty", min=0.0),
+    length_penalty: float | None = typer.Option(None, "--length-penalty", min=0.0),
     nbest: int = typer.Option(1, "--nbest", min=1, help="N best per line: LINE TAB SCORE TAB TEXT"),
     sample: bool = typer.Option(False, "--sample", help="draw each token instead of searching"),
     temperature: float = typer.Option(
@@ -30,8 +29,8 @@ def translate_cmd(
     ),
     topk: int = typer.Option(0, "--topk", min=0, help="--sample: the k likeliest tokens (0: all)"),
     topp: float = typer.Option(1.0, "--topp", help="--sample: the nucleus of this probability"),
-    seed: Optional[int] = typer.Option(None, "--seed", help="--sample: repeatable draws"),
-    prefix: Optional[str] = typer.Option(None, "--prefix", help="translations start with this"),
+    seed: int | None = typer.Option(None, "--seed", help="--sample: repeatable draws"),
+    prefix: str | None = typer.Option(None, "--prefix", help="translations start with this"),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda"),
     precision: str = typer.Option(
         "auto", "--precision", help="auto (GPU: the run's precision; CPU: fp32), fp32, bf16 or fp16"
@@ -47,10 +46,10 @@ def translate_cmd(
     Example: mt translate runs/multi30k_de_en -i test.de -o test.en --beam 5
     """
     from mt.artifacts import checkpoint
-    from mt.outputs import is_stdio
     from mt.cli.textio import check_input_output, interactive, read_input, write_output
-    from mt.runtime.threads import choose_threads
     from mt.decode.translator import Sampling, Translator
+    from mt.outputs import is_stdio
+    from mt.runtime.threads import choose_threads
 
     _check_device(device)
     _check_beam(beam)
@@ -79,23 +78,23 @@ def translate_cmd(
 
 @command("eval")
 def eval_cmd(
-    models: Optional[List[Path]] = typer.Argument(
+    models: list[Path] | None = typer.Argument(
         None, help="run directories or checkpoints that translate --src (several: compared)"
     ),
-    src: Optional[Path] = typer.Option(None, "--src", help="source file to translate"),
+    src: Path | None = typer.Option(None, "--src", help="source file to translate"),
     ref: Path = typer.Option(..., "--ref", help="reference translations (raw text)"),
-    hyps: Optional[List[Path]] = typer.Option(
+    hyps: list[Path] | None = typer.Option(
         None, "--hyp", help="score this file instead of translating; repeat to compare systems"
     ),
-    beam: Optional[int] = typer.Option(None, "--beam", min=1),
-    length_penalty: Optional[float] = typer.Option(None, "--length-penalty", min=0.0),
+    beam: int | None = typer.Option(None, "--beam", min=1),
+    length_penalty: float | None = typer.Option(None, "--length-penalty", min=0.0),
     ci: bool = typer.Option(
         False, "--ci", help="bootstrap 95% confidence intervals (1,000 resamples)"
     ),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     device: str = typer.Option("auto", "--device"),
     precision: str = typer.Option("auto", "--precision", help="as for mt translate"),
-    moses_lang: Optional[str] = typer.Option(
+    moses_lang: str | None = typer.Option(
         None,
         "--lc-tok",
         help="also report lowercased Moses-tokenized BLEU for this target "
@@ -110,8 +109,8 @@ def eval_cmd(
               mt eval --hyp out.en --ref test.en --ci
               mt eval --hyp base.en --hyp new.en --ref test.en
     """
-    from mt.evaluate import compare
     from mt.data.corpus import read_lines
+    from mt.evaluate import compare
     from mt.evaluate.metrics import check_moses_lang, paired_significance
 
     _check_device(device)
@@ -141,14 +140,14 @@ def attention_cmd(
     model: Path = typer.Argument(..., help="run directory or checkpoint"),
     sentence: str = typer.Argument(..., help="the source sentence to translate"),
     output: Path = typer.Option(Path("attention.png"), "--output", "-o", help="PNG to write"),
-    layer: Optional[int] = typer.Option(
+    layer: int | None = typer.Option(
         None, "--layer", min=1, help="one decoder layer (1-based); default: the mean over layers"
     ),
-    head: Optional[int] = typer.Option(
+    head: int | None = typer.Option(
         None, "--head", min=1, help="one head (1-based); default: mean"
     ),
     grid: bool = typer.Option(False, "--grid", help="one panel per layer and head"),
-    beam: Optional[int] = typer.Option(None, "--beam", min=1),
+    beam: int | None = typer.Option(None, "--beam", min=1),
     device: str = typer.Option("auto", "--device"),
     force: bool = typer.Option(False, "--force", help="overwrite --output if it exists"),
 ):
@@ -158,8 +157,8 @@ def attention_cmd(
     """
     from mt.artifacts import checkpoint
     from mt.decode.alignment import plot_attention
-    from mt.outputs import check_output
     from mt.decode.translator import Translator
+    from mt.outputs import check_output
 
     _check_device(device)
     _check_beam(beam)
@@ -184,7 +183,7 @@ def export_cmd(
     run: Path = typer.Argument(..., help="run directory (best.pt, else last.pt) or checkpoint"),
     to: str = typer.Option("ctranslate2", "--to", help="the format: ctranslate2"),
     out: Path = typer.Argument(..., help="folder to write the exported model into"),
-    quantization: Optional[str] = typer.Option(
+    quantization: str | None = typer.Option(
         None, "--quantization", help="int8, float16, ... (default: float32)"
     ),
     force: bool = typer.Option(False, "--force", help="replace an earlier export in OUT"),

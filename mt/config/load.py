@@ -5,18 +5,20 @@ nearest valid one; saving it, and comparing two."""
 from __future__ import annotations
 
 import difflib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 from mt.config.schema import Config
 from mt.errors import MTError
 from mt.outputs import atomic_file
 
 
-def _section_class(loc: tuple) -> type[BaseModel] | None:
+def _section_class(loc: tuple[str, ...]) -> type[BaseModel] | None:
     cls: type[BaseModel] = Config
     for part in loc:
         field = cls.model_fields.get(str(part))
@@ -28,7 +30,7 @@ def _section_class(loc: tuple) -> type[BaseModel] | None:
     return cls
 
 
-def _describe(err: dict) -> str:
+def _describe(err: ErrorDetails) -> str:
     loc = tuple(str(p) for p in err["loc"])
     key = ".".join(loc) or "(top level)"
     if err["type"] == "extra_forbidden":
@@ -57,7 +59,9 @@ def validate(raw: dict[str, Any], source: str) -> Config:
     except ValidationError as e:
         first = _describe(e.errors()[0])
         more = len(e.errors()) - 1
-        raise MTError(f"{source}: {first}" + (f" (and {more} more problem(s))" if more else ""))
+        raise MTError(
+            f"{source}: {first}" + (f" (and {more} more problem(s))" if more else "")
+        ) from None
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -77,7 +81,9 @@ def _parse_value(text: str) -> Any:
         try:
             return yaml.safe_load(text)
         except yaml.YAMLError:
-            raise MTError(f"--set value {text!r} is not a valid list; write it like [1,5,10]")
+            raise MTError(
+                f"--set value {text!r} is not a valid list; write it like [1,5,10]"
+            ) from None
     if lowered in ("true", "false"):
         return lowered == "true"
     if lowered in ("null", "~", ""):  # as YAML: `none` is a string (attention: none)
@@ -142,12 +148,12 @@ def find_config(name: str | Path) -> Path:
     )
 
 
-def load_config(path: str | Path, overrides: list[str] = ()) -> Config:
+def load_config(path: str | Path, overrides: Sequence[str] = ()) -> Config:
     path = find_config(path)
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise MTError(f"{path}: not valid YAML ({str(e).splitlines()[0]})")
+        raise MTError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
     raw = {} if raw is None else raw
     if not isinstance(raw, dict):
         return validate(raw, str(path))

@@ -65,7 +65,7 @@ class ModelConfig(_Section):
     init_encoder: str | None = None
 
     @model_validator(mode="after")
-    def _heads_divide(self) -> "ModelConfig":
+    def _heads_divide(self) -> ModelConfig:
         if self.arch == "rnn":
             if self.positional != "sinusoidal":
                 raise ValueError(
@@ -97,7 +97,8 @@ class ModelConfig(_Section):
 
 class ScheduledSamplingConfig(_Section):
     """Feed the model its own predictions instead of the gold previous tokens, with a gold
-    probability that decays over updates (Bengio et al. 2015); see mt/objectives/scheduled_sampling.py."""
+    probability that decays over updates (Bengio et al. 2015); see
+    mt/objectives/scheduled_sampling.py."""
 
     schedule: Literal["linear", "exponential", "inverse_sigmoid"] = "inverse_sigmoid"
     k: float = Field(
@@ -113,7 +114,7 @@ class ScheduledSamplingConfig(_Section):
     mode: Literal["auto", "two_pass", "step_by_step"] = "auto"
 
     @model_validator(mode="after")
-    def _k_fits_schedule(self) -> "ScheduledSamplingConfig":
+    def _k_fits_schedule(self) -> ScheduledSamplingConfig:
         if self.schedule == "exponential" and self.k >= 1:
             raise ValueError(
                 f"train.scheduled_sampling.k ({self.k}) must be < 1 for the "
@@ -271,7 +272,7 @@ class TrainConfig(_Section):
         return v
 
     @model_validator(mode="after")
-    def _average_needs_snapshots(self) -> "TrainConfig":
+    def _average_needs_snapshots(self) -> TrainConfig:
         if self.average_last > self.keep_checkpoints:
             raise ValueError(
                 f"average_last ({self.average_last}) needs keep_checkpoints >= "
@@ -299,7 +300,7 @@ class DecodeConfig(_Section):
     tune_length_penalties: list[float] = Field(default_factory=lambda: [1.0])
 
     @model_validator(mode="after")
-    def _grid_is_sane(self) -> "DecodeConfig":
+    def _grid_is_sane(self) -> DecodeConfig:
         if any(b < 1 or b > MAX_BEAM for b in self.tune_beams):
             raise ValueError(
                 f"decode.tune_beams: beams must be 1 to {MAX_BEAM} (got {self.tune_beams})"
@@ -317,7 +318,7 @@ class Config(_Section):
     decode: DecodeConfig = DecodeConfig()
 
     @model_validator(mode="after")
-    def _lengths_fit_positions(self) -> "Config":
+    def _lengths_fit_positions(self) -> Config:
         # a kept pair has at most max_len tokens a side (EOS/BOS included); the decoder-only
         # model reads both sides as one sequence
         need = self.data.max_len * (2 if self.model.arch == "decoder_only" else 1)
@@ -332,7 +333,7 @@ class Config(_Section):
         return self
 
     @model_validator(mode="after")
-    def _nat_trains_its_own_way(self) -> "Config":
+    def _nat_trains_its_own_way(self) -> Config:
         if self.model.arch == "nat" and (
             self.train.scheduled_sampling is not None or self.train.rdrop_alpha > 0
         ):
@@ -343,7 +344,7 @@ class Config(_Section):
         return self
 
     @model_validator(mode="after")
-    def _bidirectional_needs_joint(self) -> "Config":
+    def _bidirectional_needs_joint(self) -> Config:
         if self.train.bidirectional_share > 0 and not self.tokenizer.joint:
             raise ValueError(
                 "train.bidirectional_share trains one model on both directions "
@@ -353,7 +354,7 @@ class Config(_Section):
         return self
 
     @model_validator(mode="after")
-    def _tie_needs_joint(self) -> "Config":
+    def _tie_needs_joint(self) -> Config:
         if self.model.tie_embeddings == "all" and not self.tokenizer.joint:
             raise ValueError(
                 "model.tie_embeddings: all needs tokenizer.joint: true "

@@ -1,1 +1,2 @@
-"""Data: corpora fetched and read, BPE, token ids, length-bucketed batches, the walk through epochs."""
+"""Data: corpora fetched and read, BPE, token ids, length-bucketed batches, the walk through
+epochs."""

@@ -61,7 +61,7 @@ class Batch:
     tgt_out: torch.Tensor  # (B, T) target + EOS
     n_tokens: int  # target tokens that count in the loss (EOS included)
 
-    def to(self, device: torch.device) -> "Batch":
+    def to(self, device: torch.device) -> Batch:
         nb = device.type == "cuda"
         return Batch(
             self.src.to(device, non_blocking=nb),
@@ -98,7 +98,8 @@ def collate(data: ParallelData, indices: np.ndarray, pin: bool = False) -> Batch
     tensors = [src, torch.from_numpy(tgt_in), torch.from_numpy(tgt_out)]
     if pin:
         tensors = [t.pin_memory() for t in tensors]
-    return Batch(*tensors, n_tokens=sum(len(t) + 1 for t in tgts))
+    src_t, tgt_in_t, tgt_out_t = tensors
+    return Batch(src_t, tgt_in_t, tgt_out_t, sum(len(t) + 1 for t in tgts))
 
 
 def drop_source_words(batch: Batch, p: float, seed: list[int]) -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import gzip
 import random
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
 
 import numpy as np
 
@@ -70,16 +70,16 @@ def iter_parallel(src_path: Path, tgt_path: Path) -> Iterator[tuple[str, str]]:
     for s in src_it:
         t = next(tgt_it, None)
         if t is None:
-            _mismatch(src_path, n + 1 + sum(1 for _ in src_it), tgt_path, n)
+            raise _mismatch(src_path, n + 1 + sum(1 for _ in src_it), tgt_path, n)
         n += 1
         yield s, t
     rest = sum(1 for _ in tgt_it)
     if rest:
-        _mismatch(src_path, n, tgt_path, n + rest)
+        raise _mismatch(src_path, n, tgt_path, n + rest)
 
 
-def _mismatch(src_path, n_src, tgt_path, n_tgt):
-    raise MTError(
+def _mismatch(src_path: Path, n_src: int, tgt_path: Path, n_tgt: int) -> MTError:
+    return MTError(
         f"{src_path} has {n_src} lines but {tgt_path} has {n_tgt}: "
         f"a parallel corpus needs one target line per source line"
     )
@@ -119,7 +119,7 @@ def clean_pairs(pairs: Iterable[tuple[str, str]], stats: Stats) -> Iterator[tupl
 
 
 def drop_empty(src: list[str], tgt: list[str], stats: Stats) -> tuple[list[str], list[str]]:
-    pairs = list(clean_pairs(zip(src, tgt), stats))
+    pairs = list(clean_pairs(zip(src, tgt, strict=True), stats))
     return [s for s, _ in pairs], [t for _, t in pairs]
 
 
@@ -150,7 +150,7 @@ class TokenArray:
         )
 
     @classmethod
-    def concat(cls, parts: list["TokenArray"]) -> "TokenArray":
+    def concat(cls, parts: list[TokenArray]) -> TokenArray:
         out = cls([])
         if parts:
             out.lengths = np.concatenate([p.lengths for p in parts])
@@ -225,4 +225,4 @@ def encode_stream(
 def encode_pairs(
     src: list[str], tgt: list[str], tokenizer, max_len: int, stats: Stats
 ) -> ParallelData:
-    return encode_stream(zip(src, tgt), tokenizer, max_len, stats)
+    return encode_stream(zip(src, tgt, strict=True), tokenizer, max_len, stats)

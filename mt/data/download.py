@@ -102,7 +102,7 @@ def from_dir(path: Path, langs: tuple[str, str] | None = None) -> dict[str, dict
     for f in sorted(path.iterdir()):
         m = _FILE.match(f.name)
         split = _SPLIT_NAMES.get(m["split"]) if m else None
-        if split and (not langs or m["lang"] in langs):
+        if m and split and (not langs or m["lang"] in langs):
             # Prefer an exact name (test_2016_flickr) over a later duplicate of the same split.
             found.setdefault(split, {}).setdefault(m["lang"], f)
     if "train" not in found:
@@ -129,7 +129,7 @@ def from_hub(name: str, config: str | None, langs: tuple[str, str] | None, out: 
             f"could not load '{hub_id}' from the Hugging Face hub ({reason}); "
             f"without network access, import local files with "
             f"`mt download {name} --from-dir DIR --out {out}`"
-        )
+        ) from None
     return from_datasets(dd, langs)
 
 

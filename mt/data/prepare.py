@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from mt.config import Config
 from mt.data.batching import epoch_seed
@@ -21,8 +21,8 @@ from mt.data.corpus import (
     split_paths,
 )
 from mt.data.download import download
-from mt.errors import MTError
 from mt.data.tokenizer import Tokenizer
+from mt.errors import MTError
 
 
 def prepare_data(

@@ -25,7 +25,7 @@ def generate(n_pairs: int, seed: int = 0) -> tuple[list[str], list[str]]:
     nouns, adjs, verbs = _lexicon(lex, 24, 2), _lexicon(lex, 10, 3), _lexicon(lex, 10, 3)
     out_words = _lexicon(lex, 44, 2)
     lex.shuffle(out_words)
-    translate = dict(zip(nouns + adjs + verbs, [w.upper() for w in out_words]))
+    translate = dict(zip(nouns + adjs + verbs, [w.upper() for w in out_words], strict=True))
     src, tgt = [], []
     for _ in range(n_pairs):
         s_words, t_words = [], []

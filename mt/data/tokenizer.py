@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import io
 import random
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import sentencepiece as spm
 
 from mt.errors import MTError
-
-from mt.tokens import BOS, EOS, PAD, UNK  # noqa: F401  (re-exported)
+from mt.tokens import BOS, EOS, PAD, UNK
 
 
 def train_bpe(
@@ -59,7 +58,7 @@ def _load(model: bytes) -> spm.SentencePieceProcessor:
         raise MTError(
             f"the sentencepiece model is corrupt ({e}); retrain it by removing it "
             f"from the run directory"
-        )
+        ) from None
     return sp
 
 
@@ -120,7 +119,7 @@ class Tokenizer:
             (run_dir / "spm.tgt.model").write_bytes(self.tgt_model)
 
     @classmethod
-    def load(cls, run_dir: Path) -> "Tokenizer | None":
+    def load(cls, run_dir: Path) -> Tokenizer | None:
         if (run_dir / "spm.model").is_file():
             return cls((run_dir / "spm.model").read_bytes())
         if (run_dir / "spm.src.model").is_file() and (run_dir / "spm.tgt.model").is_file():
@@ -140,13 +139,10 @@ class Tokenizer:
         character_coverage: float,
         max_sentences: int,
         seed: int,
-    ) -> "Tokenizer":
-        kw = dict(
-            vocab_size=vocab_size,
-            character_coverage=character_coverage,
-            max_sentences=max_sentences,
-            seed=seed,
-        )
+    ) -> Tokenizer:
+        def bpe(lines: list[str]) -> bytes:
+            return train_bpe(lines, vocab_size, character_coverage, max_sentences, seed)
+
         if joint:
-            return cls(train_bpe(src_lines + tgt_lines, **kw))
-        return cls(train_bpe(src_lines, **kw), train_bpe(tgt_lines, **kw))
+            return cls(bpe(src_lines + tgt_lines))
+        return cls(bpe(src_lines), bpe(tgt_lines))

@@ -4,7 +4,7 @@ the very batch it stopped at. The trainer asks for batches; what they hold is de
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 

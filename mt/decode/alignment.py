@@ -21,8 +21,8 @@ def cross_attention(
     (layers, heads, T, S), row t = the step that produced output token t (the last one is EOS),
     column s = source token s (the last one is EOS). The same states as during search: the
     incremental decoder computes exactly what a full pass over the same prefix computes."""
-    src = torch.tensor([src_ids + [EOS]], device=device)
-    tgt_in = torch.tensor([[BOS] + hyp_ids], device=device)
+    src = torch.tensor([[*src_ids, EOS]], device=device)
+    tgt_in = torch.tensor([[BOS, *hyp_ids]], device=device)
     pad_mask = torch.zeros_like(src, dtype=torch.bool)
     weights: list[torch.Tensor] = []
     model.decode(tgt_in, model.encode(src, pad_mask), pad_mask, weights=weights)
@@ -113,7 +113,7 @@ def attention_figure(
             max(3.5, rows * (len(tgt_labels) * cell + 2.0)),
         ),
     )
-    for ax, (name, m) in zip(axes.flat, panels):
+    for ax, (name, m) in zip(axes.flat, panels, strict=True):
         # scaled to the panel's own largest weight, so diffuse attention (all weights small)
         # still shows its pattern; the colorbar gives the real values
         image = ax.imshow(m, cmap="Greys", vmin=0.0, vmax=max(float(m.max()), 1e-6), aspect="auto")

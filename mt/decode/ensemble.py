@@ -9,11 +9,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from mt.model.base import Seq2Seq
 
-class Ensemble(nn.Module):
-    def __init__(self, models: list[nn.Module]):
+
+class Ensemble(Seq2Seq):
+    def __init__(self, models: list[Seq2Seq]):
         super().__init__()
         self.models = nn.ModuleList(models)
+        self.members = list(models)  # the same modules, typed
         self.max_positions = min(m.max_positions for m in models)
         self.cross_cache_per_sentence = all(m.cross_cache_per_sentence for m in models)
         self._layers = [len(m.new_cache()) for m in models]
@@ -21,24 +24,27 @@ class Ensemble(nn.Module):
     def encode(self, src: torch.Tensor, src_pad_mask: torch.Tensor) -> torch.Tensor:
         """Each model's memory (B, S, D_i), or its source ids (B, S) for a decoder-only model,
         side by side as floats: (B, S, sum of widths)."""
-        parts = [m.encode(src, src_pad_mask) for m in self.models]
+        parts = [m.encode(src, src_pad_mask) for m in self.members]
         self._kinds = [(p.dtype, p.dim()) for p in parts]
         return torch.cat([(p if p.dim() == 3 else p[..., None]).float() for p in parts], -1)
 
     def _memories(self, memory: torch.Tensor) -> list[torch.Tensor]:
-        widths = [1 if dim == 2 else m.d_model for m, (_, dim) in zip(self.models, self._kinds)]
+        widths = [
+            1 if dim == 2 else m.d_model
+            for m, (_, dim) in zip(self.members, self._kinds, strict=True)
+        ]
         out = []
-        for part, (dtype, dim) in zip(memory.split(widths, -1), self._kinds):
+        for part, (dtype, dim) in zip(memory.split(widths, -1), self._kinds, strict=True):
             out.append(part[..., 0].to(dtype) if dim == 2 else part.to(dtype))
         return out
 
     def new_cache(self) -> list[dict]:
-        return [layer for m in self.models for layer in m.new_cache()]
+        return [layer for m in self.members for layer in m.new_cache()]
 
     def decode(self, tgt_in, memory, src_pad_mask, cache=None, start=0, weights=None):
         """Each model's states (B, T, D_i) side by side; `project` takes them apart again."""
         states, offset = [], 0
-        for m, mem, n in zip(self.models, self._memories(memory), self._layers):
+        for m, mem, n in zip(self.members, self._memories(memory), self._layers, strict=True):
             part = None if cache is None else cache[offset : offset + n]
             states.append(m.decode(tgt_in, mem, src_pad_mask, cache=part, start=start))
             offset += n
@@ -46,7 +52,10 @@ class Ensemble(nn.Module):
 
     def project(self, h: torch.Tensor) -> torch.Tensor:
         """The mean of the models' log-probabilities (..., V)."""
-        parts = h.split([m.d_model for m in self.models], -1)
+        parts = h.split([m.d_model for m in self.members], -1)
         return torch.stack(
-            [torch.log_softmax(m.project(p).float(), -1) for m, p in zip(self.models, parts)]
+            [
+                torch.log_softmax(m.project(p).float(), -1)
+                for m, p in zip(self.members, parts, strict=True)
+            ]
         ).mean(0)

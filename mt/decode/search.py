@@ -7,6 +7,7 @@ shrinks as sentences end. Beam search with beam 1 returns exactly what greedy re
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 
@@ -25,7 +26,7 @@ def max_lengths(
     return (src_len.float() * a + b).long().clamp(min=forced + 1).clamp(1, limit)
 
 
-def _force_prefix(lprobs: torch.Tensor, step: int, forced: list[int]) -> None:
+def _force_prefix(lprobs: torch.Tensor, step: int, forced: Sequence[int]) -> None:
     """While the forced prefix lasts, its token is the only choice (its log-prob kept, so
     scores stay comparable)."""
     if step < len(forced):
@@ -86,7 +87,7 @@ def greedy(
     use_cache: bool = True,
     min_len: int = 0,
     pick=None,
-    forced: list[int] = (),
+    forced: Sequence[int] = (),
 ) -> list[list[int]]:
     """src: (B, S). Returns B token-id lists (without BOS/EOS). EOS is not allowed before
     `min_len` tokens (benchmarks use it to force equal output lengths). pick(lprobs (N, V))
@@ -187,7 +188,7 @@ def _finish(
     top_*: (n, 2K) candidates of the n live sentences, best first; hyps: (n * K, t) with BOS."""
     is_eos = (top_tok[:, :k] == EOS) & (top_scores[:, :k] > -float("inf"))
     rows, cols = is_eos.nonzero(as_tuple=True)
-    for r, c in zip(rows.tolist(), cols.tolist()):
+    for r, c in zip(rows.tolist(), cols.tolist(), strict=True):
         sent = int(alive[r])
         if len(finished[sent]) < k:
             ids = hyps[int(r * k + top_beam[r, c]), 1:].tolist()
@@ -239,7 +240,7 @@ def beam_search(
     max_len_b: int = 10,
     use_cache: bool = True,
     min_len: int = 0,
-    forced: list[int] = (),
+    forced: Sequence[int] = (),
 ) -> list[list[int]]:
     """The best hypothesis of each sentence (token ids without BOS/EOS); see beam_nbest."""
     return [
@@ -272,7 +273,7 @@ def beam_nbest(
     max_len_b: int = 10,
     use_cache: bool = True,
     min_len: int = 0,
-    forced: list[int] = (),
+    forced: Sequence[int] = (),
 ) -> list[list[tuple[list[int], float]]]:
     """`beam` live hypotheses per sentence: of each step's top 2*beam extensions, those ending
     in EOS among the top `beam` finish (score logp / len^length_penalty, len counting EOS) and

@@ -5,20 +5,28 @@ from __future__ import annotations
 
 import secrets
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
 from mt.artifacts import checkpoint
+from mt.config import DecodeConfig
 from mt.data.batching import pad_sources, token_batches
-from mt.runtime.device import decode_dtype, pick_device
-from mt.errors import MTError
+from mt.data.tokenizer import Tokenizer
 from mt.decode.mask_predict import mask_predict
 from mt.decode.search import beam_nbest, greedy, max_lengths, sampler
+from mt.errors import MTError
+from mt.model import Seq2Seq
+from mt.runtime.device import decode_dtype, pick_device
 from mt.tokens import PAD
+
+# one line's search result: (its source ids, [(output ids, score or None), ...] best first)
+Found = tuple[list[int], list[tuple[list[int], float | None]]]
 
 
 @dataclass(frozen=True)
@@ -32,8 +40,15 @@ class Sampling:
 
     @classmethod
     def from_flags(
-        cls, sample: bool, temperature: float, topk: int, topp: float, seed, beam, nbest: int
-    ) -> "Sampling | None":
+        cls,
+        sample: bool,
+        temperature: float,
+        topk: int,
+        topp: float,
+        seed: int | None,
+        beam: int | None,
+        nbest: int,
+    ) -> Sampling | None:
         """The options of `mt translate --sample ...`, or None; sampling flags without
         --sample, or with a beam or n-best, are refused."""
         if not sample:
@@ -62,12 +77,12 @@ class Translator:
 
     def __init__(
         self,
-        model,
-        tokenizer,
-        decode_cfg,
+        model: Seq2Seq,
+        tokenizer: Tokenizer,
+        decode_cfg: DecodeConfig,
         device: torch.device,
         amp_dtype: torch.dtype | None = None,
-    ):
+    ) -> None:
         """amp_dtype: autocast dtype for the encoder and decoder layers (None: fp32); the output
         layer and log-softmax are fp32 either way (mt.decode.search)."""
         self.model, self.tokenizer, self.cfg, self.device = model, tokenizer, decode_cfg, device
@@ -75,8 +90,8 @@ class Translator:
 
     @classmethod
     def load(
-        cls, paths: str | Path | list, device: str = "auto", precision: str = "auto"
-    ) -> "Translator":
+        cls, paths: str | Path | Sequence[str | Path], device: str = "auto", precision: str = "auto"
+    ) -> Translator:
         """A run directory (its best.pt, else last.pt) or checkpoint; several make an ensemble
         that averages the models' log-probabilities at every step (one BPE model required;
         decoding settings and precision from the first)."""
@@ -88,14 +103,16 @@ class Translator:
 
         resolved = [checkpoint.resolve(p) for p in paths]
         ckpts = [checkpoint.load(p) for p in resolved]
-        for path, ckpt in zip(resolved[1:], ckpts[1:]):  # before any is built from them
+        for path, ckpt in zip(
+            resolved[1:], ckpts[1:], strict=True
+        ):  # before any is built from them
             if not checkpoint.same_tokenizer(ckpt, ckpts[0]):
                 raise MTError(
                     f"{path} uses another BPE model than {resolved[0]}: the models "
                     f"of an ensemble must share one tokenizer (trained on the same "
                     f"data with the same tokenizer config)"
                 )
-        runs = [checkpoint.trained_from(c, p) for c, p in zip(ckpts, resolved)]
+        runs = [checkpoint.trained_from(c, p) for c, p in zip(ckpts, resolved, strict=True)]
         if any(run.config.model.arch == "nat" for run in runs):
             raise MTError(
                 "an ensemble decodes autoregressively: model.arch nat runs cannot join one"
@@ -109,13 +126,13 @@ class Translator:
     @classmethod
     def from_checkpoint(
         cls, path: str | Path, device: str = "auto", precision: str = "auto"
-    ) -> "Translator":
+    ) -> Translator:
         return cls.from_trained(checkpoint.open_trained(path), device, precision)
 
     @classmethod
     def from_trained(
         cls, run: checkpoint.Trained, device: str = "auto", precision: str = "auto"
-    ) -> "Translator":
+    ) -> Translator:
         """From a checkpoint already opened (mt.artifacts.checkpoint.open_trained)."""
         dev = pick_device(device)
         return cls(
@@ -127,7 +144,11 @@ class Translator:
         )
 
     def describe(
-        self, paths: list, options: dict, nbest: int = 1, sampling: Sampling | None = None
+        self,
+        paths: list[Path],
+        options: dict[str, Any],
+        nbest: int = 1,
+        sampling: Sampling | None = None,
     ) -> str:
         """One line: which model(s) and which decoding settings a translation uses."""
         what = f"an ensemble of {len(paths)} models" if len(paths) > 1 else str(paths[0])
@@ -162,7 +183,7 @@ class Translator:
         nbest: int = 1,
         sampling: Sampling | None = None,
         prefix: str | None = None,
-    ) -> list[tuple[list[int], list] | None]:
+    ) -> list[Found | None]:
         """Per input line: (source ids, [(output ids, score), ...] best first: one, or
         `nbest` from beam search; the score is None for greedy search and sampling), or None
         for an empty line; input order. progress: a bar on stderr when it is a terminal."""
@@ -179,7 +200,7 @@ class Translator:
             generator.manual_seed(
                 sampling.seed if sampling.seed is not None else secrets.randbits(63)
             )
-        out: list = [None] * len(lines)
+        out: list[Found | None] = [None] * len(lines)
         lens = np.array([len(x) + 1 for x in ids], dtype=np.int64)
         bar = tqdm(
             total=len(ids),
@@ -208,7 +229,7 @@ class Translator:
                     forced,
                     use_cache,
                 )
-            for i, hyp in zip(batch, hyps):
+            for i, hyp in zip(batch, hyps, strict=True):
                 out[todo[i]] = (ids[i], hyp)
             bar.update(len(batch))
         bar.close()
@@ -226,7 +247,16 @@ class Translator:
         return [x[:limit] for x in ids]
 
     def _decode(
-        self, src, mask, beam, length_penalty, nbest, sampling, generator, forced, use_cache
+        self,
+        src: torch.Tensor,
+        mask: torch.Tensor,
+        beam: int,
+        length_penalty: float | None,
+        nbest: int,
+        sampling: Sampling | None,
+        generator: torch.Generator | None,
+        forced: list[int],
+        use_cache: bool,
     ) -> list[list[tuple[list[int], float | None]]]:
         c = self.cfg
         if getattr(self.model, "non_autoregressive", False):
@@ -262,17 +292,20 @@ class Translator:
                 forced=forced,
             )
             return [[(h, None)] for h in hyps]
-        return beam_nbest(
-            self.model,
-            src,
-            mask,
-            beam,
-            nbest,
-            lp,
-            c.max_len_a,
-            c.max_len_b,
-            use_cache=use_cache,
-            forced=forced,
+        return cast(  # (beam scores are never None)
+            list[list[tuple[list[int], float | None]]],
+            beam_nbest(
+                self.model,
+                src,
+                mask,
+                beam,
+                nbest,
+                lp,
+                c.max_len_a,
+                c.max_len_b,
+                use_cache=use_cache,
+                forced=forced,
+            ),
         )
 
     def translate(
@@ -299,15 +332,17 @@ class Translator:
         length_penalty: float | None = None,
         progress: bool = False,
         prefix: str | None = None,
-    ) -> list[list[tuple[str, float]]]:
+    ) -> list[list[tuple[str, float | None]]]:
         """Per input line, its `nbest` translations with their scores (log-probability over
         length^length_penalty, the beam's ranking), best first; [] for an empty line."""
         found = self.search(
             lines, beam, length_penalty, progress=progress, nbest=nbest, prefix=prefix
         )
-        return [[] if f is None else texts for f, texts in zip(found, self._texts(found))]
+        return [
+            [] if f is None else texts for f, texts in zip(found, self._texts(found), strict=True)
+        ]
 
-    def _texts(self, found: list) -> list[list[tuple[str, float | None]]]:
+    def _texts(self, found: list[Found | None]) -> list[list[tuple[str, float | None]]]:
         """The hypotheses of `search` detokenized ([("", None)] for an empty line)."""
         flat = [ids for f in found if f is not None for ids, _ in f[1]]
         it = iter(self.tokenizer.decode_tgt(flat))
@@ -318,7 +353,7 @@ class Translator:
     def translate_lines(
         self,
         lines: list[str],
-        options: dict,
+        options: dict[str, Any],
         nbest: int = 1,
         sampling: Sampling | None = None,
         alignment: bool = False,
@@ -354,7 +389,9 @@ class Translator:
             out.append(f"{text}\t{format_alignment(hard_alignment(weights))}")
         return out
 
-    def attention(self, line: str, beam: int | None = None):
+    def attention(
+        self, line: str, beam: int | None = None
+    ) -> tuple[str, np.ndarray, list[str], list[str]]:
         """(translation, weights (L, H, T, S), source labels, output labels) for one sentence."""
         from mt.decode.alignment import cross_attention
 
@@ -364,5 +401,5 @@ class Translator:
         src_ids, hyp = found[0], found[1][0][0]
         weights = cross_attention(self.model, src_ids, hyp, self.device)
         src_labels = [self.tokenizer.src.IdToPiece(i) for i in src_ids] + ["</s>"]
-        tgt_labels = self.tokenizer.tgt_pieces_of(hyp) + ["</s>"]
+        tgt_labels = [*self.tokenizer.tgt_pieces_of(hyp), "</s>"]
         return self.tokenizer.decode_tgt([hyp])[0], weights, src_labels, tgt_labels

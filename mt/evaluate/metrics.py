@@ -4,7 +4,9 @@ references; bootstrap confidence intervals and paired significance tests between
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import sacrebleu
 
@@ -33,7 +35,7 @@ def _check_counts(hyps: list[str], refs: list[str]) -> None:
 def moses_languages() -> list[str]:
     from sacremoses.corpus import NonbreakingPrefixes
 
-    return sorted({code for code in NonbreakingPrefixes().available_langs.values()})
+    return sorted(set(NonbreakingPrefixes().available_langs.values()))
 
 
 def check_moses_lang(lang: str) -> None:
@@ -99,11 +101,11 @@ def full_scores(hyps: list[str], refs: list[str], n_bootstrap: int = 0) -> dict:
 
 
 def paired_significance(
-    systems: list[tuple[str, list[str]]],
+    systems: list[tuple[str, Sequence[str]]],
     refs: list[str],
     n_bootstrap: int = 1000,
     n_trials: int = 10000,
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """Each system against the first (the baseline) on BLEU and chrF: sacreBLEU's paired
     bootstrap resampling (Koehn 2004; its mean, 95% CI and p-value) and approximate
     randomisation (Riezler & Maxwell 2005; its p-value). One row per system, baseline first."""
@@ -114,21 +116,23 @@ def paired_significance(
             raise MTError(f"{name}: {len(hyps)} lines but the references have {len(refs)}")
     if not refs:
         raise MTError("nothing to score: the hypotheses and references have no lines")
-    rows = [{"system": name} for name, _ in systems]
+    rows: list[dict[str, Any]] = [{"system": name} for name, _ in systems]
     for test, n in (("bs", n_bootstrap), ("ar", n_trials)):
         metrics = {"BLEU": sacrebleu.BLEU(), "chrF": sacrebleu.CHRF()}
         _, results = PairedTest(systems, metrics, [refs], test_type=test, n_samples=n)()
         for metric, key in (("BLEU", "bleu"), ("chrF2", "chrf")):
-            for row, r in zip(rows, results[metric]):
+            scored: list[Any] = list(results[metric])  # sacrebleu Results, one per system
+            for row, r in zip(rows, scored, strict=True):
                 row[key] = round(r.score, 2)
                 if test == "bs":
                     row[f"{key}_mean"], row[f"{key}_ci"] = _round(r.mean), _round(r.ci)
                 row[f"{key}_p_{test}"] = _round(r.p_value, 4)
     # sacreBLEU (after MultEval) does not count a zero difference as chance, so an output
     # identical to the baseline's would get the smallest p-value: it is p = 1, no difference
-    for row, (_, hyps) in zip(rows[1:], systems[1:]):
+    for row, (_, hyps) in zip(rows[1:], systems[1:], strict=True):
         if hyps == systems[0][1]:
-            row.update({k: 1.0 for k in row if "_p_" in k}, same_as_baseline=True)
+            row.update({k: 1.0 for k in row if "_p_" in k})
+            row["same_as_baseline"] = True
     return rows
 
 

@@ -184,6 +184,8 @@ def build_report(
             f"--src and --ref.</p>"
         )
     else:
+        if ref is None:
+            raise MTError("--src needs --ref: the references to score against")
         src_lines, refs = read_lines(src), read_lines(ref)
         hyps = translator.translate(src_lines)
         parts += [

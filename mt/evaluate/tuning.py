@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from mt.artifacts import checkpoint
-from mt.evaluate.metrics import score
 from mt.decode.translator import Translator
+from mt.evaluate.metrics import score
 
 
 def tune_decoding(
@@ -39,6 +39,8 @@ def tuning_pairs(best: Path, src: Path | None, ref: Path | None) -> tuple[list, 
     if src is None:
         d = checkpoint.config_of(checkpoint.load(best), str(best)).data
         src, ref = split_paths(d.dir, "valid", d.src_lang, d.tgt_lang)
+    if ref is None:
+        raise MTError("--src needs --ref: the references to tune against")
     for path in (src, ref):
         if not Path(path).is_file():
             raise MTError(f"{path} not found; pass the tuning files with --src and --ref")

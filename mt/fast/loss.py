@@ -1,6 +1,6 @@
 """The output projection and the label-smoothed loss in one node, a chunk of rows at a time:
-the (N, V) logits never exist whole. Equal to mt.objectives.loss.reference_loss in value and gradient
-(tests/test_fast_paths.py); measurements in docs/performance.md."""
+the (N, V) logits never exist whole. Equal to mt.objectives.loss.reference_loss in value and
+gradient (tests/test_fast_paths.py); measurements in docs/performance.md."""
 
 from __future__ import annotations
 
@@ -121,8 +121,9 @@ def linear_smoothed_cross_entropy(
 
 
 def chunked_loss(model, batch, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """mt.objectives.loss.reference_loss with the projection fused into the loss: the decoder states of
-    the target tokens that count (padding removed) go straight into the chunked node."""
+    """mt.objectives.loss.reference_loss with the projection fused into the loss: the decoder
+    states of the target tokens that count (padding removed) go straight into the chunked
+    node."""
     keep = batch.tgt_out != PAD  # (B, T)
     h = model.decode(batch.tgt_in, model.encode(batch.src, batch.src_pad_mask), batch.src_pad_mask)[
         keep
@@ -208,17 +209,17 @@ def linear_rdrop_loss(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """h_a, h_b: (N, D) two dropout passes' decoder states of the same N target tokens;
     weight: (V, D). Returns (R-Drop loss sum, mean NLL sum of the two passes), the values of
-    mt.objectives.loss.rdrop_loss on those logits with the gradient of the first, `chunk` rows of logits
-    at a time (LOSS_CHUNK_ROWS when None)."""
+    mt.objectives.loss.rdrop_loss on those logits with the gradient of the first, `chunk` rows
+    of logits at a time (LOSS_CHUNK_ROWS when None)."""
     return _LinearRDropLoss.apply(h_a, h_b, weight, target, eps, alpha, chunk or LOSS_CHUNK_ROWS)
 
 
 def chunked_rdrop_loss(model, batch, eps: float, alpha: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """mt.objectives.loss.rdrop_loss with both passes in one: the batch goes through the model stacked on
-    itself (each copy draws its own dropout masks, as in Liang et al.'s code), and the two
-    halves' decoder states go into the fused R-Drop loss. Twice the plain step's work in two
-    batches' worth of rows, instead of two passes that each also build (N, V) logits and their
-    KL's (N, V) temporaries. In evaluation the passes are equal: the plain loss."""
+    """mt.objectives.loss.rdrop_loss with both passes in one: the batch goes through the model
+    stacked on itself (each copy draws its own dropout masks, as in Liang et al.'s code), and
+    the two halves' decoder states go into the fused R-Drop loss. Twice the plain step's work in
+    two batches' worth of rows, instead of two passes that each also build (N, V) logits and
+    their KL's (N, V) temporaries. In evaluation the passes are equal: the plain loss."""
     if not model.training:
         return chunked_loss(model, batch, eps)
     src, tgt_in = torch.cat([batch.src, batch.src]), torch.cat([batch.tgt_in, batch.tgt_in])

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 
 import torch
+from torch import nn
 
 from mt.fast.dropout import HashDropout, dropout
 from mt.fast.nodes import add_norm, attention_out, cpu_fused, feed_forward
@@ -21,7 +22,9 @@ from mt.tokens import PAD
 # below this much padding it does not pay (docs/performance.md).
 _MIN_PADDING_TO_PACK = 0.05
 # (shape (B, T), flat indices of its real positions) of the stream being encoded or decoded
-_REAL_ROWS: ContextVar = ContextVar("mt_fast_real_rows", default=None)
+_REAL_ROWS: ContextVar[tuple[tuple[int, ...], torch.Tensor] | None] = ContextVar(
+    "mt_fast_real_rows", default=None
+)
 
 
 def real_rows(pad_mask: torch.Tensor) -> torch.Tensor | None:
@@ -52,7 +55,9 @@ def packing(pad_mask: torch.Tensor | None):
     """While encoding or decoding a padded stream: its feed-forward sublayers run on the real
     positions only (see FastResidual)."""
     rows = None if pad_mask is None else real_rows(pad_mask)
-    token = _REAL_ROWS.set(None if rows is None else (tuple(pad_mask.shape), rows))
+    token = _REAL_ROWS.set(
+        None if pad_mask is None or rows is None else (tuple(pad_mask.shape), rows)
+    )
     try:
         yield
     finally:
@@ -66,6 +71,8 @@ class FastFeedForward(FeedForward):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         first, drop, second = self.net[0], self.net[2], self.net[3]
+        assert isinstance(first, nn.Linear) and isinstance(second, nn.Linear)
+        assert isinstance(drop, nn.Dropout)
         if cpu_fused(x, first.weight, self.training):
             return feed_forward(x, first.weight, first.bias, second.weight, second.bias, drop.p)
         return super().forward(x)

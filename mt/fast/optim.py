@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 
@@ -21,7 +23,7 @@ class Adam:
         self, params, lr: float, betas: tuple[float, float], eps: float, weight_decay: float = 0.0
     ):
         # the keys torch.optim.Adam keeps, so that its load_state_dict accepts ours
-        self.param_groups = [
+        self.param_groups: list[dict[str, Any]] = [
             {
                 "params": list(params),
                 "lr": lr,
@@ -61,7 +63,9 @@ class Adam:
                     "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format),
                 }
             lists = groups.setdefault((p.device, p.dtype), [[], [], [], [], []])
-            for lst, t in zip(lists, (p, p.grad, st["exp_avg"], st["exp_avg_sq"], st["step"])):
+            for lst, t in zip(
+                lists, (p, p.grad, st["exp_avg"], st["exp_avg_sq"], st["step"]), strict=True
+            ):
                 lst.append(t)
         beta1, beta2 = g["betas"]
         for params, grads, exp_avgs, exp_avg_sqs, steps in groups.values():

@@ -10,30 +10,30 @@ from mt.model.rnn import RNNSeq2Seq
 from mt.model.transformer import Transformer
 
 __all__ = [
-    "Seq2Seq",
-    "Transformer",
-    "RNNSeq2Seq",
+    "REFERENCE",
     "DecoderOnly",
     "NATransformer",
+    "Parts",
+    "RNNSeq2Seq",
+    "Seq2Seq",
+    "Transformer",
     "build_model",
     "reorder_cache",
-    "Parts",
-    "REFERENCE",
 ]
 
 
 def build_model(cfg, src_vocab: int, tgt_vocab: int, parts: Parts = REFERENCE) -> Seq2Seq:
     """cfg: ModelConfig. parts: the module classes to build from (mt.fast.PARTS for the CPU
     speed paths; the reference modules by default)."""
-    common = dict(
-        src_vocab=src_vocab,
-        tgt_vocab=tgt_vocab,
-        d_model=cfg.d_model,
-        dropout=cfg.dropout,
-        tie_embeddings=cfg.tie_embeddings,
-        max_positions=cfg.max_positions,
-        parts=parts,
-    )
+    common = {
+        "src_vocab": src_vocab,
+        "tgt_vocab": tgt_vocab,
+        "d_model": cfg.d_model,
+        "dropout": cfg.dropout,
+        "tie_embeddings": cfg.tie_embeddings,
+        "max_positions": cfg.max_positions,
+        "parts": parts,
+    }
     if cfg.arch == "rnn":
         return RNNSeq2Seq(
             enc_layers=cfg.enc_layers, dec_layers=cfg.dec_layers, attention=cfg.attention, **common

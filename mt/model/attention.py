@@ -1,7 +1,8 @@
 """Multi-head scaled dot-product attention (Vaswani et al. 2017, sec. 3.2.2):
 
     MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O,
-    head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V),  Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V
+    head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V),
+    Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V
 
 on top of `F.scaled_dot_product_attention`, with a key/value cache for incremental decoding.
 (The fused CPU training node that can replace `forward` lives in mt/fast.)"""
@@ -97,7 +98,7 @@ class MultiHeadAttention(nn.Module):
         dropout): for when the weights themselves are wanted."""
         scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5  # (B, H, T, S)
         if is_causal:
-            attn_mask = with_causal(attn_mask, *scores.shape[-2:], q.device)
+            attn_mask = with_causal(attn_mask, scores.shape[-2], scores.shape[-1], q.device)
         if attn_mask is not None and attn_mask.dtype == torch.bool:
             scores = scores.masked_fill(~attn_mask, float("-inf"))
         elif attn_mask is not None:
@@ -117,7 +118,7 @@ class MultiHeadAttention(nn.Module):
 def _as_bias(bias: torch.Tensor, attn_mask: torch.Tensor | None, is_causal: bool) -> torch.Tensor:
     """One float mask for SDPA: the relative-position bias with -inf where attention is barred."""
     if is_causal:
-        attn_mask = with_causal(attn_mask, *bias.shape[-2:], bias.device)
+        attn_mask = with_causal(attn_mask, bias.shape[-2], bias.shape[-1], bias.device)
     if attn_mask is not None:
         bias = bias.masked_fill(~attn_mask, float("-inf"))
     return bias

@@ -18,9 +18,30 @@ class Seq2Seq(nn.Module):
     output and max_positions (the longest source or target they take)."""
 
     max_positions: int
+    d_model: int
+    src_embed: nn.Embedding
+    tgt_embed: nn.Embedding
+    output: nn.Linear | None  # None: the output layer is the target embedding (tied)
     # True where decode() accepts a cross cache of one row per sentence for consecutive
     # groups of hypothesis rows (beam search then keeps no K copies of it).
     cross_cache_per_sentence: bool = False
+
+    def encode(self, src: torch.Tensor, src_pad_mask: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def decode(
+        self,
+        tgt_in: torch.Tensor,
+        memory: torch.Tensor,
+        src_pad_mask: torch.Tensor,
+        cache: list[dict] | None = None,
+        start: int = 0,
+        weights: list | None = None,
+    ) -> torch.Tensor:
+        raise NotImplementedError
+
+    def new_cache(self) -> list[dict]:
+        raise NotImplementedError
 
     def project(self, h: torch.Tensor) -> torch.Tensor:
         if self.output is not None:
@@ -39,9 +60,7 @@ class Seq2Seq(nn.Module):
         return self.project(self.decode(tgt_in, self.encode(src, src_pad_mask), src_pad_mask))
 
 
-def make_embeddings(
-    model: nn.Module, src_vocab: int, tgt_vocab: int, d_model: int, tie: str
-) -> None:
+def make_embeddings(model: Seq2Seq, src_vocab: int, tgt_vocab: int, d_model: int, tie: str) -> None:
     """src_embed, tgt_embed and output (None when the output layer is the target embedding)."""
     model.tgt_embed = nn.Embedding(tgt_vocab, d_model, padding_idx=PAD)
     if tie == "all":
@@ -53,7 +72,7 @@ def make_embeddings(
     model.output = None if tie != "none" else nn.Linear(d_model, tgt_vocab, bias=False)
 
 
-def init_weights(model: nn.Module) -> None:
+def init_weights(model: Seq2Seq) -> None:
     """Xavier-uniform linear layers, zero biases; embeddings N(0, d^-1/2) so that after the
     sqrt(d) scaling (sec. 3.4) they have unit scale; the padding row zero."""
     for module in model.modules():

@@ -114,7 +114,7 @@ class DecoderOnly(Seq2Seq):
         n_q, n_k = x.shape[1], key_ok.shape[1]
         causal = torch.ones(n_q, n_k, dtype=torch.bool, device=dev).tril(n_k - n_q)
         mask = causal[None, None] & key_ok[:, None, None, :]  # (B, 1, Q, K)
-        layer_weights = [] if weights is not None else None
+        layer_weights: list[torch.Tensor] | None = [] if weights is not None else None
         for i, layer in enumerate(self.layers):
             x = layer(
                 x,
@@ -124,7 +124,9 @@ class DecoderOnly(Seq2Seq):
                 k_pos=k_pos if self.relative else None,
                 weights=layer_weights,
             )
-        if weights is not None:  # target queries over source keys: the "cross" attention
+        if (
+            weights is not None and layer_weights is not None
+        ):  # target queries over source keys: the "cross" attention
             weights += [w[:, :, -t:, :s] for w in layer_weights]
         return self.final_norm(x[:, -t:])
 

@@ -26,6 +26,8 @@ class AbsolutePositions(nn.Module):
     """pos (any shape of position ids) -> vectors (..., D): a fixed sinusoidal table, a learned
     one, or zeros when positions live in the attention instead (`relative`)."""
 
+    table: torch.Tensor  # (max_positions, D), sinusoidal only (a buffer)
+
     def __init__(self, kind: str, max_positions: int, d_model: int):
         super().__init__()
         self.kind, self.max_positions = kind, max_positions

@@ -8,8 +8,8 @@ import math
 import torch
 from torch import nn
 
-from mt.model.cache import reorder_cache  # noqa: F401  (re-exported)
 from mt.model.base import Seq2Seq, init_weights, make_embeddings
+from mt.model.cache import reorder_cache  # noqa: F401  (re-exported)
 from mt.model.layers import REFERENCE, DecoderLayer, EncoderLayer, Parts
 from mt.model.positions import AbsolutePositions
 

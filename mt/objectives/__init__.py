@@ -1,1 +1,2 @@
-"""Training objectives: label-smoothed cross-entropy, R-Drop, scheduled sampling, the NAT and masked-LM losses."""
+"""Training objectives: label-smoothed cross-entropy, R-Drop, scheduled sampling, the NAT and
+masked-LM losses."""

@@ -36,6 +36,8 @@ def busy_cores(interval: float = 0.3) -> float:
             return 0.0
     time.sleep(interval)
     second = _cpu_times()
+    if second is None:  # /proc/stat went away meanwhile
+        return 0.0
     busy, total = second[0] - first[0], second[1] - first[1]
     return (busy / total) * (os.cpu_count() or 1) if total > 0 else 0.0
 

@@ -10,10 +10,11 @@ import torch
 from mt.artifacts import checkpoint
 from mt.config import Config
 from mt.data.prepare import bpe_dropout_epochs, prepare_data
-from mt.runtime.device import PRECISION_NAMES, amp_dtype, pick_device
-from mt.runtime.distributed import setup
 from mt.errors import MTError
 from mt.model import REFERENCE, build_model
+from mt.runtime.device import PRECISION_NAMES, amp_dtype, pick_device
+from mt.runtime.distributed import setup
+from mt.runtime.threads import choose_threads
 from mt.train.objective import build_objective, model_parts
 from mt.train.pretrained import (
     encoder_parameters,
@@ -23,7 +24,6 @@ from mt.train.pretrained import (
 )
 from mt.train.rundir import has_checkpoint, prepare_run_dir, record_corpus, write_run_info
 from mt.train.schedule import build_optimizer
-from mt.runtime.threads import choose_threads
 from mt.train.state import TrainState, Validation
 from mt.train.trainer import Trainer
 
@@ -124,12 +124,7 @@ def _build(
         record_corpus(cfg, run_dir)
         write_run_info(run_dir)
     device = pick_device(device_name)
-    parts = model_parts(t, device, pretraining)
-    model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, parts)
-    if cfg.model.init_encoder and not has_checkpoint(run_dir):  # a resumed run has its own
-        init_encoder(model, cfg.model.init_encoder, tokenizer, log)
-    model = model.to(device)
-    fused = parts is not REFERENCE and not t.compile
+    model, fused = _model(cfg, tokenizer, run_dir, device, pretraining, log)
     objective = build_objective(
         cfg,
         fused=fused,
@@ -169,6 +164,22 @@ def _build(
         epoch_data=bpe_dropout_epochs(cfg, tokenizer, train_data) if t.bpe_dropout > 0 else None,
     )
     trainer.state.objective = OBJECTIVE_NAMES[pretraining]
+    _resume_if_saved(trainer, run_dir, log)
+    trainer.state.precision = PRECISION_NAMES[dtype]
+    return trainer
+
+
+def _model(cfg: Config, tokenizer, run_dir: Path, device, pretraining: bool, log):
+    """(the model on `device`, whether the loss is mt/fast's fused one): built from mt/fast's
+    modules where they apply, starting from a pretrained encoder where the config names one."""
+    parts = model_parts(cfg.train, device, pretraining)
+    model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, parts)
+    if cfg.model.init_encoder and not has_checkpoint(run_dir):  # a resumed run has its own
+        init_encoder(model, cfg.model.init_encoder, tokenizer, log)
+    return model.to(device), parts is not REFERENCE and not cfg.train.compile
+
+
+def _resume_if_saved(trainer: Trainer, run_dir: Path, log) -> None:
     found = checkpoint.load_for_resume(run_dir / "last.pt", log)
     if found is not None:
         _resume(trainer, *found, log)
@@ -177,5 +188,3 @@ def _build(
             f"no readable last.pt in {run_dir} to resume from; move the damaged "
             f"files away to start over"
         )
-    trainer.state.precision = PRECISION_NAMES[dtype]
-    return trainer

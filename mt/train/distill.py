@@ -49,7 +49,10 @@ def distill(
     src_path, _ = split_paths(data, "train", d.src_lang, d.tgt_lang)
     sources = read_lines(src_path)
     translator = Translator.from_trained(run, device)
-    log(translator.describe([run.path], {"beam": beam}) + f" ({len(sources):,} training sources)")
+    log(
+        translator.describe([run.path or teacher], {"beam": beam})
+        + f" ({len(sources):,} training sources)"
+    )
     hyps = translator.translate(sources, beam=beam, progress=True)
     new_src, new_tgt = split_paths(out, "train", d.src_lang, d.tgt_lang)
     write_text(new_src, "".join(s + "\n" for s in sources))
@@ -59,6 +62,7 @@ def distill(
             for a, b in zip(
                 split_paths(data, split, d.src_lang, d.tgt_lang),
                 split_paths(out, split, d.src_lang, d.tgt_lang),
+                strict=True,
             ):
                 shutil.copyfile(a, b)
     return len(sources)

@@ -28,7 +28,7 @@ class WeightAverage:
     def weights(self, model: torch.nn.Module) -> dict:
         """model.state_dict() with every parameter's average in its place (under each name of
         a tied parameter); buffers as they are."""
-        average = {id(p): a for p, a in zip(self.params, self.average)}
+        average = {id(p): a for p, a in zip(self.params, self.average, strict=True)}
         return {
             k: average.get(id(v), v).detach() for k, v in model.state_dict(keep_vars=True).items()
         }
@@ -39,6 +39,6 @@ class WeightAverage:
     def load_state_dict(self, state: dict, model: torch.nn.Module) -> None:
         named = model.state_dict(keep_vars=True)
         by_param = {id(v): k for k, v in named.items()}
-        for p, a in zip(self.params, self.average):
+        for p, a in zip(self.params, self.average, strict=True):
             a.copy_(state["weights"][by_param[id(p)]])
         self.updates = int(state["updates"])

@@ -5,8 +5,8 @@ split with best.pt's weights, the training picture, and what the user should kno
 from __future__ import annotations
 
 from mt.artifacts import checkpoint
-from mt.runtime.memory import release_free_memory
 from mt.evaluate.metrics import score
+from mt.runtime.memory import release_free_memory
 
 
 def finish_run(trainer, rank_rng: list[dict]) -> None:

@@ -22,7 +22,7 @@ def fast_paths_apply(setting: str | bool, device: torch.device) -> bool:
     """train.fast_paths "auto" means on a CPU only: mt/fast was built for CPU training, and on
     an H200 mt trained at 0.82x nn.Transformer's tokens/s with it and 1.13x without it
     (scripts/bench/bench_train.py, base model, bf16; docs/gpu.md)."""
-    return device.type == "cpu" if setting == "auto" else setting
+    return device.type == "cpu" if setting == "auto" else bool(setting)
 
 
 def model_parts(t, device: torch.device, pretraining: bool = False) -> Parts:

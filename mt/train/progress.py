@@ -109,7 +109,7 @@ class Forecast:
 
 
 def _duration(seconds: float) -> str:
-    minutes = int(round(seconds / 60))
+    minutes = round(seconds / 60)
     if minutes < 1:
         return f"{int(seconds)} s"
     return f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{minutes} min"

@@ -61,7 +61,8 @@ class RunLock:
         import fcntl
 
         self.path = run_dir / LOCK_NAME
-        self._f = open(self.path, "a+", encoding="utf-8")
+        # held open for as long as the lock is held (released by close): no `with` block
+        self._f = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115
         try:
             fcntl.flock(self._f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:

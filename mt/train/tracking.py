@@ -21,7 +21,7 @@ class RunLog:
                 raise MTError(
                     "train.tensorboard needs the tensorboard package: "
                     "pip install 'mt[tensorboard]' (or set train.tensorboard: false)"
-                )
+                ) from None
             self.writer = SummaryWriter(str(run_dir / "tensorboard"))
 
     def write(self, record: dict) -> None:

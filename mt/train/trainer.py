@@ -1,38 +1,38 @@
 """The training loop: one optimizer update per `step`, validation and checkpoints around it.
 
-`Trainer` takes explicit objects; `build_trainer` (in mt.train.build) reads the config and makes them.
+`Trainer` takes explicit objects; `build_trainer` (in mt.train.build) reads the config and makes
+them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import torch
 from tqdm import tqdm
 
-from mt.artifacts import checkpoint
-from mt.data.batching import Batch, collate, epoch_batches
+from mt.data.batching import Batch
 from mt.data.corpus import ParallelData
-from mt.objectives.objective import Objective
 from mt.data.walk import training_batches
-from mt.runtime.distributed import Dist, teardown
 from mt.errors import MTError
+from mt.objectives.objective import Objective
+from mt.runtime.distributed import Dist, teardown
 from mt.train.ema import WeightAverage
-from mt.train.finish import draw_training_picture, finish_run, with_weights
-from mt.runtime.memory import release_free_memory
-from mt.train.tracking import RunLog
+from mt.train.finish import draw_training_picture, finish_run
 from mt.train.progress import Forecast, lost_work_message, show_progress, stop_on_signal
-from mt.train.state import LogWindow, TrainState, Validation
+from mt.train.saving import Saving
 from mt.train.schedule import budget_progress
-from mt.evaluate.metrics import score
-from mt.decode.translator import Translator
+from mt.train.state import LogWindow, TrainState, Validation
+from mt.train.tracking import RunLog
+from mt.train.validation import Validating
 
 
-class Trainer:
+class Trainer(Validating, Saving):
     def __init__(
         self,
         *,
@@ -51,7 +51,7 @@ class Trainer:
         objective: Objective,
         state: TrainState | None = None,
         log=print,
-        dist: Dist = Dist(),
+        dist: Dist | None = None,
         lock=None,
         tensorboard: bool = False,
         epoch_data=None,
@@ -63,13 +63,9 @@ class Trainer:
         training data of each epoch where it changes from epoch to epoch (BPE-dropout), and
         then train_data is None: the plain segmentation would be a second copy of the split
         kept for nothing; None: train_data always."""
-        self.model, self.optimizer, self.scheduler, self.scaler = (
-            model,
-            optimizer,
-            scheduler,
-            scaler,
-        )
-        self.dist, self.objective = dist, objective
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.scaler, self.objective = scaler, objective
+        self.dist = dist = dist or Dist()  # (None: one process, no ranks)
         # Data parallel without a DDP wrapper: every rank starts from rank 0's weights, and
         # the gradients are averaged after the backward pass, once all ranks have said it
         # succeeded (Dist.average_gradients; see train_step). No buffer needs sending: the
@@ -104,7 +100,7 @@ class Trainer:
         return training_batches(
             self.state,
             self.cfg,
-            lambda epoch: self.train_data if self.epoch_data is None else self.epoch_data(epoch),
+            self._epoch_data,
             self.device,
             rank=self.dist.rank,
             world=self.dist.world,
@@ -112,6 +108,12 @@ class Trainer:
             say=self.say,
             prepare=self.objective.prepare,
         )
+
+    def _epoch_data(self, epoch: int) -> ParallelData:
+        if self.epoch_data is not None:
+            return self.epoch_data(epoch)
+        assert self.train_data is not None  # one of the two is given
+        return self.train_data
 
     # -- one update -----------------------------------------------------------------------
     def _loss(self, batch: Batch, model=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,13 +140,12 @@ class Trainer:
             if self.dist.enabled
             else n_tokens
         )
-        try:
+        losses: list[torch.Tensor] | None = None
+        with contextlib.suppress(torch.OutOfMemoryError):
             losses, nlls = self._backward(batches, self.dist.world / n_total)
-        except torch.OutOfMemoryError:
-            losses = None
         # Every rank learns whether any rank ran out of memory before a gradient is exchanged:
         # a rank skipping the batch alone would leave the others waiting in the all-reduce.
-        if self.dist.any(losses is None, self.device):
+        if self.dist.any(losses is None, self.device) or losses is None:
             self._skip_out_of_memory(batches, here=losses is None)
             return False
         self.dist.average_gradients(self.model.parameters())
@@ -227,7 +228,7 @@ class Trainer:
 
     # -- logging, validation, checkpoints -------------------------------------------------
     def write_log(self, record: dict) -> None:
-        if self.dist.is_main:
+        if self.run_log is not None:  # rank 0's
             self.run_log.write(record)
 
     def log_train(self) -> dict:
@@ -258,99 +259,6 @@ class Trainer:
         self.last_record = record
         self._window = LogWindow()
         return record
-
-    def validate(self) -> dict:
-        """Valid loss and BLEU (of the weight average with train.ema_decay); best.pt when
-        the BLEU is the best so far."""
-        if self.ema is None:
-            return self._validate()
-        return with_weights(self, self.ema.weights(self.model), self._validate)
-
-    @torch.no_grad()
-    def _validate(self) -> dict:
-        """The valid loss, and with a translating objective the BLEU of decoding the split."""
-        release_free_memory()  # what training freed, before decoding allocates its own
-        self.model.eval()
-        v = self.validation
-        loss_sum = nll_sum = 0.0
-        n = 0
-        for indices in epoch_batches(v.data, self.cfg.max_tokens, 0, 0):
-            batch = collate(v.data, indices).to(self.device)
-            loss, nll = self._loss(batch)
-            loss_sum, nll_sum, n = loss_sum + float(loss), nll_sum + float(nll), n + batch.n_tokens
-        s = score(self.translator().translate(v.src, beam=v.beam), v.refs)
-        record = {
-            "step": self.state.step,
-            "valid_loss": round(loss_sum / n, 4),
-            "valid_nll": round(nll_sum / n, 4),
-            "valid_ppl": round(math.exp(min(nll_sum / n, 50)), 2),
-            "valid_bleu": round(s.bleu, 2),
-            "valid_chrf": round(s.chrf, 2),
-        }
-        if s.bleu > self.state.best_bleu:
-            self.state.best_bleu, self.state.bad_validations = s.bleu, 0
-            self.save("best.pt")
-            record["best"] = True
-        else:
-            self.state.bad_validations += 1
-        self.write_log(record)
-        release_free_memory()
-        return record
-
-    def translator(self) -> Translator:
-        """The model as it decodes the valid split (also for the end of the run's averaging
-        and tuning)."""
-        return Translator(
-            self.model, self.tokenizer, self.validation.decode, self.device, self.amp_dtype
-        )
-
-    def checkpoint_dict(
-        self, rank_rng: list[dict] | None = None, snapshot: bool = False, for_resume: bool = False
-    ) -> dict:
-        """rank_rng: every rank's generator states (`rng_states`), so that a multi-rank run
-        resumes with each rank's own dropout stream; snapshot: the weights alone. With
-        train.ema_decay the weights are the average, except in the checkpoint training
-        resumes from (for_resume: last.pt), which holds the raw weights and the average."""
-        weights, ema = self.model.state_dict(), None
-        if self.ema is not None:
-            if for_resume:
-                ema = self.ema.state_dict(self.model)
-            else:
-                weights = self.ema.weights(self.model)
-        return checkpoint.build(
-            config=self.run_config,
-            model_state=weights,
-            tokenizer=self.tokenizer,
-            train_state=self.state.state_dict(),
-            rank_rng=rank_rng,
-            training=None if snapshot else (self.optimizer, self.scheduler, self.scaler),
-            ema=ema,
-        )
-
-    def rng_states(self) -> list[dict]:
-        """The generator states of every rank, in rank order (a collective: all ranks call it)."""
-        return self.dist.gather(checkpoint.rng_state())
-
-    def save(self, name: str, rank_rng: list[dict] | None = None) -> None:
-        if not self.dist.is_main:
-            return
-        checkpoint.atomic_save(
-            self.checkpoint_dict(rank_rng, for_resume=name == "last.pt"),
-            self.run_dir / name,
-            keep_previous=name == "last.pt",
-        )
-        if name == "last.pt":
-            self._saved_step = self.state.step
-
-    def save_snapshot(self) -> None:
-        """step_N.pt: the model alone (for averaging), keeping the last `keep_checkpoints`."""
-        if self.cfg.keep_checkpoints == 0 or not self.dist.is_main:
-            return
-        checkpoint.atomic_save(
-            self.checkpoint_dict(snapshot=True), self.run_dir / f"step_{self.state.step}.pt"
-        )
-        for old in checkpoint.snapshots(self.run_dir)[: -self.cfg.keep_checkpoints]:
-            old.unlink()
 
     # -- the loop -------------------------------------------------------------------------
     def _agreed_seconds(self) -> float:

@@ -39,9 +39,9 @@ import math
 import pkgutil
 from pathlib import Path
 
+import bench_train as bt  # its batches, its `ours` and its turn-taking loop
 import torch
 
-import bench_train as bt  # its batches, its `ours` and its turn-taking loop
 from mt.artifacts.checkpoint import rng_state, set_rng_state
 
 
@@ -149,7 +149,7 @@ def run_ab(
     steps: int,
     warmup: int,
     patches: list,
-    device=torch.device("cpu"),
+    device=None,
     precision: str = "fp32",
     rounds: int = 2,
     b_precision: str | None = None,
@@ -157,7 +157,9 @@ def run_ab(
     """`rounds` runs of `steps` timed steps each, fresh models every round, the side that is
     built first (and goes first on even batches) alternating from round to round: in A/A runs
     on this VM the model built second ran 2.5-5.6% slower in three of three runs, a bias that
-    alternating cancels. ratio: the geometric mean of the rounds' B/A."""
+    alternating cancels. ratio: the geometric mean of the rounds' B/A. device: the CPU unless
+    given."""
+    device = device or torch.device("cpu")
     per_round, diff = [], 0.0
     for r in range(rounds):
         models: dict = {}
@@ -170,7 +172,7 @@ def run_ab(
             diff,
             max(
                 (a - b).abs().max().item()
-                for a, b in zip(models["A"].parameters(), models["B"].parameters())
+                for a, b in zip(models["A"].parameters(), models["B"].parameters(), strict=True)
             ),
         )
     ratios = [x["B"] / x["A"] for x in per_round]

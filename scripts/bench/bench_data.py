@@ -17,7 +17,6 @@ import tempfile
 import time
 from pathlib import Path
 
-
 # A 3,000-word lexicon of letter strings, so a word is about one BPE token, as in real text.
 _rng = random.Random(1)
 WORDS = sorted(
@@ -95,9 +94,8 @@ def main() -> None:
         )
     if len(results) > 1:
         a, b = results[0], results[-1]
-        print(
-            f"time ratio {b['seconds'] / a['seconds']:.2f} for {b['pairs'] / a['pairs']:.1f}x the pairs"
-        )
+        ratio, scale = b["seconds"] / a["seconds"], b["pairs"] / a["pairs"]
+        print(f"time ratio {ratio:.2f} for {scale:.1f}x the pairs")
     if args.json:
         print(json.dumps(results[-1] | {"runs": results}))
 

@@ -21,13 +21,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
 from harness import autocast, sync, take_turns
+
 from mt.data.batching import pad_sources
 from mt.data.corpus import read_lines
-from mt.model import Transformer
-from mt.decode.search import beam_search
 from mt.data.tokenizer import Tokenizer
+from mt.decode.search import beam_search
+from mt.model import Transformer
 from mt.tokens import BOS, EOS, PAD
 
 
@@ -79,12 +79,12 @@ def ours_decoder(model, args, use_cache: bool):
 
 
 def ct2_decoder(model, tok, args, folder):
-    """The same model exported with mt.artifacts.export, decoded by CTranslate2 with the same beam and
-    the same number of output tokens, on as many threads as torch uses."""
+    """The same model exported with mt.artifacts.export, decoded by CTranslate2 with the same
+    beam and the same number of output tokens, on as many threads as torch uses."""
     import ctranslate2
 
-    from mt.config import Config, ModelConfig
     from mt.artifacts.export import model_spec
+    from mt.config import Config, ModelConfig
 
     class Converter(ctranslate2.converters.Converter):
         def _load(self):

@@ -19,11 +19,11 @@ import json
 from pathlib import Path
 
 import torch
-
 from harness import take_turns
+
 from mt.data.corpus import read_lines
-from mt.evaluate.metrics import lc_tok_bleu, moses_languages, score
 from mt.decode.translator import Translator
+from mt.evaluate.metrics import lc_tok_bleu, moses_languages, score
 
 
 def with_iterations(nat: Translator, iterations: int) -> Translator:

@@ -18,8 +18,8 @@ import argparse
 import functools
 
 import torch
-
 from bench_train import SIZES, interleaved_seconds, ours
+
 from mt import fast
 from mt.objectives.loss import rdrop_loss
 

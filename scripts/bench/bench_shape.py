@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_train import SIZES, make_batches, ours  # noqa: E402
-from harness import take_turns  # noqa: E402
+from bench_train import SIZES, make_batches, ours
+from harness import take_turns
 
 SHIPPED = "4+4"
 

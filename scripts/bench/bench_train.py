@@ -2,7 +2,8 @@
 (a) a plain loop around torch.nn.Transformer, (b) Hugging Face MarianMTModel from scratch.
 
     python scripts/bench/bench_train.py [--size small|base|both] [--steps N] [--json]
-    python scripts/bench/bench_train.py --device cuda --precision bf16 --size base --max-tokens 32768
+    python scripts/bench/bench_train.py --device cuda --precision bf16 --size base \
+        --max-tokens 32768
 
 Each contender runs in its own subprocess so that its peak memory is its own; then all three
 run once more in one process, taking turns batch by batch, which gives ratios that a drift in
@@ -33,15 +34,36 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from harness import autocast, datasheet_peak, matmul_peak, sync, take_turns
 
 import mt  # noqa: F401  (its allocator setting, for every contender alike)
-from harness import autocast, datasheet_peak, matmul_peak, sync, take_turns
 
 SIZES = {
     # the shipped Multi30k CPU configs' shape (Wu et al. 2021's transformer_tiny, joint 5k BPE)
-    "tiny": dict(layers=4, d_model=128, heads=4, d_ff=256, vocab=5000, max_tokens=8192),
-    "small": dict(layers=3, d_model=256, heads=4, d_ff=1024, vocab=8000, max_tokens=8192),
-    "base": dict(layers=6, d_model=512, heads=8, d_ff=2048, vocab=8000, max_tokens=8192),
+    "tiny": {
+        "layers": 4,
+        "d_model": 128,
+        "heads": 4,
+        "d_ff": 256,
+        "vocab": 5000,
+        "max_tokens": 8192,
+    },
+    "small": {
+        "layers": 3,
+        "d_model": 256,
+        "heads": 4,
+        "d_ff": 1024,
+        "vocab": 8000,
+        "max_tokens": 8192,
+    },
+    "base": {
+        "layers": 6,
+        "d_model": 512,
+        "heads": 8,
+        "d_ff": 2048,
+        "vocab": 8000,
+        "max_tokens": 8192,
+    },
 }
 PAD, BOS, EOS = 0, 2, 3
 # mt's contender trains as `mt train` would (train.fast_paths "auto": mt/fast on a CPU only);
@@ -94,8 +116,8 @@ def useful_flops(batch, size: dict) -> float:
 # -- the three contenders: each returns a step(batch) closure --------------------------------
 def ours(size, device, precision="fp32", compile=False, loss_fn=None, dropout=0.1):
     """mt's model and its real training step: Trainer.train_step with the fast paths and the
-    loss that mt.train.objective.build_objective chooses (or `loss_fn`, e.g. an R-Drop loss: scripts/bench/bench_rdrop.py).
-    Gradient clipping is off here, as the references do none."""
+    loss that mt.train.objective.build_objective chooses (or `loss_fn`, e.g. an R-Drop loss:
+    scripts/bench/bench_rdrop.py). Gradient clipping is off here, as the references do none."""
     import functools
 
     from mt.config import Config, ModelConfig, TrainConfig
@@ -175,7 +197,9 @@ class _TorchRef(torch.nn.Module):
         self.out.weight = self.embed.weight
 
     def forward(self, src, tgt_in):
-        e = lambda x: self.embed(x) * math.sqrt(self.d) + self.pe[: x.shape[1]]
+        def e(x):
+            return self.embed(x) * math.sqrt(self.d) + self.pe[: x.shape[1]]
+
         t = tgt_in.shape[1]  # bool, like the padding masks: True = may not attend
         causal = torch.ones(t, t, dtype=torch.bool, device=tgt_in.device).triu(1)
         h = self.core(

@@ -19,7 +19,6 @@ import sys
 import time
 
 import torch
-
 from bench_train import device_batches, ours, size_of
 from harness import sync
 

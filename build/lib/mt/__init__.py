@@ -1,0 +1,17 @@
+"""mt: train, run and score Transformer translation models from one YAML config."""
+
+from mt.runtime.memory import prefer_huge_pages
+
+prefer_huge_pages()  # before torch's first large allocation: mt/runtime/memory.py
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    # The Python API, imported on first use so that `import mt` (and `mt --help`) stays light:
+    # from mt import Translator, Sampling
+    if name in ("Translator", "Sampling"):
+        from mt.decode import translator
+
+        return getattr(translator, name)
+    raise AttributeError(f"module 'mt' has no attribute {name!r}")

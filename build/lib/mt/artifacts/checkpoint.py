@@ -1,0 +1,307 @@
+"""Self-describing checkpoints: config, tokenizer, model/optimizer/scheduler/scaler state,
+train counters and RNG states in one file, written atomically and read without unpickling
+code (`weights_only=True`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from mt.errors import MTError
+from mt.outputs import atomic_file
+
+if TYPE_CHECKING:
+    from mt.config import Config
+    from mt.data.tokenizer import Tokenizer
+
+FORMAT_VERSION = 1
+
+
+def bytes_to_tensor(b: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(b), dtype=torch.uint8).clone()
+
+
+def tensor_to_bytes(t: torch.Tensor) -> bytes:
+    return t.numpy().tobytes()
+
+
+def atomic_save(obj: Any, path: Path, keep_previous: bool = False) -> None:
+    """Write to a temp file in the same folder, fsync, then rename over `path`: a crash at
+    any moment leaves either the old file or the new one, never a truncated mix. With
+    `keep_previous`, the old file is kept as `<name>.prev` (a fallback for resuming). A full
+    disk or an unwritable folder is an MTError naming the path."""
+    path = Path(path)
+    with atomic_file(path, "wb", keep_as=previous(path) if keep_previous else None) as f:
+        torch.save(obj, f)
+
+
+def previous(path: Path) -> Path:
+    return path.with_name(path.name + ".prev")
+
+
+def load_for_resume(path: Path, warn: Callable[[str], None]) -> tuple[dict[str, Any], Path] | None:
+    """last.pt, or its previous version when last.pt is damaged or missing (with a warning)."""
+    for candidate in (path, previous(path)):
+        if not candidate.is_file():
+            continue
+        try:
+            return load(candidate), candidate
+        except MTError as e:
+            warn(f"warning: {e}; trying the previous checkpoint")
+    return None
+
+
+def load(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise MTError(f"checkpoint {path} not found")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+        raise MTError(
+            f"checkpoint {path} is corrupt or not an mt checkpoint ({reason}); "
+            f"use another checkpoint (e.g. last.pt or best.pt)"
+        ) from None
+    if not isinstance(ckpt, dict) or ckpt.get("format_version") != FORMAT_VERSION:
+        raise MTError(f"checkpoint {path} is not an mt checkpoint of format {FORMAT_VERSION}")
+    return ckpt
+
+
+# -- building and reading the format: the one place that knows its keys -------------------
+
+
+def build(
+    *,
+    config: dict[str, Any],
+    model_state: dict[str, Any],
+    tokenizer: Tokenizer,
+    train_state: dict[str, Any],
+    training: tuple[Any, Any, torch.amp.GradScaler] | None = None,
+    rank_rng: list[dict[str, Any]] | None = None,
+    ema: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A checkpoint: config, weights, the BPE model and the train counters; with
+    `training` = (optimizer, scheduler, scaler) also their states and the random generators,
+    so that training resumes exactly (last.pt, best.pt); without it, a model snapshot
+    (step_N.pt, for averaging). rank_rng: every rank's generators (multi-rank runs); ema: the
+    weight average's state, when `model_state` holds the raw weights (last.pt)."""
+    ckpt = {
+        "format_version": FORMAT_VERSION,
+        "config": config,
+        "model": model_state,
+        "spm": tokenizer_state(tokenizer),
+        "train_state": train_state,
+    }
+    if training is not None:
+        optimizer, scheduler, scaler = training
+        ckpt.update(
+            optimizer=optimizer.state_dict(),
+            scheduler=scheduler.state_dict(),
+            scaler=scaler.state_dict(),
+            rng=rng_state(),
+        )
+        if rank_rng is not None and len(rank_rng) > 1:
+            ckpt["rank_rng"] = rank_rng
+    if ema is not None:  # train.ema_decay: the weight average, beside the raw weights
+        ckpt["ema"] = ema
+    return ckpt
+
+
+def restore_training(
+    ckpt: dict[str, Any],
+    model: nn.Module,
+    optimizer: Any,
+    scheduler: Any,
+    scaler: torch.amp.GradScaler,
+) -> dict[str, Any]:
+    """Load a resumable checkpoint into the training objects; returns its train counters."""
+    model.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+    scheduler.load_state_dict(ckpt["scheduler"])
+    scaler.load_state_dict(ckpt["scaler"])
+    counters: dict[str, Any] = ckpt["train_state"]
+    return counters
+
+
+def ema_of(ckpt: dict[str, Any]) -> dict[str, Any] | None:
+    """The weight average a resumable checkpoint carries (train.ema_decay), if any."""
+    return ckpt.get("ema")
+
+
+def generators_of(ckpt: dict[str, Any], rank: int, world: int) -> tuple[dict[str, Any], bool]:
+    """(the generator states this rank resumes with, whether they are its own): each rank's
+    own where as many ranks saved them, else rank 0's."""
+    rank_rng = ckpt.get("rank_rng")
+    if rank_rng is not None and len(rank_rng) == world:
+        return rank_rng[rank], True
+    return ckpt["rng"], False
+
+
+def config_of(ckpt: dict[str, Any], source: str = "checkpoint") -> Config:
+    from mt.config import config_from_dict
+
+    return config_from_dict(ckpt["config"], source)
+
+
+@dataclass
+class Trained:
+    """A checkpoint opened for use: where it came from, the file's contents, and what they
+    describe (the config, the BPE model, the model with its weights, on the CPU) and the
+    precision its training computed in (see trained_precision)."""
+
+    path: Path | None
+    ckpt: dict[str, Any]
+    config: Any  # mt.config.Config
+    tokenizer: Any  # mt.data.tokenizer.Tokenizer
+    model: Any  # mt.model.Seq2Seq
+    precision: str
+
+
+def open_trained(path: str | Path) -> Trained:
+    """The one way in for a command that uses a model: a run directory (its best.pt, else
+    last.pt) or a checkpoint file, loaded once, with its config, tokenizer and model."""
+    path = resolve(path)
+    return trained_from(load(path), path)
+
+
+def trained_from(ckpt: dict[str, Any], path: Path | None = None) -> Trained:
+    """A checkpoint already in memory (`path`, where it was read from, names it in errors)."""
+    from mt.model import build_model
+
+    cfg = config_of(ckpt, str(path or "checkpoint"))
+    tokenizer = tokenizer_from(ckpt)
+    model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
+    model.load_state_dict(ckpt["model"])
+    return Trained(path, ckpt, cfg, tokenizer, model, trained_precision(ckpt))
+
+
+def weights_of(ckpt: dict[str, Any]) -> dict[str, Any]:
+    weights: dict[str, Any] = ckpt["model"]
+    return weights
+
+
+def set_decoding(ckpt: dict[str, Any], beam: int, length_penalty: float) -> None:
+    """Store decoding settings (what `mt translate RUN_DIR` then uses) in the checkpoint."""
+    ckpt["config"]["decode"].update(beam=beam, length_penalty=length_penalty)
+
+
+def trained_precision(ckpt: dict[str, Any]) -> str:
+    """What the run computed in: the precision its trainer resolved (train.precision "auto"
+    is fp32 on a CPU, bf16 on an Ampere or later GPU), else, in checkpoints from before that
+    was recorded, the config's train.precision."""
+    resolved = ckpt.get("train_state", {}).get("precision")
+    return str(resolved or ckpt["config"]["train"].get("precision", "auto"))
+
+
+def set_train_state(ckpt: dict[str, Any], train_state: dict[str, Any]) -> None:
+    ckpt["train_state"] = train_state
+
+
+def tokenizer_from(ckpt: dict[str, Any]) -> Tokenizer:
+    from mt.data.tokenizer import Tokenizer
+
+    spm = ckpt["spm"]
+    return Tokenizer(
+        tensor_to_bytes(spm["src"]), tensor_to_bytes(spm["tgt"]) if "tgt" in spm else None
+    )
+
+
+def same_tokenizer(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two checkpoints hold the same BPE model(s)."""
+    return a["spm"].keys() == b["spm"].keys() and all(
+        torch.equal(a["spm"][k], b["spm"][k]) for k in a["spm"]
+    )
+
+
+def tokenizer_state(tokenizer: Tokenizer) -> dict[str, Any]:
+    state = {"src": bytes_to_tensor(tokenizer.src_model)}
+    if not tokenizer.joint:
+        state["tgt"] = bytes_to_tensor(tokenizer.tgt_model)
+    return state
+
+
+def resolve(path: str | Path) -> Path:
+    """A checkpoint file, or a run directory (its best.pt, else last.pt)."""
+    path = Path(path)
+    if path.is_dir():
+        for name in ("best.pt", "last.pt"):
+            if (path / name).is_file():
+                return path / name
+        raise MTError(f"{path} holds no best.pt or last.pt: train first with mt train")
+    if not path.exists():
+        raise MTError(f"{path} not found: give a run directory or a checkpoint file")
+    return path
+
+
+def snapshots(run_dir: Path) -> list[Path]:
+    """The periodic model snapshots step_N.pt of a run, oldest first."""
+    found = [
+        (int(p.stem.split("_")[1]), p)
+        for p in Path(run_dir).glob("step_*.pt")
+        if p.stem.split("_")[1].isdigit()
+    ]
+    return [p for _, p in sorted(found)]
+
+
+def average(paths: list[Path]) -> dict[str, Any]:
+    """Element-wise mean of the model weights of `paths` (Vaswani et al. 2017 average the last
+    5 or 20 checkpoints); config, tokenizer and counters come from the last one."""
+    if not paths:
+        raise MTError("no checkpoints to average")
+    ckpts = [load(p) for p in paths]
+    last = ckpts[-1]
+    for p, c in zip(paths, ckpts, strict=True):
+        if (
+            c["config"]["model"] != last["config"]["model"]
+            or c["model"].keys() != last["model"].keys()
+        ):
+            raise MTError(
+                f"{p} has a different model than {paths[-1]}: only checkpoints of one "
+                f"run can be averaged"
+            )
+    avg = {}
+    for key, value in last["model"].items():
+        if value.is_floating_point():
+            total = sum(c["model"][key].double() for c in ckpts)
+            avg[key] = (total / len(ckpts)).to(value.dtype)
+        else:
+            avg[key] = value
+    return {
+        "format_version": FORMAT_VERSION,
+        "config": last["config"],
+        "model": avg,
+        "spm": last["spm"],
+        "train_state": last.get("train_state", {}),
+        "averaged_from": [Path(p).name for p in paths],
+    }
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's generator states: torch's CPU one and, where there is CUDA, each GPU's."""
+    return {
+        "torch": torch.get_rng_state(),
+        **({"cuda": torch.cuda.get_rng_state_all()} if torch.cuda.is_available() else {}),
+    }
+
+
+def set_rng_state(state: dict[str, Any], warn: Callable[[str], None] | None = None) -> None:
+    """The generators as `rng_state` found them. GPUs are restored by index as far as both
+    sides have them: a run saved on 8 GPUs resumes on 1 (and on 1 resumes on 8), and `warn`
+    hears which generators could not be restored."""
+    torch.set_rng_state(state["torch"])
+    saved = state.get("cuda", [])
+    here = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for index in range(min(len(saved), here)):
+        torch.cuda.set_rng_state(saved[index], index)
+    if warn is not None and len(saved) != here:
+        warn(
+            f"note: the checkpoint holds random generator states of {len(saved)} GPU(s), this "
+            f"machine has {here}: restored {min(len(saved), here)}; dropout masks continue "
+            f"from a fresh state on the others, so the resumed run is not bit-identical"
+        )

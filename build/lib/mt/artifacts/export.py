@@ -1,0 +1,169 @@
+"""`mt export RUN_DIR --to ctranslate2 OUT`: a Transformer run as a CTranslate2 model
+directory, for fast inference (github.com/OpenNMT/CTranslate2), through the `ctranslate2`
+package's converter API (TransformerSpec.from_config). mt's sinusoidal (or learned) position
+table goes in as it is, the fused Q/K/V and K/V projections map onto CTranslate2's fused ones,
+and the sentencepiece model(s) are copied beside the model."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+from mt.artifacts import checkpoint
+from mt.errors import MTError
+from mt.outputs import check_folder_creatable
+
+QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int16", "float16", "bfloat16", "float32")
+
+
+def _ctranslate2():
+    try:
+        import ctranslate2
+    except ImportError:
+        raise MTError("exporting needs the ctranslate2 package: pip install 'mt[export]'") from None
+    return ctranslate2
+
+
+def check_exportable(cfg) -> None:
+    """What CTranslate2's Transformer cannot represent is refused before any work."""
+    m = cfg.model
+    if m.arch != "transformer":
+        raise MTError(
+            f"model.arch {m.arch}: only the encoder-decoder Transformer can be "
+            f"exported to CTranslate2"
+        )
+    if m.positional == "relative":
+        raise MTError(
+            "model.positional relative: mt's relative positions (Shaw et al., key "
+            "term only) have no CTranslate2 equivalent; export a run with sinusoidal "
+            "or learned positions"
+        )
+
+
+def _np(t: torch.Tensor):
+    return t.detach().float().cpu().numpy()
+
+
+def _linear(spec, layer: torch.nn.Linear) -> None:
+    spec.weight = _np(layer.weight)
+    if layer.bias is not None:
+        spec.bias = _np(layer.bias)
+
+
+def _norm(spec, norm: torch.nn.LayerNorm) -> None:
+    spec.gamma, spec.beta = _np(norm.weight), _np(norm.bias)
+
+
+def _attention(spec, attn, cross: bool) -> None:
+    if cross:  # CTranslate2: [query, fused key/value, output]
+        _linear(spec.linear[0], attn.q)
+        _linear(spec.linear[1], attn.kv)
+    else:  # [fused query/key/value, output]
+        _linear(spec.linear[0], attn.qkv)
+    _linear(spec.linear[-1], attn.out)
+
+
+def _ffn(spec, ffn, norm) -> None:
+    _linear(spec.linear_0, ffn.net[0])
+    _linear(spec.linear_1, ffn.net[3])
+    _norm(spec.layer_norm, norm)
+
+
+def _inputs(spec, embedding: torch.nn.Embedding, positions) -> None:
+    (spec.embeddings[0] if isinstance(spec.embeddings, list) else spec.embeddings).weight = _np(
+        embedding.weight
+    )
+    spec.scale_embeddings = True  # x sqrt(d_model), sec. 3.4
+    table = positions.table if positions.kind == "sinusoidal" else positions.learned.weight
+    spec.position_encodings.encodings = _np(table)
+
+
+def model_spec(model, cfg, tokenizer):
+    """The CTranslate2 TransformerSpec holding `model`'s weights and vocabularies."""
+    ct2 = _ctranslate2()
+    from ctranslate2.specs import transformer_spec
+
+    m = cfg.model
+    spec = transformer_spec.TransformerSpec.from_config(
+        (m.enc_layers, m.dec_layers),
+        m.n_heads,
+        pre_norm=m.norm == "pre",
+        activation=ct2.specs.Activation.RELU,
+    )
+    _inputs(spec.encoder, model.src_embed, model.positions)
+    for s, layer in zip(spec.encoder.layer, model.encoder, strict=True):
+        _attention(s.self_attention, layer.self_attn, cross=False)
+        _norm(s.self_attention.layer_norm, layer.res1.norm)
+        _ffn(s.ffn, layer.ffn, layer.res2.norm)
+    _inputs(spec.decoder, model.tgt_embed, model.positions)
+    for s, layer in zip(spec.decoder.layer, model.decoder, strict=True):
+        _attention(s.self_attention, layer.self_attn, cross=False)
+        _norm(s.self_attention.layer_norm, layer.res1.norm)
+        _attention(s.attention, layer.cross_attn, cross=True)
+        _norm(s.attention.layer_norm, layer.res2.norm)
+        _ffn(s.ffn, layer.ffn, layer.res3.norm)
+    if m.norm == "pre":
+        _norm(spec.encoder.layer_norm, model.enc_norm)
+        _norm(spec.decoder.layer_norm, model.dec_norm)
+    spec.decoder.projection.weight = _np(model.output_weight)
+    spec.register_source_vocabulary(_pieces(tokenizer.src))
+    spec.register_target_vocabulary(_pieces(tokenizer.tgt))
+    spec.config.add_source_eos = True  # mt's sources end with EOS
+    spec.config.decoder_start_token = "<s>"  # and targets start with BOS
+    return spec
+
+
+def _pieces(sp) -> list[str]:
+    return [sp.IdToPiece(i) for i in range(sp.GetPieceSize())]
+
+
+def export(run: Path, out: Path, quantization: str | None = None, force: bool = False) -> Path:
+    """Write the CTranslate2 model of a run (its best.pt, else last.pt) into `out`."""
+    ct2 = _ctranslate2()
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise MTError(f"--quantization {quantization}: use one of {', '.join(QUANTIZATIONS)}")
+    trained = checkpoint.open_trained(run)
+    cfg, tokenizer, model = trained.config, trained.tokenizer, trained.model
+    check_exportable(cfg)
+    _check_out(out, force)
+
+    # ctranslate2 is imported when export runs (an optional extra)
+    class Converter(ct2.converters.Converter):  # type: ignore[name-defined]
+        def _load(self):
+            return model_spec(model.eval(), cfg, tokenizer)
+
+    Converter().convert(str(out), quantization=quantization, force=True)
+    tokenizer.save(out)  # spm.model, or spm.src/tgt.model
+    (out / "mt_export.json").write_text(
+        json.dumps(
+            {
+                "from": str(trained.path),
+                "quantization": quantization or "float32",
+                "source_tokens": "sentencepiece pieces of the source (spm.model or spm.src.model); "
+                "the model appends </s>",
+                "decode": {"beam": cfg.decode.beam, "length_penalty": cfg.decode.length_penalty},
+            },
+            indent=1,
+        )
+        + "\n",
+        encoding="utf-8",
+    )
+    return out
+
+
+def _check_out(out: Path, force: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise MTError(f"{out} is a file; give a folder for the CTranslate2 model")
+    check_folder_creatable(out.parent, "export")  # OUT is removed and made again in it
+    if out.exists() and any(out.iterdir()):
+        if not force:
+            raise MTError(f"{out} already exists and is not empty; pass --force to replace it")
+        if not (out / "model.bin").is_file():
+            raise MTError(
+                f"{out} is not an exported model (no model.bin): mt will not replace "
+                f"it even with --force; choose another folder"
+            )
+        shutil.rmtree(out)

@@ -1,0 +1,67 @@
+"""Lines in and out of `mt translate`: a file or stdin, a file or stdout, and the interactive
+mode at a terminal."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from mt.errors import MTError
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def check_input_output(
+    input: Path | None, output: Path | None, force: bool, models: list[Path]
+) -> None:
+    """Before any work: the input exists, the output is writable and none of the inputs."""
+    from mt.outputs import check_output, is_stdio
+
+    check_output(output, force=force, inputs=[input, *models])
+    if input is not None and not is_stdio(input) and not input.is_file():
+        raise MTError(f"input file {input} not found")
+
+
+def read_input(path: Path | None) -> list[str]:
+    from mt.data.corpus import read_lines
+
+    if path is None or str(path) == "-":
+        data = sys.stdin.buffer.read()
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise MTError(f"stdin: invalid UTF-8 at byte {e.start}") from None
+        return text.splitlines()
+    return read_lines(path)
+
+
+def write_output(path: Path | None, lines: list[str]) -> None:
+    from mt.outputs import is_stdio, write_text
+
+    text = "".join(line + "\n" for line in lines)
+    if path is None or is_stdio(path):
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        write_text(path, text)
+
+
+def interactive(translator, options: dict) -> None:
+    """stdin is a terminal: answer each line as it is typed (Ctrl-D ends)."""
+    _say("type a sentence and press Enter; Ctrl-D to quit")
+    while True:
+        if sys.stdout.isatty():
+            try:
+                line = input("> ")  # with line editing
+            except EOFError:
+                line = None
+        else:  # stdout is a file: only translations go there
+            sys.stderr.write("> ")
+            sys.stderr.flush()
+            line = sys.stdin.readline() or None
+        if line is None:
+            _say("")
+            return
+        print(translator.translate([line.rstrip("\n")], **options)[0], flush=True)

@@ -1,0 +1,155 @@
+"""`mt report`, `mt average`, `mt tune`, `mt plot`: looking after a run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from mt.cli.app import _check_beam, _check_device, _err, _number_list, command
+from mt.errors import MTError
+
+
+@command("report")
+def report_cmd(
+    run_dir: Path = typer.Argument(..., help="run directory"),
+    output: Path = typer.Option(..., "--output", "-o", help="the HTML page to write"),
+    baseline: Path | None = typer.Option(
+        None, "--baseline", help="another run to compare with (significance on the test split)"
+    ),
+    src: Path | None = typer.Option(
+        None, "--src", help="test source (default: the run's test split)"
+    ),
+    ref: Path | None = typer.Option(None, "--ref", help="test references"),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda"),
+    force: bool = typer.Option(False, "--force", help="overwrite --output if it exists"),
+):
+    """One self-contained HTML page about a run: config, curves, validation, tuning, test
+    scores with confidence intervals, attention, best and worst translations, a baseline.
+
+    Example: mt report runs/multi30k_de_en --baseline runs/rnn -o report.html
+    """
+    from mt.evaluate.report import build_report
+    from mt.outputs import check_output, write_text
+
+    _check_device(device)
+    if (src is None) != (ref is None):
+        raise MTError("give both --src and --ref, or neither (the run's test split)")
+    if not (run_dir / "train_log.jsonl").is_file():
+        raise MTError(f"{run_dir} is not a run directory (no train_log.jsonl)")
+    check_output(output, force=force, what="report")
+    for path in (src, ref):
+        if path is not None and not path.is_file():
+            raise MTError(f"{path} not found")
+    write_text(output, build_report(run_dir, baseline, src, ref, device))
+    typer.echo(f"wrote {output}")
+
+
+@command("average")
+def average_cmd(
+    run_dir: Path = typer.Argument(..., help="run directory holding step_N.pt snapshots"),
+    last: int = typer.Option(5, "--last", min=1, help="average the last N snapshots"),
+    output: Path = typer.Option(..., "--output", "-o", help="averaged checkpoint to write"),
+    force: bool = typer.Option(False, "--force", help="overwrite --output if it exists"),
+):
+    """Average the weights of a run's last N checkpoints into one checkpoint.
+
+    Example: mt average runs/multi30k_de_en --last 5 -o runs/multi30k_de_en/avg5.pt
+    """
+    from mt.artifacts import checkpoint
+    from mt.outputs import check_output
+
+    if not run_dir.is_dir():
+        raise MTError(f"{run_dir} is not a run directory; give the folder of an mt train run")
+    paths = checkpoint.snapshots(run_dir)[-last:]
+    if len(paths) < last:
+        raise MTError(f"{run_dir} has {len(paths)} step_N.pt snapshot(s), fewer than --last {last}")
+    check_output(output, force=force, inputs=paths, what="checkpoint")
+    checkpoint.atomic_save(checkpoint.average(paths), output)
+    typer.echo(f"averaged {', '.join(p.name for p in paths)} -> {output}")
+
+
+@command("tune")
+def tune_cmd(
+    run_dir: Path = typer.Argument(..., help="run directory with best.pt"),
+    beams: str = typer.Option("1,5,10", "--beams", help="beam sizes to try, comma-separated"),
+    penalties: str = typer.Option(
+        "0.6,1.0,1.4", "--length-penalties", help="length penalties to try, comma-separated"
+    ),
+    src: Path | None = typer.Option(
+        None, "--src", help="tuning source (default: the run's valid split)"
+    ),
+    ref: Path | None = typer.Option(None, "--ref", help="tuning references"),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda"),
+):
+    """Choose beam size and length penalty on the valid split and store them in best.pt
+    (what decode.tune_beams does at the end of `mt train`). Never tune on a test set.
+
+    Example: mt tune runs/multi30k_de_en --beams 1,5,10 --length-penalties 0.6,1.0,1.4
+    """
+    from mt.evaluate.tuning import tune_best, tuning_pairs
+
+    if not (run_dir / "best.pt").is_file():
+        raise MTError(f"{run_dir}/best.pt not found: tune a run directory that has validated")
+    if (src is None) != (ref is None):
+        raise MTError("give both --src and --ref, or neither (the run's valid split)")
+    beam_list = _number_list(beams, int, "--beams")
+    lp_list = _number_list(penalties, float, "--length-penalties")
+    if not beam_list or min(beam_list) < 1 or not lp_list or min(lp_list) < 0:
+        raise MTError("--beams needs sizes >= 1 and --length-penalties values >= 0")
+    _check_beam(max(beam_list))
+    src_lines, ref_lines = tuning_pairs(run_dir / "best.pt", src, ref)
+    rec = tune_best(run_dir / "best.pt", src_lines, ref_lines, beam_list, lp_list, device)
+    for g in rec["grid"]:
+        typer.echo(
+            f"beam {g['beam']:>3}  length penalty {g['length_penalty']:<4}  "
+            f"BLEU {g['valid_bleu']:.2f}"
+        )
+    best = rec["tuned_decoding"]
+    typer.echo(
+        f"stored in {run_dir / 'best.pt'}: beam {best['beam']}, length penalty "
+        f"{best['length_penalty']}"
+    )
+
+
+@command("plot")
+def plot_cmd(
+    run_dir: Path = typer.Argument(..., help="run directory with train_log.jsonl"),
+    output: Path | None = typer.Option(None, "--output", "-o", help="default RUN_DIR/training.png"),
+    force: bool = typer.Option(False, "--force", help="overwrite --output if it exists"),
+):
+    """Draw the training curve (training/validation loss, validation BLEU) as a PNG.
+
+    Example: mt plot runs/multi30k_de_en
+    """
+    from mt.evaluate.plot import plot_run
+    from mt.outputs import check_folder_writable, check_output
+
+    if output is None:  # the run's own picture, redrawn as training redraws it
+        if run_dir.is_dir():
+            check_folder_writable(run_dir, "run")
+    else:
+        check_output(output, force=force, inputs=[run_dir / "train_log.jsonl"], what="picture")
+    typer.echo(f"wrote {plot_run(run_dir, output)}")
+
+
+@command("distill")
+def distill_cmd(
+    teacher: Path = typer.Argument(..., help="the teacher: run directory or checkpoint"),
+    data: Path = typer.Option(..., "--data", help="corpus folder with the training split"),
+    out: Path = typer.Option(..., "--out", help="folder for the distilled corpus"),
+    beam: int | None = typer.Option(None, "--beam", min=1, help="default: the teacher's"),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda"),
+    force: bool = typer.Option(False, "--force", help="overwrite files in --out"),
+):
+    """Sequence-level knowledge distillation: the teacher's translations of the training
+    sources become the training targets of a new corpus (valid/test copied unchanged).
+
+    Example: mt distill runs/multi30k_de_en --data data/multi30k --out data/multi30k_kd
+    """
+    from mt.train.distill import distill
+
+    _check_device(device)
+    _check_beam(beam)
+    n = distill(teacher, data, out, beam, device, force, log=_err)
+    typer.echo(f"wrote {out}: {n} training pairs with the teacher's translations")

@@ -1,0 +1,199 @@
+"""`mt translate`, `mt eval`, `mt attention`, `mt export`: using a trained model."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+
+from mt.cli.app import _check_beam, _check_device, _err, command
+from mt.errors import MTError
+
+
+@command("translate")
+def translate_cmd(
+    models: list[Path] = typer.Argument(
+        ..., help="run directory (best.pt, else last.pt) or checkpoint; several: an ensemble"
+    ),
+    input: Path | None = typer.Option(None, "-i", "--input", help="default stdin"),
+    output: Path | None = typer.Option(None, "-o", "--output", help="default stdout"),
+    beam: int | None = typer.Option(None, "--beam", min=1, help="default: the config's"),
+    greedy: bool = typer.Option(False, "--greedy", help="greedy search (= --beam 1)"),
+    length_penalty: float | None = typer.Option(None, "--length-penalty", min=0.0),
+    nbest: int = typer.Option(1, "--nbest", min=1, help="N best per line: LINE TAB SCORE TAB TEXT"),
+    sample: bool = typer.Option(False, "--sample", help="draw each token instead of searching"),
+    temperature: float = typer.Option(
+        1.0, "--temperature", help="--sample: <1 sharper, >1 flatter"
+    ),
+    topk: int = typer.Option(0, "--topk", min=0, help="--sample: the k likeliest tokens (0: all)"),
+    topp: float = typer.Option(1.0, "--topp", help="--sample: the nucleus of this probability"),
+    seed: int | None = typer.Option(None, "--seed", help="--sample: repeatable draws"),
+    prefix: str | None = typer.Option(None, "--prefix", help="translations start with this"),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda"),
+    precision: str = typer.Option(
+        "auto", "--precision", help="auto (GPU: the run's precision; CPU: fp32), fp32, bf16 or fp16"
+    ),
+    print_alignment: bool = typer.Option(
+        False, "--print-alignment", help="append TAB and source-target subword links (s-t, 0-based)"
+    ),
+    force: bool = typer.Option(False, "--force", help="overwrite --output if it exists"),
+):
+    """Translate a file or stdin, one output line per input line (typed lines are answered one
+    by one when stdin is a terminal).
+
+    Example: mt translate runs/multi30k_de_en -i test.de -o test.en --beam 5
+    """
+    from mt.artifacts import checkpoint
+    from mt.cli.textio import check_input_output, interactive, read_input, write_output
+    from mt.decode.translator import Sampling, Translator
+    from mt.outputs import is_stdio
+    from mt.runtime.threads import choose_threads
+
+    _check_device(device)
+    _check_beam(beam)
+    sampling = Sampling.from_flags(sample, temperature, topk, topp, seed, beam, nbest)
+    if print_alignment and (len(models) > 1 or nbest > 1 or sampling):
+        raise MTError("--print-alignment works with one model and one translation per line")
+    paths = [checkpoint.resolve(m) for m in models]
+    check_input_output(input, output, force, paths)
+    choose_threads(0, _err)
+    translator = Translator.load(paths, device, precision)
+    options = {"beam": 1 if greedy else beam, "length_penalty": length_penalty, "prefix": prefix}
+    _err(translator.describe(paths, options, nbest, sampling))
+    if (
+        is_stdio(input)
+        and sys.stdin.isatty()
+        and is_stdio(output)
+        and not print_alignment
+        and nbest == 1
+    ):
+        return interactive(translator, dict(options, sampling=sampling))
+    write_output(
+        output,
+        translator.translate_lines(read_input(input), options, nbest, sampling, print_alignment),
+    )
+
+
+@command("eval")
+def eval_cmd(
+    models: list[Path] | None = typer.Argument(
+        None, help="run directories or checkpoints that translate --src (several: compared)"
+    ),
+    src: Path | None = typer.Option(None, "--src", help="source file to translate"),
+    ref: Path = typer.Option(..., "--ref", help="reference translations (raw text)"),
+    hyps: list[Path] | None = typer.Option(
+        None, "--hyp", help="score this file instead of translating; repeat to compare systems"
+    ),
+    beam: int | None = typer.Option(None, "--beam", min=1),
+    length_penalty: float | None = typer.Option(None, "--length-penalty", min=0.0),
+    ci: bool = typer.Option(
+        False, "--ci", help="bootstrap 95% confidence intervals (1,000 resamples)"
+    ),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+    device: str = typer.Option("auto", "--device"),
+    precision: str = typer.Option("auto", "--precision", help="as for mt translate"),
+    moses_lang: str | None = typer.Option(
+        None,
+        "--lc-tok",
+        help="also report lowercased Moses-tokenized BLEU for this target "
+        "language (the Multi30k papers' metric), e.g. --lc-tok en",
+    ),
+):
+    """Score with sacreBLEU (BLEU, chrF, chrF++, TER) against raw references, printing the
+    signatures. Two or more systems (--hyp files or models) are compared with the first as
+    the baseline: paired bootstrap resampling and approximate randomisation, with p-values.
+
+    Examples: mt eval runs/multi30k_de_en --src test.de --ref test.en
+              mt eval --hyp out.en --ref test.en --ci
+              mt eval --hyp base.en --hyp new.en --ref test.en
+    """
+    from mt.data.corpus import read_lines
+    from mt.evaluate import compare
+    from mt.evaluate.metrics import check_moses_lang, paired_significance
+
+    _check_device(device)
+    _check_beam(beam)
+    if moses_lang:
+        check_moses_lang(moses_lang)  # before any translating
+    systems = compare.systems(
+        list(models or []),
+        list(hyps or []),
+        src,
+        beam=beam,
+        length_penalty=length_penalty,
+        device=device,
+        precision=precision,
+    )
+    refs = read_lines(ref)
+    if len(systems) == 1:
+        result = compare.one_system(systems[0][1], refs, ci, moses_lang)
+        typer.echo(json.dumps(result) if as_json else compare.describe_one(result, moses_lang))
+    else:
+        rows = paired_significance(systems, refs)
+        typer.echo(json.dumps({"systems": rows}) if as_json else compare.describe_table(rows))
+
+
+@command("attention")
+def attention_cmd(
+    model: Path = typer.Argument(..., help="run directory or checkpoint"),
+    sentence: str = typer.Argument(..., help="the source sentence to translate"),
+    output: Path = typer.Option(Path("attention.png"), "--output", "-o", help="PNG to write"),
+    layer: int | None = typer.Option(
+        None, "--layer", min=1, help="one decoder layer (1-based); default: the mean over layers"
+    ),
+    head: int | None = typer.Option(
+        None, "--head", min=1, help="one head (1-based); default: mean"
+    ),
+    grid: bool = typer.Option(False, "--grid", help="one panel per layer and head"),
+    beam: int | None = typer.Option(None, "--beam", min=1),
+    device: str = typer.Option("auto", "--device"),
+    force: bool = typer.Option(False, "--force", help="overwrite --output if it exists"),
+):
+    """Translate one sentence and draw the cross-attention (source x output subwords).
+
+    Example: mt attention runs/multi30k_de_en "Ein Hund rennt durch den Schnee." -o attn.png
+    """
+    from mt.artifacts import checkpoint
+    from mt.decode.alignment import plot_attention
+    from mt.decode.translator import Translator
+    from mt.outputs import check_output
+
+    _check_device(device)
+    _check_beam(beam)
+    path = checkpoint.resolve(model)
+    check_output(output, force=force, inputs=[path], what="picture")
+    translator = Translator.from_checkpoint(path, device)
+    text, weights, src_labels, tgt_labels = translator.attention(sentence, beam)
+    n_layers, n_heads = weights.shape[:2]
+    if layer is not None and layer > n_layers:
+        raise MTError(f"--layer {layer}: the decoder has {n_layers} layers")
+    if head is not None and head > n_heads:
+        raise MTError(f"--head {head}: the model has {n_heads} heads")
+    plot_attention(
+        weights, src_labels, tgt_labels, output, layer, head, grid, title=f"{sentence}\n-> {text}"
+    )
+    typer.echo(text)
+    typer.echo(f"wrote {output}")
+
+
+@command("export")
+def export_cmd(
+    run: Path = typer.Argument(..., help="run directory (best.pt, else last.pt) or checkpoint"),
+    to: str = typer.Option("ctranslate2", "--to", help="the format: ctranslate2"),
+    out: Path = typer.Argument(..., help="folder to write the exported model into"),
+    quantization: str | None = typer.Option(
+        None, "--quantization", help="int8, float16, ... (default: float32)"
+    ),
+    force: bool = typer.Option(False, "--force", help="replace an earlier export in OUT"),
+):
+    """Export a Transformer run for a fast inference engine (CTranslate2).
+
+    Example: mt export runs/multi30k_de_en ct2_de_en --quantization int8
+    """
+    from mt.artifacts.export import export
+
+    if to != "ctranslate2":
+        raise MTError(f"--to {to!r}: the one format is ctranslate2")
+    typer.echo(f"wrote {export(run, out, quantization, force)}")

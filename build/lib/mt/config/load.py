@@ -1,0 +1,184 @@
+"""Loading a run configuration: a YAML file (or a built-in config by name) plus `--set
+a.b=value` overrides, validated into a Config with one-line errors that name the key and the
+nearest valid one; saving it, and comparing two."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
+
+from mt.config.schema import Config
+from mt.errors import MTError
+from mt.outputs import atomic_file
+
+
+def _section_class(loc: tuple[str, ...]) -> type[BaseModel] | None:
+    cls: type[BaseModel] = Config
+    for part in loc:
+        field = cls.model_fields.get(str(part))
+        if field is None or not (
+            isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
+        ):
+            return cls if part == loc[-1] else None
+        cls = field.annotation
+    return cls
+
+
+def _describe(err: ErrorDetails) -> str:
+    loc = tuple(str(p) for p in err["loc"])
+    key = ".".join(loc) or "(top level)"
+    if err["type"] == "extra_forbidden":
+        parent = _section_class(loc)
+        hint = ""
+        if parent is not None:
+            close = difflib.get_close_matches(loc[-1], list(parent.model_fields), n=1)
+            valid = ", ".join(parent.model_fields)
+            hint = f" (did you mean '{close[0]}'?)" if close else f" (valid keys: {valid})"
+        return f"{key}: unknown key{hint}"
+    msg = err["msg"]
+    if err["type"] == "value_error":
+        msg = msg.removeprefix("Value error, ")
+        return msg if not loc or msg.startswith(key + ".") else f"{key}: {msg}"
+    return f"{key}: {msg} (got {err.get('input')!r})"
+
+
+def validate(raw: dict[str, Any], source: str) -> Config:
+    if not isinstance(raw, dict):
+        raise MTError(
+            f"{source}: the config must be a YAML mapping of sections "
+            f"(data, tokenizer, model, train, decode)"
+        )
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as e:
+        first = _describe(e.errors()[0])
+        more = len(e.errors()) - 1
+        raise MTError(
+            f"{source}: {first}" + (f" (and {more} more problem(s))" if more else "")
+        ) from None
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    if "=" not in text:
+        raise MTError(f"--set {text!r}: expected KEY=VALUE, e.g. --set train.max_steps=1000")
+    key, value = text.split("=", 1)
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise MTError(f"--set {text!r}: the key must be a dotted path like model.d_model")
+    return parts, _parse_value(value.strip())
+
+
+def _parse_value(text: str) -> Any:
+    # Not yaml.safe_load: YAML 1.1 reads `no`/`on` as booleans, which breaks language codes.
+    lowered = text.lower()
+    if text.startswith("["):  # a list: --set decode.tune_beams=[1,5,10]
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError:
+            raise MTError(
+                f"--set value {text!r} is not a valid list; write it like [1,5,10]"
+            ) from None
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered in ("null", "~", ""):  # as YAML: `none` is a string (attention: none)
+        return None
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    raw = _deep_copy(raw)
+    for text in overrides:
+        parts, value = parse_override(text)
+        node = raw
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise MTError(f"--set {text!r}: {part} is a value, not a section")
+            node = child
+        node[parts[-1]] = value
+    return raw
+
+
+def _deep_copy(d: Any) -> Any:
+    return {k: _deep_copy(v) for k, v in d.items()} if isinstance(d, dict) else d
+
+
+BUILTIN_DIR = Path(__file__).parent.parent / "configs"
+
+
+def builtin_configs() -> dict[str, Path]:
+    """The configs shipped inside the package, by name (tiny, multi30k_de_en, ...)."""
+    return {p.stem: p for p in sorted(BUILTIN_DIR.glob("*.yaml"))}
+
+
+def describe_config(path: Path) -> str:
+    """A config's first comment line: what it is for."""
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("#"):
+            return line.lstrip("# ").strip().split(": ")[0].rstrip(":")
+        if line.strip():
+            break
+    return ""
+
+
+def find_config(name: str | Path) -> Path:
+    """A path to a YAML file, or the name of a built-in config (`tiny`, `configs/tiny.yaml`
+    from a folder without that file)."""
+    path = Path(name)
+    if path.is_file():
+        return path
+    builtin = builtin_configs().get(path.stem if path.suffix in (".yaml", ".yml") else path.name)
+    if builtin is not None and (path.parent == Path(".") or path.parent.name == "configs"):
+        return builtin
+    names = ", ".join(builtin_configs())
+    raise MTError(
+        f"config {name} not found: pass the path to a YAML file or the name of a "
+        f"built-in config ({names}; `mt configs` lists them)"
+    )
+
+
+def load_config(path: str | Path, overrides: Sequence[str] = ()) -> Config:
+    path = find_config(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise MTError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    raw = {} if raw is None else raw
+    if not isinstance(raw, dict):
+        return validate(raw, str(path))
+    cfg = validate(raw, str(path))  # file errors are reported against the file
+    return validate(apply_overrides(raw, list(overrides)), "--set") if overrides else cfg
+
+
+def config_from_dict(raw: dict[str, Any], source: str = "checkpoint") -> Config:
+    return validate(raw, source)
+
+
+def save_config(cfg: Config, path: Path) -> None:
+    """Written whole or not at all (a temp file renamed over `path`): the other ranks of a
+    torchrun start read the run's config.yaml while rank 0 writes it."""
+    with atomic_file(path, "w") as f:
+        f.write(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+
+
+def diff_configs(a: Config, b: Config, ignore: tuple[str, ...] = ()) -> list[str]:
+    """Dotted keys whose values differ between two configs (sections in `ignore` skipped)."""
+    out = []
+    da, db = a.to_dict(), b.to_dict()
+    for section, values in da.items():
+        for key, value in values.items():
+            name = f"{section}.{key}"
+            if name not in ignore and section not in ignore and db[section][key] != value:
+                out.append(f"{name}: {db[section][key]!r} -> {value!r}")
+    return out

@@ -1,0 +1,372 @@
+"""The run configuration's schema: one frozen pydantic model per section, each rejecting
+unknown keys and wrong types, and the checks that span sections."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class DataConfig(_Section):
+    dir: str = Field("data/multi30k", description="folder with {train,valid,test}.{lang}")
+    src_lang: str = "de"
+    tgt_lang: str = "en"
+    # Hub dataset to download into `dir` when it holds no corpus yet ("multi30k", "wmt14",
+    # "synthetic", or any hub id); None means the corpus must already be there.
+    dataset: str | None = None
+    dataset_config: str | None = None
+    max_len: int = Field(128, ge=1, description="pairs longer than this (subwords) are dropped")
+
+
+class TokenizerConfig(_Section):
+    vocab_size: int = Field(8000, ge=16)
+    joint: bool = True  # one BPE model for source and target (needed for tie_embeddings: all)
+    character_coverage: float = Field(1.0, gt=0.0, le=1.0)
+    max_sentences: int = Field(2_000_000, ge=1, description="sentences sampled to train BPE")
+
+
+class ModelConfig(_Section):
+    # transformer: encoder-decoder (Vaswani et al. 2017); rnn: bidirectional GRU encoder and
+    # GRU decoder; decoder_only: one causal Transformer over `source <sep> target`.
+    # nat: the non-autoregressive Transformer of Mask-Predict (Ghazvininejad et al. 2019).
+    arch: Literal["transformer", "rnn", "decoder_only", "nat"] = "transformer"
+    # rnn only: bahdanau (additive), luong (multiplicative), none (one fixed context vector).
+    attention: Literal["bahdanau", "luong", "none"] = "bahdanau"
+    # transformer / decoder_only: sinusoidal or learned absolute positions, or relative
+    # positions in self-attention (Shaw et al. 2018) clipped at max_relative.
+    positional: Literal["sinusoidal", "learned", "relative"] = "sinusoidal"
+    max_relative: int = Field(16, ge=1)
+    d_model: int = Field(256, ge=8)
+    n_heads: int = Field(4, ge=1)
+    enc_layers: int = Field(3, ge=1)
+    dec_layers: int = Field(3, ge=1)
+    d_ff: int = Field(1024, ge=1)
+    dropout: float = Field(0.1, ge=0.0, lt=1.0)
+    attn_dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    # dropout on the FFN's hidden activation (tensor2tensor's relu_dropout; fairseq's
+    # activation_dropout, 0 by default there and in Wu et al. 2021's transformer_tiny)
+    act_dropout: float | None = Field(
+        None,
+        ge=0.0,
+        lt=1.0,
+        description="dropout on the FFN's hidden activation; unset = model.dropout",
+    )
+    norm: Literal["post", "pre"] = "post"
+    # none: three matrices; decoder: target embedding = output projection (Press & Wolf 2017);
+    # all: source, target and output share one matrix (needs tokenizer.joint).
+    tie_embeddings: Literal["none", "decoder", "all"] = "all"
+    max_positions: int = Field(1024, ge=8)
+    # a masked-LM pretrained encoder (RUN_DIR/pretrained.pt of `mt pretrain`) to start from
+    init_encoder: str | None = None
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> ModelConfig:
+        if self.arch == "rnn":
+            if self.positional != "sinusoidal":
+                raise ValueError(
+                    f"model.positional: {self.positional} applies to the "
+                    f"transformer and decoder_only archs; an rnn reads positions "
+                    f"by its recurrence (remove the key)"
+                )
+            if self.act_dropout is not None:
+                raise ValueError(
+                    "model.act_dropout applies to the Transformer's feed-forward "
+                    "layers; an rnn has none (remove the key)"
+                )
+            if self.d_model % 2:
+                raise ValueError(
+                    f"model.d_model ({self.d_model}) must be even for the bidirectional rnn encoder"
+                )
+            return self
+        if self.attention != "bahdanau":
+            raise ValueError(
+                f"model.attention: {self.attention} applies to model.arch: rnn "
+                f"only (the {self.arch} uses multi-head attention)"
+            )
+        if self.d_model % self.n_heads:
+            raise ValueError(
+                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})"
+            )
+        return self
+
+
+class ScheduledSamplingConfig(_Section):
+    """Feed the model its own predictions instead of the gold previous tokens, with a gold
+    probability that decays over updates (Bengio et al. 2015); see
+    mt/objectives/scheduled_sampling.py."""
+
+    schedule: Literal["linear", "exponential", "inverse_sigmoid"] = "inverse_sigmoid"
+    k: float = Field(
+        2000.0,
+        gt=0.0,
+        description="linear: the start probability; "
+        "exponential: the decay base (< 1); inverse_sigmoid: the step scale (>= 1)",
+    )
+    c: float = Field(0.0, ge=0.0, description="linear: the decrease per update")
+    min_gold: float = Field(0.0, ge=0.0, le=1.0, description="the gold probability's floor")
+    # auto: two parallel decoder passes for Transformers (Duckworth et al. 2019), the decoder
+    # step by step for the RNN (Bengio et al.)
+    mode: Literal["auto", "two_pass", "step_by_step"] = "auto"
+
+    @model_validator(mode="after")
+    def _k_fits_schedule(self) -> ScheduledSamplingConfig:
+        if self.schedule == "exponential" and self.k >= 1:
+            raise ValueError(
+                f"train.scheduled_sampling.k ({self.k}) must be < 1 for the "
+                f"exponential schedule (the gold probability is k ** step)"
+            )
+        if self.schedule == "inverse_sigmoid" and self.k < 1:
+            raise ValueError(
+                f"train.scheduled_sampling.k ({self.k}) must be >= 1 for the "
+                f"inverse_sigmoid schedule"
+            )
+        return self
+
+
+class TrainConfig(_Section):
+    max_steps: int = Field(20000, ge=1, description="optimizer updates")
+    max_minutes: float = Field(
+        0.0,
+        ge=0.0,
+        description="also stop (validate, average, tune) "
+        "after this many minutes of training; "
+        "0 = no time limit",
+    )
+    max_tokens: int = Field(
+        4096, ge=16, description="source+target tokens per batch, padding incl."
+    )
+    accum_steps: int = Field(1, ge=1, description="batches accumulated into one update")
+    lr_factor: float = Field(1.0, gt=0.0)
+    warmup: int = Field(4000, ge=1)
+    cooldown: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="in this last fraction of the "
+        "budget (max_steps, or max_minutes when that ends first) the "
+        "learning rate falls linearly to 0; 0 = no cool-down",
+    )
+    ema_decay: float = Field(
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description="keep an exponential moving "
+        "average of the weights with this decay (e.g. 0.999) for "
+        "validation, snapshots and best.pt; 0 = off",
+    )
+    adam_beta1: float = Field(0.9, ge=0.0, lt=1.0)
+    adam_beta2: float = Field(0.98, ge=0.0, lt=1.0)
+    adam_eps: float = Field(1e-9, gt=0.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    label_smoothing: float = Field(0.1, ge=0.0, lt=1.0)
+    scheduled_sampling: ScheduledSamplingConfig | None = None
+    rdrop_alpha: float = Field(
+        0.0,
+        ge=0.0,
+        description="R-Drop (Liang et al. 2021): two "
+        "dropout passes per batch and this weight on their symmetric "
+        "KL; 0 = off",
+    )
+    # BPE-dropout (Provilkov et al., ACL 2020): every epoch the training split is segmented
+    # anew, each merge skipped with this probability, so the model sees many segmentations of
+    # a word; valid, test and translation keep the deterministic segmentation. A train
+    # setting, not a tokenizer one: the BPE model it samples from is the same.
+    bpe_dropout: float = Field(
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description="BPE-dropout probability "
+        "for the training split, resampled every epoch (Provilkov "
+        "et al. 2020 use 0.1); 0 = off",
+    )
+    # Bidirectional training, BiT (Ding et al., EMNLP 2021): early updates also learn the
+    # reverse direction from the same pairs (source+target -> target+source, no tags: the
+    # source's language says which way), then the rest trains the configured direction
+    # alone. The paper gives the first third of the updates to both directions. Decided at
+    # each epoch's start, so the stage ends at the first epoch that begins past the share.
+    bidirectional_share: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="train on both "
+        "directions for this share of the budget (max_steps, "
+        "or max_minutes when that ends first), then on the "
+        "configured one (BiT, Ding et al. 2021 use 1/3); needs "
+        "tokenizer.joint; 0 = off",
+    )
+    # Word dropout (Sennrich et al., WMT 2016; Xie et al., ICLR 2017's "blank noising"): each
+    # source piece of a training batch is replaced by <unk> with this probability, so the
+    # model cannot lean on any one source word; valid, test and translation see clean text.
+    word_dropout: float = Field(
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description="replace each source "
+        "token (BPE piece) of a training batch by <unk> with this "
+        "probability, drawn anew for every batch; 0 = off",
+    )
+    clip_norm: float = Field(1.0, ge=0.0, description="0 disables clipping")
+    log_every: int = Field(100, ge=1)
+    valid_every: int = Field(1000, ge=1)
+    save_every: int = Field(1000, ge=1)
+    keep_checkpoints: int = Field(5, ge=0, description="step_N.pt model snapshots kept")
+    average_last: int = Field(
+        0,
+        ge=0,
+        description="at the end, average this many last snapshots; kept as best.pt if better",
+    )
+    patience: int = Field(
+        0,
+        ge=0,
+        description="stop after this many validations without a better BLEU; 0 = never stop early",
+    )
+    valid_beam: int = Field(0, ge=0, description="beam for validation BLEU; 0 = decode.beam")
+    max_nonfinite: int = Field(
+        5,
+        ge=1,
+        description="stop after this many NaN/inf losses in a row (each such update is skipped)",
+    )
+    seed: int = 1234
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    num_threads: int = Field(0, ge=0, description="CPU threads; 0 = torch default")
+    dist_timeout_minutes: float = Field(
+        30.0, gt=0.0, description="multi-rank runs: a collective that takes longer ends the run"
+    )
+    dist_wait_minutes: float = Field(
+        240.0,
+        gt=0.0,
+        description="multi-rank runs: how long "
+        "the other ranks wait while rank 0 alone downloads the "
+        "corpus, trains BPE or validates",
+    )
+    tensorboard: bool = Field(
+        False,
+        description="also write train_log.jsonl's scalars as "
+        "TensorBoard events in RUN_DIR/tensorboard (pip install "
+        "'mt[tensorboard]')",
+    )
+    fast_paths: Literal["auto", True, False] = Field(
+        "auto",
+        description="swap in mt/fast (fused CPU training nodes, hash dropout, row "
+        "packing, chunked loss); auto: on a CPU only (on an H200 they made training slower); "
+        "false: the reference model and loss as written; true: on any device",
+    )
+    compile: bool = Field(
+        False,
+        description="torch.compile the training forward/backward (dynamic shapes); pays off on GPU",
+    )
+
+    @field_validator("fast_paths", mode="before")
+    @classmethod
+    def _fast_paths_is_not_a_number(cls, v: Any) -> Any:
+        # A Literal of True/False also takes 1 and 0 (1 == True), which strict mode
+        # refuses for every other boolean key.
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            raise ValueError(f"expected 'auto', true or false, not the number {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _average_needs_snapshots(self) -> TrainConfig:
+        if self.average_last > self.keep_checkpoints:
+            raise ValueError(
+                f"average_last ({self.average_last}) needs keep_checkpoints >= "
+                f"{self.average_last} (it is {self.keep_checkpoints})"
+            )
+        return self
+
+
+# Beams beyond this only cost time: BLEU peaks at beams of about 4-10 (Koehn & Knowles 2017).
+MAX_BEAM = 100
+
+
+class DecodeConfig(_Section):
+    beam: int = Field(5, ge=1, le=MAX_BEAM)
+    length_penalty: float = Field(1.0, ge=0.0)
+    max_len_a: float = Field(1.5, ge=0.0, description="max output length = a * src_len + b")
+    max_len_b: int = Field(10, ge=1)
+    # model.arch nat: mask-predict's refinement iterations and candidate lengths
+    nat_iterations: int = Field(10, ge=1)
+    nat_length_beam: int = Field(3, ge=1)
+    max_tokens: int = Field(4000, ge=16, description="source tokens per translation batch")
+    # At the end of `mt train`: try these beams x length penalties on the valid split with
+    # best.pt and store the best pair in it (mt translate then uses it). Empty: no tuning.
+    tune_beams: list[int] = Field(default_factory=list)
+    tune_length_penalties: list[float] = Field(default_factory=lambda: [1.0])
+
+    @model_validator(mode="after")
+    def _grid_is_sane(self) -> DecodeConfig:
+        if any(b < 1 or b > MAX_BEAM for b in self.tune_beams):
+            raise ValueError(
+                f"decode.tune_beams: beams must be 1 to {MAX_BEAM} (got {self.tune_beams})"
+            )
+        if not self.tune_length_penalties or any(p < 0 for p in self.tune_length_penalties):
+            raise ValueError("decode.tune_length_penalties: give at least one penalty >= 0")
+        return self
+
+
+class Config(_Section):
+    data: DataConfig = DataConfig()
+    tokenizer: TokenizerConfig = TokenizerConfig()
+    model: ModelConfig = ModelConfig()
+    train: TrainConfig = TrainConfig()
+    decode: DecodeConfig = DecodeConfig()
+
+    @model_validator(mode="after")
+    def _lengths_fit_positions(self) -> Config:
+        # a kept pair has at most max_len tokens a side (EOS/BOS included); the decoder-only
+        # model reads both sides as one sequence
+        need = self.data.max_len * (2 if self.model.arch == "decoder_only" else 1)
+        if self.model.arch != "rnn" and need > self.model.max_positions:
+            what = "twice data.max_len" if self.model.arch == "decoder_only" else "data.max_len"
+            raise ValueError(
+                f"data.max_len ({self.data.max_len}) does not fit "
+                f"model.max_positions ({self.model.max_positions}): {what} must be "
+                f"<= model.max_positions; raise model.max_positions to {need} or "
+                f"lower data.max_len"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _nat_trains_its_own_way(self) -> Config:
+        if self.model.arch == "nat" and (
+            self.train.scheduled_sampling is not None or self.train.rdrop_alpha > 0
+        ):
+            raise ValueError(
+                "model.arch nat learns from masked targets: train.scheduled_sampling"
+                " and train.rdrop_alpha apply to the autoregressive models only"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _bidirectional_needs_joint(self) -> Config:
+        if self.train.bidirectional_share > 0 and not self.tokenizer.joint:
+            raise ValueError(
+                "train.bidirectional_share trains one model on both directions "
+                "and needs one vocabulary for both: set tokenizer.joint: true "
+                "(or train.bidirectional_share: 0)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _tie_needs_joint(self) -> Config:
+        if self.model.tie_embeddings == "all" and not self.tokenizer.joint:
+            raise ValueError(
+                "model.tie_embeddings: all needs tokenizer.joint: true "
+                "(or set model.tie_embeddings: decoder)"
+            )
+        return self
+
+    @property
+    def max_side_len(self) -> int:
+        """The longest source or target (EOS/BOS included) the model takes."""
+        m = self.model
+        return m.max_positions // 2 if m.arch == "decoder_only" else m.max_positions
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="python")

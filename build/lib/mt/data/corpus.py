@@ -1,0 +1,228 @@
+"""Parallel text on disk -> checked, cleaned line pairs -> compact token-id arrays."""
+
+from __future__ import annotations
+
+import gzip
+import random
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from mt.errors import MTError
+
+SPLITS = ("train", "valid", "test")
+# C0/C1 control characters except tab; they are invisible and confuse tokenizers and scorers.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def open_text(path: Path, mode: str = "rb"):
+    return gzip.open(path, mode) if str(path).endswith(".gz") else open(path, mode)
+
+
+def iter_lines(path: str | Path) -> Iterator[str]:
+    """The lines of a UTF-8 (optionally .gz) file, without line endings, one at a time.
+
+    Decodes line by line so an encoding error names the line the user must fix.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise MTError(f"{path}: file not found")
+    try:
+        with open_text(path) as f:
+            for i, raw in enumerate(f, 1):
+                try:
+                    yield raw.decode("utf-8").rstrip("\r\n")
+                except UnicodeDecodeError as e:
+                    raise MTError(
+                        f"{path}:{i}: invalid UTF-8 at byte {e.start} "
+                        f"(re-encode the file as UTF-8, e.g. with iconv)"
+                    ) from None
+    except (OSError, EOFError) as e:
+        raise MTError(f"{path}: cannot read ({e})") from None
+
+
+def read_lines(path: str | Path) -> list[str]:
+    return list(iter_lines(path))
+
+
+def clean(line: str) -> str:
+    return " ".join(_CONTROL.sub(" ", line).split())
+
+
+def split_paths(
+    data_dir: str | Path, split: str, src_lang: str, tgt_lang: str
+) -> tuple[Path, Path]:
+    d = Path(data_dir)
+    return d / f"{split}.{src_lang}", d / f"{split}.{tgt_lang}"
+
+
+def has_split(data_dir: str | Path, split: str, src_lang: str, tgt_lang: str) -> bool:
+    return all(p.is_file() for p in split_paths(data_dir, split, src_lang, tgt_lang))
+
+
+def iter_parallel(src_path: Path, tgt_path: Path) -> Iterator[tuple[str, str]]:
+    """Line pairs, streamed; files of different lengths are an error naming both counts."""
+    src_it, tgt_it = iter_lines(src_path), iter_lines(tgt_path)
+    n = 0
+    for s in src_it:
+        t = next(tgt_it, None)
+        if t is None:
+            raise _mismatch(src_path, n + 1 + sum(1 for _ in src_it), tgt_path, n)
+        n += 1
+        yield s, t
+    rest = sum(1 for _ in tgt_it)
+    if rest:
+        raise _mismatch(src_path, n, tgt_path, n + rest)
+
+
+def _mismatch(src_path: Path, n_src: int, tgt_path: Path, n_tgt: int) -> MTError:
+    return MTError(
+        f"{src_path} has {n_src} lines but {tgt_path} has {n_tgt}: "
+        f"a parallel corpus needs one target line per source line"
+    )
+
+
+def read_parallel(src_path: Path, tgt_path: Path) -> tuple[list[str], list[str]]:
+    pairs = list(iter_parallel(src_path, tgt_path))
+    return [s for s, _ in pairs], [t for _, t in pairs]
+
+
+@dataclass
+class Stats:
+    total: int = 0
+    empty: int = 0
+    too_long: int = 0
+
+    @property
+    def kept(self) -> int:
+        return self.total - self.empty - self.too_long
+
+    def describe(self, name: str) -> str:
+        return (
+            f"{name}: {self.kept} of {self.total} pairs kept "
+            f"({self.empty} empty, {self.too_long} longer than max_len dropped)"
+        )
+
+
+def clean_pairs(pairs: Iterable[tuple[str, str]], stats: Stats) -> Iterator[tuple[str, str]]:
+    """Cleaned pairs with both sides non-empty; counts what it sees and drops in `stats`."""
+    for s, t in pairs:
+        stats.total += 1
+        s, t = clean(s), clean(t)
+        if s and t:
+            yield s, t
+        else:
+            stats.empty += 1
+
+
+def drop_empty(src: list[str], tgt: list[str], stats: Stats) -> tuple[list[str], list[str]]:
+    pairs = list(clean_pairs(zip(src, tgt, strict=True), stats))
+    return [s for s, _ in pairs], [t for _, t in pairs]
+
+
+def sample_pairs(
+    pairs: Iterable[tuple[str, str]], n: int, seed: int
+) -> tuple[list[str], list[str]]:
+    """At most n pairs drawn uniformly (reservoir sampling) in one streaming pass."""
+    rng, sample = random.Random(seed), []
+    for i, pair in enumerate(pairs):
+        if i < n:
+            sample.append(pair)
+        else:
+            j = rng.randrange(i + 1)
+            if j < n:
+                sample[j] = pair
+    return [s for s, _ in sample], [t for _, t in sample]
+
+
+class TokenArray:
+    """Variable-length int sequences in one flat int32 array plus offsets (no Python lists)."""
+
+    def __init__(self, seqs: list[list[int]], dtype=np.int32):
+        self.lengths = np.fromiter((len(s) for s in seqs), dtype=np.int32, count=len(seqs))
+        self.offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
+        np.cumsum(self.lengths, out=self.offsets[1:])
+        self.data = np.fromiter(
+            (t for s in seqs for t in s), dtype=dtype, count=int(self.offsets[-1])
+        )
+
+    @classmethod
+    def concat(cls, parts: list[TokenArray]) -> TokenArray:
+        out = cls([])
+        if parts:
+            out.lengths = np.concatenate([p.lengths for p in parts])
+            out.data = np.concatenate([p.data for p in parts])
+            out.offsets = np.zeros(len(out.lengths) + 1, dtype=np.int64)
+            np.cumsum(out.lengths, out=out.offsets[1:])
+        return out
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.data[self.offsets[i] : self.offsets[i + 1]]
+
+
+@dataclass
+class ParallelData:
+    src: TokenArray
+    tgt: TokenArray
+    stats: Stats
+
+
+def both_directions(data: ParallelData) -> ParallelData:
+    """The pairs in both directions, (src, tgt) then (tgt, src): one training set for a model
+    that translates either way (same token ids on both sides: a joint vocabulary)."""
+    return ParallelData(
+        TokenArray.concat([data.src, data.tgt]), TokenArray.concat([data.tgt, data.src]), data.stats
+    )
+
+
+def encode_stream(
+    pairs: Iterable[tuple[str, str]],
+    tokenizer,
+    max_len: int,
+    stats: Stats,
+    chunk: int = 20_000,
+    dropout: float = 0.0,
+) -> ParallelData:
+    """Tokenize and drop pairs whose either side exceeds `max_len` subwords (+EOS/BOS).
+    Streams in chunks, so only one chunk ever exists as Python strings and lists of ints
+    (~36 bytes per token); the result is uint16 arrays (2 bytes per token) when the
+    vocabulary fits, int32 otherwise. dropout > 0: BPE-dropout segmentations (seeded by
+    Tokenizer.seed_dropout)."""
+    big = max(tokenizer.src_vocab_size, tokenizer.tgt_vocab_size) > np.iinfo(np.uint16).max
+    dtype = np.int32 if big else np.uint16
+    src_parts, tgt_parts = [], []
+    stats.too_long = 0
+    buf: list[tuple[str, str]] = []
+
+    def flush():
+        src_ids = tokenizer.encode_src([s for s, _ in buf], dropout)
+        tgt_ids = tokenizer.encode_tgt([t for _, t in buf], dropout)
+        keep = [
+            i
+            for i in range(len(buf))
+            if len(src_ids[i]) + 1 <= max_len and len(tgt_ids[i]) + 1 <= max_len
+        ]
+        stats.too_long += len(buf) - len(keep)
+        src_parts.append(TokenArray([src_ids[i] for i in keep], dtype))
+        tgt_parts.append(TokenArray([tgt_ids[i] for i in keep], dtype))
+        buf.clear()
+
+    for pair in pairs:
+        buf.append(pair)
+        if len(buf) == chunk:
+            flush()
+    if buf:
+        flush()
+    return ParallelData(TokenArray.concat(src_parts), TokenArray.concat(tgt_parts), stats)
+
+
+def encode_pairs(
+    src: list[str], tgt: list[str], tokenizer, max_len: int, stats: Stats
+) -> ParallelData:
+    return encode_stream(zip(src, tgt, strict=True), tokenizer, max_len, stats)

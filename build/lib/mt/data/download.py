@@ -1,0 +1,158 @@
+"""Get a parallel corpus into `OUT/{train,valid,test}.{lang}` plain text.
+
+Sources: the Hugging Face hub through `datasets.load_dataset`, a local folder (the official
+Multi30k raw layout, plain text splits, or a `datasets` folder written by `save_to_disk`),
+or the built-in synthetic task.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from mt.data import synthetic
+from mt.data.corpus import SPLITS, read_lines
+from mt.errors import MTError
+from mt.outputs import check_folder_creatable, write_text
+
+# Short names -> (hub id, dataset config). Any other name is passed to the hub as it is.
+HUB_ALIASES = {
+    "multi30k": ("bentrevett/multi30k", None),
+    "wmt14": ("wmt/wmt14", "de-en"),
+}
+_SPLIT_NAMES = {
+    "train": "train",
+    "validation": "valid",
+    "valid": "valid",
+    "val": "valid",
+    "dev": "valid",
+    "test": "test",
+    "test_2016_flickr": "test",
+}
+_FILE = re.compile(r"^(?P<split>[^.]+)\.(?P<lang>[A-Za-z_-]{2,8})(?:\.gz)?$")
+
+
+def _one_line(text: Any) -> str:
+    # A value with an embedded newline would shift every later line of the corpus.
+    return " ".join(str(text).split())
+
+
+def write_splits(splits: dict[str, dict[str, list[str]]], out: Path, force: bool) -> dict[str, int]:
+    """splits: {split: {lang: lines}} -> OUT/split.lang files; returns lines per split."""
+    targets = [out / f"{split}.{lang}" for split, by_lang in splits.items() for lang in by_lang]
+    existing = [str(p) for p in targets if p.exists()]
+    if existing and not force:
+        raise MTError(
+            f"{existing[0]} already exists; pass --force to overwrite or choose another --out"
+        )
+    for split, by_lang in splits.items():
+        counts = {lang: len(lines) for lang, lines in by_lang.items()}
+        if len(set(counts.values())) > 1:
+            raise MTError(f"split {split} has different line counts per language: {counts}")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise MTError(f"cannot create {out} ({e.strerror}); choose another --out") from None
+    for split, by_lang in splits.items():
+        for lang, lines in by_lang.items():
+            write_text(out / f"{split}.{lang}", "".join(_one_line(x) + "\n" for x in lines))
+    return {split: len(next(iter(by_lang.values()))) for split, by_lang in splits.items()}
+
+
+def from_datasets(dd, langs: tuple[str, str] | None = None) -> dict[str, dict[str, list[str]]]:
+    """A `datasets.DatasetDict` with one column per language (multi30k) or a `translation`
+    column of {lang: text} dicts (WMT) -> {split: {lang: lines}}."""
+    out: dict[str, dict[str, list[str]]] = {}
+    for name, ds in dd.items():
+        split = _SPLIT_NAMES.get(name)
+        if split is None:
+            continue
+        if "translation" in ds.column_names:
+            pairs = ds["translation"]
+            found = tuple(pairs[0]) if len(pairs) else ()
+            use = langs or found
+            missing = [lang for lang in use if lang not in found]
+            if missing:
+                raise MTError(f"split {name} has languages {list(found)}, not {missing}")
+            out[split] = {lang: [p[lang] for p in pairs] for lang in use}
+        else:
+            cols = [c for c in ds.column_names if ds.features[c].dtype == "string"]
+            use = langs or tuple(cols)
+            missing = [lang for lang in use if lang not in cols]
+            if missing:
+                raise MTError(
+                    f"split {name} has text columns {cols}, not {missing}; "
+                    f"pass --src and --tgt with column names"
+                )
+            out[split] = {lang: list(ds[lang]) for lang in use}
+    if "train" not in out:
+        raise MTError(f"the dataset has splits {list(dd)}, but none is named train")
+    return out
+
+
+def from_dir(path: Path, langs: tuple[str, str] | None = None) -> dict[str, dict[str, list[str]]]:
+    if not path.is_dir():
+        raise MTError(f"--from-dir {path}: not a folder")
+    if (path / "dataset_dict.json").is_file():
+        import datasets
+
+        return from_datasets(datasets.load_from_disk(str(path)), langs)
+    found: dict[str, dict[str, Path]] = {}
+    for f in sorted(path.iterdir()):
+        m = _FILE.match(f.name)
+        split = _SPLIT_NAMES.get(m["split"]) if m else None
+        if m and split and (not langs or m["lang"] in langs):
+            # Prefer an exact name (test_2016_flickr) over a later duplicate of the same split.
+            found.setdefault(split, {}).setdefault(m["lang"], f)
+    if "train" not in found:
+        raise MTError(
+            f"--from-dir {path}: no training files found; expected train.LANG[.gz] "
+            f"(and val/valid/dev, test or test_2016_flickr) for two languages"
+        )
+    return {
+        split: {lang: read_lines(p) for lang, p in by_lang.items()}
+        for split, by_lang in found.items()
+    }
+
+
+def from_hub(name: str, config: str | None, langs: tuple[str, str] | None, out: Path):
+    hub_id, default_config = HUB_ALIASES.get(name, (name, None))
+    config = config or default_config
+    try:
+        import datasets
+
+        dd = datasets.load_dataset(hub_id, config)
+    except Exception as e:  # network, auth and missing-dataset errors all mean the same here
+        reason = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        raise MTError(
+            f"could not load '{hub_id}' from the Hugging Face hub ({reason}); "
+            f"without network access, import local files with "
+            f"`mt download {name} --from-dir DIR --out {out}`"
+        ) from None
+    return from_datasets(dd, langs)
+
+
+def download(
+    name: str,
+    out: Path,
+    *,
+    config: str | None = None,
+    from_path: Path | None = None,
+    langs: tuple[str, str] | None = None,
+    force: bool = False,
+) -> dict[str, int]:
+    check_folder_creatable(out, "--out")  # before anything is fetched
+    if name == "synthetic":
+        splits = {s: {"src": a, "tgt": b} for s, (a, b) in synthetic.splits().items()}
+    elif from_path is not None:
+        splits = from_dir(from_path, langs)
+    else:
+        splits = from_hub(name, config, langs, out)
+    for split in SPLITS:
+        if split in splits and len(splits[split]) < 2:
+            raise MTError(
+                f"split {split} has only the language(s) {list(splits[split])}; "
+                f"a parallel corpus needs two"
+            )
+    return write_splits(splits, out, force)

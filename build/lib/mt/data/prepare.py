@@ -1,0 +1,162 @@
+"""The one entry point from a run's data config and run directory to the data it trains on."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from mt.config import Config
+from mt.data.batching import epoch_seed
+from mt.data.corpus import (
+    ParallelData,
+    Stats,
+    clean_pairs,
+    drop_empty,
+    encode_pairs,
+    encode_stream,
+    has_split,
+    iter_parallel,
+    read_parallel,
+    sample_pairs,
+    split_paths,
+)
+from mt.data.download import download
+from mt.data.tokenizer import Tokenizer
+from mt.errors import MTError
+
+
+def prepare_data(
+    cfg: Config,
+    run_dir: Path,
+    dist,
+    log,
+    bpe_dropout: float = 0.0,
+    inherited: Callable[[], Tokenizer | None] | None = None,
+):
+    """From the data config and the run directory to what training reads: the corpus fetched
+    if the config names one and data.dir has none (rank 0), the run's BPE model (trained by
+    rank 0 the first time), the training split as token ids, and the valid split as text and
+    token ids. Returns (tokenizer, train data, (valid sources, valid references, valid data)).
+    bpe_dropout > 0: the training data is epoch 0's BPE-dropout segmentation (the plain one is
+    never trained on), so the logged counts are those of what the first epoch walks.
+    inherited() -> the BPE model a new run adopts instead of training its own (that of a
+    pretrained encoder, model.init_encoder), or None."""
+    if dist.is_main:  # one rank downloads and trains BPE; the others wait, then read
+        ensure_data(cfg, log)
+    dist.wait_for_main()
+    d = cfg.data
+    train_stats, valid_stats = Stats(), Stats()
+    train_paths = split_paths(d.dir, "train", d.src_lang, d.tgt_lang)
+    vsrc, vtgt = drop_empty(
+        *read_parallel(*split_paths(d.dir, "valid", d.src_lang, d.tgt_lang)), valid_stats
+    )
+    if not vsrc:
+        raise MTError(f"{d.dir}: the valid split has no non-empty pairs")
+    if dist.is_main:
+        load_tokenizer(cfg, run_dir, train_paths, log, inherited)
+    dist.wait_for_main()
+    tokenizer = load_tokenizer(cfg, run_dir, train_paths, log)
+    train_data = encode_train(cfg, tokenizer, train_stats, bpe_dropout, epoch=0)
+    valid_data = encode_pairs(vsrc, vtgt, tokenizer, cfg.max_side_len, valid_stats)
+    log(train_stats.describe("train"))
+    log(valid_stats.describe("valid"))
+    return tokenizer, train_data, (vsrc, vtgt, valid_data)
+
+
+def encode_train(
+    cfg: Config, tokenizer: Tokenizer, stats: Stats, bpe_dropout: float, epoch: int
+) -> ParallelData:
+    """The training split as token ids, streamed from disk (text is never held whole, only
+    its ids); bpe_dropout > 0: the segmentation of `epoch`, seeded by train.seed and the epoch
+    alone, so every rank and a resumed run get the same one."""
+    d = cfg.data
+    paths = split_paths(d.dir, "train", d.src_lang, d.tgt_lang)
+    if bpe_dropout > 0:
+        tokenizer.seed_dropout(epoch_seed(cfg.train.seed, epoch))
+    data = encode_stream(
+        clean_pairs(iter_parallel(*paths), stats), tokenizer, d.max_len, stats, dropout=bpe_dropout
+    )
+    if not len(data.src):
+        why = (
+            f"with train.bpe_dropout={bpe_dropout} no training pair fits data.max_len="
+            f"{d.max_len}; raise data.max_len"
+            if bpe_dropout > 0
+            else f"no training pair left (empty, or longer than data.max_len={d.max_len})"
+        )
+        raise MTError(f"{paths[0]}: {why}")
+    return data
+
+
+def bpe_dropout_epochs(cfg: Config, tokenizer: Tokenizer, first: ParallelData):
+    """train.bpe_dropout > 0: a function from an epoch to that epoch's training data, the
+    training split segmented anew with BPE-dropout (Provilkov et al., ACL 2020). `first` is
+    epoch 0's, already encoded by prepare_data: handed out once, then dropped."""
+    kept = {0: first}
+
+    def epoch_data(epoch: int) -> ParallelData:
+        data = kept.pop(epoch, None)
+        kept.clear()  # a resumed run starts past epoch 0: not held for nothing
+        return (
+            data
+            if data is not None
+            else encode_train(cfg, tokenizer, Stats(), cfg.train.bpe_dropout, epoch)
+        )
+
+    return epoch_data
+
+
+def ensure_data(cfg: Config, log) -> None:
+    d = cfg.data
+    for split in ("train", "valid"):
+        if has_split(d.dir, split, d.src_lang, d.tgt_lang):
+            continue
+        if d.dataset is None:
+            src, tgt = split_paths(d.dir, split, d.src_lang, d.tgt_lang)
+            raise MTError(
+                f"no {split} data: {src} and {tgt} must exist; fetch a corpus with "
+                f"`mt download` or set data.dir"
+            )
+        log(f"{d.dir} has no {split} split: downloading {d.dataset} ...")
+        download(
+            d.dataset,
+            Path(d.dir),
+            config=d.dataset_config,
+            langs=(d.src_lang, d.tgt_lang) if d.dataset != "synthetic" else None,
+        )
+        if not has_split(d.dir, split, d.src_lang, d.tgt_lang):
+            raise MTError(f"{d.dataset} gave no {split} split for {d.src_lang}-{d.tgt_lang}")
+
+
+def load_tokenizer(
+    cfg: Config,
+    run_dir: Path,
+    train_paths: tuple[Path, Path],
+    log,
+    inherited: Callable[[], Tokenizer | None] | None = None,
+) -> Tokenizer:
+    """The run's BPE model: the one it saved, else inherited()'s, else trained on (a sample
+    of) the training split the first time."""
+    tok = Tokenizer.load(run_dir)
+    if tok is None and inherited is not None:
+        tok = inherited()
+        if tok is not None:
+            tok.save(run_dir)
+    if tok is None:
+        t = cfg.tokenizer
+        log(f"training {'joint' if t.joint else 'separate'} BPE (vocab {t.vocab_size}) ...")
+        src, tgt = sample_pairs(
+            clean_pairs(iter_parallel(*train_paths), Stats()), t.max_sentences, cfg.train.seed
+        )
+        if not src:
+            raise MTError(f"{train_paths[0]}: the training split has no non-empty pairs")
+        tok = Tokenizer.train(
+            src,
+            tgt,
+            vocab_size=t.vocab_size,
+            joint=t.joint,
+            character_coverage=t.character_coverage,
+            max_sentences=t.max_sentences,
+            seed=cfg.train.seed,
+        )
+        tok.save(run_dir)
+    return tok

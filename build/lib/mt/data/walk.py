@@ -1,0 +1,87 @@
+"""The order training reads the corpus in: a new shuffle every epoch, each rank its share, and
+a position (epoch, batch in epoch) kept in the TrainState, so that a resumed run continues on
+the very batch it stopped at. The trainer asks for batches; what they hold is decided here."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import torch
+
+from mt.data.batching import (
+    Batch,
+    collate,
+    describe_batches,
+    drop_source_words,
+    epoch_batches,
+    epoch_seed,
+)
+from mt.data.corpus import ParallelData, both_directions
+
+
+def training_batches(
+    state,
+    cfg,
+    data_for_epoch: Callable[[int], ParallelData],
+    device: torch.device,
+    *,
+    rank: int = 0,
+    world: int = 1,
+    progress: Callable[[], float] = lambda: 0.0,
+    say: Callable[[str], None] = print,
+    prepare: Callable[[Batch, list[int]], Batch] | None = None,
+) -> Iterator[Batch]:
+    """Batches from (state.epoch, state.batch_in_epoch) on, advancing them as it goes.
+
+    state: the TrainState (epoch, batch_in_epoch, both_directions; step for messages);
+    cfg: the train config (max_tokens, seed, word_dropout, bidirectional_share);
+    data_for_epoch(epoch): the epoch's token ids (they change every epoch with BPE-dropout);
+    progress(): the share of the budget spent, read when an epoch begins (BiT);
+    prepare(batch, seed): the objective's own batch made from each one (masked-LM masking),
+    seeded by the batch's epoch and position alone.
+    With N ranks every rank walks the same global order and takes every N-th batch, so the
+    position, and resuming, do not depend on the number of ranks."""
+    pin = device.type == "cuda"
+    described = False
+    while True:
+        data = data_for_epoch(state.epoch)
+        if state.batch_in_epoch == 0:
+            choose_directions(state, cfg.bidirectional_share, progress(), say)
+        if state.both_directions:
+            data = both_directions(data)
+        order = epoch_batches(data, cfg.max_tokens, cfg.seed, state.epoch)
+        if not described:  # the first epoch this run walks: its padding
+            say(describe_batches(data, order, cfg.max_tokens))
+            described = True
+        usable = len(order) - len(order) % world  # every rank gets as many batches
+        while state.batch_in_epoch < usable:
+            position = state.batch_in_epoch + rank
+            state.batch_in_epoch += world
+            batch = collate(data, order[position], pin=pin)
+            if cfg.word_dropout > 0:  # on the CPU batch, before it moves (pinned stays pinned)
+                drop_source_words(
+                    batch, cfg.word_dropout, [epoch_seed(cfg.seed, state.epoch), position]
+                )
+            if prepare is not None:  # another stream than word dropout's: a third word
+                batch = prepare(batch, [epoch_seed(cfg.seed, state.epoch), position, 1])
+            yield batch.to(device)
+        state.epoch += 1
+        state.batch_in_epoch = 0
+
+
+def choose_directions(state, share: float, progress: float, say: Callable[[str], None]) -> None:
+    """At an epoch's start: both directions while the budget spent is under `share`
+    (train.bidirectional_share, BiT: Ding et al., 2021), the configured one after. The
+    choice is kept in the state, so a run resumed inside the epoch walks the same batches."""
+    was = state.both_directions
+    state.both_directions = progress < share
+    if state.both_directions and not was:
+        say(
+            f"epoch {state.epoch}: training on both directions until {share:.0%} of the "
+            f"budget (train.bidirectional_share)"
+        )
+    elif was and not state.both_directions:
+        say(
+            f"step {state.step}: {progress:.0%} of the budget spent; from epoch "
+            f"{state.epoch} on, the configured direction only"
+        )

@@ -1,0 +1,1 @@
+"""Decoding: the Translator, search (greedy, beam, sampling), ensembles, alignments."""

@@ -1,0 +1,10 @@
+class MTError(Exception):
+    """A problem the user can fix (bad config, corpus, flag or checkpoint).
+
+    The CLI prints it as one line and exits with status 2; it never shows a traceback.
+    """
+
+
+class Interrupted(Exception):
+    """The user stopped the program without waiting for a clean stop (a second Ctrl-C).
+    The CLI prints the message (what was lost, how to go on) and exits with status 130."""

@@ -1,0 +1,1 @@
+"""Evaluation: metrics, systems comparison, reports, pictures, decoding tuned on valid."""

@@ -1,0 +1,80 @@
+"""`mt eval`: the systems to score (hypothesis files, or models translating a source file),
+one system's scores and the table of several compared against the first."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mt.data.corpus import read_lines
+from mt.errors import MTError
+from mt.evaluate.metrics import full_scores, lc_tok_bleu
+
+
+def systems(models: list[Path], hyps: list[Path], src: Path | None, **decode) -> list:
+    """[(name, hypotheses)] in the order given: hypothesis files, or each model's
+    translation of `src` (decode: beam, length_penalty, device, precision)."""
+    if hyps and models:
+        raise MTError("give --hyp files or models with --src, not both")
+    if hyps:
+        return [(str(h), read_lines(h)) for h in hyps]
+    if not models or src is None:
+        raise MTError("nothing to score: pass --hyp FILE, or a model and --src FILE")
+    from mt.decode.translator import Translator
+
+    lines = read_lines(src)
+    device, precision = decode.pop("device"), decode.pop("precision")
+    return [
+        (str(m), Translator.from_checkpoint(m, device, precision).translate(lines, **decode))
+        for m in models
+    ]
+
+
+def one_system(hyps: list[str], refs: list[str], ci: bool, moses_lang: str | None) -> dict:
+    result = full_scores(hyps, refs, n_bootstrap=1000 if ci else 0)
+    if moses_lang:
+        result["bleu_lc_tok"] = round(lc_tok_bleu(hyps, refs, moses_lang), 2)
+    return result
+
+
+def describe_one(r: dict, moses_lang: str | None) -> str:
+    lines = []
+    for key, label in (("bleu", "BLEU"), ("chrf", "chrF"), ("chrf_pp", "chrF++"), ("ter", "TER")):
+        spread = (
+            f"  (bootstrap mean {r[key + '_mean']:.2f} ± {r[key + '_ci']:.2f})"
+            if key + "_ci" in r
+            else ""
+        )
+        lines.append(f"{label} = {r[key]:.2f}{spread}  ({r[key + '_signature']})")
+    if moses_lang:
+        lines.append(f"BLEU (lowercased, Moses-tokenized, {moses_lang}) = {r['bleu_lc_tok']:.2f}")
+    return "\n".join(lines)
+
+
+def describe_table(rows: list[dict]) -> str:
+    """The systems with BLEU and chrF (bootstrap mean ± 95% CI) and the p-values of both tests
+    against the baseline (the first row)."""
+    width = max(len(r["system"]) for r in rows) + 2
+    head = (
+        f"{'system':<{width}}{'BLEU':>7}{'mean ± CI':>16}{'p (bs)':>9}{'p (ar)':>9}"
+        f"{'chrF':>8}{'mean ± CI':>16}{'p (bs)':>9}{'p (ar)':>9}"
+    )
+    out = [head]
+    for i, r in enumerate(rows):
+        cells = [f"{r['system']:<{width}}"]
+        for m in ("bleu", "chrf"):
+            if i == 0:
+                p_bs, p_ar = "baseline", ""
+            else:
+                p_bs, p_ar = f"{r[m + '_p_bs']:.4f}", f"{r[m + '_p_ar']:.4f}"
+            cells.append(
+                f"{r[m]:>{7 if m == 'bleu' else 8}.2f}"
+                f"{r[m + '_mean']:>9.2f} ± {r[m + '_ci']:<4.2f}{p_bs:>9}{p_ar:>9}"
+            )
+        out.append("".join(cells))
+    if any(r.get("same_as_baseline") for r in rows):
+        out.append("(an output identical to the baseline's: p = 1, nothing differs)")
+    out.append(
+        "p: the probability of a difference at least this large by chance (paired "
+        "bootstrap, 1,000 resamples; approximate randomisation, 10,000 trials)"
+    )
+    return "\n".join(out)

@@ -1,0 +1,140 @@
+"""Corpus BLEU, chrF, chrF++ and TER with sacreBLEU on detokenized text against raw
+references; bootstrap confidence intervals and paired significance tests between systems."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sacrebleu
+
+from mt.errors import MTError
+
+
+@dataclass
+class Scores:
+    bleu: float
+    chrf: float
+    signature: str  # sacreBLEU's BLEU signature
+    chrf_signature: str
+
+
+def _check_counts(hyps: list[str], refs: list[str]) -> None:
+    if len(hyps) != len(refs):
+        raise MTError(
+            f"{len(hyps)} hypotheses but {len(refs)} references: they must have the "
+            f"same number of lines"
+        )
+    if not hyps:
+        raise MTError("nothing to score: the hypotheses and references have no lines")
+
+
+@functools.lru_cache(maxsize=1)
+def moses_languages() -> list[str]:
+    from sacremoses.corpus import NonbreakingPrefixes
+
+    return sorted(set(NonbreakingPrefixes().available_langs.values()))
+
+
+def check_moses_lang(lang: str) -> None:
+    """sacremoses accepts any string and silently tokenizes unknown languages as English."""
+    known = moses_languages()
+    if lang not in known:
+        raise MTError(
+            f"--lc-tok {lang!r}: not a language the Moses tokenizer knows; use one of "
+            f"{', '.join(known)}"
+        )
+
+
+def score(
+    hyps: list[str], refs: list[str], lowercase: bool = False, tokenize: str | None = None
+) -> Scores:
+    _check_counts(hyps, refs)
+    bleu = sacrebleu.BLEU(lowercase=lowercase, tokenize=tokenize)
+    chrf = sacrebleu.CHRF()
+    b = bleu.corpus_score(hyps, [refs])
+    c = chrf.corpus_score(hyps, [refs])
+    return Scores(b.score, c.score, str(bleu.get_signature()), str(chrf.get_signature()))
+
+
+def moses_lc_tokenize(lines: list[str], lang: str) -> list[str]:
+    """Multi30k's official task1-tokenize.sh: lowercase, normalize-punctuation.perl -l LANG,
+    tokenizer.perl -l LANG (with its default HTML escaping), here through sacremoses."""
+    from sacremoses import MosesPunctNormalizer, MosesTokenizer
+
+    normalizer, tokenizer = MosesPunctNormalizer(lang=lang), MosesTokenizer(lang=lang)
+    return [
+        tokenizer.tokenize(normalizer.normalize(line.lower()), escape=True, return_str=True)
+        for line in lines
+    ]
+
+
+def lc_tok_bleu(hyps: list[str], refs: list[str], lang: str) -> float:
+    """Lowercased tokenized BLEU (multi-bleu.perl style), the number the Multi30k papers report."""
+    _check_counts(hyps, refs)
+    check_moses_lang(lang)
+    bleu = sacrebleu.BLEU(tokenize="none", force=True)
+    return bleu.corpus_score(moses_lc_tokenize(hyps, lang), [moses_lc_tokenize(refs, lang)]).score
+
+
+def full_scores(hyps: list[str], refs: list[str], n_bootstrap: int = 0) -> dict:
+    """What `mt eval` reports: BLEU, chrF, chrF++ (word bigrams too, Popović 2017) and TER,
+    each with its sacreBLEU signature; with n_bootstrap > 1 also each one's bootstrap mean and
+    95% confidence half-width (Koehn 2004), as "<metric>_mean" and "<metric>_ci"."""
+    _check_counts(hyps, refs)
+    out = {}
+    metrics = {
+        "bleu": sacrebleu.BLEU(),
+        "chrf": sacrebleu.CHRF(),
+        "chrf_pp": sacrebleu.CHRF(word_order=2),
+        "ter": sacrebleu.TER(),
+    }
+    for name, metric in metrics.items():
+        s = metric.corpus_score(hyps, [refs], n_bootstrap=max(n_bootstrap, 1))
+        out[name] = round(s.score, 2)
+        out[f"{name}_signature"] = str(metric.get_signature())
+        if n_bootstrap > 1:
+            out[f"{name}_mean"], out[f"{name}_ci"] = _round(s._mean), _round(s._ci)
+    return out
+
+
+def paired_significance(
+    systems: list[tuple[str, Sequence[str]]],
+    refs: list[str],
+    n_bootstrap: int = 1000,
+    n_trials: int = 10000,
+) -> list[dict[str, Any]]:
+    """Each system against the first (the baseline) on BLEU and chrF: sacreBLEU's paired
+    bootstrap resampling (Koehn 2004; its mean, 95% CI and p-value) and approximate
+    randomisation (Riezler & Maxwell 2005; its p-value). One row per system, baseline first."""
+    from sacrebleu.significance import PairedTest
+
+    for name, hyps in systems:
+        if len(hyps) != len(refs):
+            raise MTError(f"{name}: {len(hyps)} lines but the references have {len(refs)}")
+    if not refs:
+        raise MTError("nothing to score: the hypotheses and references have no lines")
+    rows: list[dict[str, Any]] = [{"system": name} for name, _ in systems]
+    for test, n in (("bs", n_bootstrap), ("ar", n_trials)):
+        metrics = {"BLEU": sacrebleu.BLEU(), "chrF": sacrebleu.CHRF()}
+        _, results = PairedTest(systems, metrics, [refs], test_type=test, n_samples=n)()
+        for metric, key in (("BLEU", "bleu"), ("chrF2", "chrf")):
+            scored: list[Any] = list(results[metric])  # sacrebleu Results, one per system
+            for row, r in zip(rows, scored, strict=True):
+                row[key] = round(r.score, 2)
+                if test == "bs":
+                    row[f"{key}_mean"], row[f"{key}_ci"] = _round(r.mean), _round(r.ci)
+                row[f"{key}_p_{test}"] = _round(r.p_value, 4)
+    # sacreBLEU (after MultEval) does not count a zero difference as chance, so an output
+    # identical to the baseline's would get the smallest p-value: it is p = 1, no difference
+    for row, (_, hyps) in zip(rows[1:], systems[1:], strict=True):
+        if hyps == systems[0][1]:
+            row.update({k: 1.0 for k in row if "_p_" in k})
+            row["same_as_baseline"] = True
+    return rows
+
+
+def _round(x, digits: int = 2):
+    return None if x is None else round(float(x), digits)

@@ -1,0 +1,228 @@
+"""`mt report RUN_DIR -o report.html`: one self-contained HTML page about a run: its config,
+training curves, validation over time, the decoding tuning grid, test scores with confidence
+intervals, attention pictures, the best and worst translations by sentence BLEU, and with a
+baseline run, the significance table. Pictures are embedded, so the file travels alone."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from pathlib import Path
+
+import yaml
+
+from mt.artifacts import checkpoint
+from mt.data.corpus import has_split, read_lines, split_paths
+from mt.errors import MTError
+from mt.evaluate.metrics import full_scores, paired_significance
+from mt.evaluate.plot import read_log
+
+CSS = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}
+h1{font-size:1.6em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:1.6em}
+table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ddd;padding:.25em .6em;
+text-align:left;vertical-align:top}th{background:#f4f4f4}pre{background:#f8f8f8;padding:.8em;
+overflow-x:auto}img{max-width:100%}.small{color:#666;font-size:.9em}td.num{text-align:right}"""
+
+
+def _png(fig) -> str:
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    plt.close(fig)
+    return f'<img src="data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}">'
+
+
+def _table(rows: list[dict], columns: list[str]) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(_cell(r.get(c)) for c in columns) + "</tr>" for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _cell(v) -> str:
+    if isinstance(v, float):
+        return f'<td class="num">{v:.2f}</td>'
+    return f"<td>{html.escape('' if v is None else str(v))}</td>"
+
+
+def _curves(run_dir: Path) -> str:
+    from mt.evaluate.plot import training_figure
+
+    return _png(training_figure(run_dir))
+
+
+def _validation(records: list[dict]) -> str:
+    rows = [
+        {
+            "step": r["step"],
+            "valid loss": r.get("valid_loss"),
+            "BLEU": r["valid_bleu"],
+            "chrF": r.get("valid_chrf"),
+            "": "average of snapshots"
+            if "averaged" in r
+            else ("best so far" if r.get("best") else ""),
+        }
+        for r in records
+        if "valid_bleu" in r
+    ]
+    return (
+        _table(rows, ["step", "valid loss", "BLEU", "chrF", ""])
+        if rows
+        else "<p>The run has not validated yet.</p>"
+    )
+
+
+def _tuning(records: list[dict]) -> str:
+    tuned = [r for r in records if "grid" in r]
+    if not tuned:
+        return "<p>No decoding tuning in this run (decode.tune_beams is empty).</p>"
+    rec = tuned[-1]
+    best = rec["tuned_decoding"]
+    rows = [
+        {
+            "beam": g["beam"],
+            "length penalty": g["length_penalty"],
+            "valid BLEU": g["valid_bleu"],
+            "": "chosen"
+            if (g["beam"], g["length_penalty"]) == (best["beam"], best["length_penalty"])
+            else "",
+        }
+        for g in rec["grid"]
+    ]
+    return _table(rows, ["beam", "length penalty", "valid BLEU", ""])
+
+
+def _scores(scores: dict, n: int, source: str) -> str:
+    rows = [
+        {
+            "metric": name,
+            "score": scores[key],
+            "bootstrap mean": scores.get(key + "_mean"),
+            "95% CI ±": scores.get(key + "_ci"),
+            "signature": scores[key + "_signature"],
+        }
+        for key, name in (("bleu", "BLEU"), ("chrf", "chrF"), ("chrf_pp", "chrF++"), ("ter", "TER"))
+    ]
+    return (
+        f"<p class='small'>{n} sentences of {html.escape(source)}, sacreBLEU, "
+        f"1,000 bootstrap resamples</p>"
+        + _table(rows, ["metric", "score", "bootstrap mean", "95% CI ±", "signature"])
+    )
+
+
+def _samples(src: list[str], hyps: list[str], refs: list[str], k: int = 5) -> str:
+    import sacrebleu
+
+    scored = sorted(
+        range(len(hyps)), key=lambda i: sacrebleu.sentence_bleu(hyps[i], [refs[i]]).score
+    )
+    out = []
+    for title, idx in (("best", scored[::-1][:k]), ("worst", scored[:k])):
+        rows = [
+            {
+                "sentence BLEU": sacrebleu.sentence_bleu(hyps[i], [refs[i]]).score,
+                "source": src[i],
+                "translation": hyps[i],
+                "reference": refs[i],
+            }
+            for i in idx
+        ]
+        out.append(
+            f"<h3>The {k} {title} by sentence BLEU</h3>"
+            + _table(rows, ["sentence BLEU", "source", "translation", "reference"])
+        )
+    return "".join(out)
+
+
+def _attention(translator, sentences: list[str]) -> str:
+    from mt.decode.alignment import attention_figure
+
+    pictures = []
+    for line in sentences:
+        try:
+            text, weights, src_labels, tgt_labels = translator.attention(line)
+        except MTError as e:  # e.g. an RNN without attention
+            return f"<p>{html.escape(str(e))}</p>"
+        pictures.append(
+            _png(attention_figure(weights, src_labels, tgt_labels, title=f"{line}\n-> {text}"))
+        )
+    return "".join(pictures)
+
+
+def build_report(
+    run_dir: Path,
+    baseline: Path | None = None,
+    src: Path | None = None,
+    ref: Path | None = None,
+    device: str = "cpu",
+) -> str:
+    """The HTML page (a string); translating the test split takes most of the time."""
+    from mt.decode.translator import Translator
+
+    records = read_log(run_dir)
+    run = checkpoint.open_trained(run_dir)
+    path, ckpt, cfg = run.path, run.ckpt, run.config
+    d = cfg.data
+    if src is None and has_split(d.dir, "test", d.src_lang, d.tgt_lang):
+        src, ref = split_paths(d.dir, "test", d.src_lang, d.tgt_lang)
+    parts = [
+        f"<h1>mt run {html.escape(run_dir.name)}</h1>",
+        f"<p class='small'>{html.escape(str(path))}, step "
+        f"{ckpt.get('train_state', {}).get('step', '?')}</p>",
+        "<h2>Training curves</h2>",
+        _curves(run_dir),
+        "<h2>Validation</h2>",
+        _validation(records),
+        "<h2>Decoding tuned on the valid split</h2>",
+        _tuning(records),
+    ]
+    translator = Translator.from_trained(run, device)
+    if src is None:
+        parts.append(
+            f"<h2>Test scores</h2><p>No test split in {html.escape(d.dir)}: pass "
+            f"--src and --ref.</p>"
+        )
+    else:
+        if ref is None:
+            raise MTError("--src needs --ref: the references to score against")
+        src_lines, refs = read_lines(src), read_lines(ref)
+        hyps = translator.translate(src_lines)
+        parts += [
+            "<h2>Test scores</h2>",
+            _scores(full_scores(hyps, refs, 1000), len(hyps), str(src)),
+            "<h2>Attention</h2>",
+            _attention(translator, [s for s in src_lines if s][:2]),
+            "<h2>Translations</h2>",
+            _samples(src_lines, hyps, refs),
+        ]
+        if baseline is not None:
+            base = Translator.load(baseline, device).translate(src_lines)
+            rows = paired_significance(
+                [(f"baseline {baseline}", base), (f"this run {run_dir}", hyps)], refs
+            )
+            parts += [
+                "<h2>Against the baseline</h2>",
+                _table(
+                    rows,
+                    [
+                        "system",
+                        "bleu",
+                        "bleu_ci",
+                        "bleu_p_bs",
+                        "bleu_p_ar",
+                        "chrf",
+                        "chrf_ci",
+                        "chrf_p_bs",
+                        "chrf_p_ar",
+                    ],
+                ),
+            ]
+    config = yaml.safe_dump(ckpt["config"], sort_keys=False)
+    parts += ["<h2>Config</h2>", f"<pre>{html.escape(config)}</pre>"]
+    return (
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>mt run "
+        f"{html.escape(run_dir.name)}</title><style>{CSS}</style></head><body>"
+        + "\n".join(parts)
+        + "</body></html>\n"
+    )

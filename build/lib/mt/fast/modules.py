@@ -1,0 +1,166 @@
+"""The fast CPU training versions of the reference modules. Each subclasses its reference
+module and overrides `forward` (or one small step of it) only: same parameters, same
+state_dict, and where the fast path does not apply (GPU, autocast, no gradients, a decoding
+cache, attention weights wanted) it hands over to the reference."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+import torch
+from torch import nn
+
+from mt.fast.dropout import HashDropout, dropout
+from mt.fast.nodes import add_norm, attention_out, cpu_fused, feed_forward
+from mt.model.attention import MultiHeadAttention, with_causal
+from mt.model.layers import FeedForward, Residual
+from mt.model.transformer import Transformer
+from mt.tokens import PAD
+
+# Packing the real positions costs a gather and a scatter of the stream, forward and backward:
+# below this much padding it does not pay (docs/performance.md).
+_MIN_PADDING_TO_PACK = 0.05
+# (shape (B, T), flat indices of its real positions) of the stream being encoded or decoded
+_REAL_ROWS: ContextVar[tuple[tuple[int, ...], torch.Tensor] | None] = ContextVar(
+    "mt_fast_real_rows", default=None
+)
+
+
+def real_rows(pad_mask: torch.Tensor) -> torch.Tensor | None:
+    """Flat indices of the real (not padding) positions of a (B, T) padding mask, or None
+    where packing would not pay: on GPU (the count needs a host sync) or with less than 5%
+    padding."""
+    if pad_mask.is_cuda:
+        return None
+    flat = pad_mask.reshape(-1)
+    if int(flat.sum()) < _MIN_PADDING_TO_PACK * flat.numel():
+        return None
+    return (~flat).nonzero().squeeze(1)
+
+
+def position_wise(x: torch.Tensor, rows: torch.Tensor | None, sublayer) -> torch.Tensor:
+    """sublayer(x) for a sublayer that treats each position alone (the feed-forward and its
+    residual), computed on the real positions `rows` only; padding positions keep x. Nothing
+    reads a padding position's state (attention masks it as a key, the loss skips it), so
+    only real positions need the work. rows None: every position."""
+    if rows is None:
+        return sublayer(x)
+    flat = x.reshape(-1, x.shape[-1])
+    return flat.index_copy(0, rows, sublayer(flat.index_select(0, rows))).view_as(x)
+
+
+@contextmanager
+def packing(pad_mask: torch.Tensor | None):
+    """While encoding or decoding a padded stream: its feed-forward sublayers run on the real
+    positions only (see FastResidual)."""
+    rows = None if pad_mask is None else real_rows(pad_mask)
+    token = _REAL_ROWS.set(
+        None if pad_mask is None or rows is None else (tuple(pad_mask.shape), rows)
+    )
+    try:
+        yield
+    finally:
+        _REAL_ROWS.reset(token)
+
+
+class FastFeedForward(FeedForward):
+    def __init__(self, d_model: int, d_ff: int, dropout: float):
+        super().__init__(d_model, d_ff, dropout)
+        self.net[2] = HashDropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        first, drop, second = self.net[0], self.net[2], self.net[3]
+        assert isinstance(first, nn.Linear) and isinstance(second, nn.Linear)
+        assert isinstance(drop, nn.Dropout)
+        if cpu_fused(x, first.weight, self.training):
+            return feed_forward(x, first.weight, first.bias, second.weight, second.bias, drop.p)
+        return super().forward(x)
+
+
+class FastResidual(Residual):
+    def __init__(self, d_model: int, dropout: float, pre_norm: bool):
+        super().__init__(d_model, dropout, pre_norm)
+        self.dropout = HashDropout(dropout)
+
+    def forward(self, x: torch.Tensor, f) -> torch.Tensor:
+        packed = _REAL_ROWS.get()
+        if packed is not None and isinstance(f, FeedForward) and packed[0] == tuple(x.shape[:2]):
+            return position_wise(x, packed[1], lambda h: self._residual(h, f))
+        return self._residual(x, f)
+
+    def _residual(self, x: torch.Tensor, f) -> torch.Tensor:
+        if not self.pre_norm and cpu_fused(x, self.norm.weight, self.training):
+            return add_norm(
+                x, f(x), self.norm.weight, self.norm.bias, self.dropout.p, self.norm.eps
+            )
+        return super().forward(x, f)
+
+
+class FastMultiHeadAttention(MultiHeadAttention):
+    def forward(
+        self,
+        x,
+        memory=None,
+        attn_mask=None,
+        is_causal=False,
+        cache=None,
+        need_weights=False,
+        q_pos=None,
+        k_pos=None,
+    ):
+        plain = cache is not None or need_weights
+        if plain or not cpu_fused(x, self.out.weight, self.training):
+            if not plain and self.training and self.dropout > 0.0 and not x.is_cuda:
+                # SDPA's CPU dropout takes its math path and draws the mask with bernoulli_
+                # (slow): the explicit path, with the hash dropout of weights_dropout
+                return super().forward(x, memory, attn_mask, is_causal, cache, True, q_pos, k_pos)[
+                    0
+                ]
+            return super().forward(
+                x, memory, attn_mask, is_causal, cache, need_weights, q_pos, k_pos
+            )
+        # one node from the input projections to the output projection (mt.fast.nodes), which
+        # reads the projections in the layouts their matmuls give: (B, T, 3D) for
+        # self-attention, (B, T, D) and the memory's (B, S, 2D) for cross-attention
+        proj, kv_proj, q, k = self._fused_projections(x, memory)
+        attn_mask, is_causal = self.scores_mask(
+            q, k, x.shape[0], attn_mask, is_causal, q_pos, k_pos
+        )
+        if is_causal:
+            attn_mask = with_causal(attn_mask, q.shape[-2], k.shape[-2], q.device)
+        return attention_out(
+            proj,
+            kv_proj,
+            self.n_heads,
+            attn_mask,
+            self.out.weight,
+            self.out.bias,
+            self.dropout if self.training else 0.0,
+        )
+
+    def weights_dropout(self, weights: torch.Tensor, p: float) -> torch.Tensor:
+        return dropout(weights, p, True)
+
+    def _fused_projections(self, x, memory):
+        """(proj, kv_proj, q heads, k heads) of a training pass (no cache, no grouping)."""
+        if self.self_attention:
+            proj = self.qkv(x)
+            q, k, _ = self._heads_split(proj, 3)
+            return proj, None, q, k
+        proj, kv_proj = self.q(x), self.kv(memory)
+        (q,), (k, _) = self._heads_split(proj, 1), self._heads_split(kv_proj, 2)
+        return proj, kv_proj, q, k
+
+
+class FastTransformer(Transformer):
+    """Teacher-forced encoding and decoding pack the feed-forward sublayers' rows."""
+
+    def encode(self, src, src_pad_mask):
+        with packing(src_pad_mask):
+            return super().encode(src, src_pad_mask)
+
+    def decode(self, tgt_in, memory, src_pad_mask, cache=None, start=0, weights=None):
+        # teacher forcing: target padding (right of each sentence) needs no feed-forward
+        with packing(tgt_in == PAD if cache is None else None):
+            return super().decode(tgt_in, memory, src_pad_mask, cache, start, weights)

@@ -1,0 +1,88 @@
+"""The decoding cache every architecture shares: a list (one entry per layer) of
+{"self": {name: tensor}, "cross": {name: tensor}}, batch first, so search can reorder beams
+and drop finished sentences without knowing the model."""
+
+from __future__ import annotations
+
+import torch
+
+
+def reorder_cache(
+    cache: list[dict], index: torch.Tensor, cross: bool | torch.Tensor = True
+) -> None:
+    """Select rows `index` of every cached tensor (beam reordering / dropping finished
+    sentences). "cross" entries depend only on the sentence: a pure beam reorder inside the
+    same sentences skips them (cross=False), and where they hold one row per sentence rather
+    than per hypothesis (see MultiHeadAttention) `cross` is the index of the kept sentences.
+
+    A part holding an "order" entry is reordered lazily: `index` is composed into "order" and
+    its owner selects those rows when it next reads the part (attention's self cache does this
+    while appending a step, saving one copy of the cache per step)."""
+    cross_index = index if cross is True else cross
+    for layer in cache:
+        for kind, idx in (("self", index), ("cross", cross_index)):
+            part = layer.get(kind)
+            if not part or idx is False:
+                continue
+            if "order" in part:
+                part["order"] = idx if part["order"] is None else part["order"].index_select(0, idx)
+            else:
+                for key in part:
+                    part[key] = part[key].index_select(0, idx)
+
+
+def extend_self_cache(cache: dict, k: torch.Tensor, v: torch.Tensor):
+    """A self-attention layer's keys and values (B, H, t + T, Dh): the cached rows (in the
+    order search kept them) followed by this step's k, v (B, H, T, Dh), which the cache then
+    holds."""
+    if "k" in cache:
+        k = _append(cache["k"], k, cache["order"])
+        v = _append(cache["v"], v, cache["order"])
+    cache["k"], cache["v"], cache["order"] = k, v, None
+    return k, v
+
+
+def _append(old: torch.Tensor, new: torch.Tensor, order: torch.Tensor | None) -> torch.Tensor:
+    """Rows `order` of the cached keys (all rows when None), then this step's, along time.
+    Beam search reorders the cache lazily (see `reorder_cache`): selecting the rows straight
+    into the grown tensor copies the cache once per step instead of twice."""
+    if order is None:
+        return torch.cat([old, new], dim=2)
+    if torch.is_grad_enabled() and (old.requires_grad or new.requires_grad):  # out= has no autograd
+        return torch.cat([old.index_select(0, order), new], dim=2)
+    t = old.shape[2]
+    out = new.new_empty(new.shape[0], new.shape[1], t + new.shape[2], new.shape[3])
+    torch.index_select(old, 0, order, out=out[:, :, :t])
+    out[:, :, t:] = new
+    return out
+
+
+def memory_keys_values(cache: dict | None, compute):
+    """A cross-attention layer's keys and values of the memory: compute() -> (k, v) once per
+    sentence, kept in the cache and reused at every later step."""
+    if cache is not None and "k" in cache:
+        return cache["k"], cache["v"]
+    k, v = compute()
+    if cache is not None:
+        cache["k"], cache["v"] = k, v
+    return k, v
+
+
+def group_queries(q: torch.Tensor, rows: int) -> torch.Tensor:
+    """Beam search may keep one row of memory keys/values per sentence for its `groups`
+    hypotheses (rows sentence-major, `cross_cache_per_sentence`): the hypotheses' queries
+    (B, H, T, Dh) then go together as (rows, H, groups * T, Dh), the queries of their
+    sentence, with no copies of the memory. rows == B: q as it is."""
+    b, h, t, d = q.shape
+    if b == rows:
+        return q
+    return q.transpose(1, 2).reshape(rows, (b // rows) * t, h, d).transpose(1, 2)
+
+
+def ungroup_weights(weights: torch.Tensor, b: int, t: int) -> torch.Tensor:
+    """Attention weights of grouped queries (rows, H, groups * T, S) back to (B, H, T, S)."""
+    if weights.shape[0] == b:
+        return weights
+    h = weights.shape[1]
+    weights = weights.view(-1, h, b // weights.shape[0], t, weights.shape[-1])
+    return weights.transpose(1, 2).reshape(b, h, t, -1)

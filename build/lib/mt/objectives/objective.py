@@ -1,0 +1,25 @@
+"""What the Trainer minimises, as one value: the loss function and what it needs around it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from mt.data.batching import Batch
+
+
+@dataclass(frozen=True)
+class Objective:
+    """loss(model, batch) -> (loss sum, NLL sum) over the batch's `n_tokens` (the trainer
+    divides by them; the NLL gives an honest perplexity where the loss is smoothed).
+    prepare(batch, seed) -> the batch the loss reads, made from the walk's batch on the CPU
+    and seeded by its position alone (as word dropout is), so that ranks and resumed runs draw
+    the same; None: the walked batch itself. on_step(step): told the update count before each
+    update (scheduled sampling's schedule). translates: the model it trains translates, so
+    validation decodes the valid split and scores BLEU, and the run ends with averaging and
+    tuning (False: an encoder objective, trained for its weights alone)."""
+
+    loss: Callable[..., tuple]
+    prepare: Callable[[Batch, list[int]], Batch] | None = None
+    on_step: Callable[[int], None] | None = None
+    translates: bool = True

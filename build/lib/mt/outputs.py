@@ -1,0 +1,162 @@
+"""Outputs are the user's property: every file a command will write is checked before the work
+starts, and written so that a failure never leaves half a file or a traceback.
+
+The rule, the same for every command: an output may not be one of the command's inputs; an
+existing file is replaced only with `--force`; its folder must exist and be writable. Files that
+`mt train` owns inside a run directory (checkpoints, training.png, the log) are the exception:
+the run rewrites them as it goes.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+from mt.errors import MTError
+
+# Below this much free space a failed write is reported as a full disk: torch's zip writer
+# says "unexpected pos" rather than ENOSPC when the disk fills under it.
+FULL_DISK_BYTES = 16 * 2**20
+
+
+def is_stdio(path: str | Path | None) -> bool:
+    return path is None or str(path) == "-"
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def check_folder_writable(folder: Path, what: str = "output") -> None:
+    """The folder exists and a file can be created in it (a real probe: permission bits say
+    nothing about a read-only mount or, for root, about anything)."""
+    if not folder.is_dir():
+        raise MTError(
+            f"the {what} folder {folder} does not exist; create it first or choose another path"
+        )
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".mt-write-test.")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise MTError(
+            f"cannot write to {folder} ({e.strerror}); choose a writable {what} path"
+        ) from None
+
+
+def check_folder_creatable(folder: Path, what: str = "output") -> None:
+    """`folder` is a folder or can be made one: its nearest existing ancestor is writable."""
+    if folder.exists() and not folder.is_dir():
+        raise MTError(f"the {what} {folder} is a file; give a folder")
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    check_folder_writable(existing, what)
+
+
+def check_output(
+    path: str | Path | None,
+    *,
+    force: bool = False,
+    inputs: Iterable[str | Path | None] = (),
+    what: str = "output",
+) -> None:
+    """Raise MTError before any work if writing `path` would fail or destroy something."""
+    if path is None or is_stdio(path):
+        return
+    path = Path(path)
+    for src in inputs:
+        if src is None or is_stdio(src):
+            continue
+        if _same_file(path, Path(src)) or path.resolve() == Path(src).resolve():
+            raise MTError(
+                f"the {what} {path} is also an input of this command; write the "
+                f"{what} to another file"
+            )
+    if path.is_dir():
+        raise MTError(f"the {what} {path} is a folder; give a file name")
+    if path.exists() and not force:
+        raise MTError(
+            f"{path} already exists; pass --force to overwrite it, or choose another {what} path"
+        )
+    check_folder_writable(path.parent if str(path.parent) else Path("."), what)
+
+
+def describe_write_error(path: Path, e: BaseException) -> str:
+    """One line for a failed write, naming the path and saying when the disk is full."""
+    reason = getattr(e, "strerror", None) or (
+        str(e).splitlines()[0][:120] if str(e) else type(e).__name__
+    )
+    full = getattr(e, "errno", None) == errno.ENOSPC
+    if not full:
+        with suppress(OSError):
+            full = shutil.disk_usage(path.parent).free < FULL_DISK_BYTES
+    if full:
+        return (
+            f"could not write {path}: the disk is full ({reason}); free some space (or "
+            f"choose another folder) and run the command again"
+        )
+    return f"could not write {path} ({reason})"
+
+
+def describe_os_error(e: OSError) -> str:
+    """One line for an OSError about a file mt read or wrote along the way."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return describe_write_error(Path(e.filename), e)
+    return f"{e.filename}: {e.strerror}"
+
+
+@contextmanager
+def atomic_file(path: str | Path, mode: str = "wb", keep_as: Path | None = None) -> Iterator:
+    """Open a temp file beside `path`; on success it is flushed, synced and renamed over `path`
+    (the old file first renamed to `keep_as`, if given); on any failure the temp file is removed
+    and `path` is untouched. OS and writer errors become one-line MTErrors naming `path`."""
+    path = Path(path)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        raise MTError(describe_write_error(path, e)) from None
+    try:
+        os.chmod(tmp, _file_mode(path))
+        with os.fdopen(fd, mode) if "b" in mode else os.fdopen(fd, mode, encoding="utf-8") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        if keep_as is not None and path.exists():
+            os.replace(path, keep_as)
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as e:
+        _remove(tmp)
+        raise MTError(describe_write_error(path, e)) from None
+    except BaseException:
+        _remove(tmp)
+        raise
+
+
+def _file_mode(path: Path) -> int:
+    """The replaced file's permissions, or what the umask gives a new file (mkstemp's temp file
+    is private, 0600)."""
+    try:
+        return path.stat().st_mode & 0o7777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+def _remove(tmp: str) -> None:
+    with suppress(OSError):
+        os.unlink(tmp)
+
+
+def write_text(path: str | Path, text: str) -> None:
+    with atomic_file(path, "w") as f:
+        f.write(text)

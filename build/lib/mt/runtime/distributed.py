@@ -1,0 +1,138 @@
+"""Data-parallel training with torch.distributed, launched by torchrun
+(`torchrun --nproc_per_node N -m mt train CONFIG`). Without torchrun everything here is a
+no-op for a single process."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from mt.errors import MTError
+
+
+@dataclass(frozen=True)
+class Dist:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    # a gloo group with a long timeout, for the other ranks to wait in while rank 0 alone
+    # downloads, trains BPE or validates (see setup)
+    wait_group: Any = None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world > 1
+
+    def barrier(self) -> None:
+        if self.enabled:
+            dist.barrier()
+
+    def wait_for_main(self) -> None:
+        """All ranks meet here after work that rank 0 does alone; the others may wait up to
+        train.dist_wait_minutes instead of the collective timeout."""
+        if self.enabled:
+            dist.barrier(group=self.wait_group)
+
+    def sum(self, t: torch.Tensor) -> torch.Tensor:
+        if self.enabled:
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t
+
+    def broadcast_parameters(self, model) -> None:
+        """Every rank takes rank 0's weights (and buffers)."""
+        if self.enabled:
+            for t in model.state_dict().values():
+                dist.broadcast(t, src=0)
+
+    def average_gradients(self, params) -> None:
+        """The mean of every gradient over the ranks (what DDP computes), as one collective per
+        dtype over a flat buffer."""
+        if not self.enabled:
+            return
+        params = [p for p in params if p.requires_grad]
+        for p in params:
+            if p.grad is None:  # unused this step here, maybe not on another rank
+                p.grad = torch.zeros_like(p)
+        for dtype in sorted({p.grad.dtype for p in params}, key=str):
+            grads = [p.grad for p in params if p.grad.dtype == dtype]
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+            flat.div_(self.world)
+            offset = 0
+            for g in grads:
+                g.copy_(flat[offset : offset + g.numel()].view_as(g))
+                offset += g.numel()
+
+    def gather(self, obj) -> list:
+        """Every rank's `obj`, in rank order, on every rank (a collective: all ranks call it)."""
+        if not self.enabled:
+            return [obj]
+        out = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
+    def max(self, value: float, device: torch.device) -> float:
+        """The largest of every rank's value, on every rank."""
+        if not self.enabled:
+            return value
+        t = torch.tensor([value], dtype=torch.float64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t.item())
+
+    def any(self, flag: bool, device: torch.device) -> bool:
+        """True on every rank if it is True on any rank (so all ranks stop together)."""
+        if not self.enabled:
+            return flag
+        t = torch.tensor([1.0 if flag else 0.0], device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
+
+
+def setup(
+    device_name: str, timeout_minutes: float = 30.0, wait_minutes: float = 240.0
+) -> tuple[Dist, str]:
+    """Join the process group torchrun describes in the environment; returns the Dist and the
+    device this rank should use.
+
+    Two timeouts: collectives in the training loop fail after `timeout_minutes` (a hung rank
+    should end the job), while waits for rank 0's solo work (corpus download, BPE training,
+    validation, which take hours on a WMT-size corpus) use a gloo group of their own that
+    allows `wait_minutes`."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return Dist(), device_name
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = device_name != "cpu" and torch.cuda.is_available()
+    # every rank of the machine checks (torchrun's LOCAL_WORLD_SIZE), so all of them stop with
+    # this line; torch.cuda.set_device would stop only the extra ones, with "invalid device
+    # ordinal", and leave the others waiting for them
+    local_world = max(int(os.environ.get("LOCAL_WORLD_SIZE", "0")), local_rank + 1)
+    if use_cuda and local_world > (n := torch.cuda.device_count()):
+        raise MTError(
+            f"torchrun started {local_world} processes on this machine, which has "
+            f"{n} GPU{'s' * (n != 1)}: use --nproc-per-node {n}, one process per "
+            f"GPU, or train.device: cpu"
+        )
+    if not dist.is_initialized():
+        dist.init_process_group(
+            backend="nccl" if use_cuda else "gloo", timeout=timedelta(minutes=timeout_minutes)
+        )
+    wait_group = dist.new_group(backend="gloo", timeout=timedelta(minutes=wait_minutes))
+    if use_cuda:
+        torch.cuda.set_device(local_rank)
+        return Dist(rank, world, local_rank, wait_group), f"cuda:{local_rank}"
+    return Dist(rank, world, local_rank, wait_group), "cpu"
+
+
+def teardown(d: Dist) -> None:
+    if d.enabled and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,190 @@
+"""From a Config and a run directory to a ready Trainer: data, tokenizer, model, optimizer,
+and the state of an earlier run when there is one to resume."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from mt.artifacts import checkpoint
+from mt.config import Config
+from mt.data.prepare import bpe_dropout_epochs, prepare_data
+from mt.errors import MTError
+from mt.model import REFERENCE, build_model
+from mt.runtime.device import PRECISION_NAMES, amp_dtype, pick_device
+from mt.runtime.distributed import setup
+from mt.runtime.threads import choose_threads
+from mt.train.objective import build_objective, model_parts
+from mt.train.pretrained import (
+    encoder_parameters,
+    init_encoder,
+    pretrained_tokenizer,
+    translation_options_off,
+)
+from mt.train.rundir import has_checkpoint, prepare_run_dir, record_corpus, write_run_info
+from mt.train.schedule import build_optimizer
+from mt.train.state import TrainState, Validation
+from mt.train.trainer import Trainer
+
+
+def _quiet(*_args) -> None:
+    pass
+
+
+# what TrainState.objective records, so that `mt train` and `mt pretrain` never resume
+# each other's last.pt (a checkpoint written before the field existed is a translation run's)
+OBJECTIVE_NAMES = {False: "translation", True: "masked_lm"}
+COMMANDS = {"translation": "mt train", "masked_lm": "mt pretrain"}
+
+
+def _resume(trainer: Trainer, ckpt: dict, path: Path, log) -> None:
+    theirs = ckpt.get("train_state", {}).get("objective", "translation")
+    if theirs != trainer.state.objective:
+        raise MTError(
+            f"{path} was written by `{COMMANDS.get(theirs, theirs)}`, not "
+            f"`{COMMANDS[trainer.state.objective]}`; give this command another "
+            f"--run-dir"
+        )
+    trainer.state = TrainState(
+        **checkpoint.restore_training(
+            ckpt, trainer.model, trainer.optimizer, trainer.scheduler, trainer.scaler
+        )
+    )
+    ema = checkpoint.ema_of(ckpt)
+    if trainer.ema is not None and ema is not None:  # else the average starts from here
+        trainer.ema.load_state_dict(ema, trainer.model)
+    # each rank continues its own dropout stream if saved by as many ranks; else rank 0's
+    rng, own = checkpoint.generators_of(ckpt, trainer.dist.rank, trainer.dist.world)
+    checkpoint.set_rng_state(rng, log)
+    if trainer.dist.rank > 0 and not own:
+        # Rank 0's generators everywhere would give all ranks the same dropout masks: each
+        # other rank gets its own stream, fixed by (seed, rank, step), so such a resume is
+        # reproducible too, though not the run that was interrupted.
+        torch.manual_seed(
+            (trainer.cfg.seed * 1_000_003 + trainer.dist.rank * 7_919 + trainer.state.step)
+            % (2**63)
+        )
+    _truncate_log(trainer.run_dir / "train_log.jsonl", trainer.state.step)
+    log(f"resuming from {path} at step {trainer.state.step}")
+
+
+def _truncate_log(path: Path, step: int) -> None:
+    """Drop log records written after the checkpoint (by a run killed later): the resumed
+    run writes them again."""
+    import json
+
+    if path.is_file():
+        lines = path.read_text(encoding="utf-8").splitlines()
+        kept = [x for x in lines if x.strip() and json.loads(x).get("step", 0) <= step]
+        if len(kept) != len(lines):
+            path.write_text("".join(x + "\n" for x in kept), encoding="utf-8")
+
+
+def build_trainer(
+    cfg: Config,
+    run_dir: Path,
+    allow_config_change: bool = False,
+    log=print,
+    pretraining: bool = False,
+) -> Trainer:
+    """pretraining: the masked-LM objective over the encoder (`mt pretrain`), which trains
+    without validation and ignores the options of translation training (TRAIN_ONLY)."""
+    if pretraining:
+        cfg = cfg.model_copy(update={"train": translation_options_off(cfg.train)})
+    t = cfg.train
+    dist, device_name = setup(t.device, t.dist_timeout_minutes, t.dist_wait_minutes)
+    if not dist.is_main:
+        log = _quiet
+    lock = prepare_run_dir(cfg, run_dir, allow_config_change or pretraining, dist.is_main, log)
+    try:
+        return _build(cfg, run_dir, dist, device_name, log, lock, pretraining)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+
+
+def _build(
+    cfg: Config, run_dir: Path, dist, device_name: str, log, lock, pretraining: bool
+) -> Trainer:
+    t = cfg.train
+    if t.num_threads or not dist.enabled:  # ranks sharing a machine would count each other
+        choose_threads(t.num_threads, log)
+    torch.manual_seed(t.seed)
+    tokenizer, train_data, (vsrc, vtgt, valid_data) = prepare_data(
+        cfg,
+        run_dir,
+        dist,
+        log,
+        t.bpe_dropout,
+        inherited=lambda: pretrained_tokenizer(cfg.model.init_encoder, log),
+    )
+    if dist.is_main:
+        record_corpus(cfg, run_dir)
+        write_run_info(run_dir)
+    device = pick_device(device_name)
+    model, fused = _model(cfg, tokenizer, run_dir, device, pretraining, log)
+    objective = build_objective(
+        cfg,
+        fused=fused,
+        seed=t.seed + dist.rank,
+        pretraining=pretraining,
+        vocab_size=tokenizer.src_vocab_size,
+    )
+    torch.manual_seed(t.seed + dist.rank)  # same initial weights everywhere, own dropout masks
+    log(
+        f"model: {sum(p.numel() for p in model.parameters()):,} parameters on {device}"
+        + (f" x {dist.world} ranks" if dist.enabled else "")
+    )
+    params = encoder_parameters(model) if pretraining else model.parameters()
+    optimizer, scheduler = build_optimizer(params, t, cfg.model.d_model)
+    dtype = amp_dtype(t.precision, device)
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
+    trainer = Trainer(
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        scaler=scaler,
+        train_data=None if t.bpe_dropout > 0 else train_data,
+        validation=None
+        if pretraining
+        else Validation(vsrc, vtgt, valid_data, t.valid_beam or cfg.decode.beam, cfg.decode),
+        tokenizer=tokenizer,
+        cfg=t,
+        run_config=cfg.to_dict(),
+        objective=objective,
+        run_dir=run_dir,
+        device=device,
+        amp_dtype=dtype,
+        log=log,
+        dist=dist,
+        lock=lock,
+        tensorboard=t.tensorboard,
+        epoch_data=bpe_dropout_epochs(cfg, tokenizer, train_data) if t.bpe_dropout > 0 else None,
+    )
+    trainer.state.objective = OBJECTIVE_NAMES[pretraining]
+    _resume_if_saved(trainer, run_dir, log)
+    trainer.state.precision = PRECISION_NAMES[dtype]
+    return trainer
+
+
+def _model(cfg: Config, tokenizer, run_dir: Path, device, pretraining: bool, log):
+    """(the model on `device`, whether the loss is mt/fast's fused one): built from mt/fast's
+    modules where they apply, starting from a pretrained encoder where the config names one."""
+    parts = model_parts(cfg.train, device, pretraining)
+    model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, parts)
+    if cfg.model.init_encoder and not has_checkpoint(run_dir):  # a resumed run has its own
+        init_encoder(model, cfg.model.init_encoder, tokenizer, log)
+    return model.to(device), parts is not REFERENCE and not cfg.train.compile
+
+
+def _resume_if_saved(trainer: Trainer, run_dir: Path, log) -> None:
+    found = checkpoint.load_for_resume(run_dir / "last.pt", log)
+    if found is not None:
+        _resume(trainer, *found, log)
+    elif has_checkpoint(run_dir):
+        raise MTError(
+            f"no readable last.pt in {run_dir} to resume from; move the damaged "
+            f"files away to start over"
+        )

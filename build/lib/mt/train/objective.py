@@ -1,0 +1,60 @@
+"""The one factory of the training objective: from the config and the model to the Objective
+the Trainer minimises (label-smoothed cross-entropy, fused where mt/fast applies; R-Drop;
+scheduled sampling; the NAT's masked-target loss; the masked-LM loss of encoder pretraining)."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from mt import fast
+from mt.config import Config
+from mt.model import REFERENCE, Parts
+from mt.objectives.loss import rdrop_loss, reference_loss
+from mt.objectives.mlm import masked_lm_objective
+from mt.objectives.nat import nat_loss
+from mt.objectives.objective import Objective
+from mt.objectives.scheduled_sampling import ScheduledSamplingLoss
+
+
+def fast_paths_apply(setting: str | bool, device: torch.device) -> bool:
+    """train.fast_paths "auto" means on a CPU only: mt/fast was built for CPU training, and on
+    an H200 mt trained at 0.82x nn.Transformer's tokens/s with it and 1.13x without it
+    (scripts/bench/bench_train.py, base model, bf16; docs/gpu.md)."""
+    return device.type == "cpu" if setting == "auto" else bool(setting)
+
+
+def model_parts(t, device: torch.device, pretraining: bool = False) -> Parts:
+    """The module classes to build the model from: mt/fast's where `t.fast_paths`
+    (TrainConfig) applies to `device`, else the reference ones. Encoder pretraining keeps the
+    reference: the masked-LM loss reads the encoder alone."""
+    if pretraining or not fast_paths_apply(t.fast_paths, device):
+        return REFERENCE
+    return fast.PARTS
+
+
+def build_objective(
+    cfg: Config, *, fused: bool, seed: int = 0, pretraining: bool = False, vocab_size: int = 0
+) -> Objective:
+    """fused: mt/fast's chunked loss instead of the reference (where the model is built from
+    fast.PARTS, except under torch.compile, which fuses on its own);
+    seed: scheduled sampling's draws (this rank's); pretraining: the masked-LM objective over
+    a source vocabulary of `vocab_size`."""
+    t = cfg.train
+    if pretraining:
+        return masked_lm_objective(vocab_size)
+    eps = t.label_smoothing
+    if cfg.model.arch == "nat":
+        return Objective(loss=functools.partial(nat_loss, eps=eps))
+    loss = fast.chunked_loss if fused else reference_loss
+    if t.rdrop_alpha > 0:  # fused like the plain loss where that is, else the reference
+        loss = functools.partial(
+            fast.chunked_rdrop_loss if fused else rdrop_loss, alpha=t.rdrop_alpha
+        )
+    if t.scheduled_sampling is None:
+        return Objective(loss=functools.partial(loss, eps=eps))
+    ss = t.scheduled_sampling
+    two_pass = ss.mode == "two_pass" or (ss.mode == "auto" and cfg.model.arch != "rnn")
+    sampled = ScheduledSamplingLoss(ss, loss, two_pass, seed=seed)
+    return Objective(loss=functools.partial(sampled, eps=eps), on_step=sampled.set_step)

@@ -1,0 +1,253 @@
+"""A run directory belongs to one training process at a time, and holds one run: what may
+change when a run is resumed, and what must be refused before anything is written."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import yaml
+
+from mt.artifacts import checkpoint
+from mt.config import Config, config_from_dict, diff_configs, save_config
+from mt.data.corpus import split_paths
+from mt.errors import MTError
+from mt.outputs import check_folder_writable
+
+# Keys that may change between a run and its resumption without --allow-config-change: they
+# change how long or where it trains, not what it learns. (data.dir is checked separately: a
+# moved corpus is the same run, another corpus is not.)
+RESUMABLE = (
+    "train.max_steps",
+    "train.max_minutes",
+    "train.log_every",
+    "train.valid_every",
+    "train.save_every",
+    "train.patience",
+    "train.device",
+    "train.num_threads",
+    "train.valid_beam",
+    "train.compile",
+    "train.fast_paths",
+    "train.tensorboard",
+    "train.dist_timeout_minutes",
+    "train.dist_wait_minutes",
+    "decode",
+    "data.dir",
+)
+# Keys no flag can change in a run that has a checkpoint: the weights, the optimizer's moments
+# and the BPE model were made for them.
+FIXED_SECTIONS = ("model", "tokenizer")
+FIXED_KEYS = ("data.src_lang", "data.tgt_lang")
+# ...except these, on which no shape depends
+CHANGEABLE_IN_MODEL = (
+    "model.dropout",
+    "model.attn_dropout",
+    "model.act_dropout",
+    "model.init_encoder",
+)
+
+LOCK_NAME = ".lock"
+CORPUS_NAME = "corpus.json"
+
+
+class RunLock:
+    """An exclusive lock on RUN_DIR/.lock holding the owner's pid. The kernel drops a flock
+    when its process dies, so a lock file left by a killed run is simply taken over."""
+
+    def __init__(self, run_dir: Path):
+        import fcntl
+
+        self.path = run_dir / LOCK_NAME
+        # held open for as long as the lock is held (released by close): no `with` block
+        self._f = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115
+        try:
+            fcntl.flock(self._f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._f.seek(0)
+            holder = self._f.read().strip() or "unknown"
+            self._f.close()
+            raise MTError(
+                f"{run_dir} is in use by another mt train (pid {holder}); wait for it "
+                f"to finish, stop it, or use another --run-dir"
+            ) from None
+        self._f.seek(0)
+        self._f.truncate()
+        self._f.write(f"{os.getpid()}\n")
+        self._f.flush()
+
+    def release(self) -> None:
+        if not self._f.closed:
+            self._f.close()  # closing drops the flock; the file may stay
+
+
+def has_checkpoint(run_dir: Path) -> bool:
+    last = run_dir / "last.pt"
+    return last.exists() or checkpoint.previous(last).exists()
+
+
+def corpus_fingerprint(cfg: Config) -> dict:
+    """Sizes and a hash of the first MiB of the training files: enough to tell a moved corpus
+    from another one without reading a WMT-size corpus twice."""
+    out = {}
+    for path in split_paths(cfg.data.dir, "train", cfg.data.src_lang, cfg.data.tgt_lang):
+        path = Path(path)
+        if not path.is_file():
+            return {}
+        with open(path, "rb") as f:
+            head = hashlib.sha256(f.read(2**20)).hexdigest()
+        out[path.name] = {"bytes": path.stat().st_size, "head_sha256": head}
+    return out
+
+
+def _saved_config(run_dir: Path) -> Config | None:
+    saved = run_dir / "config.yaml"
+    if not saved.is_file():
+        return None
+    return config_from_dict(yaml.safe_load(saved.read_text(encoding="utf-8")), str(saved))
+
+
+def _corpus_moved(cfg: Config, run_dir: Path) -> bool:
+    """data.dir differs from the saved run's, but the training files are the same."""
+    path = run_dir / CORPUS_NAME
+    if not path.is_file():
+        return False
+    found = corpus_fingerprint(cfg)
+    return bool(found) and found == json.loads(path.read_text(encoding="utf-8"))
+
+
+def check_config_change(cfg: Config, run_dir: Path, allow_config_change: bool) -> list[str]:
+    """Refuse a config this run cannot continue with; returns the changes that will apply."""
+    old = _saved_config(run_dir)
+    if old is None or not has_checkpoint(run_dir):
+        return []  # nothing trained yet: a failed start must not lock its config
+    changed = diff_configs(cfg, old)
+    fixed = [
+        c
+        for c in changed
+        if (c.split(".")[0] in FIXED_SECTIONS or _key(c) in FIXED_KEYS)
+        and _key(c) not in CHANGEABLE_IN_MODEL
+    ]
+    if fixed:
+        raise MTError(
+            f"{run_dir} holds a trained run whose {_names(fixed)} cannot change "
+            f"({'; '.join(fixed[:3])}): its weights and BPE model were made for the "
+            f"old values; use another --run-dir for the new config"
+        )
+    needs_flag = [
+        c
+        for c in changed
+        if not _key(c).startswith(RESUMABLE)
+        or (_key(c) == "data.dir" and not _corpus_moved(cfg, run_dir))
+    ]
+    if needs_flag and not allow_config_change:
+        raise MTError(
+            f"{run_dir} holds a run with a different config "
+            f"({'; '.join(needs_flag[:3])}{'; ...' if len(needs_flag) > 3 else ''}); "
+            f"use another --run-dir, or "
+            f"pass --allow-config-change to continue it with the new config"
+        )
+    return changed
+
+
+def _key(change: str) -> str:
+    return change.split(":")[0]
+
+
+def _names(changes: list[str]) -> str:
+    return ", ".join(_key(c) for c in changes)
+
+
+def _drop_stale_tokenizer(cfg: Config, run_dir: Path, log) -> None:
+    """A start that failed before its first checkpoint may have left a BPE model made for
+    another corpus or vocabulary: it is retrained rather than reused."""
+    old = _saved_config(run_dir)
+    if old is None:
+        return
+    changed = diff_configs(cfg, old)
+    if any(
+        c.startswith(("tokenizer.", "data.")) and not c.startswith("data.max_len") for c in changed
+    ):
+        for name in ("spm.model", "spm.src.model", "spm.tgt.model"):
+            if (run_dir / name).exists():
+                (run_dir / name).unlink()
+                log(
+                    f"{run_dir / name} was made for another corpus or tokenizer config: "
+                    f"training BPE again"
+                )
+
+
+def prepare_run_dir(
+    cfg: Config, run_dir: Path, allow_config_change: bool, is_main: bool = True, log=print
+) -> RunLock | None:
+    """Check the run directory (every rank: all must fail together); rank 0 locks it and
+    writes the config. Nothing is written before every check has passed."""
+    if not is_main:
+        check_config_change(cfg, run_dir, allow_config_change)
+        return None
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise MTError(
+            f"run directory {run_dir} is not writable ({e.strerror}); choose another with --run-dir"
+        ) from None
+    check_folder_writable(run_dir, "run")
+    check_config_change(cfg, run_dir, allow_config_change)  # refused before the lock file
+    lock = RunLock(run_dir)
+    try:
+        check_config_change(cfg, run_dir, allow_config_change)  # as the lock holder sees it
+        if not has_checkpoint(run_dir):
+            _drop_stale_tokenizer(cfg, run_dir, log)
+        save_config(cfg, run_dir / "config.yaml")
+        for stale in run_dir.glob(".*.tmp"):  # left by a save that was killed half-way
+            stale.unlink()
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def record_corpus(cfg: Config, run_dir: Path) -> None:
+    """Remember which training files this run learns from (once its data is in place)."""
+    path = run_dir / CORPUS_NAME
+    if not path.exists() or not has_checkpoint(run_dir):
+        path.write_text(json.dumps(corpus_fingerprint(cfg), indent=1) + "\n", encoding="utf-8")
+
+
+def write_run_info(run_dir: Path) -> None:
+    """What produced this run: versions, git commit, device (for reproducing it)."""
+    import platform
+    import subprocess
+    import sys
+
+    import torch
+
+    import mt
+
+    try:
+        commit = (
+            subprocess.run(
+                ["git", "rev-parse", "HEAD"],
+                capture_output=True,
+                text=True,
+                cwd=Path(__file__).parent,
+                timeout=10,
+            ).stdout.strip()
+            or None
+        )
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    info = {
+        "mt_version": mt.__version__,
+        "git_commit": commit,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "argv": sys.argv,
+    }
+    (run_dir / "run_info.json").write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")

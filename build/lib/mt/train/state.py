@@ -1,0 +1,51 @@
+"""The Trainer's state: the counters a checkpoint carries (TrainState), the valid split it
+scores, and the window of updates between two log lines."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+from mt.config import DecodeConfig
+from mt.data.corpus import ParallelData
+
+
+@dataclass
+class TrainState:
+    step: int = 0  # optimizer updates done
+    epoch: int = 0
+    batch_in_epoch: int = 0  # batches of `epoch` already consumed (exact resume)
+    best_bleu: float = -1.0
+    bad_validations: int = 0  # validations since the best one (early stopping)
+    train_seconds: float = 0.0
+    nonfinite_in_a_row: int = 0
+    oom_skipped: int = 0  # updates dropped after running out of memory (any rank)
+    fp16_skipped: int = 0  # updates the fp16 GradScaler skipped (inf/NaN gradients)
+    # what training last computed in ("fp32", "bf16", "fp16"): train.precision "auto"
+    # resolved on the device it ran on, so that decoding can follow the run, not its config
+    precision: str = ""
+    # train.bidirectional_share: whether `epoch` trains on both directions (decided when it
+    # began, so a run resumed inside the epoch walks the same batches)
+    both_directions: bool = False
+    # what is trained: "translation" (mt train) or "masked_lm" (mt pretrain's encoder)
+    objective: str = "translation"
+
+    def state_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Validation:
+    src: list[str]  # raw source lines
+    refs: list[str]  # raw, untouched references
+    data: ParallelData  # the same pairs as token ids, for the loss
+    beam: int
+    decode: DecodeConfig  # how it is decoded, and the grid tuned on it at the end
+
+
+@dataclass
+class LogWindow:
+    loss: list = field(default_factory=list)
+    nll: list = field(default_factory=list)
+    tokens: int = 0
+    start: float = field(default_factory=time.perf_counter)

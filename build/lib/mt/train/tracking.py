@@ -1,0 +1,67 @@
+"""The run's log: one JSON object per event in train_log.jsonl (what `mt plot` and resuming
+read), and the same scalars as TensorBoard event files when train.tensorboard is on (through
+torch.utils.tensorboard, the optional `tensorboard` extra)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from mt.errors import MTError
+
+
+class RunLog:
+    def __init__(self, run_dir: Path, tensorboard: bool = False):
+        self.path = run_dir / "train_log.jsonl"
+        self.writer = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                raise MTError(
+                    "train.tensorboard needs the tensorboard package: "
+                    "pip install 'mt[tensorboard]' (or set train.tensorboard: false)"
+                ) from None
+            self.writer = SummaryWriter(str(run_dir / "tensorboard"))
+
+    def write(self, record: dict) -> None:
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.writer is not None:
+            for tag, value in scalars(record):
+                self.writer.add_scalar(tag, value, record.get("step", 0))
+            self.writer.flush()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def scalars(record: dict) -> list[tuple[str, float]]:
+    """The record's numbers as TensorBoard tags: train/loss, valid/bleu, averaged/valid_bleu,
+    tune/beam_5_lp_1.0, skipped/out of memory, ..."""
+    if "grid" in record:  # the decoding tuning grid
+        return [
+            (f"tune/beam_{g['beam']}_lp_{g['length_penalty']}", g["valid_bleu"])
+            for g in record["grid"]
+        ]
+    if "skipped" in record:
+        return [(f"skipped/{record['skipped']}", 1.0)]
+    group = (
+        "averaged"
+        if "averaged" in record
+        else "valid"
+        if any(k.startswith("valid_") for k in record)
+        else "train"
+    )
+    out = []
+    for key, value in record.items():
+        if (
+            key in ("step", "best", "averaged")
+            or isinstance(value, bool)
+            or not isinstance(value, (int, float))
+        ):
+            continue
+        name = key.removeprefix("valid_") if group == "valid" else key
+        out.append((f"{group}/{name}", float(value)))
+    return out
