@@ -10,8 +10,12 @@ __version__ = "0.1.0"
 def __getattr__(name: str) -> object:
     # The Python API, imported on first use so that `import mt` (and `mt --help`) stays light:
     # from mt import Translator, Sampling
-    if name in ("Translator", "Sampling"):
-        from mt.decode import translator
+    if name == "Translator":
+        from mt.decode.translator import Translator
 
-        return getattr(translator, name)
+        return Translator
+    if name == "Sampling":
+        from mt.decode.sampling import Sampling
+
+        return Sampling
     raise AttributeError(f"module 'mt' has no attribute {name!r}")

@@ -47,7 +47,8 @@ def translate_cmd(
     """
     from mt.artifacts import checkpoint
     from mt.cli.textio import check_input_output, interactive, read_input, write_output
-    from mt.decode.translator import Sampling, Translator
+    from mt.decode.sampling import Sampling
+    from mt.decode.translator import Translator
     from mt.outputs import is_stdio
     from mt.runtime.threads import choose_threads
 

@@ -85,23 +85,7 @@ def attention_figure(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    n_layers, n_heads = weights.shape[:2]
-    if grid:
-        panels = [
-            (f"layer {i + 1} head {j + 1}", weights[i, j])
-            for i in range(n_layers)
-            for j in range(n_heads)
-        ]
-        rows, cols = n_layers, n_heads
-    else:
-        sel = weights if layer is None else weights[layer - 1 : layer]
-        sel = sel if head is None else sel[:, head - 1 : head]
-        what = (
-            ("all layers" if layer is None else f"layer {layer}")
-            + ", "
-            + ("mean of heads" if head is None else f"head {head}")
-        )
-        panels, rows, cols = [(what, sel.mean((0, 1)))], 1, 1
+    panels, rows, cols = _panels(weights, layer, head, grid)
     src_labels, tgt_labels = readable_pieces(src_labels), readable_pieces(tgt_labels)
     cell = 0.32
     fig, axes = plt.subplots(
@@ -142,3 +126,26 @@ def readable_pieces(pieces: list[str]) -> list[str]:
         else:
             out.append("##" + p)
     return out
+
+
+def _panels(weights: np.ndarray, layer: int | None, head: int | None, grid: bool):
+    """([(title, (T, S) weights)], rows, cols): every layer and head, or one panel of the
+    chosen layer/head (their mean where none is chosen)."""
+    n_layers, n_heads = weights.shape[:2]
+    if grid:
+        panels = [
+            (f"layer {i + 1} head {j + 1}", weights[i, j])
+            for i in range(n_layers)
+            for j in range(n_heads)
+        ]
+        rows, cols = n_layers, n_heads
+    else:
+        sel = weights if layer is None else weights[layer - 1 : layer]
+        sel = sel if head is None else sel[:, head - 1 : head]
+        what = (
+            ("all layers" if layer is None else f"layer {layer}")
+            + ", "
+            + ("mean of heads" if head is None else f"head {head}")
+        )
+        panels, rows, cols = [(what, sel.mean((0, 1)))], 1, 1
+    return panels, rows, cols

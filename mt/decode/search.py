@@ -262,6 +262,26 @@ def beam_search(
 
 
 @torch.no_grad()
+def _constrain(
+    lprobs: torch.Tensor, step: int, min_len: int, at_limit: torch.Tensor, forced: Sequence[int]
+) -> None:
+    """In place: no EOS before `min_len` tokens, EOS only in the rows at their length limit,
+    and the forced prefix while it lasts."""
+    if step < min_len:
+        lprobs[:, EOS] = -float("inf")
+    _force_eos(lprobs, at_limit)
+    _force_prefix(lprobs, step, forced)
+
+
+def _beam_start(b: int, k: int, dev: torch.device):
+    """(scores (B, K): one live hypothesis per sentence at first, hyps (B*K, 1): BOS, the
+    rows of the sentences still searched)."""
+    scores = torch.full((b, k), -float("inf"), device=dev)
+    scores[:, 0] = 0.0
+    hyps = torch.full((b * k, 1), BOS, dtype=torch.long, device=dev)
+    return scores, hyps, torch.arange(b, device=dev)
+
+
 def beam_nbest(
     model: Seq2Seq,
     src: torch.Tensor,
@@ -275,40 +295,29 @@ def beam_nbest(
     min_len: int = 0,
     forced: Sequence[int] = (),
 ) -> list[list[tuple[list[int], float]]]:
-    """`beam` live hypotheses per sentence: of each step's top 2*beam extensions, those ending
-    in EOS among the top `beam` finish (score logp / len^length_penalty, len counting EOS) and
-    the best `beam` others stay live; a sentence with `beam` finished or at its length limit
-    leaves the batch. Returns its `nbest` (<= beam) finished (ids, score), best first."""
+    """Of each step's top 2*beam extensions, those ending in EOS among the top `beam` finish
+    (score logp / len^length_penalty, len counting EOS), the best `beam` others stay live; a
+    sentence leaves at `beam` finished or its limit. Each: `nbest` (ids, score), best first."""
     b, k, dev = src.shape[0], beam, src.device
     memory_once = model.encode(src, src_pad_mask)  # (B, S, D)
-    # With a cross-attention cache of one row per sentence (its K hypotheses' queries share
-    # it), no K copies of the memory or of that cache.
+    # a cross-attention cache of one row per sentence, shared by its K hypotheses' queries
     per_sentence = use_cache and model.cross_cache_per_sentence
     memory = memory_once if per_sentence else memory_once.repeat_interleave(k, 0)
     pad_mask = src_pad_mask.repeat_interleave(k, 0)
     limits = max_lengths(src_pad_mask, max_len_a, max_len_b, model.max_positions - 1, len(forced))
-    scores = torch.full((b, k), -float("inf"), device=dev)
-    scores[:, 0] = 0.0  # only one live hypothesis at first
-    hyps = torch.full((b * k, 1), BOS, dtype=torch.long, device=dev)  # with BOS
-    alive = torch.arange(b, device=dev)
+    scores, hyps, alive = _beam_start(b, k, dev)
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(b)]  # (score, ids)
     cache = model.new_cache() if use_cache else None
     for step in range(int(limits.max())):
-        n = len(alive)
-        lprobs = (
-            _first_step_lprobs(model, memory_once, src_pad_mask, cache, k, per_sentence)
-            if step == 0 and use_cache
-            else _step_lprobs(
-                model, hyps[:, -1:], memory, pad_mask, cache, step, None if use_cache else hyps
-            )
-        )
+        if step == 0 and use_cache:
+            lprobs = _first_step_lprobs(model, memory_once, src_pad_mask, cache, k, per_sentence)
+        else:
+            prefix = None if use_cache else hyps
+            lprobs = _step_lprobs(model, hyps[:, -1:], memory, pad_mask, cache, step, prefix)
         v = lprobs.shape[-1]
-        if step < min_len:
-            lprobs[:, EOS] = -float("inf")
-        _force_eos(lprobs, (step + 1 >= limits[alive]).repeat_interleave(k))
-        _force_prefix(lprobs, step, forced)
-        cand = lprobs.view(n, k, v).add_(scores[:, :, None]).view(n, k * v)  # in place
-        top_scores, top_idx = _topk_rows(cand, min(2 * k, k * v))  # (n, 2K)
+        _constrain(lprobs, step, min_len, (step + 1 >= limits[alive]).repeat_interleave(k), forced)
+        cand = lprobs.view(-1, k, v).add_(scores[:, :, None]).view(-1, k * v)  # in place: (n, KV)
+        top_scores, top_idx = _topk_rows(cand, min(2 * k, k * v))  # (n, 2K), n = len(alive)
         top_beam, top_tok = top_idx // v, top_idx % v
         _finish(finished, alive, hyps, top_scores, top_beam, top_tok, k, length_penalty)
         scores, src_rows, new_tok = _best_live(top_scores, top_beam, top_tok, k)
@@ -322,6 +331,4 @@ def beam_nbest(
             alive, scores, hyps, pad_mask, memory = _drop_done(
                 done, k, per_sentence, cache, alive, scores, hyps, pad_mask, memory
             )
-    return [
-        [(ids, score) for score, ids in sorted(f, key=lambda x: -x[0])[:nbest]] for f in finished
-    ]
+    return [[(ids, s) for s, ids in sorted(f, key=lambda x: -x[0])[:nbest]] for f in finished]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import secrets
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -19,6 +18,7 @@ from mt.config import DecodeConfig
 from mt.data.batching import pad_sources, token_batches
 from mt.data.tokenizer import Tokenizer
 from mt.decode.mask_predict import mask_predict
+from mt.decode.sampling import Sampling
 from mt.decode.search import beam_nbest, greedy, max_lengths, sampler
 from mt.errors import MTError
 from mt.model import Seq2Seq
@@ -27,41 +27,6 @@ from mt.tokens import PAD
 
 # one line's search result: (its source ids, [(output ids, score or None), ...] best first)
 Found = tuple[list[int], list[tuple[list[int], float | None]]]
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """Draw each next token instead of searching (back-translation, diverse outputs)."""
-
-    temperature: float = 1.0
-    topk: int = 0  # only the k most likely tokens; 0: all
-    topp: float = 1.0  # only the smallest set reaching this probability; 1: all
-    seed: int | None = None  # the same seed and input give the same outputs
-
-    @classmethod
-    def from_flags(
-        cls,
-        sample: bool,
-        temperature: float,
-        topk: int,
-        topp: float,
-        seed: int | None,
-        beam: int | None,
-        nbest: int,
-    ) -> Sampling | None:
-        """The options of `mt translate --sample ...`, or None; sampling flags without
-        --sample, or with a beam or n-best, are refused."""
-        if not sample:
-            if temperature != 1.0 or topk or topp != 1.0 or seed is not None:
-                raise MTError("--temperature, --topk, --topp and --seed apply to --sample only")
-            return None
-        if beam is not None or nbest > 1:
-            raise MTError("--sample draws one translation per line: leave out --beam and --nbest")
-        if temperature <= 0:
-            raise MTError(f"--temperature {temperature}: must be > 0")
-        if not 0.0 < topp <= 1.0:
-            raise MTError(f"--topp {topp}: must be in (0, 1]")
-        return cls(temperature, topk, topp, seed)
 
 
 class Translator:
@@ -194,22 +159,10 @@ class Translator:
         todo = [i for i, t in enumerate(texts) if t]
         ids = self._source_ids([texts[i] for i in todo])
         forced = self.tokenizer.encode_tgt([prefix])[0] if prefix else []
-        generator = None
-        if sampling is not None:
-            generator = torch.Generator(self.device)
-            generator.manual_seed(
-                sampling.seed if sampling.seed is not None else secrets.randbits(63)
-            )
+        generator = self._generator(sampling)
         out: list[Found | None] = [None] * len(lines)
         lens = np.array([len(x) + 1 for x in ids], dtype=np.int64)
-        bar = tqdm(
-            total=len(ids),
-            unit="sent",
-            desc="translate",
-            file=sys.stderr,
-            disable=None if progress and len(ids) > 1 else True,
-            mininterval=1.0,
-        )
+        bar = _progress_bar(len(ids), progress)
         # Sorted by length (no shuffling) so each batch has little padding.
         for batch in token_batches(lens, np.zeros_like(lens), self.cfg.max_tokens, seed=None):
             src = pad_sources([np.asarray(ids[i], dtype=np.int64) for i in batch]).to(self.device)
@@ -246,6 +199,15 @@ class Translator:
             )
         return [x[:limit] for x in ids]
 
+    def _generator(self, sampling: Sampling | None) -> torch.Generator | None:
+        """Sampling's random draws: from its seed, else from a fresh one; None without."""
+        if sampling is None:
+            return None
+        generator = torch.Generator(self.device)
+        seed = sampling.seed if sampling.seed is not None else secrets.randbits(63)
+        generator.manual_seed(seed)
+        return generator
+
     def _decode(
         self,
         src: torch.Tensor,
@@ -265,48 +227,28 @@ class Translator:
                     "model.arch nat decodes by mask-predict: --nbest, --sample and "
                     "--prefix apply to the autoregressive models only"
                 )
-            limit = int(
-                max_lengths(mask, c.max_len_a, c.max_len_b, self.model.max_positions - 1).max()
-            )
-            return [
-                [(h, None)]
-                for h in mask_predict(
-                    self.model, src, mask, c.nat_iterations, c.nat_length_beam, limit
-                )
-            ]
+            return self._mask_predict(src, mask)
         lp = c.length_penalty if length_penalty is None else length_penalty
+        lengths = (c.max_len_a, c.max_len_b)
         if sampling is not None or (beam == 1 and nbest == 1):
-            pick = (
-                None
-                if sampling is None
-                else sampler(sampling.temperature, sampling.topk, sampling.topp, generator)
-            )
-            hyps = greedy(
-                self.model,
-                src,
-                mask,
-                c.max_len_a,
-                c.max_len_b,
-                use_cache=use_cache,
-                pick=pick,
-                forced=forced,
-            )
+            s = sampling
+            pick = None if s is None else sampler(s.temperature, s.topk, s.topp, generator)
+            hyps = greedy(self.model, src, mask, *lengths, use_cache, pick=pick, forced=forced)
             return [[(h, None)] for h in hyps]
-        return cast(  # (beam scores are never None)
-            list[list[tuple[list[int], float | None]]],
-            beam_nbest(
-                self.model,
-                src,
-                mask,
-                beam,
-                nbest,
-                lp,
-                c.max_len_a,
-                c.max_len_b,
-                use_cache=use_cache,
-                forced=forced,
-            ),
+        found = beam_nbest(
+            self.model, src, mask, beam, nbest, lp, *lengths, use_cache, forced=forced
         )
+        return cast(list[list[tuple[list[int], float | None]]], found)  # (never None in beams)
+
+    def _mask_predict(
+        self, src: torch.Tensor, mask: torch.Tensor
+    ) -> list[list[tuple[list[int], float | None]]]:
+        """The non-autoregressive model's decoding (decode.nat_iterations and
+        nat_length_beam)."""
+        c = self.cfg
+        limit = int(max_lengths(mask, c.max_len_a, c.max_len_b, self.model.max_positions - 1).max())
+        found = mask_predict(self.model, src, mask, c.nat_iterations, c.nat_length_beam, limit)
+        return [[(h, None)] for h in found]
 
     def translate(
         self,
@@ -403,3 +345,15 @@ class Translator:
         src_labels = [self.tokenizer.src.IdToPiece(i) for i in src_ids] + ["</s>"]
         tgt_labels = [*self.tokenizer.tgt_pieces_of(hyp), "</s>"]
         return self.tokenizer.decode_tgt([hyp])[0], weights, src_labels, tgt_labels
+
+
+def _progress_bar(n: int, progress: bool) -> tqdm[Any]:
+    """A bar on stderr over `n` sentences, when asked for and stderr is a terminal."""
+    return tqdm(
+        total=n,
+        unit="sent",
+        desc="translate",
+        file=sys.stderr,
+        disable=None if progress and n > 1 else True,
+        mininterval=1.0,
+    )

@@ -48,21 +48,32 @@ def training_figure(run_dir: Path):
     # a single point is drawn as a marker: a line needs two
     line = "o-" if len(train) < 2 else "-"
     fig, (ax_loss, ax_bleu) = plt.subplots(1, 2, figsize=(11, 4))
-    ax_loss.plot(
+    _losses(ax_loss, train, valid, line)
+    _bleu(ax_bleu, valid, scored)
+    fig.suptitle(run_dir.name)
+    fig.tight_layout()
+    return fig
+
+
+def _losses(ax, train: list[dict], valid: list[dict], line: str) -> None:
+    """The left panel: training loss and NLL, validation loss, by step."""
+    ax.plot(
         [r["step"] for r in train], [r["loss"] for r in train], line, label="train loss (smoothed)"
     )
-    ax_loss.plot(
+    ax.plot(
         [r["step"] for r in train], [r["nll"] for r in train], line, label="train NLL", alpha=0.6
     )
-    ax_loss.plot(
-        [r["step"] for r in valid], [r["valid_loss"] for r in valid], "o-", label="valid loss"
-    )
-    ax_loss.set_xlabel("step")
-    ax_loss.set_ylabel("loss per target token")
+    ax.plot([r["step"] for r in valid], [r["valid_loss"] for r in valid], "o-", label="valid loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss per target token")
     if train or valid:
-        ax_loss.legend()
-    ax_loss.grid(alpha=0.3)
-    ax_bleu.plot(
+        ax.legend()
+    ax.grid(alpha=0.3)
+
+
+def _bleu(ax, valid: list[dict], scored: list[dict]) -> None:
+    """The right panel: validation BLEU, the averages of snapshots, best.pt's point."""
+    ax.plot(
         [r["step"] for r in valid],
         [r["valid_bleu"] for r in valid],
         "o-",
@@ -71,7 +82,7 @@ def training_figure(run_dir: Path):
     )
     averaged = [r for r in scored if "averaged" in r]
     if averaged:
-        ax_bleu.plot(
+        ax.plot(
             [r["step"] for r in averaged],
             [r["valid_bleu"] for r in averaged],
             "s",
@@ -81,7 +92,7 @@ def training_figure(run_dir: Path):
     best = [r for r in scored if r.get("best")]
     if best:  # the last record marked best is what best.pt holds
         b = best[-1]
-        ax_bleu.plot(
+        ax.plot(
             [b["step"]],
             [b["valid_bleu"]],
             "*",
@@ -90,11 +101,8 @@ def training_figure(run_dir: Path):
             markeredgecolor="black",
             label=f"best.pt: {b['valid_bleu']:.2f}",
         )
-    ax_bleu.set_xlabel("step")
-    ax_bleu.set_ylabel("validation BLEU")
+    ax.set_xlabel("step")
+    ax.set_ylabel("validation BLEU")
     if scored:
-        ax_bleu.legend(loc="lower right")
-    ax_bleu.grid(alpha=0.3)
-    fig.suptitle(run_dir.name)
-    fig.tight_layout()
-    return fig
+        ax.legend(loc="lower right")
+    ax.grid(alpha=0.3)

@@ -184,40 +184,7 @@ def build_report(
             f"--src and --ref.</p>"
         )
     else:
-        if ref is None:
-            raise MTError("--src needs --ref: the references to score against")
-        src_lines, refs = read_lines(src), read_lines(ref)
-        hyps = translator.translate(src_lines)
-        parts += [
-            "<h2>Test scores</h2>",
-            _scores(full_scores(hyps, refs, 1000), len(hyps), str(src)),
-            "<h2>Attention</h2>",
-            _attention(translator, [s for s in src_lines if s][:2]),
-            "<h2>Translations</h2>",
-            _samples(src_lines, hyps, refs),
-        ]
-        if baseline is not None:
-            base = Translator.load(baseline, device).translate(src_lines)
-            rows = paired_significance(
-                [(f"baseline {baseline}", base), (f"this run {run_dir}", hyps)], refs
-            )
-            parts += [
-                "<h2>Against the baseline</h2>",
-                _table(
-                    rows,
-                    [
-                        "system",
-                        "bleu",
-                        "bleu_ci",
-                        "bleu_p_bs",
-                        "bleu_p_ar",
-                        "chrf",
-                        "chrf_ci",
-                        "chrf_p_bs",
-                        "chrf_p_ar",
-                    ],
-                ),
-            ]
+        parts += _test_sections(translator, run_dir, src, ref, baseline, device)
     config = yaml.safe_dump(ckpt["config"], sort_keys=False)
     parts += ["<h2>Config</h2>", f"<pre>{html.escape(config)}</pre>"]
     return (
@@ -226,3 +193,35 @@ def build_report(
         + "\n".join(parts)
         + "</body></html>\n"
     )
+
+
+# the columns of the table against a baseline
+_PAIRED = ["system", "bleu", "bleu_ci", "bleu_p_bs", "bleu_p_ar"]
+_PAIRED += [c.replace("bleu", "chrf") for c in _PAIRED[1:]]
+
+
+def _test_sections(
+    translator, run_dir: Path, src: Path, ref: Path | None, baseline: Path | None, device: str
+) -> list[str]:
+    """The test set's scores, attention pictures and translations, and the paired tests
+    against a baseline run when one is given."""
+    from mt.decode.translator import Translator
+
+    if ref is None:
+        raise MTError("--src needs --ref: the references to score against")
+    src_lines, refs = read_lines(src), read_lines(ref)
+    hyps = translator.translate(src_lines)
+    parts = [
+        "<h2>Test scores</h2>",
+        _scores(full_scores(hyps, refs, 1000), len(hyps), str(src)),
+        "<h2>Attention</h2>",
+        _attention(translator, [s for s in src_lines if s][:2]),
+        "<h2>Translations</h2>",
+        _samples(src_lines, hyps, refs),
+    ]
+    if baseline is not None:
+        base = Translator.load(baseline, device).translate(src_lines)
+        systems = [(f"baseline {baseline}", base), (f"this run {run_dir}", hyps)]
+        rows = paired_significance(systems, refs)
+        parts += ["<h2>Against the baseline</h2>", _table(rows, _PAIRED)]
+    return parts

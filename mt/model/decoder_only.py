@@ -108,13 +108,8 @@ class DecoderOnly(Seq2Seq):
         x = self.dropout(x)
         # Keys: the source (padding masked) and target positions 0 .. start+T-1.
         k_pos = torch.cat([src_pos, src_len + torch.arange(start + t, device=dev)], 1)
-        key_ok = torch.cat(
-            [~src_pad_mask, torch.ones(b, start + t, dtype=torch.bool, device=dev)], 1
-        )  # (B, S+start+T)
-        n_q, n_k = x.shape[1], key_ok.shape[1]
-        causal = torch.ones(n_q, n_k, dtype=torch.bool, device=dev).tril(n_k - n_q)
-        mask = causal[None, None] & key_ok[:, None, None, :]  # (B, 1, Q, K)
-        layer_weights: list[torch.Tensor] | None = [] if weights is not None else None
+        mask = self._mask(src_pad_mask, x.shape[1], start + t)  # (B, 1, Q, K)
+        layer_weights: list[torch.Tensor] = []
         for i, layer in enumerate(self.layers):
             x = layer(
                 x,
@@ -122,13 +117,21 @@ class DecoderOnly(Seq2Seq):
                 cache=None if cache is None else cache[i]["self"],
                 q_pos=q_pos if self.relative else None,
                 k_pos=k_pos if self.relative else None,
-                weights=layer_weights,
+                weights=None if weights is None else layer_weights,
             )
-        if (
-            weights is not None and layer_weights is not None
-        ):  # target queries over source keys: the "cross" attention
+        if weights is not None:  # target queries over source keys: the "cross" attention
             weights += [w[:, :, -t:, :s] for w in layer_weights]
         return self.final_norm(x[:, -t:])
+
+    @staticmethod
+    def _mask(src_pad_mask: torch.Tensor, n_q: int, n_tgt: int) -> torch.Tensor:
+        """(B, 1, Q, K) may-attend: causal over the sequence, the source's padding barred."""
+        b, dev = src_pad_mask.shape[0], src_pad_mask.device
+        tgt_ok = torch.ones(b, n_tgt, dtype=torch.bool, device=dev)
+        key_ok = torch.cat([~src_pad_mask, tgt_ok], 1)  # (B, S+start+T)
+        n_k = key_ok.shape[1]
+        causal = torch.ones(n_q, n_k, dtype=torch.bool, device=dev).tril(n_k - n_q)
+        return causal[None, None] & key_ok[:, None, None, :]
 
     def new_cache(self) -> list[dict]:
         return [{"self": {}} for _ in self.layers]

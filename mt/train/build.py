@@ -3,6 +3,7 @@ and the state of an earlier run when there is one to resume."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import torch
@@ -112,44 +113,31 @@ def _build(
     if t.num_threads or not dist.enabled:  # ranks sharing a machine would count each other
         choose_threads(t.num_threads, log)
     torch.manual_seed(t.seed)
-    tokenizer, train_data, (vsrc, vtgt, valid_data) = prepare_data(
-        cfg,
-        run_dir,
-        dist,
-        log,
-        t.bpe_dropout,
-        inherited=lambda: pretrained_tokenizer(cfg.model.init_encoder, log),
-    )
+    inherited = functools.partial(pretrained_tokenizer, cfg.model.init_encoder, log)
+    data = prepare_data(cfg, run_dir, dist, log, t.bpe_dropout, inherited=inherited)
+    tokenizer, train_data, (vsrc, vtgt, valid_data) = data
     if dist.is_main:
         record_corpus(cfg, run_dir)
         write_run_info(run_dir)
     device = pick_device(device_name)
     model, fused = _model(cfg, tokenizer, run_dir, device, pretraining, log)
+    seed = t.seed + dist.rank  # this rank's draws
     objective = build_objective(
-        cfg,
-        fused=fused,
-        seed=t.seed + dist.rank,
-        pretraining=pretraining,
-        vocab_size=tokenizer.src_vocab_size,
+        cfg, fused=fused, seed=seed, pretraining=pretraining, vocab_size=tokenizer.src_vocab_size
     )
-    torch.manual_seed(t.seed + dist.rank)  # same initial weights everywhere, own dropout masks
-    log(
-        f"model: {sum(p.numel() for p in model.parameters()):,} parameters on {device}"
-        + (f" x {dist.world} ranks" if dist.enabled else "")
-    )
-    params = encoder_parameters(model) if pretraining else model.parameters()
-    optimizer, scheduler = build_optimizer(params, t, cfg.model.d_model)
-    dtype = amp_dtype(t.precision, device)
-    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
+    torch.manual_seed(seed)  # same initial weights everywhere, own dropout masks
+    ranks = f" x {dist.world} ranks" if dist.enabled else ""
+    log(f"model: {sum(p.numel() for p in model.parameters()):,} parameters on {device}{ranks}")
+    optimizer, scheduler, scaler, dtype = _optimization(cfg, model, device, pretraining)
+    beam = t.valid_beam or cfg.decode.beam
+    validation = None if pretraining else Validation(vsrc, vtgt, valid_data, beam, cfg.decode)
     trainer = Trainer(
         model=model,
         optimizer=optimizer,
         scheduler=scheduler,
         scaler=scaler,
         train_data=None if t.bpe_dropout > 0 else train_data,
-        validation=None
-        if pretraining
-        else Validation(vsrc, vtgt, valid_data, t.valid_beam or cfg.decode.beam, cfg.decode),
+        validation=validation,
         tokenizer=tokenizer,
         cfg=t,
         run_config=cfg.to_dict(),
@@ -162,11 +150,22 @@ def _build(
         lock=lock,
         tensorboard=t.tensorboard,
         epoch_data=bpe_dropout_epochs(cfg, tokenizer, train_data) if t.bpe_dropout > 0 else None,
+        state=TrainState(objective=OBJECTIVE_NAMES[pretraining]),
     )
-    trainer.state.objective = OBJECTIVE_NAMES[pretraining]
     _resume_if_saved(trainer, run_dir, log)
     trainer.state.precision = PRECISION_NAMES[dtype]
     return trainer
+
+
+def _optimization(cfg: Config, model, device, pretraining: bool):
+    """(Adam, its Noam schedule, the GradScaler, the autocast dtype or None): over the
+    encoder's parameters alone when pretraining it."""
+    t = cfg.train
+    params = encoder_parameters(model) if pretraining else model.parameters()
+    optimizer, scheduler = build_optimizer(params, t, cfg.model.d_model)
+    dtype = amp_dtype(t.precision, device)
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
+    return optimizer, scheduler, scaler, dtype
 
 
 def _model(cfg: Config, tokenizer, run_dir: Path, device, pretraining: bool, log):

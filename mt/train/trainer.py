@@ -33,6 +33,14 @@ from mt.train.validation import Validating
 
 
 class Trainer(Validating, Saving):
+    """cfg: the train section (budgets, schedule of logs, validations and saves); run_config:
+    the whole config as a dict, which every checkpoint carries; objective: what is minimised
+    (mt.train.objective.build_objective); validation: None for an objective that does not
+    translate (encoder pretraining). epoch_data(epoch) -> ParallelData: the training data of
+    each epoch where it changes from epoch to epoch (BPE-dropout), and then train_data is None:
+    the plain segmentation would be a second copy of the split kept for nothing; None:
+    train_data always."""
+
     def __init__(
         self,
         *,
@@ -56,40 +64,27 @@ class Trainer(Validating, Saving):
         tensorboard: bool = False,
         epoch_data=None,
     ):
-        """cfg: the train section (budgets, schedule of logs, validations and saves);
-        run_config: the whole config as a dict, which every checkpoint carries; objective: what
-        is minimised (mt.train.objective.build_objective); validation: None for an objective
-        that does not translate (encoder pretraining). epoch_data(epoch) -> ParallelData: the
-        training data of each epoch where it changes from epoch to epoch (BPE-dropout), and
-        then train_data is None: the plain segmentation would be a second copy of the split
-        kept for nothing; None: train_data always."""
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.scaler, self.objective = scaler, objective
         self.dist = dist = dist or Dist()  # (None: one process, no ranks)
-        # Data parallel without a DDP wrapper: every rank starts from rank 0's weights, and
-        # the gradients are averaged after the backward pass, once all ranks have said it
-        # succeeded (Dist.average_gradients; see train_step). No buffer needs sending: the
-        # only ones are fixed tables (sinusoidal positions).
+        # Data parallel without a DDP wrapper: every rank starts from rank 0's weights (buffers
+        # are fixed tables), gradients are averaged once all ranks succeeded (train_step).
         dist.broadcast_parameters(model)
-        self.train_model = model
-        if cfg.compile:  # shapes vary with every batch: compile for dynamic shapes once
-            self.train_model = torch.compile(model, dynamic=True)
+        # shapes vary with every batch: compile for dynamic shapes once
+        self.train_model = torch.compile(model, dynamic=True) if cfg.compile else model
         self.train_data, self.validation, self.tokenizer = train_data, validation, tokenizer
-        self.epoch_data = epoch_data
-        self.cfg, self.run_config = cfg, run_config
+        self.epoch_data, self.cfg, self.run_config = epoch_data, cfg, run_config
         self.run_dir, self.device, self.amp_dtype = run_dir, device, amp_dtype
-        self.state = state or TrainState()
-        self.log = log
+        self.state, self.log = state or TrainState(), log
         self.lock = lock  # the run directory's RunLock (rank 0), released by close()
         self.run_log = RunLog(run_dir, tensorboard) if dist.is_main else None
         # train.ema_decay: rank 0 alone validates and saves, so it alone keeps the average
-        self.ema = (
-            WeightAverage(model, cfg.ema_decay) if cfg.ema_decay > 0 and dist.is_main else None
-        )
+        keep_average = cfg.ema_decay > 0 and dist.is_main
+        self.ema = WeightAverage(model, cfg.ema_decay) if keep_average else None
         self._window = LogWindow()
         self._progress = 0.0  # the share of the budget spent (budget_progress)
-        # what the end of a run asks: the step of the last validation and of the last save of
-        # last.pt in this process (-1: none yet), and whether a signal asked it to stop
+        # for the end of the run: the steps of this process's last validation and last.pt (-1:
+        # none yet), and whether a signal asked it to stop
         self.last_valid_step = self.last_save_step = -1
         self.last_record: dict = {}  # the last training log record (loss, nll, ppl, lr, ...)
         self.stop_requested: str | None = None

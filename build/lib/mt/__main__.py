@@ -1,3 +1,0 @@
-from mt.cli import main
-
-main()

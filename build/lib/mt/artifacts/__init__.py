@@ -1,1 +1,0 @@
-"""What a run leaves behind: the self-describing checkpoint and the CTranslate2 export."""

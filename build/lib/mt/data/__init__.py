@@ -1,2 +1,0 @@
-"""Data: corpora fetched and read, BPE, token ids, length-bucketed batches, the walk through
-epochs."""

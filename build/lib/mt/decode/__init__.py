@@ -1,1 +1,0 @@
-"""Decoding: the Translator, search (greedy, beam, sampling), ensembles, alignments."""

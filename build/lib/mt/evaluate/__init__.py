@@ -1,1 +1,0 @@
-"""Evaluation: metrics, systems comparison, reports, pictures, decoding tuned on valid."""

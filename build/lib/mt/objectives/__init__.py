@@ -1,2 +1,0 @@
-"""Training objectives: label-smoothed cross-entropy, R-Drop, scheduled sampling, the NAT and
-masked-LM losses."""

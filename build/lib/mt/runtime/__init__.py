@@ -1,1 +1,0 @@
-"""Where a run executes: device and precision, data-parallel ranks, CPU threads, memory."""

@@ -1,1 +1,0 @@
-"""Training: the Trainer loop, its factory, the end of a run, schedules, the run directory."""
