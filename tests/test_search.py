@@ -135,3 +135,26 @@ def test_search_never_emits_pad_bos_or_unk():
     emitted = {tok for out in outs for tok in out}
     assert emitted and not {PAD, BOS, UNK} & emitted, outs
     assert EOS not in emitted
+
+
+def test_search_records_no_autograd_graph():
+    # every decoding step runs without gradients: a search that recorded the graph would
+    # keep every step's activations alive and run slower
+    from mt.config import ModelConfig
+    from mt.decode.search import beam_nbest
+    from mt.model import build_model
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(d_model=32, enc_layers=1, dec_layers=1, d_ff=64), 40, 40).eval()
+    real, seen = model.project, []
+
+    def project(h):
+        seen.append(torch.is_grad_enabled())
+        return real(h)
+
+    model.project = project
+    src = torch.randint(4, 40, (2, 5))
+    greedy(model, src, src == 0, 0.0, 4)
+    beam_search(model, src, src == 0, 3, 1.0, 0.0, 4)
+    beam_nbest(model, src, src == 0, 3, 2, 1.0, 0.0, 4)
+    assert seen and not any(seen)

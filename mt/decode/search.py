@@ -282,6 +282,7 @@ def _beam_start(b: int, k: int, dev: torch.device):
     return scores, hyps, torch.arange(b, device=dev)
 
 
+@torch.no_grad()
 def beam_nbest(
     model: Seq2Seq,
     src: torch.Tensor,
