@@ -4,7 +4,9 @@ starts, and written so that a failure never leaves half a file or a traceback.
 The rule, the same for every command: an output may not be one of the command's inputs; an
 existing file is replaced only with `--force`; its folder must exist and be writable. Files that
 `mt train` owns inside a run directory (checkpoints, training.png, the log) are the exception:
-the run rewrites them as it goes.
+the run rewrites them as it goes. An output that exists and is not a regular file (a device such
+as /dev/null, a FIFO, a socket) is written into, as a shell redirection would, never replaced;
+`-` and /dev/stdout are standard output.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
@@ -25,7 +28,17 @@ FULL_DISK_BYTES = 16 * 2**20
 
 
 def is_stdio(path: str | Path | None) -> bool:
-    return path is None or str(path) == "-"
+    return path is None or str(path) in ("-", "/dev/stdout")
+
+
+def is_special(path: str | Path) -> bool:
+    """An existing path that is neither a regular file nor a folder: a character or block
+    device, a FIFO or a socket, which a write goes into rather than replaces."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -83,6 +96,8 @@ def check_output(
             )
     if path.is_dir():
         raise MTError(f"the {what} {path} is a folder; give a file name")
+    if is_special(path):  # written into, as a shell's `>` does: nothing is replaced
+        return
     if path.exists() and not force:
         raise MTError(
             f"{path} already exists; pass --force to overwrite it, or choose another {what} path"
@@ -118,8 +133,13 @@ def describe_os_error(e: OSError) -> str:
 def atomic_file(path: str | Path, mode: str = "wb", keep_as: Path | None = None) -> Iterator:
     """Open a temp file beside `path`; on success it is flushed, synced and renamed over `path`
     (the old file first renamed to `keep_as`, if given); on any failure the temp file is removed
-    and `path` is untouched. OS and writer errors become one-line MTErrors naming `path`."""
+    and `path` is untouched. OS and writer errors become one-line MTErrors naming `path`.
+    A device, FIFO or socket at `path` is written into directly (see is_special)."""
     path = Path(path)
+    if is_special(path):
+        with _into_special(path, mode) as f:
+            yield f
+        return
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as e:
@@ -139,6 +159,16 @@ def atomic_file(path: str | Path, mode: str = "wb", keep_as: Path | None = None)
     except BaseException:
         _remove(tmp)
         raise
+
+
+@contextmanager
+def _into_special(path: Path, mode: str) -> Iterator:
+    """`path` opened for writing as it is (no temp file, no rename); errors are one line."""
+    try:
+        with open(path, mode) if "b" in mode else open(path, mode, encoding="utf-8") as f:
+            yield f
+    except OSError as e:
+        raise MTError(describe_write_error(path, e)) from None
 
 
 def _file_mode(path: Path) -> int:

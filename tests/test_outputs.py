@@ -3,8 +3,10 @@ inputs, and a full disk or read-only folder is one line that leaves the old file
 
 import os
 import shutil
+import stat
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -192,3 +194,55 @@ def test_training_on_a_disk_that_fills_stops_with_one_line(tmp_path):
         "train.save_every=5",
     )
     assert_user_error(proc, "disk is full")
+
+
+def _device(path, major: int, minor: int) -> bool:
+    """A character device node at `path` (1,3 is null, 1,7 is full), where this process may
+    make one (root, as CI runs); never the machine's own /dev."""
+    try:
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+    except (PermissionError, OSError):
+        return False
+    return True
+
+
+def test_an_existing_fifo_is_written_into_without_force_and_stays_a_fifo(
+    tiny_run, src_file, tmp_path
+):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(
+        target=lambda: got.append(fifo.read_text(encoding="utf-8")), daemon=True
+    )
+    reader.start()
+    proc = run_mt("translate", tiny_run, "-i", src_file, "-o", fifo, "--device", "cpu")
+    reader.join(timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert len(got) == 1 and len(got[0].splitlines()) == 2
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+
+def test_a_device_node_is_written_into_never_replaced(tiny_run, src_file, tmp_path):
+    null, full = tmp_path / "null", tmp_path / "full"
+    if not (_device(null, 1, 3) and _device(full, 1, 7)):
+        pytest.skip("making device nodes needs root")
+    proc = run_mt("translate", tiny_run, "-i", src_file, "-o", null, "--device", "cpu")
+    assert proc.returncode == 0, proc.stderr  # no --force needed, as for a shell's `>`
+    snapshot = sorted(tiny_run.glob("step_*.pt"))[-1]
+    proc = run_mt("average", tiny_run, "--last", "2", "-o", null)
+    assert proc.returncode == 0, proc.stderr  # a checkpoint written into it too
+    assert_user_error(
+        run_mt("translate", tiny_run, "-i", src_file, "-o", full, "--force", "--device", "cpu"),
+        f"could not write {full}",
+    )
+    for node in (null, full):
+        assert stat.S_ISCHR(os.stat(node).st_mode), node  # still devices, not files
+    assert snapshot.exists()
+
+
+@pytest.mark.parametrize("out", ["-", "/dev/stdout"])
+def test_dash_and_dev_stdout_are_standard_output(tiny_run, src_file, out):
+    proc = run_mt("translate", tiny_run, "-i", src_file, "-o", out, "--device", "cpu")
+    assert proc.returncode == 0, proc.stderr
+    assert len(proc.stdout.splitlines()) == 2
