@@ -65,6 +65,5 @@ def mlm_loss(model, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
 def masked_lm_objective(vocab_size: int) -> Objective:
     return Objective(
         loss=mlm_loss,
-        translates=False,
         prepare=lambda batch, seed: masked_batch(batch, seed, vocab_size),
     )

@@ -15,11 +15,8 @@ class Objective:
     prepare(batch, seed) -> the batch the loss reads, made from the walk's batch on the CPU
     and seeded by its position alone (as word dropout is), so that ranks and resumed runs draw
     the same; None: the walked batch itself. on_step(step): told the update count before each
-    update (scheduled sampling's schedule). translates: the model it trains translates, so
-    validation decodes the valid split and scores BLEU, and the run ends with averaging and
-    tuning (False: an encoder objective, trained for its weights alone)."""
+    update (scheduled sampling's schedule)."""
 
     loss: Callable[..., tuple]
     prepare: Callable[[Batch, list[int]], Batch] | None = None
     on_step: Callable[[int], None] | None = None
-    translates: bool = True

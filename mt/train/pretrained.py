@@ -22,22 +22,19 @@ TRAIN_ONLY = (
 )
 
 
+def _defaults(t) -> dict:
+    """TRAIN_ONLY's options at their defaults (t: a TrainConfig)."""
+    return {k: type(t).model_fields[k].get_default(call_default_factory=True) for k in TRAIN_ONLY}
+
+
 def translation_options_off(t):
     """The train config `t` (TrainConfig) with TRAIN_ONLY's options at their defaults."""
-    return t.model_copy(
-        update={
-            k: type(t).model_fields[k].get_default(call_default_factory=True) for k in TRAIN_ONLY
-        }
-    )
+    return t.model_copy(update=_defaults(t))
 
 
 def ignored_options(t) -> list[str]:
     """TRAIN_ONLY's options that `t` sets, as train.KEY."""
-    return [
-        f"train.{k}"
-        for k in TRAIN_ONLY
-        if getattr(t, k) != type(t).model_fields[k].get_default(call_default_factory=True)
-    ]
+    return [f"train.{k}" for k, default in _defaults(t).items() if getattr(t, k) != default]
 
 
 def encoder_parameters(model) -> list:
