@@ -21,6 +21,35 @@ ROOT = Path(__file__).resolve().parents[1]
 MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
 
 
+# Adam with a large epsilon moves each weight in proportion to its gradient, so float rounding in
+# near-zero gradients cannot flip an update's sign and two runs can be compared tightly.
+EXACT_ADAM = ("train.adam_eps=1.0", "train.lr_factor=100")
+
+
+def tiny_config(data_dir, *more: str):
+    """configs/tiny.yaml on `data_dir` for a trainer built in the test's process: no dropout,
+    on the CPU (the ranks of these tests are gloo ranks, also on a machine with a GPU)."""
+    from mt.config import load_config
+
+    return load_config(
+        ROOT / "configs" / "tiny.yaml",
+        [f"data.dir={data_dir}", "model.dropout=0.0", "train.device=cpu", *more],
+    )
+
+
+def join_ranks(rank: int, world: int, port: int) -> None:
+    """In a spawned process: be rank `rank` of `world` gloo ranks that meet at `port` on this
+    machine, on one thread."""
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    torch.set_num_threads(1)
+
+
 def cli_env(gpu: bool = False, **extra: str) -> dict:
     """The environment of a test's `mt` (or other Python) subprocess. Without `gpu` no GPU is
     visible to it, so that a test means the same on a GPU machine as in CI: its runs train and

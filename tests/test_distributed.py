@@ -1,6 +1,5 @@
 """Data-parallel training on CPU with the gloo backend."""
 
-import os
 import re
 import shutil
 import time
@@ -17,37 +16,22 @@ from mt.data.batching import collate
 from mt.data.download import download
 from mt.errors import MTError
 from mt.train.build import build_trainer
-from tests.conftest import ROOT, cli_env, free_port, out_of_memory_on_call
+from tests.conftest import (
+    EXACT_ADAM,
+    ROOT,
+    cli_env,
+    free_port,
+    join_ranks,
+    out_of_memory_on_call,
+    tiny_config,
+)
 
 HALVES = (list(range(24)), list(range(24, 48)))
 
 
-def _cfg(data_dir):
-    # Adam with a large epsilon moves each weight in proportion to its gradient, so float
-    # rounding in near-zero gradients cannot flip an update's sign and the check can be tight.
-    # train.device cpu: these are gloo ranks; a GPU machine would give each rank a GPU
-    return load_config(
-        ROOT / "configs/tiny.yaml",
-        [
-            f"data.dir={data_dir}",
-            "model.dropout=0.0",
-            "train.adam_eps=1.0",
-            "train.lr_factor=100",
-            "train.device=cpu",
-        ],
-    )
-
-
 def _worker(rank, world, port, data_dir, run_dir, out):
-    os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
-    torch.set_num_threads(1)
-    t = build_trainer(_cfg(data_dir), run_dir, log=lambda *_: None)
+    join_ranks(rank, world, port)
+    t = build_trainer(tiny_config(data_dir, *EXACT_ADAM), run_dir, log=lambda *_: None)
     for _ in range(3):
         t.train_step([collate(t.train_data, np.array(HALVES[rank]))])
     if rank == 0:
@@ -59,7 +43,7 @@ def _worker(rank, world, port, data_dir, run_dir, out):
 def test_two_ranks_with_batch_b_equal_one_rank_with_2b(tmp_path):
     data = tmp_path / "data"
     download("synthetic", data)
-    single = build_trainer(_cfg(data), tmp_path / "single", log=lambda *_: None)
+    single = build_trainer(tiny_config(data, *EXACT_ADAM), tmp_path / "single", log=lambda *_: None)
     (tmp_path / "ddp").mkdir()
     shutil.copy(tmp_path / "single/spm.model", tmp_path / "ddp/spm.model")  # same BPE
     mp.spawn(
@@ -147,14 +131,7 @@ def test_torchrun_two_processes_resume_equals_uninterrupted(tmp_path):
 
 
 def _clock_worker(rank, world, port, data_dir, run_dir, out):
-    os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
-    torch.set_num_threads(1)
+    join_ranks(rank, world, port)
     from mt.train.schedule import budget_progress
 
     cfg = load_config(
@@ -183,7 +160,9 @@ def test_ranks_agree_on_the_clock_that_ends_the_budget_and_cools_the_rate(tmp_pa
     stops them together and the cool-down gives them one learning rate (half of Noam's)."""
     data = tmp_path / "data"
     download("synthetic", data)
-    build_trainer(_cfg(data), tmp_path / "one", log=lambda *_: None).close()  # trains the BPE
+    build_trainer(
+        tiny_config(data, *EXACT_ADAM), tmp_path / "one", log=lambda *_: None
+    ).close()  # trains the BPE
     (tmp_path / "ddp").mkdir()
     shutil.copy(tmp_path / "one/spm.model", tmp_path / "ddp/spm.model")
     mp.spawn(
@@ -198,25 +177,8 @@ def test_ranks_agree_on_the_clock_that_ends_the_budget_and_cools_the_rate(tmp_pa
     assert seen[0]["scale"] == seen[1]["scale"] == 0.5
 
 
-TINY = ROOT / "configs" / "tiny.yaml"
-
-
-def _gloo_cfg(data_dir, *more):
-    # train.device cpu: the ranks here are gloo ranks, also on a machine with one GPU
-    return load_config(
-        TINY, [f"data.dir={data_dir}", "model.dropout=0.0", "train.device=cpu", *more]
-    )
-
-
 def _slow_rank0_worker(rank, world, port, data_dir, run_dir, delay):
-    os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
-    torch.set_num_threads(1)
+    join_ranks(rank, world, port)
     if rank == 0:  # downloading/BPE and validating take `delay` s
         real_ensure = mt.data.prepare.ensure_data
 
@@ -226,7 +188,7 @@ def _slow_rank0_worker(rank, world, port, data_dir, run_dir, delay):
 
         mt.data.prepare.ensure_data = slow_ensure
     t = build_trainer(
-        _gloo_cfg(
+        tiny_config(
             data_dir,
             "train.dist_timeout_minutes=0.05",  # 3 s
             "train.max_steps=4",
@@ -262,16 +224,9 @@ def test_rank0_solo_work_longer_than_the_collective_timeout_is_waited_for(tmp_pa
 
 
 def _oom_worker(rank, world, port, data_dir, run_dir, out):
-    os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
-    torch.set_num_threads(1)
+    join_ranks(rank, world, port)
     t = build_trainer(
-        _gloo_cfg(data_dir, "train.dist_timeout_minutes=0.5"), run_dir, log=lambda *_: None
+        tiny_config(data_dir, "train.dist_timeout_minutes=0.5"), run_dir, log=lambda *_: None
     )
     assert t.train_model is t.model  # no DDP wrapper (and no buffers re-sent)
     if rank == 1:  # rank 1 runs out of memory once

@@ -11,7 +11,7 @@ from mt.model import build_model
 from mt.objectives.mlm import mask_tokens
 from mt.tokens import BOS, EOS, MASK, PAD
 from mt.train.pretrained import encoder_keys, init_encoder
-from tests.conftest import ROOT, assert_user_error, run_mt
+from tests.conftest import EXACT_ADAM, ROOT, assert_user_error, join_ranks, run_mt, tiny_config
 
 
 def test_masking_rates_are_berts_and_spare_special_positions():
@@ -195,38 +195,13 @@ def test_pretrain_resumes_exactly_and_is_not_resumed_by_mt_train(tmp_path):
 
 
 def _pretrain_cfg(data_dir, *more):
-    # Adam with a large epsilon moves each weight in proportion to its gradient, so float
-    # rounding cannot flip an update's sign and the comparison can be tight; no dropout
-    from mt.config import load_config
-
-    return load_config(
-        ROOT / "configs/tiny.yaml",
-        [
-            f"data.dir={data_dir}",
-            "model.dropout=0.0",
-            "train.adam_eps=1.0",
-            "train.lr_factor=100",
-            "train.device=cpu",
-            "train.max_steps=3",
-            "train.log_every=1",
-            *more,
-        ],
-    )
+    return tiny_config(data_dir, *EXACT_ADAM, "train.max_steps=3", "train.log_every=1", *more)
 
 
 def _pretrain_rank(rank, world, port, data_dir, run_dir):
-    import os
-
     from mt.train.build import build_trainer
 
-    os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
-    torch.set_num_threads(1)
+    join_ranks(rank, world, port)
     t = build_trainer(_pretrain_cfg(data_dir), run_dir, log=lambda *_: None, pretraining=True)
     try:
         t.fit()

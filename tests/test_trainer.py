@@ -19,6 +19,7 @@ from tests.conftest import (
     cli_env,
     out_of_memory_on_call,
     run_mt,
+    tiny_config,
 )
 
 
@@ -447,19 +448,12 @@ def test_word_dropout_turns_source_pieces_into_unk_the_same_on_resume(tmp_path):
 TINY = ROOT / "configs" / "tiny.yaml"
 
 
-def _cfg(data_dir, *more):
-    # train.device cpu: the ranks here are gloo ranks, also on a machine with one GPU
-    return load_config(
-        TINY, [f"data.dir={data_dir}", "model.dropout=0.0", "train.device=cpu", *more]
-    )
-
-
 def test_fp16_overflow_skips_are_not_counted_as_steps(tmp_path):
     from mt.data.download import download as dl
 
     dl("synthetic", tmp_path / "d")
     t = build_trainer(
-        _cfg(
+        tiny_config(
             tmp_path / "d", "train.precision=fp16", "train.log_every=1", "train.device=auto"
         ),  # the GPU's GradScaler where there is one
         tmp_path / "run",
