@@ -62,6 +62,18 @@ def cli_env(gpu: bool = False, **extra: str) -> dict:
     return env
 
 
+def start_mt(*args) -> subprocess.Popen:
+    """Start the real CLI in the background (on the CPU), its stderr readable as text."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "mt", *map(str, args)],
+        cwd=ROOT,
+        env=cli_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def run_mt(*args, cwd=None, input=None, timeout=600, gpu=False):
     """Run the real CLI in a subprocess (on the CPU unless `gpu`); returns CompletedProcess."""
     env = cli_env(gpu)

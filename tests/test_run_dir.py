@@ -3,12 +3,10 @@ may not take on resuming."""
 
 import os
 import shutil
-import subprocess
-import sys
 import time
 
 from mt.train.rundir import RunLock
-from tests.conftest import ROOT, assert_user_error, cli_env, run_mt
+from tests.conftest import ROOT, assert_user_error, run_mt, start_mt
 
 TINY = ROOT / "configs" / "tiny.yaml"
 
@@ -48,26 +46,15 @@ def test_a_locked_run_directory_is_refused_with_the_holders_pid(tmp_path):
 
 def test_a_second_training_process_is_refused_and_a_stale_lock_taken_over(tmp_path):
     run, data = tmp_path / "run", tmp_path / "data"
-    env = cli_env()
-    first = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mt",
-            "train",
-            str(TINY),
-            "--run-dir",
-            str(run),
-            "--set",
-            f"data.dir={data}",
-            "train.max_steps=100000",
-            "train.log_every=1",
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
+    first = start_mt(
+        "train",
+        TINY,
+        "--run-dir",
+        run,
+        "--set",
+        f"data.dir={data}",
+        "train.max_steps=100000",
+        "train.log_every=1",
     )
     try:
         deadline = time.time() + 180

@@ -2,7 +2,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import numpy as np
@@ -16,9 +15,9 @@ from mt.errors import MTError
 from mt.train.build import build_trainer
 from tests.conftest import (
     ROOT,
-    cli_env,
     out_of_memory_on_call,
     run_mt,
+    start_mt,
     tiny_config,
 )
 
@@ -108,7 +107,6 @@ def test_run_dir_records_versions_and_commit(tmp_path):
     import json
 
     _trainer(tmp_path, "train.max_steps=1")
-    import subprocess
 
     info = json.loads((tmp_path / "run/run_info.json").read_text())
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
@@ -478,30 +476,19 @@ def test_fp16_overflow_skips_are_not_counted_as_steps(tmp_path):
 
 def test_ctrl_c_twice_says_what_was_lost(tmp_path):
     run, data = tmp_path / "run", tmp_path / "data"
-    env = cli_env()
     # a slow update (a wide model), so that the second signal lands inside the same update
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mt",
-            "train",
-            str(TINY),
-            "--run-dir",
-            str(run),
-            "--set",
-            f"data.dir={data}",
-            "train.max_steps=100000",
-            "train.log_every=1",
-            "model.d_model=512",
-            "model.d_ff=4096",
-            "train.max_tokens=8000",
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
+    proc = start_mt(
+        "train",
+        TINY,
+        "--run-dir",
+        run,
+        "--set",
+        f"data.dir={data}",
+        "train.max_steps=100000",
+        "train.log_every=1",
+        "model.d_model=512",
+        "model.d_ff=4096",
+        "train.max_tokens=8000",
     )
     deadline = time.time() + 180
     while not (run / "train_log.jsonl").exists() and time.time() < deadline:
