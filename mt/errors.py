@@ -5,6 +5,7 @@ class MTError(Exception):
     """
 
 
-class Interrupted(Exception):
+class Interrupted(KeyboardInterrupt):
     """The user stopped the program without waiting for a clean stop (a second Ctrl-C).
-    The CLI prints the message (what was lost, how to go on) and exits with status 130."""
+    The CLI prints the message (what was lost, how to go on) and exits with status 130.
+    A KeyboardInterrupt, so that no `except Exception` on the way swallows it."""

@@ -4,6 +4,8 @@
 #   bash scripts/main_job.sh [RAW_DIR]    RAW_DIR: the raw Multi30k files (default
 #                                         ../shared/data/multi30k; absent: the HF hub)
 #   PAIRS="de_en en_de" bash scripts/main_job.sh    both directions
+# Stops at the first failure; Ctrl-C stops it too (the training saves last.pt and exits 130:
+# running the script again resumes). Earlier test results are kept as *.prev.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

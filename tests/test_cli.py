@@ -2,6 +2,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -262,7 +263,97 @@ def test_version_and_builtin_configs_from_any_folder(tmp_path):
         "train", "tiny", "--set", "train.max_steps=3", "train.valid_every=3", cwd=tmp_path
     )
     assert proc.returncode == 0, proc.stderr
+    assert "using the built-in config tiny" in proc.stderr
     assert (tmp_path / "runs" / "tiny" / "last.pt").is_file()
     proc = run_mt("train", "configs/tiny.yaml", "--set", "train.max_steps=3", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr  # the README's path, anywhere
+    assert "configs/tiny.yaml is not in" in proc.stderr and "built-in config tiny" in proc.stderr
     assert_user_error(run_mt("train", "nonesuch", cwd=tmp_path), "nonesuch", "mt configs")
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("MT_THREADS", "abc"),
+        ("MT_THREADS", "-1"),
+        ("WORLD_SIZE", "two"),
+        ("WORLD_SIZE", "0"),
+        ("RANK", "x"),
+        ("LOCAL_RANK", "1.5"),
+        ("LOCAL_WORLD_SIZE", "many"),
+    ],
+)
+def test_a_bad_environment_variable_is_one_line_for_every_command(
+    tmp_path, tiny_run, variable, value
+):
+    src = tmp_path / "s"
+    src.write_text("a b\n")
+    commands = [
+        ("train", "tiny", "--run-dir", tmp_path / "r"),
+        ("translate", tiny_run, "-i", src, "-o", tmp_path / "out"),
+        ("eval", "--hyp", src, "--ref", src),
+    ]
+    if variable == "WORLD_SIZE":
+        commands.append(("pretrain", "tiny", "--run-dir", tmp_path / "p"))
+    for args in commands:
+        proc = _run_with_env(args, {variable: value})
+        assert_user_error(proc, f"{variable}={value!r}", "whole number")
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (tmp_path / "r").exists() and not (tmp_path / "out").exists()
+
+
+def _run_with_env(args, extra: dict, stdout=subprocess.PIPE):
+    env = dict(cli_env(), **extra)
+    return subprocess.run(
+        [sys.executable, "-m", "mt", *map(str, args)],
+        cwd=ROOT,
+        env=env,
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full on this machine")
+def test_standard_output_on_a_full_disk_is_one_line_for_every_command(tmp_path, tiny_run):
+    """Text that cannot be written to standard output (here /dev/full, which answers every
+    write with ENOSPC; opened for writing only, never replaced) is one line and exit 2."""
+    src = tmp_path / "s"
+    src.write_text("a b\nc d\n")
+    commands = [
+        ("--version",),
+        ("translate", "--help"),
+        ("configs",),
+        ("translate", tiny_run, "-i", src),
+        ("translate", tiny_run, "-i", src, "-o", "-"),
+        ("translate", tiny_run, "-i", src, "--nbest", "2"),
+        ("eval", "--hyp", src, "--ref", src),
+        ("eval", "--hyp", src, "--hyp", src, "--ref", src, "--json"),
+        ("eval", tiny_run, "--src", src, "--ref", src),
+        ("plot", tiny_run, "-o", tmp_path / "p.png"),
+    ]
+    for args in commands:
+        with open("/dev/full", "w") as full:
+            proc = _run_with_env(args, {}, stdout=full)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr
+        assert proc.stderr.strip().splitlines()[-1].startswith("error: standard output: No space")
+
+
+def test_a_reader_that_stops_reading_ends_mt_quietly(tiny_run, tmp_path):
+    """`mt translate ... | head -1`: the closed pipe ends mt like SIGPIPE would, silently."""
+    src = tmp_path / "s"
+    src.write_text("a b\n" * 3000)
+    proc = subprocess.run(
+        f"{sys.executable} -m mt translate {tiny_run} -i {src} --greedy | head -1",
+        shell=True,
+        executable="/bin/bash",
+        cwd=ROOT,
+        env=dict(cli_env(), PYTHONUNBUFFERED="0"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert len(proc.stdout.splitlines()) == 1
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr

@@ -155,3 +155,46 @@ def test_max_len_beyond_max_positions_is_a_config_error():
         load_config(TINY, ["model.arch=decoder_only", "data.max_len=200"])
     assert load_config(TINY, ["model.arch=decoder_only", "data.max_len=128"]).max_side_len == 128
     assert load_config(TINY, ["model.arch=rnn", "data.max_len=300"])  # no position table
+
+
+def test_a_missing_config_path_is_an_error_not_a_builtin(tmp_path):
+    """Only a bare name or exactly configs/NAME.yaml finds a built-in config; a typo in any
+    other path names the path and trains nothing."""
+    proc = run_mt("train", "prj/configs/tiny.yaml", cwd=tmp_path)
+    assert_user_error(proc, "prj/configs/tiny.yaml", "not found")
+    assert_user_error(run_mt("train", "tiny.yaml", cwd=tmp_path), "tiny.yaml", "not found")
+    assert not (tmp_path / "runs").exists()
+    run = tmp_path / "runs/old"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text("data: {}\n")
+    assert_user_error(
+        run_mt("train", run, cwd=tmp_path), "is a folder", f"config.yaml --run-dir {run}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "needles"),
+    [
+        ("model:\n  d_model: 64\n   n_heads: 4\n", ["bad.yaml:3:", "not valid YAML", "mapping"]),
+        ("train: {max_steps: 3\n", ["bad.yaml:2:", "not valid YAML", "expected ','"]),
+        ("", ["bad.yaml", "is empty"]),
+        ("# only a comment\n", ["bad.yaml", "is empty"]),
+        ("\ufeffmodel: [1\n", ["bad.yaml:", "not valid YAML"]),
+        (b"model:\n  d_model: \xff\n", ["bad.yaml", "not valid UTF-8"]),
+    ],
+)
+def test_yaml_errors_name_line_and_column_and_an_empty_file_is_refused(tmp_path, text, needles):
+    bad = tmp_path / "bad.yaml"
+    bad.write_bytes(text if isinstance(text, bytes) else text.encode())
+    proc = run_mt("train", bad, "--run-dir", tmp_path / "r")
+    assert_user_error(proc, *needles)
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_byte_order_mark_before_a_config_is_ignored(tmp_path):
+    from mt.config.load import read_yaml
+
+    path = tmp_path / "c.yaml"
+    path.write_bytes("\ufefftrain: {max_steps: 3}\n".encode())
+    assert read_yaml(path) == {"train": {"max_steps": 3}}

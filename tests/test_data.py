@@ -1,4 +1,5 @@
 import gzip
+import json
 import time
 
 import numpy as np
@@ -212,3 +213,141 @@ def test_train_without_data_tries_the_hub_then_says_how_to_import(tmp_path):
         f"data.dir={tmp_path / 'none'}",
     )
     assert_user_error(proc, "mt download multi30k --from-dir DIR --out")
+
+
+def _snapshot(folder):
+    return {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(folder.iterdir())}
+
+
+@pytest.mark.parametrize(
+    ("langs", "needle"),
+    [
+        (["data.src_lang=de", "data.tgt_lang=en"], "no valid data"),  # val.* is not valid.*
+        (["data.src_lang=dee", "data.tgt_lang=en"], "no train data"),  # a typo'd language
+    ],
+)
+def test_mt_train_never_writes_into_a_users_corpus_folder(tmp_path, langs, needle):
+    """tiny.yaml names the synthetic corpus, but data.dir holds the user's files: the missing
+    split is an error naming what is there, and nothing is written into the folder."""
+    corpus = tmp_path / "mine"
+    corpus.mkdir()
+    for name in ("train.de", "train.en", "val.de", "val.en"):
+        (corpus / name).write_text("ein Satz\n" if name.endswith("de") else "a sentence\n")
+    before = _snapshot(corpus)
+    proc = run_mt(
+        "train", "tiny", "--run-dir", tmp_path / "r", "--set", f"data.dir={corpus}", *langs
+    )
+    assert_user_error(proc, needle, "train.de, train.en, val.de, val.en", "data.src_lang")
+    assert "--force" not in proc.stderr and "downloading" not in proc.stderr
+    assert _snapshot(corpus) == before
+
+
+def test_the_built_in_corpus_is_fetched_only_into_an_absent_empty_or_own_folder(tmp_path):
+    from mt.config import load_config
+    from mt.data.download import MARKER
+    from mt.data.prepare import ensure_data
+
+    def cfg(folder):
+        return load_config("tiny", [f"data.dir={folder}"])
+
+    said = []
+    ensure_data(cfg(tmp_path / "absent"), said.append)
+    assert (tmp_path / "absent/train.src").is_file() and said
+    assert (tmp_path / "absent" / MARKER).read_text().strip() == "synthetic"
+    (tmp_path / "empty").mkdir()
+    ensure_data(cfg(tmp_path / "empty"), said.append)
+    assert (tmp_path / "empty/valid.tgt").is_file()
+    (tmp_path / "absent/valid.src").unlink()  # mt's own folder: fetched again
+    ensure_data(cfg(tmp_path / "absent"), said.append)
+    assert (tmp_path / "absent/valid.src").is_file()
+    # a folder of other files (no marker) is the user's: refused, untouched
+    (tmp_path / "user").mkdir()
+    (tmp_path / "user/notes.txt").write_text("mine\n")
+    with pytest.raises(MTError, match=r"no train data.*notes\.txt.*only into an absent or empty"):
+        ensure_data(cfg(tmp_path / "user"), said.append)
+    assert [p.name for p in (tmp_path / "user").iterdir()] == ["notes.txt"]
+    # mt download into a folder of the user's files does not make it mt's
+    (tmp_path / "user/train.src").write_text("x\n")
+    download("synthetic", tmp_path / "user2", force=False)
+    assert (tmp_path / "user2" / MARKER).is_file()
+    (tmp_path / "user3").mkdir()
+    (tmp_path / "user3/notes.txt").write_text("mine\n")
+    download("synthetic", tmp_path / "user3", force=False)
+    assert not (tmp_path / "user3" / MARKER).exists()
+
+
+def test_the_text_reader_drops_a_bom_and_says_crlf_and_nul_once(tmp_path, capsys):
+    from mt.data.corpus import TextNotes, decode_text, iter_lines
+
+    TextNotes.said.clear()
+    path = tmp_path / "t.en"
+    path.write_bytes(b"\xef\xbb\xbfa house\r\nthe\x00 cat\r\nend\n")
+    for _ in range(3):  # a corpus is read several times: said once
+        assert list(iter_lines(path)) == ["a house", "the\x00 cat", "end"]
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2, err
+    assert "t.en: 2 line(s) end in CRLF" in err[0]
+    assert "t.en: NUL bytes on 1 line(s) (first: line 2)" in err[1]
+    assert decode_text(b"\xef\xbb\xbfein Haus\nzwei\n", "stdin") == ["ein Haus", "zwei"]
+    assert capsys.readouterr().err == ""
+    plain = tmp_path / "p.en"
+    plain.write_text("\ufeff is only dropped at the start\nx \ufeff\n", encoding="utf-8")
+    assert read_lines(plain) == ["\ufeff is only dropped at the start"[1:], "x \ufeff"]
+
+
+def test_a_bom_changes_no_command_s_result(tmp_path, tiny_run):
+    """The same text with and without a byte-order mark: the same translations (file and
+    stdin) and the same scores (hypothesis and reference); CRLF is said once, in one line."""
+    from mt.data.corpus import read_lines
+
+    src = read_lines(tiny_run.parent / "data/test.src")[:20]
+    ref = read_lines(tiny_run.parent / "data/test.tgt")[:20]
+    plain, bom = tmp_path / "plain", tmp_path / "bom"
+    plain.mkdir()
+    bom.mkdir()
+    for name, lines in (("src", src), ("ref", ref)):
+        (plain / name).write_text("".join(x + "\n" for x in lines), encoding="utf-8")
+        (bom / name).write_bytes(b"\xef\xbb\xbf" + "".join(x + "\r\n" for x in lines).encode())
+    outs = []
+    for d in (plain, bom):
+        t = run_mt("translate", tiny_run, "-i", d / "src", "--greedy")
+        s = run_mt("translate", tiny_run, "--greedy", input=(d / "src").read_text("utf-8"))
+        assert t.returncode == 0 and s.returncode == 0, t.stderr + s.stderr
+        outs += [t.stdout, s.stdout]
+        (d / "hyp").write_text(t.stdout, encoding="utf-8")
+    assert len(set(outs)) == 1 and outs[0]
+    (bom / "hyp").write_bytes(b"\xef\xbb\xbf" + outs[0].encode())
+    scores = []
+    for hyp, ref in ((plain, plain), (bom, plain), (plain, bom)):  # a mark on one side only
+        e = run_mt("eval", "--hyp", hyp / "hyp", "--ref", ref / "ref", "--json")
+        assert e.returncode == 0, e.stderr
+        scores.append((json.loads(e.stdout)["bleu"], json.loads(e.stdout)["chrf"]))
+        if ref == bom:
+            assert e.stderr.count("end in CRLF") == 1 and "ref" in e.stderr, e.stderr
+    assert scores[0] == scores[1] == scores[2]
+
+
+def test_a_corpus_changed_before_a_resume_is_named(tmp_path):
+    from mt.data.download import download as fetch
+
+    fetch("synthetic", tmp_path / "d")
+    args = [
+        "train", "tiny", "--run-dir", tmp_path / "r", "--set", f"data.dir={tmp_path / 'd'}",
+        "train.valid_every=1000", "train.save_every=2", "train.average_last=0",
+    ]  # fmt: skip
+    assert run_mt(*args, "train.max_steps=2").returncode == 0
+    train = tmp_path / "d/train.src"
+    size = train.stat().st_size
+    with open(train, "a", encoding="utf-8") as f:
+        f.write("one more line\n")
+    with open(tmp_path / "d/train.tgt", "a", encoding="utf-8") as f:
+        f.write("one more line\n")
+    before = (tmp_path / "r/last.pt").read_bytes()
+    proc = run_mt(*args, "train.max_steps=4")
+    assert_user_error(proc, "train.src", f"{size:,} bytes then", "--allow-config-change")
+    assert len(proc.stderr.strip().splitlines()) == 1 + proc.stderr.count("using the built-in")
+    assert (tmp_path / "r/last.pt").read_bytes() == before
+    proc = run_mt(*args, "train.max_steps=4", "--allow-config-change")
+    assert proc.returncode == 0 and "going on with the new files" in proc.stderr, proc.stderr
+    proc = run_mt(*args, "train.max_steps=6")  # the new files are now the run's own
+    assert proc.returncode == 0, proc.stderr

@@ -104,7 +104,9 @@ def test_multi30k_validation_bleu_rises(tmp_path):
 
 
 @pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
-def test_stop_signal_saves_last_and_exits_0(tmp_path, signame):
+def test_stop_signal_saves_last_and_exits_128_plus_its_number(tmp_path, signame):
+    """A training stopped by a signal saves last.pt and exits 130 (SIGINT) or 143 (SIGTERM),
+    so that a script running it stops instead of using a half-trained model."""
     import signal
     import subprocess
     import sys
@@ -137,7 +139,8 @@ def test_stop_signal_saves_last_and_exits_0(tmp_path, signame):
         time.sleep(0.5)
     proc.send_signal(getattr(signal, signame))
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err
+    assert proc.returncode == 128 + getattr(signal, signame), err
+    assert {"SIGINT": 130, "SIGTERM": 143}[signame] == proc.returncode
     assert f"{signame} at step" in err and "resume" in err and "Traceback" not in err
     from mt.artifacts import checkpoint
 

@@ -1,14 +1,16 @@
 """The `mt` command line. Commands parse flags and delegate to the library (no logic here);
 a user error is one line on stderr and exit status 2, never a traceback.
 
-    app.py    the Typer app, the error handling, shared flag checks
-    run.py    download, configs, train
-    use.py    translate, eval, attention, export
-    tools.py  report, average, tune, plot
+    app.py      the Typer app, the error handling, shared flag checks
+    run.py      download, configs, train
+    use.py      translate, eval, attention, export
+    tools.py    report, average, tune, plot
+    streams.py  standard output whose failures name it
 """
 
 from __future__ import annotations
 
+import errno
 import sys
 
 from mt.cli import (
@@ -17,16 +19,29 @@ from mt.cli import (
     use,  # noqa: F401
 )
 from mt.cli.app import _err, app
+from mt.cli.streams import STDOUT, name_stdout, silence_stdout
 
 
 def main() -> None:
     from mt.errors import Interrupted
 
+    name_stdout()
     try:
-        app()
+        try:
+            app()
+        finally:
+            sys.stdout.flush()  # here, where a failure is caught, not at the interpreter's exit
     except Interrupted as e:
         _err(f"\n{e}")
         sys.exit(130)
     except KeyboardInterrupt:
-        _err("\ninterrupted")
+        _err("\ninterrupted: no output file was written (each is written whole or not at all)")
         sys.exit(130)
+    except OSError as e:
+        if e.filename != STDOUT:
+            raise
+        silence_stdout()
+        if e.errno == errno.EPIPE:  # the reader stopped reading (`mt translate | head`)
+            sys.exit(128 + 13)  # as a program ended by SIGPIPE
+        _err(f"error: {STDOUT}: {e.strerror}; free space where it goes, or write elsewhere")
+        sys.exit(2)

@@ -49,7 +49,10 @@ def command(name: str):
     def wrap(fn):
         @functools.wraps(fn)
         def run(*args, **kwargs):
+            from mt.runtime.env import check_environment
+
             try:
+                check_environment()
                 return fn(*args, **kwargs)
             except MTError as e:
                 _err(f"error: {e}")
@@ -66,6 +69,14 @@ def command(name: str):
         return app.command(name)(run)
 
     return wrap
+
+
+def exit_if_stopped_by(signum: int) -> None:
+    """A training stopped by a signal has saved last.pt and exits 128 + the signal's number
+    (130 for Ctrl-C, 143 for SIGTERM), as a shell reports a program the signal ended: a script
+    or job scheduler sees that the run did not finish and does not go on to use it."""
+    if signum:
+        raise typer.Exit(128 + signum)
 
 
 def _check_device(device: str) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from mt.cli.app import _err, command
+from mt.cli.app import _err, command, exit_if_stopped_by
 from mt.errors import MTError
 
 
@@ -85,17 +85,17 @@ def train_cmd(
     from mt.config import load_config
     from mt.train.build import build_trainer
 
-    cfg = load_config(config, list(overrides) + list(more or []))
+    cfg = load_config(config, list(overrides) + list(more or []), log=_err)
     run_dir = run_dir or Path("runs") / config.stem
     trainer = build_trainer(cfg, run_dir, allow_config_change, log=_err)
     try:
         state = trainer.fit()
     finally:
         trainer.close()
-    if not trainer.dist.is_main:
-        return
-    best = f"best valid BLEU {state.best_bleu:.2f}" if state.best_bleu >= 0 else "not validated yet"
-    _err(f"stopped at step {state.step}; {best}; checkpoints in {run_dir}")
+    if trainer.dist.is_main:
+        best = f"best valid BLEU {state.best_bleu:.2f}" if state.best_bleu >= 0 else "not validated"
+        _err(f"stopped at step {state.step}; {best}; checkpoints in {run_dir}")
+    exit_if_stopped_by(trainer.stop_signal)
 
 
 @command("pretrain")
@@ -121,15 +121,16 @@ def pretrain_cmd(
     from mt.config import load_config
     from mt.train.pretrain import pretrain
 
-    cfg = load_config(config, list(overrides) + list(more or []))
+    cfg = load_config(config, list(overrides) + list(more or []), log=_err)
     record = pretrain(cfg, run_dir, log=_err)
-    if not record["is_main"]:
-        return
     if record["stopped"]:
-        _err(
-            f"stopped at step {record['step']}; last.pt in {run_dir}: run the same command "
-            f"again to resume"
-        )
+        if record["is_main"]:
+            _err(
+                f"stopped at step {record['step']}; last.pt in {run_dir}: run the same command "
+                f"again to resume"
+            )
+        exit_if_stopped_by(record["stopped"])
+    if not record["is_main"]:
         return
     typer.echo(
         f"wrote {run_dir / 'pretrained.pt'} after {record['step']} updates "

@@ -25,15 +25,10 @@ def check_input_output(
 
 
 def read_input(path: Path | None) -> list[str]:
-    from mt.data.corpus import read_lines
+    from mt.data.corpus import decode_text, read_lines
 
     if path is None or str(path) == "-":
-        data = sys.stdin.buffer.read()
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise MTError(f"stdin: invalid UTF-8 at byte {e.start}") from None
-        return text.splitlines()
+        return decode_text(sys.stdin.buffer.read(), "stdin")
     return read_lines(path)
 
 

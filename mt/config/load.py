@@ -5,7 +5,7 @@ nearest valid one; saving it, and comparing two."""
 from __future__ import annotations
 
 import difflib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -132,15 +132,30 @@ def describe_config(path: Path) -> str:
     return ""
 
 
-def find_config(name: str | Path) -> Path:
-    """A path to a YAML file, or the name of a built-in config (`tiny`, `configs/tiny.yaml`
-    from a folder without that file)."""
+def find_config(name: str | Path, log: Callable[[str], None] | None = None) -> Path:
+    """An existing YAML file; else a built-in config, by its bare name (`tiny`) or as
+    `configs/NAME.yaml` (the README's examples, from any folder), said to `log` in one line.
+    Any other missing path is an error naming it (a typo in a folder must not train `tiny`)."""
     path = Path(name)
     if path.is_file():
         return path
-    builtin = builtin_configs().get(path.stem if path.suffix in (".yaml", ".yml") else path.name)
-    if builtin is not None and (path.parent == Path(".") or path.parent.name == "configs"):
+    stem = path.stem if path.suffix in (".yaml", ".yml") else path.name
+    builtin = builtin_configs().get(stem)
+    as_written = path.as_posix()
+    if path.is_dir() and not (builtin is not None and as_written == stem):
+        hint = (
+            f"; to resume that run: mt train {path / 'config.yaml'} --run-dir {path}"
+            if (path / "config.yaml").is_file()
+            else ""
+        )
+        raise MTError(f"config {name} is a folder: give a YAML file{hint}")
+    if builtin is not None and as_written in (stem, f"configs/{stem}.yaml"):
+        if log is not None:
+            where = "" if as_written == stem else f"{name} is not in {Path.cwd()}: "
+            log(f"{where}using the built-in config {stem} ({builtin})")
         return builtin
+    if path.suffix in (".yaml", ".yml") or path.parent != Path("."):
+        raise MTError(f"config file {name} not found (in {Path.cwd()}); check the path")
     names = ", ".join(builtin_configs())
     raise MTError(
         f"config {name} not found: pass the path to a YAML file or the name of a "
@@ -148,13 +163,37 @@ def find_config(name: str | Path) -> Path:
     )
 
 
-def load_config(path: str | Path, overrides: Sequence[str] = ()) -> Config:
-    path = find_config(path)
+def read_yaml(path: Path, what: str = "config") -> Any:
+    """A YAML file's contents; a syntax error names its line and column, an empty file is an
+    error (it is never taken as all defaults)."""
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise MTError(f"{path}: not valid UTF-8 at byte {e.start}; save it as UTF-8") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+        cause = e.problem or e.context or "syntax error"
+        raise MTError(f"{path}{where}: not valid YAML ({cause})") from None
+    except yaml.YAMLError as e:
         raise MTError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
-    raw = {} if raw is None else raw
+    if raw is None:
+        raise MTError(
+            f"{path}: the {what} file is empty; copy a built-in config (`mt configs` lists "
+            f"them) and change what you need"
+        )
+    return raw
+
+
+def load_config(
+    path: str | Path, overrides: Sequence[str] = (), log: Callable[[str], None] | None = None
+) -> Config:
+    """The config at `path` (find_config) with `--set` overrides; log: where a built-in
+    config's use is said."""
+    path = find_config(path, log)
+    raw = read_yaml(path)
     if not isinstance(raw, dict):
         return validate(raw, str(path))
     cfg = validate(raw, str(path))  # file errors are reported against the file

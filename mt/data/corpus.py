@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import random
 import re
+import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
@@ -23,25 +26,74 @@ def open_text(path: Path, mode: str = "rb"):
 
 
 def iter_lines(path: str | Path) -> Iterator[str]:
-    """The lines of a UTF-8 (optionally .gz) file, without line endings, one at a time.
-
-    Decodes line by line so an encoding error names the line the user must fix.
-    """
+    """The lines of a UTF-8 (optionally .gz) file, without line endings, one at a time: the one
+    reader of text for every command. A leading byte-order mark is dropped (it would be part
+    of the first sentence, and shift its score); CRLF line endings and NUL bytes are said once
+    per file (TextNotes). Decodes line by line so an encoding error names the line to fix."""
     path = Path(path)
     if not path.is_file():
         raise MTError(f"{path}: file not found")
+    notes = TextNotes(str(path))
     try:
         with open_text(path) as f:
             for i, raw in enumerate(f, 1):
-                try:
-                    yield raw.decode("utf-8").rstrip("\r\n")
-                except UnicodeDecodeError as e:
-                    raise MTError(
-                        f"{path}:{i}: invalid UTF-8 at byte {e.start} "
-                        f"(re-encode the file as UTF-8, e.g. with iconv)"
-                    ) from None
+                yield notes.decode(raw, i)
     except (OSError, EOFError) as e:
         raise MTError(f"{path}: cannot read ({e})") from None
+    notes.say()
+
+
+def decode_text(data: bytes, name: str) -> list[str]:
+    """The lines of text that arrived whole (standard input), read as iter_lines reads files."""
+    notes = TextNotes(name)
+    lines = [notes.decode(raw, i) for i, raw in enumerate(data.splitlines(keepends=True), 1)]
+    notes.say()
+    return lines
+
+
+class TextNotes:
+    """What a reader of text noticed in one file, said once per file and process (a corpus is
+    read several times: for BPE, for the ids, for each BPE-dropout epoch)."""
+
+    said: ClassVar[set[tuple[str, str]]] = set()
+
+    def __init__(self, name: str):
+        self.name, self.crlf, self.nul_lines, self.first_nul = name, 0, 0, 0
+
+    def decode(self, raw: bytes, i: int) -> str:
+        if i == 1 and raw.startswith(codecs.BOM_UTF8):
+            raw = raw[len(codecs.BOM_UTF8) :]
+        if raw.endswith(b"\r\n"):
+            self.crlf += 1
+        if b"\0" in raw:
+            self.nul_lines += 1
+            self.first_nul = self.first_nul or i
+        try:
+            return raw.decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError as e:
+            raise MTError(
+                f"{self.name}:{i}: invalid UTF-8 at byte {e.start} "
+                f"(re-encode the file as UTF-8, e.g. with iconv)"
+            ) from None
+
+    def say(self) -> None:
+        if self.crlf:
+            self._once(
+                "crlf",
+                f"note: {self.name}: {self.crlf:,} line(s) end in CRLF (Windows); read without "
+                f"the CR",
+            )
+        if self.nul_lines:
+            self._once(
+                "nul",
+                f"warning: {self.name}: NUL bytes on {self.nul_lines:,} line(s) (first: line "
+                f"{self.first_nul}); is it a text file? (in training they become spaces)",
+            )
+
+    def _once(self, kind: str, message: str) -> None:
+        if (self.name, kind) not in TextNotes.said:
+            TextNotes.said.add((self.name, kind))
+            print(message, file=sys.stderr, flush=True)
 
 
 def read_lines(path: str | Path) -> list[str]:

@@ -31,6 +31,21 @@ _SPLIT_NAMES = {
     "test_2016_flickr": "test",
 }
 _FILE = re.compile(r"^(?P<split>[^.]+)\.(?P<lang>[A-Za-z_-]{2,8})(?:\.gz)?$")
+# Written into a folder that a download created (or found empty): the folder is mt's, and
+# `mt train` may fetch its corpus into it again; never into a folder of the user's files.
+MARKER = ".mt-download"
+
+
+def downloaded_into(folder: Path) -> str | None:
+    """The dataset a download wrote into `folder` when the folder is mt's own, else None."""
+    try:
+        return (folder / MARKER).read_text(encoding="utf-8").strip() or None
+    except OSError:
+        return None
+
+
+def is_empty_folder(folder: Path) -> bool:
+    return not folder.exists() or (folder.is_dir() and not any(folder.iterdir()))
 
 
 def _one_line(text: Any) -> str:
@@ -38,8 +53,11 @@ def _one_line(text: Any) -> str:
     return " ".join(str(text).split())
 
 
-def write_splits(splits: dict[str, dict[str, list[str]]], out: Path, force: bool) -> dict[str, int]:
-    """splits: {split: {lang: lines}} -> OUT/split.lang files; returns lines per split."""
+def write_splits(
+    splits: dict[str, dict[str, list[str]]], out: Path, force: bool, name: str = ""
+) -> dict[str, int]:
+    """splits: {split: {lang: lines}} -> OUT/split.lang files; returns lines per split. A
+    folder that was absent or empty is marked as the download of `name` (MARKER)."""
     targets = [out / f"{split}.{lang}" for split, by_lang in splits.items() for lang in by_lang]
     existing = [str(p) for p in targets if p.exists()]
     if existing and not force:
@@ -50,10 +68,13 @@ def write_splits(splits: dict[str, dict[str, list[str]]], out: Path, force: bool
         counts = {lang: len(lines) for lang, lines in by_lang.items()}
         if len(set(counts.values())) > 1:
             raise MTError(f"split {split} has different line counts per language: {counts}")
+    own = downloaded_into(out) is not None or is_empty_folder(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise MTError(f"cannot create {out} ({e.strerror}); choose another --out") from None
+    if own and name:
+        write_text(out / MARKER, name + "\n")
     for split, by_lang in splits.items():
         for lang, lines in by_lang.items():
             write_text(out / f"{split}.{lang}", "".join(_one_line(x) + "\n" for x in lines))
@@ -155,4 +176,4 @@ def download(
                 f"split {split} has only the language(s) {list(splits[split])}; "
                 f"a parallel corpus needs two"
             )
-    return write_splits(splits, out, force)
+    return write_splits(splits, out, force, name)

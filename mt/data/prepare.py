@@ -20,7 +20,7 @@ from mt.data.corpus import (
     sample_pairs,
     split_paths,
 )
-from mt.data.download import download
+from mt.data.download import download, downloaded_into, is_empty_folder
 from mt.data.tokenizer import Tokenizer
 from mt.errors import MTError
 
@@ -106,25 +106,45 @@ def bpe_dropout_epochs(cfg: Config, tokenizer: Tokenizer, first: ParallelData):
 
 
 def ensure_data(cfg: Config, log) -> None:
+    """data.dir's train and valid splits exist, or data.dataset is fetched into data.dir when
+    that folder is absent, empty or an earlier download's (never among a user's files)."""
     d = cfg.data
-    for split in ("train", "valid"):
-        if has_split(d.dir, split, d.src_lang, d.tgt_lang):
-            continue
-        if d.dataset is None:
-            src, tgt = split_paths(d.dir, split, d.src_lang, d.tgt_lang)
-            raise MTError(
-                f"no {split} data: {src} and {tgt} must exist; fetch a corpus with "
-                f"`mt download` or set data.dir"
-            )
-        log(f"{d.dir} has no {split} split: downloading {d.dataset} ...")
-        download(
-            d.dataset,
-            Path(d.dir),
-            config=d.dataset_config,
-            langs=(d.src_lang, d.tgt_lang) if d.dataset != "synthetic" else None,
-        )
+    missing = [s for s in ("train", "valid") if not has_split(d.dir, s, d.src_lang, d.tgt_lang)]
+    if not missing:
+        return
+    folder = Path(d.dir)
+    own = downloaded_into(folder)
+    if d.dataset is None or not (is_empty_folder(folder) or own == d.dataset):
+        raise MTError(_no_split_message(cfg, missing[0], own))
+    log(f"{d.dir} has no {missing[0]} split: downloading {d.dataset} ...")
+    download(
+        d.dataset,
+        folder,
+        config=d.dataset_config,
+        langs=(d.src_lang, d.tgt_lang) if d.dataset != "synthetic" else None,
+        force=own is not None,
+    )
+    for split in missing:
         if not has_split(d.dir, split, d.src_lang, d.tgt_lang):
-            raise MTError(f"{d.dataset} gave no {split} split for {d.src_lang}-{d.tgt_lang}")
+            raise MTError(_no_split_message(cfg, split, d.dataset))
+
+
+def _no_split_message(cfg: Config, split: str, downloaded: str | None) -> str:
+    """Which files a split needs, which the folder has, and what to change."""
+    d = cfg.data
+    src, tgt = split_paths(d.dir, split, d.src_lang, d.tgt_lang)
+    folder = Path(d.dir)
+    if not folder.is_dir():
+        return (
+            f"data.dir {d.dir} does not exist: fetch a corpus with `mt download` or set "
+            f"data.dir to the folder of {split}.{d.src_lang} and {split}.{d.tgt_lang}"
+        )
+    there = sorted(p.name for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
+    found = ", ".join(there[:8]) + (", ..." if len(there) > 8 else "") if there else "no files"
+    fix = "check data.src_lang and data.tgt_lang, or name the files so"
+    if d.dataset is not None and downloaded != d.dataset:
+        fix += f" (mt downloads {d.dataset} only into an absent or empty folder)"
+    return f"no {split} data: {src} and {tgt} must exist ({d.dir} has {found}); {fix}"
 
 
 def load_tokenizer(

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from mt.errors import MTError
+from mt.runtime.env import env_int
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,14 @@ class Dist:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return float(t.item())
 
+    def max_each(self, values: list[float], device: torch.device) -> list[float]:
+        """Each value's largest over the ranks, on every rank, in one collective."""
+        if not self.enabled:
+            return list(values)
+        t = torch.tensor(values, dtype=torch.float64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.tolist()
+
     def any(self, flag: bool, device: torch.device) -> bool:
         """True on every rank if it is True on any rank (so all ranks stop together)."""
         if not self.enabled:
@@ -107,15 +116,21 @@ def setup(
     should end the job), while waits for rank 0's solo work (corpus download, BPE training,
     validation, which take hours on a WMT-size corpus) use a gloo group of their own that
     allows `wait_minutes`."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = env_int("WORLD_SIZE", 1, minimum=1, means="processes, set by torchrun")
     if world == 1:
         return Dist(), device_name
-    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    if "RANK" not in os.environ:
+        raise MTError(
+            f"WORLD_SIZE={world} but RANK is not set: start the processes with torchrun, or "
+            f"unset WORLD_SIZE"
+        )
+    rank = env_int("RANK", 0, means="this process's rank, set by torchrun")
+    local_rank = env_int("LOCAL_RANK", 0, means="set by torchrun")
     use_cuda = device_name != "cpu" and torch.cuda.is_available()
     # every rank of the machine checks (torchrun's LOCAL_WORLD_SIZE), so all of them stop with
     # this line; torch.cuda.set_device would stop only the extra ones, with "invalid device
     # ordinal", and leave the others waiting for them
-    local_world = max(int(os.environ.get("LOCAL_WORLD_SIZE", "0")), local_rank + 1)
+    local_world = max(env_int("LOCAL_WORLD_SIZE", 0, means="set by torchrun"), local_rank + 1)
     if use_cuda and local_world > (n := torch.cuda.device_count()):
         raise MTError(
             f"torchrun started {local_world} processes on this machine, which has "

@@ -54,7 +54,9 @@ def choose_threads(requested: int = 0, log=print) -> int:
     free by other processes, at most torch's own default (the physical cores)."""
     import torch
 
-    requested = requested or int(os.environ.get("MT_THREADS", "0") or 0)
+    from mt.runtime.env import env_int
+
+    requested = requested or env_int("MT_THREADS", 0, means="CPU threads; 0: chosen for you")
     if requested:
         torch.set_num_threads(requested)
         return requested

@@ -23,7 +23,13 @@ from mt.train.pretrained import (
     pretrained_tokenizer,
     translation_options_off,
 )
-from mt.train.rundir import has_checkpoint, prepare_run_dir, record_corpus, write_run_info
+from mt.train.rundir import (
+    check_corpus_unchanged,
+    has_checkpoint,
+    prepare_run_dir,
+    record_corpus,
+    write_run_info,
+)
 from mt.train.schedule import build_optimizer
 from mt.train.state import TrainState, Validation
 from mt.train.trainer import Trainer
@@ -99,7 +105,7 @@ def build_trainer(
         log = _quiet
     lock = prepare_run_dir(cfg, run_dir, allow_config_change or pretraining, dist.is_main, log)
     try:
-        return _build(cfg, run_dir, dist, device_name, log, lock, pretraining)
+        return _build(cfg, run_dir, dist, device_name, log, lock, pretraining, allow_config_change)
     except BaseException:
         if lock is not None:
             lock.release()
@@ -107,17 +113,25 @@ def build_trainer(
 
 
 def _build(
-    cfg: Config, run_dir: Path, dist, device_name: str, log, lock, pretraining: bool
+    cfg: Config,
+    run_dir: Path,
+    dist,
+    device_name: str,
+    log,
+    lock,
+    pretraining: bool,
+    allow_config_change: bool,
 ) -> Trainer:
     t = cfg.train
     if t.num_threads or not dist.enabled:  # ranks sharing a machine would count each other
         choose_threads(t.num_threads, log)
     torch.manual_seed(t.seed)
     inherited = functools.partial(pretrained_tokenizer, cfg.model.init_encoder, log)
+    renew = check_corpus_unchanged(cfg, run_dir, allow_config_change, log)  # every rank
     data = prepare_data(cfg, run_dir, dist, log, t.bpe_dropout, inherited=inherited)
     tokenizer, train_data, (vsrc, vtgt, valid_data) = data
     if dist.is_main:
-        record_corpus(cfg, run_dir)
+        record_corpus(cfg, run_dir, renew)
         write_run_info(run_dir)
     device = pick_device(device_name)
     model, fused = _model(cfg, tokenizer, run_dir, device, pretraining, log)

@@ -16,12 +16,12 @@ def finish_run(trainer, rank_rng: list[dict]) -> None:
         if trainer.last_save_step != st.step:
             trainer.save("last.pt", rank_rng)
         return
-    if trainer.last_valid_step != st.step and st.best_bleu < 0 and not trainer.stop_requested:
+    if trainer.last_valid_step != st.step and st.best_bleu < 0 and not trainer.stop_signal:
         trainer.validate()
         trainer.last_save_step = -1
     if trainer.last_save_step != st.step:  # not twice in a row: last.pt.prev stays an older state
         trainer.save("last.pt", rank_rng)
-    if not trainer.stop_requested and trainer.cfg.average_last:
+    if not trainer.stop_signal and trainer.cfg.average_last:
         if checkpoint.snapshots(trainer.run_dir)[-1:] != [trainer.run_dir / f"step_{st.step}.pt"]:
             trainer.save_snapshot()
         rec = average_snapshots(trainer)
@@ -30,7 +30,7 @@ def finish_run(trainer, rank_rng: list[dict]) -> None:
                 f"average of the last {rec['averaged']} snapshots: valid BLEU "
                 f"{rec['valid_bleu']}" + (" (best)" if rec.get("best") else "")
             )
-    if not trainer.stop_requested and trainer.validation.decode.tune_beams and st.best_bleu >= 0:
+    if not trainer.stop_signal and trainer.validation.decode.tune_beams and st.best_bleu >= 0:
         tune_best_in_memory(trainer)
     draw_training_picture(trainer.run_dir, trainer.say)
     if st.fp16_skipped:

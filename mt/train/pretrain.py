@@ -27,7 +27,7 @@ def pretrain(cfg: Config, run_dir: Path, log=print) -> dict:
     trainer = build_trainer(cfg, run_dir, log=log, pretraining=True)
     try:
         state = trainer.fit()
-        if trainer.dist.is_main and not trainer.stop_requested:
+        if trainer.dist.is_main and not trainer.stop_signal:
             ckpt = trainer.checkpoint_dict(snapshot=True)
             ckpt["pretrained"] = "masked-lm encoder"
             checkpoint.atomic_save(ckpt, run_dir / "pretrained.pt")
@@ -35,7 +35,7 @@ def pretrain(cfg: Config, run_dir: Path, log=print) -> dict:
         trainer.close()
     return {
         "step": state.step,
-        "stopped": trainer.stop_requested,
+        "stopped": trainer.stop_signal,
         "mlm_loss": trainer.last_record.get("loss"),
         "is_main": trainer.dist.is_main,
     }

@@ -14,11 +14,11 @@ from mt.errors import Interrupted
 
 @contextmanager
 def stop_on_signal(on_signal, lost_work):
-    """SIGINT/SIGTERM call on_signal(name) (the loop stops after the current update and
+    """SIGINT/SIGTERM call on_signal(signum) (the loop stops after the current update and
     saves); a second Ctrl-C raises Interrupted(lost_work()) at once."""
 
     def handler(signum, frame):
-        on_signal(signal.Signals(signum).name)
+        on_signal(signum)
         signal.signal(signal.SIGINT, second)
         sys.stderr.write(
             f"\n{signal.Signals(signum).name}: stopping after this update and "
@@ -41,6 +41,9 @@ def stop_on_signal(on_signal, lost_work):
 
 
 def lost_work_message(step: int, saved_step: int) -> str:
+    resume = "run the same command again to resume from last.pt"
+    if saved_step == step:
+        return f"interrupted twice at step {step}, after last.pt was saved: {resume}"
     since = (
         f"since the last save (step {saved_step}, last.pt)"
         if saved_step >= 0
@@ -48,8 +51,7 @@ def lost_work_message(step: int, saved_step: int) -> str:
     )
     return (
         f"interrupted twice at step {step}: stopped without saving; the updates {since} "
-        f"are lost; run the same command again to resume from last.pt (one Ctrl-C saves "
-        f"before stopping)"
+        f"are lost; {resume} (one Ctrl-C saves before stopping)"
     )
 
 

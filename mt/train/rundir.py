@@ -209,10 +209,41 @@ def prepare_run_dir(
     return lock
 
 
-def record_corpus(cfg: Config, run_dir: Path) -> None:
-    """Remember which training files this run learns from (once its data is in place)."""
+def check_corpus_unchanged(cfg: Config, run_dir: Path, allow_change: bool, log) -> bool:
+    """A resumed run goes on with the training files it started with: its data position (epoch,
+    batch) means nothing in other files. Files changed in place are named and refused, or with
+    allow_change (--allow-config-change) said: True, record them as the run's corpus."""
     path = run_dir / CORPUS_NAME
-    if not path.exists() or not has_checkpoint(run_dir):
+    if not has_checkpoint(run_dir) or not path.is_file():
+        return False
+    saved, found = json.loads(path.read_text(encoding="utf-8")), corpus_fingerprint(cfg)
+    if not found or found == saved:
+        return False
+    changes = [
+        f"{name}: {saved[name]['bytes']:,} bytes then, {now['bytes']:,} now"
+        if name in saved and saved[name]["bytes"] != now["bytes"]
+        else f"{name}: other content"
+        for name, now in found.items()
+        if saved.get(name) != now
+    ]
+    what = (
+        f"the training files in {cfg.data.dir} changed since this run started "
+        f"({'; '.join(changes)})"
+    )
+    if not allow_change:
+        raise MTError(
+            f"{what}: last.pt's place in the data refers to the old files; restore them, use "
+            f"another --run-dir, or pass --allow-config-change to go on with the new files"
+        )
+    log(f"note: {what}: going on with the new files (--allow-config-change)")
+    return True
+
+
+def record_corpus(cfg: Config, run_dir: Path, renew: bool = False) -> None:
+    """Remember which training files this run learns from (once its data is in place; renew:
+    a resumed run that was allowed to go on with other files)."""
+    path = run_dir / CORPUS_NAME
+    if renew or not path.exists() or not has_checkpoint(run_dir):
         path.write_text(json.dumps(corpus_fingerprint(cfg), indent=1) + "\n", encoding="utf-8")
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -87,7 +88,7 @@ class Trainer(Validating, Saving):
         # none yet), and whether a signal asked it to stop
         self.last_valid_step = self.last_save_step = -1
         self.last_record: dict = {}  # the last training log record (loss, nll, ppl, lr, ...)
-        self.stop_requested: str | None = None
+        self.stop_signal = 0  # the number of the signal that stopped training (0: none)
 
     # -- data -----------------------------------------------------------------------------
     def _batches(self) -> Iterator[Batch]:
@@ -271,8 +272,11 @@ class Trainer(Validating, Saving):
         return lost_work_message(self.state.step, getattr(self, "_saved_step", -1))
 
     def fit(self) -> TrainState:
-        def on_signal(name: str) -> None:
-            self.stop_requested = name
+        """Train to the end of the budget, or until a signal stops the run (then
+        `stop_signal` says which; the CLI exits 128 + its number)."""
+
+        def on_signal(signum: int) -> None:
+            self.stop_signal = signum
 
         with stop_on_signal(on_signal, self._lost_work_message):
             return self._fit()
@@ -343,15 +347,18 @@ class Trainer(Validating, Saving):
             self.say(f"time budget of {cfg.max_minutes:g} minutes reached at step {st.step}")
             return True
         early = self.dist.is_main and self._should_stop_early()
-        if self.dist.any(early or bool(self.stop_requested), self.device):  # all ranks agree
+        # all ranks agree, in one collective: early stop, and the signal any rank received
+        early_any, signum = self.dist.max_each([float(early), float(self.stop_signal)], self.device)
+        if early_any:
             if early:
                 self.say(f"early stop: no better validation BLEU in {cfg.patience} validations")
-            else:
-                self.say(
-                    f"{self.stop_requested or 'stop'} at step {st.step}: saving last.pt; "
-                    f"run the same command again to resume"
-                )
-                self.stop_requested = self.stop_requested or "stop"
+            return True
+        if signum:
+            self.stop_signal = int(signum)
+            self.say(
+                f"{signal.Signals(self.stop_signal).name} at step {st.step}: saving last.pt; "
+                f"run the same command again to resume"
+            )
             return True
         return False
 

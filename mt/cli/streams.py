@@ -1,0 +1,61 @@
+"""Standard output whose failures say so: a write to a full disk or a closed pipe raises an
+OSError that names "standard output", so the CLI reports it in one line (mt/cli/__init__.py)
+instead of a traceback from wherever the text happened to be written or flushed."""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+from contextlib import suppress
+
+STDOUT = "standard output"
+
+
+class _NamedFd(io.RawIOBase):
+    """Raw writes to a file descriptor that mt does not own (it is never closed here)."""
+
+    def __init__(self, fd: int):
+        self._fd = fd
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def isatty(self) -> bool:
+        return os.isatty(self._fd)
+
+    def write(self, data) -> int:
+        try:
+            return os.write(self._fd, data)
+        except OSError as e:
+            raise OSError(e.errno, e.strerror, STDOUT) from None  # EPIPE: BrokenPipeError
+
+
+def name_stdout() -> None:
+    """Replace sys.stdout (the process's own fd 1) by the same stream over _NamedFd."""
+    out = sys.stdout
+    try:
+        if not isinstance(out, io.TextIOWrapper) or out.fileno() != 1:
+            return  # a test's capture, or already replaced
+    except (OSError, ValueError):
+        return
+    out.flush()
+    sys.stdout = io.TextIOWrapper(
+        io.BufferedWriter(_NamedFd(1)),
+        encoding=out.encoding,
+        errors=out.errors,
+        line_buffering=out.line_buffering,
+    )
+
+
+def silence_stdout() -> None:
+    """Point fd 1 at /dev/null and drop what is buffered, so that the interpreter's last flush
+    of the text that could not be written does not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+    with suppress(OSError):
+        sys.stdout.flush()
