@@ -26,9 +26,16 @@ def test_help_for_every_command():
         "average",
         "tune",
         "plot",
+        "pretrain",
+        "distill",
     ):
         proc = run_mt(cmd, "--help")
         assert proc.returncode == 0 and "Example" in proc.stdout, proc.stdout
+        # values as plain words (FILE, N, MODEL...), not Typer's {braces} and <type labels>
+        usage = proc.stdout.splitlines()[0]
+        assert "{" not in usage and "<" not in proc.stdout.split("Options:")[0], proc.stdout
+        for label in ("<path>", "<int", "<float", "<str>", "<list[", "list[Path]"):
+            assert label not in proc.stdout, (cmd, label, proc.stdout)
 
 
 def test_translate_keeps_line_count_and_order(tiny_run, tmp_path):
@@ -357,3 +364,56 @@ def test_a_reader_that_stops_reading_ends_mt_quietly(tiny_run, tmp_path):
     )
     assert len(proc.stdout.splitlines()) == 1
     assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr
+
+
+def test_first_hour_mistakes_with_models_and_inputs_are_one_clear_line(tmp_path, tiny_run):
+    import torch
+
+    src = tmp_path / "s"
+    src.write_text("a b\n")
+    out = tmp_path / "out"
+    cases = [
+        (("translate", tiny_run, "-i", tmp_path, "-o", out), ["is a folder", "-i FILE"]),
+        (("eval", "--hyp", tmp_path, "--ref", src), ["is a folder", "text file"]),
+        (("eval", "--hyp", src, "--ref", tmp_path), ["is a folder"]),
+        (("translate", ROOT / "configs/tiny.yaml", "-i", src), ["not a checkpoint", "text file"]),
+    ]
+    torch.save({"not": "mt"}, tmp_path / "other.pt")
+    torch.save({"a": object}, tmp_path / "objects.pt")
+    (tmp_path / "cut.pt").write_bytes((tiny_run / "last.pt").read_bytes()[:100])
+    cases += [
+        (("translate", tmp_path / "other.pt", "-i", src), ["not an mt checkpoint of format"]),
+        (("translate", tmp_path / "objects.pt", "-i", src), ["holds Python objects"]),
+        (("translate", tmp_path / "cut.pt", "-i", src), ["corrupt", "central directory)"]),
+    ]
+    if not torch.cuda.is_available():
+        flag = ["--device is cuda", "use --device auto or cpu"]
+        cases += [
+            (("translate", tiny_run, "--device", "cuda", "-i", src, "-o", out), flag),
+            (("eval", tiny_run, "--src", src, "--ref", src, "--device", "cuda"), flag),
+        ]
+    for args, needles in cases:
+        proc = run_mt(*args)
+        assert_user_error(proc, *needles)
+        assert "train.device" not in proc.stderr and "If you are seeing" not in proc.stderr
+        assert proc.stderr.strip().splitlines()[-1].startswith("error: ")
+        assert not out.exists()
+
+
+def test_ctrl_c_during_translate_exits_130_with_a_line_and_no_output(tmp_path, tiny_run):
+    import signal
+    import time
+
+    src = tmp_path / "s"
+    src.write_text("a b c d e f g h\n" * 20000)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mt", "translate", str(tiny_run), "-i", str(src), "-o",
+         str(tmp_path / "out"), "--beam", "5"],
+        cwd=ROOT, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    time.sleep(8)  # loaded and translating
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err.splitlines()[-1] and "Traceback" not in err, err
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.*"))

@@ -326,6 +326,35 @@ def test_forecast_is_revised_from_the_recent_speed():
     assert f.revise(3050, 400.0, 30_000, 0.0) == 30_000  # no budget: max_steps
 
 
+def test_a_budget_far_short_of_the_expected_updates_is_said():
+    """The 138-minute budget at 2.8 s per update (a busy one-core machine) ends near step
+    2,957 of the 14,000 the config's results came from: said, with what to do."""
+    from mt.train.progress import Forecast
+
+    f = Forecast(step=0, seconds=0.0)
+    end = f.update(10, 28.0, 30_000, 138 * 60.0)
+    assert end == 10 + int((138 * 60 - 28) / 2.8)
+    msg = f.shortfall(30_000, 138, 14_000)
+    assert f"near step {end:,}" in msg and "14,000 updates" in msg
+    assert "train.max_minutes=0 train.max_steps=14000" in msg and "10 h 53 min" in msg
+    assert f.shortfall(30_000, 138, 0) is None  # the config names no expectation
+    fast = Forecast(step=0, seconds=0.0)
+    fast.update(25, 10.0, 30_000, 138 * 60.0)  # 0.4 s per update: 20,700 updates
+    assert fast.shortfall(30_000, 138, 14_000) is None
+    assert fast.shortfall(3_000, 138, 14_000) is None  # max_steps itself is the choice
+
+
+def test_mt_train_says_when_the_budget_falls_short_of_the_expected_updates(tmp_path):
+    proc = run_mt(
+        "train", "tiny", "--run-dir", tmp_path / "r", "--set", f"data.dir={tmp_path / 'd'}",
+        "train.max_steps=100000", "train.max_minutes=0.25", "train.expected_steps=100000",
+        "train.valid_every=100000", "train.average_last=0",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "far short of the 100,000 updates" in proc.stderr, proc.stderr
+    assert "train.max_steps=100000" in proc.stderr
+
+
 def _pairs(data) -> set[tuple[tuple[int, ...], tuple[int, ...]]]:
     """A ParallelData's (source, target) pairs as token ids."""
     return {
@@ -531,3 +560,30 @@ def test_same_config_and_seed_give_the_same_loss_curve(tmp_path):
     assert len(first) == 6 and first == curve("b")
     info = json.loads((tmp_path / "a/run_info.json").read_text())
     assert info["torch"] == torch.__version__
+
+
+def test_a_second_ctrl_c_while_the_picture_is_drawn_is_not_swallowed(tmp_path, monkeypatch):
+    """Drawing training.png never stops a run, except that a second Ctrl-C (Interrupted)
+    stops it at once, with its own message and exit status 130, not a warning."""
+    from mt.errors import Interrupted
+    from mt.evaluate import plot
+    from mt.train.finish import draw_training_picture
+    from mt.train.progress import lost_work_message
+
+    said = []
+
+    def broken(_run_dir):
+        raise ValueError("no log yet")
+
+    monkeypatch.setattr(plot, "plot_run", broken)
+    draw_training_picture(tmp_path, said.append)
+    assert said and "could not draw training.png" in said[0]
+
+    def second_ctrl_c(_run_dir):
+        raise Interrupted(lost_work_message(40, 40))
+
+    monkeypatch.setattr(plot, "plot_run", second_ctrl_c)
+    with pytest.raises(Interrupted, match=r"after last\.pt was saved"):
+        draw_training_picture(tmp_path, said.append)
+    assert len(said) == 1
+    assert "are lost" in lost_work_message(45, 40) and "step 40" in lost_work_message(45, 40)

@@ -4,6 +4,7 @@ code (`weights_only=True`)."""
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,17 +61,40 @@ def load(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise MTError(f"checkpoint {path} not found")
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if not head.startswith((b"PK\x03\x04", b"\x80")):  # torch's zip format, or a legacy pickle
+        kind = "a text file" if _is_text(head) else "not a PyTorch file"
+        raise MTError(
+            f"{path} is not a checkpoint ({kind}): give a run directory or the best.pt or "
+            f"last.pt that mt train wrote"
+        )
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+    except pickle.UnpicklingError:  # weights_only refused what it holds
         raise MTError(
-            f"checkpoint {path} is corrupt or not an mt checkpoint ({reason}); "
+            f"checkpoint {path} holds Python objects that mt checkpoints never hold (a file "
+            f"of another program?); give a run directory or a checkpoint mt train wrote"
+        ) from None
+    except Exception as e:
+        # torch's first sentence (the rest is advice for torch's own users)
+        reason = str(e).strip().splitlines()[0].split(". ")[0][:160] if str(e).strip() else ""
+        raise MTError(
+            f"checkpoint {path} is corrupt or not an mt checkpoint "
+            f"({reason or type(e).__name__}); "
             f"use another checkpoint (e.g. last.pt or best.pt)"
         ) from None
     if not isinstance(ckpt, dict) or ckpt.get("format_version") != FORMAT_VERSION:
         raise MTError(f"checkpoint {path} is not an mt checkpoint of format {FORMAT_VERSION}")
     return ckpt
+
+
+def _is_text(head: bytes) -> bool:
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return head.isascii() and all(c >= 32 or c in b"\t\r\n" for c in head)
 
 
 # -- building and reading the format: the one place that knows its keys -------------------

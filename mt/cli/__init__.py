@@ -18,7 +18,7 @@ from mt.cli import (
     tools,  # noqa: F401
     use,  # noqa: F401
 )
-from mt.cli.app import _err, app
+from mt.cli.app import INTERRUPTED, _err, app
 from mt.cli.streams import STDOUT, name_stdout, silence_stdout
 
 
@@ -35,7 +35,7 @@ def main() -> None:
         _err(f"\n{e}")
         sys.exit(130)
     except KeyboardInterrupt:
-        _err("\ninterrupted: no output file was written (each is written whole or not at all)")
+        _err(f"\n{INTERRUPTED}")
         sys.exit(130)
     except OSError as e:
         if e.filename != STDOUT:

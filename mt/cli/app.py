@@ -6,8 +6,11 @@ from __future__ import annotations
 import functools
 
 import typer
+from typer.core import TyperArgument, TyperCommand
 
-from mt.errors import MTError
+from mt.errors import Interrupted, MTError
+
+INTERRUPTED = "interrupted: stopped before the end; no output file was written half-way"
 
 app = typer.Typer(
     add_completion=False,
@@ -57,6 +60,9 @@ def command(name: str):
             except MTError as e:
                 _err(f"error: {e}")
                 raise typer.Exit(2) from None
+            except KeyboardInterrupt as e:  # Ctrl-C outside a training's own handling
+                _err(f"\n{e}" if isinstance(e, Interrupted) else f"\n{INTERRUPTED}")
+                raise typer.Exit(130) from None
             except OSError as e:
                 if e.filename is None:
                     raise
@@ -66,9 +72,54 @@ def command(name: str):
                 _err(f"error: {describe_os_error(e)}")
                 raise typer.Exit(2) from None
 
-        return app.command(name)(run)
+        _plain_metavars(fn)
+        return app.command(name, cls=_PlainCommand)(run)
 
     return wrap
+
+
+class _PlainCommand(TyperCommand):
+    """--help's usage line and argument list name each argument as usage lines do
+    (`mt translate [OPTIONS] MODEL...`), without Typer's braces and type labels."""
+
+    def get_params(self, ctx):
+        params = super().get_params(ctx)
+        for p in params:
+            if isinstance(p, TyperArgument) and p.metavar:
+                word = p.metavar + ("..." if p.nargs != 1 else "")
+                usage = word if p.required else f"[{word}]"
+                p.display_type_rich = lambda ctx: None
+                p._rich_display_name = lambda word=word: word
+                p._usage_display_name = lambda usage=usage: usage
+        return params
+
+
+def _plain_metavars(fn) -> None:
+    """--help shows each value as a plain word (FILE, N, X, TEXT; an argument by its name)
+    rather than Typer's type labels (<path>, <int range>, <list[Path]>)."""
+    import inspect
+    import typing
+    from pathlib import Path
+
+    from typer.models import ArgumentInfo, OptionInfo
+
+    hints = typing.get_type_hints(fn)
+    for name, param in inspect.signature(fn).parameters.items():
+        info = param.default
+        if not isinstance(info, ArgumentInfo | OptionInfo) or info.metavar is not None:
+            continue
+        kind = hints.get(name)
+        args = [a for a in typing.get_args(kind) if a is not type(None)]
+        many = typing.get_origin(kind) is list or any(typing.get_origin(a) is list for a in args)
+        while args:  # Optional[...] and list[...] down to the element's type
+            kind, args = args[0], [a for a in typing.get_args(args[0]) if a is not type(None)]
+        if kind is bool:
+            continue
+        if isinstance(info, ArgumentInfo):
+            info.metavar = name.upper().removesuffix("S") if many else name.upper()
+        else:
+            words: dict[object, str] = {Path: "PATH", int: "N", float: "X"}
+            info.metavar = words.get(kind, "TEXT")
 
 
 def exit_if_stopped_by(signum: int) -> None:

@@ -27,8 +27,9 @@ def download_cmd(
 ):
     """Fetch a parallel corpus and write plain text splits.
 
+    \b
     Example: mt download multi30k --out data/multi30k
-    Offline:  mt download multi30k --from-dir ~/multi30k/data/task1/raw --out data/multi30k
+    Offline: mt download multi30k --from-dir ~/multi30k/data/task1/raw --out data/multi30k
     """
     from mt.data.download import download
 
@@ -69,10 +70,10 @@ def train_cmd(
     ),
     run_dir: Path | None = typer.Option(None, "--run-dir", help="default: runs/<config name>"),
     overrides: list[str] = typer.Option(
-        [], "--set", help="override a key: --set train.max_steps=500"
+        [], "--set", help="override a key: --set train.max_steps=500", metavar="KEY=VALUE"
     ),
     more: list[str] | None = typer.Argument(
-        None, help="more KEY=VALUE overrides after --set", show_default=False
+        None, help="more KEY=VALUE overrides after --set", show_default=False, metavar="KEY=VALUE"
     ),
     allow_config_change: bool = typer.Option(
         False, "--allow-config-change", help="continue a run dir that holds a different config"
@@ -107,10 +108,10 @@ def pretrain_cmd(
     ),
     run_dir: Path = typer.Option(..., "--run-dir", help="where pretrained.pt is written"),
     overrides: list[str] = typer.Option(
-        [], "--set", help="override a key: --set train.max_steps=500"
+        [], "--set", help="override a key: --set train.max_steps=500", metavar="KEY=VALUE"
     ),
     more: list[str] | None = typer.Argument(
-        None, help="more KEY=VALUE overrides after --set", show_default=False
+        None, help="more KEY=VALUE overrides after --set", show_default=False, metavar="KEY=VALUE"
     ),
 ):
     """Masked-LM pretraining of the encoder on the training split's source side (BERT's 15%

@@ -20,7 +20,9 @@ def check_input_output(
     from mt.outputs import check_output, is_stdio
 
     check_output(output, force=force, inputs=[input, *models])
-    if input is not None and not is_stdio(input) and not input.is_file():
+    if input is not None and not is_stdio(input) and input.is_dir():
+        raise MTError(f"input {input} is a folder: give a text file (-i FILE) or none for stdin")
+    if input is not None and not is_stdio(input) and not input.exists():
         raise MTError(f"input file {input} not found")
 
 

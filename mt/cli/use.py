@@ -106,6 +106,7 @@ def eval_cmd(
     signatures. Two or more systems (--hyp files or models) are compared with the first as
     the baseline: paired bootstrap resampling and approximate randomisation, with p-values.
 
+    \b
     Examples: mt eval runs/multi30k_de_en --src test.de --ref test.en
               mt eval --hyp out.en --ref test.en --ci
               mt eval --hyp base.en --hyp new.en --ref test.en

@@ -137,6 +137,13 @@ class TrainConfig(_Section):
         "after this many minutes of training; "
         "0 = no time limit",
     )
+    expected_steps: int = Field(
+        0,
+        ge=0,
+        description="the updates this config's reported results came from: when the "
+        "time budget will stop the run well short of them (a slow or busy machine), "
+        "mt train says so at its forecast, with what to do; 0 = not said",
+    )
     max_tokens: int = Field(
         4096, ge=16, description="source+target tokens per batch, padding incl."
     )

@@ -31,6 +31,8 @@ def iter_lines(path: str | Path) -> Iterator[str]:
     of the first sentence, and shift its score); CRLF line endings and NUL bytes are said once
     per file (TextNotes). Decodes line by line so an encoding error names the line to fix."""
     path = Path(path)
+    if path.is_dir():
+        raise MTError(f"{path} is a folder: give a text file")
     if not path.is_file():
         raise MTError(f"{path}: file not found")
     notes = TextNotes(str(path))

@@ -99,7 +99,7 @@ class Translator:
         cls, run: checkpoint.Trained, device: str = "auto", precision: str = "auto"
     ) -> Translator:
         """From a checkpoint already opened (mt.artifacts.checkpoint.open_trained)."""
-        dev = pick_device(device)
+        dev = pick_device(device, "--device")
         return cls(
             run.model.to(dev).eval(),
             run.tokenizer,

@@ -12,9 +12,12 @@ AMP_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 PRECISION_NAMES = {dtype: name for name, dtype in AMP_DTYPES.items()}
 
 
-def pick_device(name: str) -> torch.device:
+def pick_device(name: str, setting: str = "train.device") -> torch.device:
+    """The device `name` (auto, cpu, cuda) asks for; `setting`: the key or flag that named it,
+    for the message when no GPU is visible."""
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise MTError("train.device is cuda but no CUDA GPU is visible; use device: auto or cpu")
+        fix = "--device auto or cpu" if setting.startswith("--") else f"{setting}: auto or cpu"
+        raise MTError(f"{setting} is {name} but no CUDA GPU is visible; use {fix}")
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(name)

@@ -66,8 +66,8 @@ def choose_threads(requested: int = 0, log=print) -> int:
     if free < default:
         log(
             f"the machine is busy (other processes use {busy:.1f} of {usable_cores()} cores): "
-            f"using {free} thread(s) instead of {default}; set train.num_threads (or MT_THREADS) "
-            f"to choose"
+            f"using {free} thread(s) instead of {default}; set MT_THREADS (or, for training, "
+            f"train.num_threads) to choose"
         )
         torch.set_num_threads(free)
     return free

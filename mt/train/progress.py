@@ -109,6 +109,23 @@ class Forecast:
             msg += f" to step {max_steps:,}"
         return msg + ", plus validation"
 
+    def shortfall(self, max_steps: int, max_minutes: float, expected_steps: int) -> str | None:
+        """A warning when the time budget will stop the run well short (under 80%) of the
+        updates the config's results came from (train.expected_steps); else None."""
+        if not (self.done and expected_steps) or self.end_step >= min(
+            max_steps, 0.8 * expected_steps
+        ):
+            return None
+        left = (expected_steps - self.now_step) * self.sec_per_step
+        return (
+            f"warning: at this speed the {max_minutes:g}-minute budget ends near step "
+            f"{self.end_step:,}, far short of the {expected_steps:,} updates this config's "
+            f"results came from: expect a clearly lower BLEU. Give it a free core (is another "
+            f"training or test run sharing this machine?) or a GPU, or train them all with "
+            f"--set train.max_minutes=0 train.max_steps={expected_steps} (about "
+            f"{_duration(left)} more at this speed)"
+        )
+
 
 def _duration(seconds: float) -> str:
     minutes = round(seconds / 60)
@@ -128,6 +145,9 @@ def show_progress(bar, st, cfg, forecast: Forecast, last_update, say) -> None:
     end_step = forecast.update(st.step, st.train_seconds, cfg.max_steps, 60 * cfg.max_minutes)
     if end_step is not None:
         say(forecast.describe(cfg.max_steps, cfg.max_minutes))
+        short = forecast.shortfall(cfg.max_steps, cfg.max_minutes, cfg.expected_steps)
+        if short:
+            say(short)
     elif st.step % cfg.valid_every == 0:
         # silently, from the speed since: the first updates can be unrepresentative
         end_step = forecast.revise(st.step, st.train_seconds, cfg.max_steps, 60 * cfg.max_minutes)

@@ -22,6 +22,7 @@ from mt.outputs import check_folder_writable
 RESUMABLE = (
     "train.max_steps",
     "train.max_minutes",
+    "train.expected_steps",
     "train.log_every",
     "train.valid_every",
     "train.save_every",
