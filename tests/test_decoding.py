@@ -165,3 +165,21 @@ def test_overlong_input_is_truncated_with_warning_and_keeps_line_count(tiny_run)
     assert proc.returncode == 0, proc.stderr
     assert "1 input line(s) longer than" in proc.stderr and "truncated" in proc.stderr
     assert len(proc.stdout.split("\n")[:-1]) == 4
+
+
+def test_sampling_seeds_decide_the_draws_from_the_cli(tiny_run, tmp_path):
+    """The same --seed gives the same samples, another seed (or none) other samples: a fixed
+    seed in place of the user's would fail here."""
+    src, _ = generate(20, seed=5)
+    (tmp_path / "in").write_text("\n".join(src) + "\n")
+
+    def sample(*seed):
+        flags = ("--sample", "--temperature", "3", *seed)
+        proc = run_mt("translate", tiny_run, "-i", tmp_path / "in", *flags)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    three = sample("--seed", "3")
+    assert three == sample("--seed", "3")
+    assert len({three, sample("--seed", "4"), sample("--seed", "0")}) == 3
+    assert sample() != sample()

@@ -1,6 +1,8 @@
 """The non-autoregressive model (model.arch nat): masking in training, the length predictor's
 loss, a decoder without the causal mask, and mask-predict decoding."""
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -146,3 +148,87 @@ def test_nat_trains_and_translates_from_the_cli(tmp_path):
         "train.rdrop_alpha=1",
     )
     assert bad.returncode == 2 and "autoregressive models only" in bad.stderr
+
+
+# -- Mask-Predict against a scripted model whose every number is chosen here -------------
+class ScriptedNAT:
+    """A stand-in for the NAT model: predict_length ranks lengths as LENGTH_ORDER says; at
+    position j of a candidate of length L the decoder predicts token WORD + j with probability
+    BASE[L] * WEIGHT[j] (the rest on token OTHER), whatever it reads; every decoder input is
+    recorded, so a test sees which positions each pass hid."""
+
+    WORD, OTHER, V = 10, 30, 40
+    WEIGHT = (0.99, 0.80, 0.95, 0.70, 0.90, 0.75, 0.85, 0.97, 0.65, 0.88)  # by position
+    max_positions = 16
+
+    def __init__(self, length_order: list[int], base: dict[int, float]):
+        self.length_order, self.base, self.inputs = length_order, base, []
+
+    def encode(self, src, src_pad_mask):
+        return torch.zeros(src.shape[0], src.shape[1], 4)
+
+    def predict_length(self, memory, src_pad_mask):
+        logits = torch.full((memory.shape[0], self.max_positions), -50.0)
+        for rank, length in enumerate(self.length_order):  # the first is the likeliest
+            logits[:, length] = 10.0 - rank
+        return logits
+
+    def decode(self, tokens, memory, src_pad_mask):
+        self.inputs.append(tokens.clone())
+        lprobs = torch.full((*tokens.shape, self.V), -1e9)
+        for r in range(tokens.shape[0]):
+            length = int((tokens[r] != PAD).sum())
+            for j in range(length):
+                p = self.base[length] * self.WEIGHT[j]
+                lprobs[r, j, self.WORD + j] = math.log(p)
+                lprobs[r, j, self.OTHER] = math.log(1 - p)
+        return lprobs
+
+    def project(self, h):
+        return h
+
+
+def _scripted_run(iterations, length_order, base, length_beam=3):
+    model = ScriptedNAT(length_order, base)
+    src = torch.tensor([[5, 6, 7]])
+    out = mask_predict(model, src, src == PAD, iterations=iterations, length_beam=length_beam)
+    return model, out[0]
+
+
+def test_mask_predict_hides_the_least_confident_tokens_n_times_l_t_minus_t_over_t():
+    """Ghazvininejad et al. 2019: pass t (0-based) of T re-predicts n = L (T - t) / T tokens,
+    the least confident ones; the first pass sees every position hidden."""
+    T, lengths = 4, [7, 5, 6]
+    model, _ = _scripted_run(T, lengths, {7: 0.9, 5: 0.8, 6: 0.7})
+    assert len(model.inputs) == T
+    seen_lengths = [int(n) for n in (model.inputs[0] != PAD).sum(1)]
+    assert seen_lengths == lengths  # the candidate lengths, in the predictor's order
+    for t, tokens in enumerate(model.inputs):
+        for r, length in enumerate(lengths):
+            hidden = [j for j in range(length) if tokens[r, j] == MASK]
+            n = length if t == 0 else int(length * (T - t) / T)
+            by_confidence = sorted(range(length), key=lambda j: ScriptedNAT.WEIGHT[j])
+            assert hidden == sorted(by_confidence[:n]), (t, length, hidden)
+            shown = [int(x) for x in tokens[r, :length] if x != MASK]
+            assert all(x >= ScriptedNAT.WORD for x in shown)  # earlier predictions, kept
+            assert (tokens[r, length:] == PAD).all()
+
+
+def test_mask_predict_keeps_the_candidate_with_the_best_mean_log_probability():
+    lengths = [5, 7, 6]  # the predictor prefers 5
+    base = {5: 0.6, 7: 0.95, 6: 0.8}  # but every token of the length-7 candidate is surer
+    _, out = _scripted_run(3, lengths, base)
+    expected = {
+        n: sum(math.log(base[n] * ScriptedNAT.WEIGHT[j]) for j in range(n)) / n for n in lengths
+    }
+    best = max(expected, key=expected.get)
+    assert best == 7 and out == [ScriptedNAT.WORD + j for j in range(best)]
+    _, out = _scripted_run(3, lengths, {5: 0.99, 7: 0.6, 6: 0.8})
+    assert out == [ScriptedNAT.WORD + j for j in range(5)]
+
+
+def test_mask_predict_takes_the_length_beam_likeliest_lengths():
+    model, _ = _scripted_run(1, [9, 3, 4, 6], {9: 0.9, 3: 0.9, 4: 0.9, 6: 0.9}, length_beam=2)
+    assert [int(n) for n in (model.inputs[0] != PAD).sum(1)] == [9, 3]
+    model, out = _scripted_run(1, [1, 3], {1: 0.9, 3: 0.5}, length_beam=1)
+    assert out == [ScriptedNAT.WORD] and model.inputs[0].shape == (1, 1)

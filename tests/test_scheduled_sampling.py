@@ -126,3 +126,99 @@ def test_training_with_scheduled_sampling_runs_from_the_cli(tmp_path):
             "train.scheduled_sampling.c=0.1",
         )
         assert proc.returncode == 0, proc.stderr
+
+
+class ScriptedDecoder:
+    """A stand-in model run step by step: whatever it reads, it predicts NEXT[token]
+    (a token never in the gold targets), and it records every token it is fed."""
+
+    V = 40
+    NEXT = tuple(30 + (t * 7) % 10 for t in range(V))  # predictions: 30..39; gold: 4..29
+
+    def __init__(self):
+        self.fed: list[torch.Tensor] = []
+        self.training = True
+        self.param = torch.nn.Parameter(torch.zeros(()))
+
+    def encode(self, src, src_pad_mask):
+        return torch.zeros(src.shape[0], src.shape[1], 4)
+
+    def new_cache(self):
+        return {}
+
+    def decode(self, token, memory, src_pad_mask, cache=None, start=0):
+        self.fed.append(token[:, -1].clone())
+        onehot = torch.nn.functional.one_hot(token[:, -1:], self.V).float()
+        return onehot + self.param  # (B, 1, V): a "state" project() maps to logits
+
+    def project(self, h):
+        nxt = torch.tensor([self.NEXT[t] for t in range(self.V)])
+        return h @ torch.nn.functional.one_hot(nxt, self.V).float()  # argmax: NEXT[token]
+
+
+def _gold_batch(rows=64, length=12):
+    g = torch.Generator().manual_seed(3)
+    words = torch.randint(4, 30, (rows, length), generator=g)
+    tgt_in = torch.cat([torch.full((rows, 1), BOS), words[:, :-1]], 1)
+    tgt_in[0, 8:] = PAD  # one shorter sentence
+    tgt_out = words.masked_fill(tgt_in == PAD, PAD)
+    return Batch(torch.full((rows, 3), 5), tgt_in, tgt_out, int((tgt_out != PAD).sum()))
+
+
+def _step_by_step_inputs(gold_p: float, seed: int = 0):
+    model, batch = ScriptedDecoder(), _gold_batch()
+    c = 1.0 - gold_p  # linear k - c * step at step 1
+    ss = ScheduledSamplingLoss(
+        ScheduledSamplingConfig(schedule="linear", k=1.0, c=c), reference_loss, False, seed
+    )
+    ss.set_step(1)
+    ss(model, batch, 0.0)
+    return torch.stack(model.fed, 1), batch  # (B, T): what each step read
+
+
+def test_step_by_step_at_gold_probability_zero_feeds_each_step_its_own_prediction():
+    fed, batch = _step_by_step_inputs(0.0)
+    assert torch.equal(fed[:, 0], batch.tgt_in[:, 0])  # BOS
+    for t in range(1, fed.shape[1]):
+        previous_guess = torch.tensor([ScriptedDecoder.NEXT[int(x)] for x in fed[:, t - 1]])
+        expected = torch.where(batch.tgt_in[:, t] == PAD, PAD, previous_guess)
+        assert torch.equal(fed[:, t], expected), t
+
+
+@pytest.mark.parametrize("gold_p", [0.25, 0.7])
+def test_step_by_step_mixes_gold_tokens_at_the_scheduled_rate(gold_p):
+    fed, batch = _step_by_step_inputs(gold_p)
+    real = batch.tgt_in[:, 1:] != PAD
+    gold = fed[:, 1:] == batch.tgt_in[:, 1:]
+    share = float(gold[real].float().mean())  # predictions are never gold tokens
+    assert abs(share - gold_p) < 0.05, share
+    again, _ = _step_by_step_inputs(gold_p)
+    other, _ = _step_by_step_inputs(gold_p, seed=1)
+    assert torch.equal(fed, again) and not torch.equal(fed, other)  # the seed decides
+
+
+@pytest.mark.parametrize("gold_p", [0.25, 0.7])
+def test_two_pass_mixes_first_pass_predictions_at_the_scheduled_rate(gold_p):
+    torch.manual_seed(0)
+    model = build_model(
+        ModelConfig(d_model=32, n_heads=4, enc_layers=1, dec_layers=1, d_ff=64, dropout=0.0), 40, 40
+    ).train()
+    batch, seen = _gold_batch(), []
+    ss = ScheduledSamplingLoss(
+        ScheduledSamplingConfig(schedule="linear", k=1.0, c=1.0 - gold_p),
+        lambda m, b, e: seen.append(b.tgt_in) or reference_loss(m, b, e),
+        two_pass=True,
+    )
+    ss.set_step(1)
+    ss(model, batch, 0.1)
+    with torch.no_grad():
+        predicted = model(batch.src, batch.tgt_in, batch.src_pad_mask).argmax(-1)
+    mixed, gold_in = seen[0][:, 1:], batch.tgt_in[:, 1:]
+    real = gold_in != PAD
+    assert torch.equal(seen[0][:, 0], batch.tgt_in[:, 0]) and (mixed[~real] == PAD).all()
+    from_gold = mixed == gold_in
+    from_model = mixed == predicted[:, :-1]
+    assert (from_gold | from_model)[real].all()  # every input is one or the other
+    differ = real & (gold_in != predicted[:, :-1])  # where the two can be told apart
+    share = float(from_gold[differ].float().mean())
+    assert abs(share - gold_p) < 0.06, share
