@@ -3,6 +3,7 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -587,3 +588,14 @@ def test_a_second_ctrl_c_while_the_picture_is_drawn_is_not_swallowed(tmp_path, m
         draw_training_picture(tmp_path, said.append)
     assert len(said) == 1
     assert "are lost" in lost_work_message(45, 40) and "step 40" in lost_work_message(45, 40)
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full on this machine")
+def test_a_full_disk_under_the_training_log_is_one_line(tmp_path):
+    """The log is appended to (never renamed over): here through a link to /dev/full, which
+    answers every write with ENOSPC."""
+    from mt.train.tracking import RunLog
+
+    (tmp_path / "train_log.jsonl").symlink_to("/dev/full")
+    with pytest.raises(MTError, match=r"could not write .*train_log\.jsonl: the disk is full"):
+        RunLog(tmp_path).write({"step": 1, "loss": 2.0})

@@ -13,6 +13,7 @@ from mt.config import Config
 from mt.data.prepare import bpe_dropout_epochs, prepare_data
 from mt.errors import MTError
 from mt.model import REFERENCE, build_model
+from mt.outputs import write_text
 from mt.runtime.device import PRECISION_NAMES, amp_dtype, pick_device
 from mt.runtime.distributed import setup
 from mt.runtime.threads import choose_threads
@@ -85,7 +86,7 @@ def _truncate_log(path: Path, step: int) -> None:
         lines = path.read_text(encoding="utf-8").splitlines()
         kept = [x for x in lines if x.strip() and json.loads(x).get("step", 0) <= step]
         if len(kept) != len(lines):
-            path.write_text("".join(x + "\n" for x in kept), encoding="utf-8")
+            write_text(path, "".join(x + "\n" for x in kept))
 
 
 def build_trainer(

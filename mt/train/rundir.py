@@ -14,7 +14,7 @@ from mt.artifacts import checkpoint
 from mt.config import Config, config_from_dict, diff_configs, save_config
 from mt.data.corpus import split_paths
 from mt.errors import MTError
-from mt.outputs import check_folder_writable
+from mt.outputs import check_folder_writable, write_text
 
 # Keys that may change between a run and its resumption without --allow-config-change: they
 # change how long or where it trains, not what it learns. (data.dir is checked separately: a
@@ -245,7 +245,7 @@ def record_corpus(cfg: Config, run_dir: Path, renew: bool = False) -> None:
     a resumed run that was allowed to go on with other files)."""
     path = run_dir / CORPUS_NAME
     if renew or not path.exists() or not has_checkpoint(run_dir):
-        path.write_text(json.dumps(corpus_fingerprint(cfg), indent=1) + "\n", encoding="utf-8")
+        write_text(path, json.dumps(corpus_fingerprint(cfg), indent=1) + "\n")
 
 
 def write_run_info(run_dir: Path) -> None:
@@ -282,4 +282,4 @@ def write_run_info(run_dir: Path) -> None:
         "platform": platform.platform(),
         "argv": sys.argv,
     }
-    (run_dir / "run_info.json").write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
+    write_text(run_dir / "run_info.json", json.dumps(info, indent=1) + "\n")

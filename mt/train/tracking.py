@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from mt.errors import MTError
+from mt.outputs import describe_write_error
 
 
 class RunLog:
@@ -25,8 +26,11 @@ class RunLog:
             self.writer = SummaryWriter(str(run_dir / "tensorboard"))
 
     def write(self, record: dict) -> None:
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+        try:
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+        except OSError as e:  # a full disk: one line naming the log, not a traceback
+            raise MTError(describe_write_error(self.path, e)) from None
         if self.writer is not None:
             for tag, value in scalars(record):
                 self.writer.add_scalar(tag, value, record.get("step", 0))
