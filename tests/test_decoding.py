@@ -183,3 +183,45 @@ def test_sampling_seeds_decide_the_draws_from_the_cli(tiny_run, tmp_path):
     assert three == sample("--seed", "3")
     assert len({three, sample("--seed", "4"), sample("--seed", "0")}) == 3
     assert sample() != sample()
+
+
+def test_an_ensemble_of_two_real_checkpoints_decodes_with_the_mean_log_probability(tiny_run):
+    """Two snapshots of a trained run: the ensemble's greedy output equals a greedy search
+    written out here, each step the argmax of the mean of the members' log-probabilities from
+    a full forward pass (no cache), and its n-best scores are that mean's sums."""
+    from mt.artifacts import checkpoint
+    from mt.tokens import BOS, EOS
+
+    paths = [tiny_run / "step_30.pt", tiny_run / "step_60.pt"]
+    members = [checkpoint.open_trained(p).model.eval() for p in paths]
+    ens = Translator.load(paths, "cpu")
+    src_lines, _ = generate(8, seed=11)
+    got = ens.search(src_lines, beam=1)
+    for line, (ids, ((out, _),)) in zip(src_lines, got, strict=True):
+        src = torch.tensor([[*ids, EOS]])
+        tgt = [BOS]
+        with torch.no_grad():
+            limit = int((len(ids) + 1) * 1.5 + 5)  # tiny.yaml's max_len_a, max_len_b
+            while len(tgt) - 1 < limit:
+                lp = sum(
+                    torch.log_softmax(m(src, torch.tensor([tgt]), src == 0)[0, -1].float(), -1)
+                    for m in members
+                ) / len(members)
+                nxt = int(lp.argmax())
+                if nxt == EOS:
+                    break
+                tgt.append(nxt)
+        assert list(out) == tgt[1:], line
+        # each step's distribution, decoded with the cache as the search does, is the mean
+        model, memory_mask = ens.model, src == 0
+        with torch.no_grad():
+            memory, cache = model.encode(src, memory_mask), model.new_cache()
+            for t in range(len(tgt)):
+                h = model.decode(torch.tensor([tgt[t : t + 1]]), memory, memory_mask, cache, t)
+                mean = sum(
+                    torch.log_softmax(m(src, torch.tensor([tgt[: t + 1]]), memory_mask), -1)
+                    for m in members
+                )[0, -1] / len(members)
+                torch.testing.assert_close(model.project(h[:, -1])[0], mean, atol=1e-5, rtol=0)
+    single = [Translator.load(p, "cpu").translate(src_lines, beam=1) for p in paths]
+    assert single[0] != single[1]  # the members differ, so the mean is not one of them

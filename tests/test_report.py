@@ -40,3 +40,69 @@ def test_report_has_every_section_and_renders(tiny_run, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 20_000
+
+
+def _tables(page: str) -> list[list[list[str]]]:
+    """Every <table> of the page as rows of cell texts (header row first)."""
+    from html.parser import HTMLParser
+
+    tables: list[list[list[str]]] = []
+
+    class Cells(HTMLParser):
+        in_cell = False
+
+        def handle_starttag(self, tag, attrs):
+            if tag == "table":
+                tables.append([])
+            elif tag == "tr":
+                tables[-1].append([])
+            elif tag in ("td", "th"):
+                tables[-1][-1].append("")
+                self.in_cell = True
+
+        def handle_endtag(self, tag):
+            if tag in ("td", "th"):
+                self.in_cell = False
+
+        def handle_data(self, data):
+            if self.in_cell:
+                tables[-1][-1][-1] += data
+
+    Cells().feed(page)
+    return tables
+
+
+def test_the_reports_numbers_are_mt_evals(tiny_run, tmp_path):
+    """The test scores and the comparison with a baseline, read back from the page, equal
+    `mt eval`'s on the same model, files and baseline (p-values with 4 decimals)."""
+    import json
+
+    data = tiny_run.parent / "data"
+    baseline = tiny_run / "step_30.pt"
+    page = tmp_path / "r.html"
+    proc = run_mt("report", tiny_run, "--baseline", baseline, "-o", page)
+    assert proc.returncode == 0, proc.stderr
+    tables = _tables(page.read_text())
+    scores = next(t for t in tables if t[0][:2] == ["metric", "score"])
+    one = run_mt("eval", tiny_run, "--src", data / "test.src", "--ref", data / "test.tgt", "--json")
+    assert one.returncode == 0, one.stderr
+    expected = json.loads(one.stdout)
+    got = {row[0]: row[1] for row in scores[1:]}
+    for key, name in (("bleu", "BLEU"), ("chrf", "chrF"), ("chrf_pp", "chrF++"), ("ter", "TER")):
+        assert got[name] == f"{expected[key]:.2f}", name
+    paired = next(t for t in tables if t[0][0] == "system")
+    both = run_mt(
+        "eval", baseline, tiny_run, "--src", data / "test.src", "--ref", data / "test.tgt",
+        "--json",
+    )  # fmt: skip
+    assert both.returncode == 0, both.stderr
+    rows = json.loads(both.stdout)["systems"]
+    header = paired[0]
+    assert "BLEU p (bootstrap)" in header and "chrF p (AR)" in header
+    base_row, this_row = (dict(zip(header, r, strict=True)) for r in paired[1:])
+    assert base_row["BLEU p (bootstrap)"] == "baseline"
+    for metric, name in (("bleu", "BLEU"), ("chrf", "chrF")):
+        assert base_row[name] == f"{rows[0][metric]:.2f}"
+        assert this_row[name] == f"{rows[1][metric]:.2f}"
+        assert this_row[f"{name} p (bootstrap)"] == f"{rows[1][metric + '_p_bs']:.4f}"
+        assert this_row[f"{name} p (AR)"] == f"{rows[1][metric + '_p_ar']:.4f}"

@@ -195,9 +195,25 @@ def build_report(
     )
 
 
-# the columns of the table against a baseline
-_PAIRED = ["system", "bleu", "bleu_ci", "bleu_p_bs", "bleu_p_ar"]
-_PAIRED += [c.replace("bleu", "chrf") for c in _PAIRED[1:]]
+def _paired_rows(rows: list[dict]) -> tuple[list[dict], list[str]]:
+    """paired_significance's rows as `mt eval` prints them: scores with 2 decimals, p-values
+    with 4 ("baseline" on its own row), under readable column names."""
+    out, columns = [], ["system"]
+    for name in ("BLEU", "chrF"):
+        columns += [name, f"{name} mean ± 95% CI", f"{name} p (bootstrap)", f"{name} p (AR)"]
+    for i, r in enumerate(rows):
+        row = {"system": r["system"]}
+        for metric, name in (("bleu", "BLEU"), ("chrf", "chrF")):
+            row[name] = r[metric]
+            row[f"{name} mean ± 95% CI"] = f"{r[metric + '_mean']:.2f} ± {r[metric + '_ci']:.2f}"
+            bs, ar = (
+                ("baseline", "")
+                if i == 0
+                else (f"{r[metric + '_p_bs']:.4f}", f"{r[metric + '_p_ar']:.4f}")
+            )
+            row[f"{name} p (bootstrap)"], row[f"{name} p (AR)"] = bs, ar
+        out.append(row)
+    return out, columns
 
 
 def _test_sections(
@@ -222,6 +238,11 @@ def _test_sections(
     if baseline is not None:
         base = Translator.load(baseline, device).translate(src_lines)
         systems = [(f"baseline {baseline}", base), (f"this run {run_dir}", hyps)]
-        rows = paired_significance(systems, refs)
-        parts += ["<h2>Against the baseline</h2>", _table(rows, _PAIRED)]
+        rows, columns = _paired_rows(paired_significance(systems, refs))
+        parts += [
+            "<h2>Against the baseline</h2>",
+            _table(rows, columns),
+            "<p class='small'>p: the probability of a difference at least this large by chance "
+            "(paired bootstrap, 1,000 resamples; approximate randomisation, 10,000 trials)</p>",
+        ]
     return parts
