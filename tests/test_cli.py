@@ -392,6 +392,9 @@ def test_first_hour_mistakes_with_models_and_inputs_are_one_clear_line(tmp_path,
             (("translate", tiny_run, "--device", "cuda", "-i", src, "-o", out), flag),
             (("eval", tiny_run, "--src", src, "--ref", src, "--device", "cuda"), flag),
         ]
+    cases.append(  # mask-predict's knobs on a model that searches
+        (("translate", tiny_run, "-i", src, "--nat-iterations", "4"), ["apply to model.arch nat"])
+    )
     for args, needles in cases:
         proc = run_mt(*args)
         assert_user_error(proc, *needles)

@@ -17,7 +17,7 @@ from mt.objectives.nat import (
     targets_of,
 )
 from mt.tokens import BOS, EOS, MASK, PAD
-from tests.conftest import ROOT, make_src, run_mt
+from tests.conftest import ROOT, assert_user_error, make_src, run_mt
 
 
 def _model():
@@ -137,6 +137,25 @@ def test_nat_trains_and_translates_from_the_cli(tmp_path):
     out = run_mt("translate", tmp_path / "nat", input="mi lo ka\n\ntu\n")
     assert out.returncode == 0 and len(out.stdout.split("\n")) == 4, out.stderr
     assert "mask-predict, 2 iterations" in out.stderr
+    # the flags reach mask_predict: the CLI's output is the library's for the same knobs
+    from mt.decode.translator import Translator
+
+    lines = ["mi lo ka", "tu", "ka ka mi lo"]
+    t = Translator.load(tmp_path / "nat", "cpu")
+    for flags, knobs in (
+        (["--nat-iterations", "1", "--nat-length-beam", "1"], (1, 1)),
+        ([], (2, 3)),
+    ):
+        out = run_mt("translate", tmp_path / "nat", *flags, input="\n".join(lines) + "\n")
+        assert out.returncode == 0, out.stderr
+        assert f"mask-predict, {knobs[0]} iterations, {knobs[1]} candidate lengths" in out.stderr
+        expected = t.with_options(nat_iterations=knobs[0], nat_length_beam=knobs[1])
+        assert out.stdout.splitlines() == expected.translate(lines)
+    for flag in (["--beam", "3"], ["--greedy"], ["--length-penalty", "0.6"]):
+        assert_user_error(run_mt("translate", tmp_path / "nat", *flag, input="tu\n"), "--nat-")
+    ar = run_mt("eval", tmp_path / "nat", "--src", tmp_path / "d/test.src", "--ref",
+                tmp_path / "d/test.tgt", "--beam", "2")  # fmt: skip
+    assert_user_error(ar, "mask-predict", "--nat-length-beam")
     bad = run_mt(
         "train",
         ROOT / "configs/tiny.yaml",
@@ -154,8 +173,8 @@ def test_nat_trains_and_translates_from_the_cli(tmp_path):
 class ScriptedNAT:
     """A stand-in for the NAT model: predict_length ranks lengths as LENGTH_ORDER says; at
     position j of a candidate of length L the decoder predicts token WORD + j with probability
-    BASE[L] * WEIGHT[j] (the rest on token OTHER), whatever it reads; every decoder input is
-    recorded, so a test sees which positions each pass hid."""
+    BASE[L] * WEIGHT[j] (the rest spread over tokens OTHER..V-1), whatever it reads; every
+    decoder input is recorded, so a test sees which positions each pass hid."""
 
     WORD, OTHER, V = 10, 30, 40
     WEIGHT = (0.99, 0.80, 0.95, 0.70, 0.90, 0.75, 0.85, 0.97, 0.65, 0.88)  # by position
@@ -181,7 +200,7 @@ class ScriptedNAT:
             for j in range(length):
                 p = self.base[length] * self.WEIGHT[j]
                 lprobs[r, j, self.WORD + j] = math.log(p)
-                lprobs[r, j, self.OTHER] = math.log(1 - p)
+                lprobs[r, j, self.OTHER :] = math.log((1 - p) / (self.V - self.OTHER))
         return lprobs
 
     def project(self, h):
@@ -214,17 +233,33 @@ def test_mask_predict_hides_the_least_confident_tokens_n_times_l_t_minus_t_over_
             assert (tokens[r, length:] == PAD).all()
 
 
-def test_mask_predict_keeps_the_candidate_with_the_best_mean_log_probability():
-    lengths = [5, 7, 6]  # the predictor prefers 5
-    base = {5: 0.6, 7: 0.95, 6: 0.8}  # but every token of the length-7 candidate is surer
-    _, out = _scripted_run(3, lengths, base)
-    expected = {
-        n: sum(math.log(base[n] * ScriptedNAT.WEIGHT[j]) for j in range(n)) / n for n in lengths
-    }
-    best = max(expected, key=expected.get)
-    assert best == 7 and out == [ScriptedNAT.WORD + j for j in range(best)]
-    _, out = _scripted_run(3, lengths, {5: 0.99, 7: 0.6, 6: 0.8})
-    assert out == [ScriptedNAT.WORD + j for j in range(5)]
+def _expected_winner(lengths: list[int], base: dict[int, float]) -> int:
+    """The candidate Mask-Predict should keep, computed here: the mean log-probability of its
+    tokens plus the length predictor's log-probability of its length."""
+    logits = ScriptedNAT(lengths, base).predict_length(torch.zeros(1, 1, 4), None)[0, 1:]
+    length_lp = torch.log_softmax(logits, -1)
+
+    def score(n):
+        tokens = sum(math.log(base[n] * ScriptedNAT.WEIGHT[j]) for j in range(n)) / n
+        return tokens + float(length_lp[n - 1])
+
+    return max(lengths, key=score)
+
+
+def test_mask_predict_keeps_the_candidate_with_the_best_score():
+    """Label smoothing caps every token's probability, so a candidate a word short or long can
+    tie with the right one on its tokens alone: the length predictor's log-probability joins
+    the mean token log-probability (a length beam of 3 lost 8 BLEU on the synthetic task
+    without it)."""
+    lengths = [5, 7, 6]  # the predictor prefers 5, by one logit over 7
+    for base, winner in (
+        ({5: 0.6, 7: 0.95, 6: 0.8}, 5),  # 7's surer tokens do not outweigh the length term
+        ({5: 0.3, 7: 0.95, 6: 0.8}, 7),  # these do
+        ({5: 0.99, 7: 0.6, 6: 0.8}, 5),
+    ):
+        assert _expected_winner(lengths, base) == winner
+        _, out = _scripted_run(3, lengths, base)
+        assert out == [ScriptedNAT.WORD + j for j in range(winner)], base
 
 
 def test_mask_predict_takes_the_length_beam_likeliest_lengths():

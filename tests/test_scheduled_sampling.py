@@ -16,7 +16,7 @@ from mt.objectives.scheduled_sampling import (
     mixed_input,
 )
 from mt.tokens import BOS, PAD
-from tests.conftest import ROOT, make_src, run_mt
+from tests.conftest import make_src, run_mt
 
 
 @pytest.mark.parametrize(
@@ -109,23 +109,28 @@ def test_gold_probability_zero_feeds_the_first_pass_predictions():
     assert torch.equal(seen[0], expected) and not torch.equal(seen[0], batch.tgt_in)
 
 
-def test_training_with_scheduled_sampling_runs_from_the_cli(tmp_path):
-    for arch in ("transformer", "rnn"):
-        proc = run_mt(
-            "train",
-            ROOT / "configs/tiny.yaml",
-            "--run-dir",
-            tmp_path / arch,
-            "--set",
-            f"data.dir={tmp_path / 'd'}",
-            f"model.arch={arch}",
-            "train.max_steps=6",
-            "train.valid_every=6",
-            "train.scheduled_sampling.schedule=linear",
-            "train.scheduled_sampling.k=1.0",
-            "train.scheduled_sampling.c=0.1",
-        )
+def test_training_with_scheduled_sampling_from_the_cli(tmp_path):
+    """Through `mt train`: gold probability 1 (c = 0) trains exactly as teacher forcing; gold
+    probability 0 from the first update (c = 1) feeds predictions and learns otherwise."""
+    import json
+
+    def losses(run, arch, *ss):
+        args = [f"data.dir={tmp_path / 'd'}", f"model.arch={arch}", "train.max_steps=6"]
+        args += ["train.valid_every=6", "train.log_every=1", "train.average_last=0"]
+        proc = run_mt("train", "tiny", "--run-dir", tmp_path / run, "--set", *args, *ss)
         assert proc.returncode == 0, proc.stderr
+        log = (tmp_path / run / "train_log.jsonl").read_text().splitlines()
+        return [r["loss"] for r in map(json.loads, log) if "loss" in r]
+
+    linear = ["train.scheduled_sampling.schedule=linear", "train.scheduled_sampling.k=1.0"]
+    for arch in ("transformer", "rnn"):
+        plain = losses(f"{arch}-plain", arch)
+        sampled = losses(f"{arch}-p0", arch, *linear, "train.scheduled_sampling.c=1.0")
+        assert len(plain) == len(sampled) == 6
+        assert sampled[0] == pytest.approx(plain[0], abs=1e-4)  # step 0: p = 1
+        assert all(abs(a - b) > 1e-3 for a, b in zip(plain[2:], sampled[2:], strict=True))
+    forced = losses("transformer-p1", "transformer", *linear, "train.scheduled_sampling.c=0.0")
+    assert forced == losses("transformer-plain-again", "transformer")
 
 
 class ScriptedDecoder:

@@ -23,6 +23,12 @@ def translate_cmd(
     greedy: bool = typer.Option(False, "--greedy", help="greedy search (= --beam 1)"),
     length_penalty: float | None = typer.Option(None, "--length-penalty", min=0.0),
     nbest: int = typer.Option(1, "--nbest", min=1, help="N best per line: LINE TAB SCORE TAB TEXT"),
+    nat_iterations: int | None = typer.Option(
+        None, "--nat-iterations", min=1, help="model.arch nat: mask-predict's passes"
+    ),
+    nat_length_beam: int | None = typer.Option(
+        None, "--nat-length-beam", min=1, help="model.arch nat: candidate lengths"
+    ),
     sample: bool = typer.Option(False, "--sample", help="draw each token instead of searching"),
     temperature: float = typer.Option(
         1.0, "--temperature", help="--sample: <1 sharper, >1 flatter"
@@ -60,7 +66,9 @@ def translate_cmd(
     paths = [checkpoint.resolve(m) for m in models]
     check_input_output(input, output, force, paths)
     choose_threads(0, _err)
-    translator = Translator.load(paths, device, precision)
+    translator = Translator.load(paths, device, precision).with_options(
+        1 if greedy else beam, length_penalty, nat_iterations, nat_length_beam
+    )
     options = {"beam": 1 if greedy else beam, "length_penalty": length_penalty, "prefix": prefix}
     _err(translator.describe(paths, options, nbest, sampling))
     if (
@@ -89,6 +97,12 @@ def eval_cmd(
     ),
     beam: int | None = typer.Option(None, "--beam", min=1),
     length_penalty: float | None = typer.Option(None, "--length-penalty", min=0.0),
+    nat_iterations: int | None = typer.Option(
+        None, "--nat-iterations", min=1, help="model.arch nat: mask-predict's passes"
+    ),
+    nat_length_beam: int | None = typer.Option(
+        None, "--nat-length-beam", min=1, help="model.arch nat: candidate lengths"
+    ),
     ci: bool = typer.Option(
         False, "--ci", help="bootstrap 95% confidence intervals (1,000 resamples)"
     ),
@@ -125,6 +139,8 @@ def eval_cmd(
         src,
         beam=beam,
         length_penalty=length_penalty,
+        nat_iterations=nat_iterations,
+        nat_length_beam=nat_length_beam,
         device=device,
         precision=precision,
     )

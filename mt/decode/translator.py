@@ -108,6 +108,38 @@ class Translator:
             decode_dtype(precision, run.precision, dev),
         )
 
+    @property
+    def non_autoregressive(self) -> bool:
+        return bool(getattr(self.model, "non_autoregressive", False))
+
+    def with_options(
+        self,
+        beam: int | None = None,
+        length_penalty: float | None = None,
+        nat_iterations: int | None = None,
+        nat_length_beam: int | None = None,
+    ) -> Translator:
+        """This translator with decoding options a user asked for, refused where the model
+        does not use them (a beam for mask-predict, mask-predict's knobs for a search): an
+        option is never silently ignored. beam and length_penalty only checked here (they are
+        passed to translate); the NAT's knobs replace the config's."""
+        if self.non_autoregressive and (beam is not None or length_penalty is not None):
+            raise MTError(
+                "--beam, --greedy and --length-penalty: this model (model.arch nat) decodes by "
+                "mask-predict; set --nat-length-beam (candidate lengths) and --nat-iterations"
+            )
+        nat = {"nat_iterations": nat_iterations, "nat_length_beam": nat_length_beam}
+        nat = {k: v for k, v in nat.items() if v is not None}
+        if nat and not self.non_autoregressive:
+            raise MTError(
+                "--nat-iterations and --nat-length-beam apply to model.arch nat runs; this model "
+                "searches autoregressively: use --beam and --length-penalty"
+            )
+        if not nat:
+            return self
+        cfg = self.cfg.model_copy(update=nat)
+        return Translator(self.model, self.tokenizer, cfg, self.device, self.amp_dtype)
+
     def describe(
         self,
         paths: list[Path],
@@ -120,7 +152,7 @@ class Translator:
         b = options.get("beam") or self.cfg.beam
         lp = options.get("length_penalty")
         lp = self.cfg.length_penalty if lp is None else lp
-        if getattr(self.model, "non_autoregressive", False):
+        if self.non_autoregressive:
             how = (
                 f"mask-predict, {self.cfg.nat_iterations} iterations, "
                 f"{self.cfg.nat_length_beam} candidate lengths"

@@ -12,7 +12,8 @@ from mt.evaluate.metrics import full_scores, lc_tok_bleu
 
 def systems(models: list[Path], hyps: list[Path], src: Path | None, **decode) -> list:
     """[(name, hypotheses)] in the order given: hypothesis files, or each model's
-    translation of `src` (decode: beam, length_penalty, device, precision)."""
+    translation of `src` (decode: beam, length_penalty, nat_iterations, nat_length_beam,
+    device, precision)."""
     if hyps and models:
         raise MTError("give --hyp files or models with --src, not both")
     if hyps:
@@ -23,10 +24,13 @@ def systems(models: list[Path], hyps: list[Path], src: Path | None, **decode) ->
 
     lines = read_lines(src)
     device, precision = decode.pop("device"), decode.pop("precision")
-    return [
-        (str(m), Translator.from_checkpoint(m, device, precision).translate(lines, **decode))
-        for m in models
-    ]
+    nat = {k: decode.pop(k, None) for k in ("nat_iterations", "nat_length_beam")}
+    out = []
+    for m in models:
+        t = Translator.from_checkpoint(m, device, precision)
+        t = t.with_options(decode.get("beam"), decode.get("length_penalty"), **nat)
+        out.append((str(m), t.translate(lines, **decode)))
+    return out
 
 
 def one_system(hyps: list[str], refs: list[str], ci: bool, moses_lang: str | None) -> dict:
