@@ -301,6 +301,12 @@ class DecodeConfig(_Section):
     nat_iterations: int = Field(10, ge=1)
     nat_length_beam: int = Field(3, ge=1)
     max_tokens: int = Field(4000, ge=16, description="source tokens per translation batch")
+    device_search: Literal["auto", "always", "never"] = Field(
+        "auto",
+        description="search whose bookkeeping stays on the device, the host looking every 8 "
+        "steps (mt/decode/device_search.py): auto = on a GPU (on a CPU the search that drops "
+        "finished sentences at every step is faster); the same hypotheses either way",
+    )
     # At the end of `mt train`: try these beams x length penalties on the valid split with
     # best.pt and store the best pair in it (mt translate then uses it). Empty: no tuning.
     tune_beams: list[int] = Field(default_factory=list)

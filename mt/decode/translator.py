@@ -17,6 +17,7 @@ from mt.artifacts import checkpoint
 from mt.config import DecodeConfig
 from mt.data.batching import pad_sources, token_batches
 from mt.data.tokenizer import Tokenizer
+from mt.decode.device_search import beam_nbest_on_device
 from mt.decode.mask_predict import mask_predict
 from mt.decode.sampling import Sampling
 from mt.decode.search import beam_nbest, greedy, max_lengths, sampler
@@ -107,6 +108,12 @@ class Translator:
             dev,
             decode_dtype(precision, run.precision, dev),
         )
+
+    @property
+    def searches_on_device(self) -> bool:
+        """decode.device_search: the search of mt/decode/device_search.py (auto: on a GPU)."""
+        choice = self.cfg.device_search
+        return choice == "always" or (choice == "auto" and self.device.type == "cuda")
 
     @property
     def non_autoregressive(self) -> bool:
@@ -262,6 +269,13 @@ class Translator:
             return self._mask_predict(src, mask)
         lp = c.length_penalty if length_penalty is None else length_penalty
         lengths = (c.max_len_a, c.max_len_b)
+        if self.searches_on_device and sampling is None:  # greedy too: beam 1 is greedy
+            found = beam_nbest_on_device(
+                self.model, src, mask, beam, nbest, lp, *lengths, use_cache, forced=forced
+            )
+            if beam == 1:  # greedy's outputs carry no score
+                return [[(h, None) for h, _ in hyps] for hyps in found]
+            return cast(list[list[tuple[list[int], float | None]]], found)
         if sampling is not None or (beam == 1 and nbest == 1):
             s = sampling
             pick = None if s is None else sampler(s.temperature, s.topk, s.topp, generator)

@@ -1,0 +1,176 @@
+"""Beam search whose bookkeeping stays on the device: the host looks at the search every
+`check_every` steps, not at every step and never per sentence.
+
+mt/decode/search.py's beam search asks the host at every step which candidates ended (a
+`nonzero`, a Python loop over them, the finished lists) and which sentences are done: on a GPU
+each of those waits for the device, so the step's launches never run ahead of its arithmetic.
+Here a step is tensor operations only:
+
+- finished hypotheses go into preallocated (B, K) scores and lengths and (B, K, max_len)
+  tokens, each sentence's next free slot computed from a running count (finishing is the same
+  rule: the EOS candidates among a sentence's top K, until it has K);
+- a sentence that is done stays in the batch, frozen (it finishes nothing more), until the
+  next check, where one read of the done flags ends the search or drops the done sentences;
+- the scores are length-normalised on the host at the end, as search.py does, so both return
+  the same hypotheses with the same scores.
+
+The decoder step and its cache are the model's, as in search.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from mt.decode.search import (
+    _beam_start,
+    _best_live,
+    _first_step_lprobs,
+    _step_lprobs,
+    _topk_rows,
+    max_lengths,
+)
+from mt.model import Seq2Seq, reorder_cache
+from mt.tokens import EOS
+
+CHECK_EVERY = 8  # steps between the host's looks at the search (one sync each)
+
+
+def _constrain(
+    lprobs: torch.Tensor, step: int, min_len: int, at_limit: torch.Tensor, forced: Sequence[int]
+) -> torch.Tensor:
+    """search.py's constraints without reading a value on the host: no EOS before `min_len`
+    tokens, only EOS in the rows at their length limit (at_limit (N,) bool), the forced prefix
+    while it lasts. Returns the constrained (N, V)."""
+    if step < min_len:
+        lprobs[:, EOS] = -float("inf")
+    eos_only = torch.full_like(lprobs[:1], -float("inf"))
+    eos_only[:, EOS] = 0.0
+    lprobs = torch.where(at_limit[:, None], eos_only, lprobs)
+    if step < len(forced):
+        keep = lprobs[:, forced[step]].clone()
+        lprobs.fill_(-float("inf"))
+        lprobs[:, forced[step]] = keep
+    return lprobs
+
+
+class Finished:
+    """Each sentence's finished hypotheses, on the device: raw scores (B, K), lengths (B, K)
+    and tokens (B, K, max_len), filled in the order search.py appends them; slot K of each
+    sentence takes the writes that are not kept (so no write needs a host-side index)."""
+
+    def __init__(self, b: int, k: int, max_len: int, dev: torch.device):
+        self.k = k
+        self.raw = torch.full((b, k + 1), -float("inf"), device=dev)
+        self.length = torch.zeros((b, k + 1), dtype=torch.long, device=dev)
+        self.tokens = torch.zeros((b, k + 1, max(max_len, 1)), dtype=torch.long, device=dev)
+        self.count = torch.zeros(b, dtype=torch.long, device=dev)
+
+    def add(self, step, alive, frozen, hyps, top_scores, top_beam, top_tok) -> None:
+        """The EOS candidates among each live sentence's top K (best first), up to K per
+        sentence; `frozen` (n,) sentences add nothing. hyps: (n * K, step + 1), BOS first."""
+        k = self.k
+        n = alive.shape[0]
+        is_eos = (top_tok[:, :k] == EOS) & (top_scores[:, :k] > -float("inf")) & ~frozen[:, None]
+        slot = self.count[alive][:, None] + is_eos.long().cumsum(1) - 1  # (n, K)
+        keep = is_eos & (slot < k)
+        slot = torch.where(keep, slot, k)  # the spare slot
+        sent = alive[:, None].expand(n, k)
+        self.raw[sent, slot] = top_scores[:, :k]
+        self.length[sent, slot] = step
+        if step:
+            rows = torch.arange(n, device=alive.device)[:, None] * k + top_beam[:, :k]
+            self.tokens[sent, slot, :step] = hyps[rows.reshape(-1), 1:].view(n, k, step)
+        self.count.index_add_(0, alive, keep.sum(1))
+
+    def best(self, nbest: int, length_penalty: float) -> list[list[tuple[list[int], float]]]:
+        """Per sentence its `nbest` (ids, score), best first: four reads of the device."""
+        raw, length = self.raw.tolist(), self.length.tolist()
+        tokens, count = self.tokens.tolist(), self.count.tolist()
+        out = []
+        for s, n in enumerate(count):
+            found = [
+                (raw[s][j] / (length[s][j] + 1) ** length_penalty, tokens[s][j][: length[s][j]])
+                for j in range(n)
+            ]
+            found.sort(key=lambda x: -x[0])  # stable: as search.py's sorted()
+            out.append([(ids, score) for score, ids in found[:nbest]])
+        return out
+
+
+@torch.no_grad()
+def beam_nbest_on_device(
+    model: Seq2Seq,
+    src: torch.Tensor,
+    src_pad_mask: torch.Tensor,
+    beam: int,
+    nbest: int,
+    length_penalty: float = 1.0,
+    max_len_a: float = 1.5,
+    max_len_b: int = 10,
+    use_cache: bool = True,
+    min_len: int = 0,
+    forced: Sequence[int] = (),
+    check_every: int = CHECK_EVERY,
+) -> list[list[tuple[list[int], float]]]:
+    """search.beam_nbest's results (the same rule: of each step's top 2K extensions, the EOS
+    ones among the top K finish, the best K others stay live), with the host reading the
+    search once every `check_every` steps (see the module's docstring)."""
+    b, k, dev = src.shape[0], beam, src.device
+    memory_once = model.encode(src, src_pad_mask)  # (B, S, D)
+    per_sentence = use_cache and model.cross_cache_per_sentence
+    memory = memory_once if per_sentence else memory_once.repeat_interleave(k, 0)
+    pad_mask = src_pad_mask.repeat_interleave(k, 0)
+    limits = max_lengths(src_pad_mask, max_len_a, max_len_b, model.max_positions - 1, len(forced))
+    steps = int(limits.max())
+    scores, hyps, alive = _beam_start(b, k, dev)
+    finished = Finished(b, k, steps, dev)
+    done = torch.zeros(b, dtype=torch.bool, device=dev)  # (n,): frozen until the next check
+    cache = model.new_cache() if use_cache else None
+    for step in range(steps):
+        if step == 0 and use_cache:
+            lprobs = _first_step_lprobs(model, memory_once, src_pad_mask, cache, k, per_sentence)
+        else:
+            prefix = None if use_cache else hyps
+            lprobs = _step_lprobs(model, hyps[:, -1:], memory, pad_mask, cache, step, prefix)
+        v = lprobs.shape[-1]
+        at_limit = (step + 1 >= limits[alive]).repeat_interleave(k)
+        lprobs = _constrain(lprobs, step, min_len, at_limit, forced)
+        cand = lprobs.view(-1, k, v).add_(scores[:, :, None]).view(-1, k * v)  # (n, KV)
+        top_scores, top_idx = _topk_rows(cand, min(2 * k, k * v))  # (n, 2K)
+        top_beam, top_tok = top_idx // v, top_idx % v
+        finished.add(step, alive, done, hyps, top_scores, top_beam, top_tok)
+        scores, src_rows, new_tok = _best_live(top_scores, top_beam, top_tok, k)
+        hyps = torch.cat([hyps.index_select(0, src_rows), new_tok], dim=1)
+        done = (finished.count[alive] >= k) | (step + 1 >= limits[alive])
+        last = step + 1 == steps
+        if cache is not None and not last:
+            reorder_cache(cache, src_rows, cross=False)
+        if last or (step + 1) % check_every:
+            continue
+        keep = [i for i, d in enumerate(done.tolist()) if not d]  # the one read of the check
+        if not keep:
+            break
+        if len(keep) < len(done):  # drop the done sentences
+            alive, scores, hyps, pad_mask, memory, done = _keep(
+                torch.tensor(keep, device=dev), k, per_sentence, cache, alive, scores, hyps,
+                pad_mask, memory, done,
+            )  # fmt: skip
+    return finished.best(nbest, length_penalty)
+
+
+def _keep(keep_sent, k, per_sentence, cache, alive, scores, hyps, pad_mask, memory, done):
+    """The search state of the sentences `keep_sent` (indices of the live ones)."""
+    keep_rows = (keep_sent[:, None] * k + torch.arange(k, device=keep_sent.device)).view(-1)
+    memory = memory[keep_sent] if per_sentence else memory[keep_rows]
+    if cache is not None:
+        reorder_cache(cache, keep_rows, cross=keep_sent if per_sentence else True)
+    return (
+        alive[keep_sent],
+        scores[keep_sent],
+        hyps[keep_rows],
+        pad_mask[keep_rows],
+        memory,
+        done[keep_sent],
+    )

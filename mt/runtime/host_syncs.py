@@ -1,0 +1,69 @@
+"""Counting the places where Python waits for a tensor's values (a host sync on a GPU): every
+`.item()`, `.tolist()`, `bool()`/`int()`/`float()` of a tensor, `nonzero()`, and indexing with
+a boolean mask (whose result's size depends on the values). On a GPU each one stalls the host
+until the device has caught up, so a decoding or training step written to stay on the device
+keeps them out of its loop. They are counted the same way on the CPU, where a test can see
+them without a GPU:
+
+    with HostSyncs() as syncs:
+        beam_nbest(model, src, mask, 5, 1)
+    print(syncs.count, syncs.where)
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections import Counter
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+_READS = {
+    torch.Tensor.item,
+    torch.Tensor.tolist,
+    torch.Tensor.__bool__,
+    torch.Tensor.__int__,
+    torch.Tensor.__float__,
+    torch.Tensor.__index__,
+    torch.Tensor.nonzero,
+    torch.nonzero,
+    torch.Tensor.masked_select,
+    torch.masked_select,
+}
+
+
+def _bool_index(args) -> bool:
+    index = args[1] if len(args) > 1 else None
+    items = index if isinstance(index, tuple) else (index,)
+    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in items)
+
+
+class HostSyncs(TorchFunctionMode):
+    """A context that counts host syncs (see the module's docstring); `where` counts them by
+    the line of mt's code that made them."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+        self.where: Counter[str] = Counter()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        reads = func in _READS or (
+            func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__) and _bool_index(args)
+        )
+        if reads and not (func in (torch.Tensor.nonzero, torch.nonzero) and _sized(kwargs)):
+            self.count += 1
+            self.where[_caller()] += 1
+        return func(*args, **kwargs)
+
+
+def _sized(kwargs: dict) -> bool:
+    return kwargs.get("size") is not None  # nonzero(size=n) needs no sync
+
+
+def _caller() -> str:
+    for frame in reversed(traceback.extract_stack()):
+        if "/mt/" in frame.filename and "host_syncs" not in frame.filename:
+            return f"{frame.filename.split('/mt/')[-1]}:{frame.lineno}"
+    return "?"

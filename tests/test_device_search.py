@@ -1,0 +1,93 @@
+"""The search that keeps its bookkeeping on the device (mt/decode/device_search.py) gives the
+hypotheses and scores of the search that drops finished sentences at every step
+(mt/decode/search.py), and reads the device at most once per 8 steps."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from mt.data.batching import pad_sources
+from mt.data.synthetic import generate
+from mt.decode.device_search import CHECK_EVERY, beam_nbest_on_device
+from mt.decode.search import beam_nbest, max_lengths
+from mt.decode.translator import Translator
+from mt.runtime.host_syncs import HostSyncs
+from mt.tokens import EOS, PAD
+from tests.test_search import ScriptedModel, _table
+
+
+def _same(a, b, tol=1e-5):
+    """The same hypotheses in the same order, scores within `tol` (a batch whose size differs
+    rounds a matrix product differently in its last bit)."""
+    assert [[ids for ids, _ in s] for s in a] == [[ids for ids, _ in s] for s in b]
+    for sa, sb in zip(a, b, strict=True):
+        for (_, x), (_, y) in zip(sa, sb, strict=True):
+            assert abs(x - y) <= tol * max(1.0, abs(x)), (x, y)
+
+
+@pytest.mark.parametrize("beam", [1, 2, 3, 5, 10])
+def test_the_scripted_model_gets_the_same_nbest_lists(beam):
+    src = torch.tensor([[4, 5, EOS, PAD], [6, 4, 5, EOS], [5, EOS, PAD, PAD]])
+    for seed in range(6):
+        model = ScriptedModel(_table(seed))
+        for lp, nbest in ((1.0, 1), (0.6, beam), (2.0, min(2, beam))):
+            args = (model, src, src == PAD, beam, nbest, lp, 1.0, 4)
+            assert beam_nbest_on_device(*args) == beam_nbest(*args), (seed, lp)
+            prefix = {"forced": [5, 4]}
+            assert beam_nbest_on_device(*args, **prefix) == beam_nbest(*args, **prefix)
+
+
+def _batch(translator, n=40, seed=1):
+    lines, _ = generate(n, seed=seed)
+    ids = translator._source_ids(lines)
+    src = pad_sources([np.asarray(x, dtype=np.int64) for x in ids])
+    return src, src == PAD
+
+
+@pytest.mark.parametrize("beam", [1, 2, 5, 10])
+def test_a_trained_model_gets_the_same_hypotheses(tiny_run, beam):
+    t = Translator.load(tiny_run, "cpu")
+    src, mask = _batch(t)
+    for nbest, kw in ((1, {}), (beam, {}), (1, {"use_cache": False}), (1, {"forced": [5]})):
+        args = (t.model, src, mask, beam, nbest, 1.0, 1.5, 5)
+        _same(beam_nbest_on_device(*args, **kw), beam_nbest(*args, **kw))
+
+
+def test_an_ensemble_gets_the_same_hypotheses(tiny_run):
+    t = Translator.load([tiny_run / "step_30.pt", tiny_run / "step_60.pt"], "cpu")
+    src, mask = _batch(t, 24, seed=2)
+    args = (t.model, src, mask, 4, 2, 1.0, 1.5, 5)
+    _same(beam_nbest_on_device(*args), beam_nbest(*args))
+
+
+def test_the_host_reads_the_search_at_most_once_per_8_steps(tiny_run):
+    """Counted as mt/runtime/host_syncs counts them: before the loop one read of the longest
+    allowed output, in the loop one per check, after it four reads of the results."""
+    t = Translator.load(tiny_run, "cpu")
+    src, mask = _batch(t, 60, seed=3)
+    steps = int(max_lengths(mask, 1.5, 5, t.model.max_positions - 1).max())
+    for beam in (1, 5):
+        with HostSyncs() as syncs:
+            beam_nbest_on_device(t.model, src, mask, beam, 1, 1.0, 1.5, 5)
+        assert syncs.count <= 1 + math.ceil(steps / CHECK_EVERY) + 4, syncs.where
+        with HostSyncs() as before:
+            beam_nbest(t.model, src, mask, beam, 1, 1.0, 1.5, 5)
+        assert before.count > 2 * syncs.count  # what the bookkeeping on the device saves
+
+
+def test_translate_gives_the_same_translations_with_either_search(tiny_run):
+    lines, _ = generate(30, seed=4)
+    lines[3] = ""
+    host = Translator.load(tiny_run, "cpu")
+    assert not host.searches_on_device  # auto on a CPU: the batch-shrinking search
+    device = Translator(
+        host.model, host.tokenizer, host.cfg.model_copy(update={"device_search": "always"}),
+        host.device,
+    )  # fmt: skip
+    assert device.searches_on_device
+    for beam in (1, 4):
+        assert device.translate(lines, beam=beam) == host.translate(lines, beam=beam)
+    a, b = device.translate_nbest(lines, 3, beam=4), host.translate_nbest(lines, 3, beam=4)
+    assert [[x for x, _ in s] for s in a] == [[x for x, _ in s] for s in b]
