@@ -9,7 +9,8 @@
 # PARTs: cudatests (tests/test_cuda.py alone, under 2 min), probe (why the first steps are
 # slow, 1-2 min), tests (the rest of the suite, 4+ min; each failure's traceback is written to
 # OUTDIR/failures.log as it happens; PYTEST_FILES="tests/a.py tests/b.py" runs only those),
-# decode (item 5, 1 min), bench (items 2 and 3, 5 min; benchbase: only the base model's
+# decode (item 5, 1 min), gpudecode (beam-5 decoding speed: the search on the device against
+# the batch-shrinking search and HF generate, small and base models, bf16 and fp32, 4-6 min), bench (items 2 and 3, 5 min; benchbase: only the base model's
 # training throughput, 3 min, mt as `mt train` chooses (train.fast_paths auto: no mt/fast on a
 # GPU); benchref: mt without mt/fast, as a check of auto; benchfast: mt with mt/fast forced
 # on), train (item 4: the shipped En->De config for TRAIN_SECONDS, 3 min by default; the
@@ -104,6 +105,13 @@ bench|benchbase)
     timeout 80 python3 scripts/bench/bench_decode.py --data-dir data/multi30k --device cuda \
         --precision bf16 --skip-nocache
     ;;
+gpudecode)
+    step "GPU decoding: beam 5 on the 1,000 test sentences, the search on the device against the batch-shrinking one and HF generate (CTranslate2's GPU build needs CUDA 12's cuBLAS, which this machine lacks)"
+    for size in small base; do for prec in bf16 fp32; do
+        timeout "${DECODE_SECONDS:-100}" python3 scripts/bench/bench_decode.py --data-dir data/multi30k \
+            --device cuda --precision "$prec" --size "$size" --repeats 1 --skip-nocache --json
+    done; done
+    ;;
 benchref)
     step "item 2: training throughput, bf16, base, mt without its CPU fast paths"
     timeout "${BENCH_SECONDS:-200}" python3 scripts/bench/bench_train.py --device cuda --precision bf16 \
@@ -127,6 +135,6 @@ print("valid BLEU by step:", [(r["step"], r["valid_bleu"]) for r in recs if "val
 print("target tokens/s by step:", [(r["step"], round(r["tok_s"])) for r in recs if "tok_s" in r])
 EOF
     ;;
-*) echo "unknown part $part (probe cudatests tests decode bench benchbase benchref benchfast train)"; exit 2 ;;
+*) echo "unknown part $part (probe cudatests tests decode gpudecode bench benchbase benchref benchfast train)"; exit 2 ;;
 esac; done
 step done

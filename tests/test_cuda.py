@@ -209,3 +209,29 @@ def test_each_architecture_trains_resumes_translates_and_shows_attention_on_cuda
     assert len(out) == 3 and out[1] == "" and "on cuda" in proc.stderr, proc.stderr
     picture = run_mt("attention", run, "a b c", "-o", tmp_path / "attn.png", gpu=True)
     assert picture.returncode == 0 and (tmp_path / "attn.png").stat().st_size > 0, picture.stderr
+
+
+def test_the_search_on_the_device_equals_the_batch_shrinking_search_on_cuda():
+    """On the GPU: the search with its bookkeeping on the device returns the batch-shrinking
+    search's hypotheses (fp32, scores within 1e-4), reading the GPU once per 8 steps."""
+    import math
+
+    from mt.decode.device_search import CHECK_EVERY, beam_nbest_on_device
+    from mt.decode.search import beam_nbest, max_lengths
+    from mt.runtime.host_syncs import HostSyncs
+    from tests.conftest import make_model, make_src
+
+    model = make_model().to(CUDA).eval()
+    src = make_src([7, 4, 9, 5, 12, 3, 8, 6]).to(CUDA)
+    mask = src == PAD
+    steps = int(max_lengths(mask, 1.5, 10, model.max_positions - 1).max())
+    for beam, nbest in ((1, 1), (5, 1), (5, 5), (10, 3)):
+        args = (model, src, mask, beam, nbest, 1.0, 1.5, 10)
+        with HostSyncs() as syncs:
+            got = beam_nbest_on_device(*args)
+        want = beam_nbest(*args)
+        assert [[i for i, _ in s] for s in got] == [[i for i, _ in s] for s in want]
+        for sg, sw in zip(got, want, strict=True):
+            for (_, a), (_, b) in zip(sg, sw, strict=True):
+                assert abs(a - b) <= 1e-4 * max(1.0, abs(b))
+        assert syncs.count <= 1 + math.ceil(steps / CHECK_EVERY) + 4, syncs.where

@@ -1,6 +1,9 @@
 """Beam-5 decoding speed: mt's batched beam search with its key/value cache against (a) the
-same model and search without the cache and (b) Hugging Face `generate` on a MarianMTModel of
-the same size. All decode exactly --steps output tokens per sentence (EOS is suppressed until
+same model and search without the cache, (b) the search with its bookkeeping on the device
+(mt/decode/device_search.py, what `mt translate` uses on a GPU) and (c) Hugging Face
+`generate` on a MarianMTModel of the same size (and CTranslate2 with --ctranslate2, on the
+CPU: its GPU build needs CUDA 12's cuBLAS, a 554 MiB wheel that the GPU machine, with CUDA 13,
+lacks and cannot be sent). All decode exactly --steps output tokens per sentence (EOS is suppressed until
 then), so every contender does the same work.
 
     python scripts/bench/bench_decode.py --data-dir data/multi30k [--sentences 1000] [--json]
@@ -26,9 +29,18 @@ from harness import autocast, sync, take_turns
 from mt.data.batching import pad_sources
 from mt.data.corpus import read_lines
 from mt.data.tokenizer import Tokenizer
+from mt.decode.device_search import beam_nbest_on_device
 from mt.decode.search import beam_search
 from mt.model import Transformer
 from mt.tokens import BOS, EOS, PAD
+
+
+# the model decoded: the 256-d model the measurements of docs/performance.md used, and the
+# Transformer base of Vaswani et al. (2017)
+SIZES = {
+    "small": {"d_model": 256, "n_heads": 4, "layers": 3, "d_ff": 1024},
+    "base": {"d_model": 512, "n_heads": 8, "layers": 6, "d_ff": 2048},
+}
 
 
 def batches_of(ids: list[np.ndarray], size: int):
@@ -58,12 +70,17 @@ def taking_turns(decoders: dict, ids, args) -> dict:
     return take_turns(decoders, batches[:1] + batches, 1, args.device)
 
 
-def ours_decoder(model, args, use_cache: bool):
+def on_device(model, src, mask, beam, **kw):
+    """beam_search's output from the search with its bookkeeping on the device."""
+    return [found[0][0] for found in beam_nbest_on_device(model, src, mask, beam, 1, **kw)]
+
+
+def ours_decoder(model, args, use_cache: bool, search=beam_search):
     @torch.no_grad()
     def decode(src):
         src = src.to(args.device)
         with autocast(args.device, args.precision):
-            out = beam_search(
+            out = search(
                 model,
                 src,
                 src == PAD,
@@ -88,13 +105,14 @@ def ct2_decoder(model, tok, args, folder):
 
     class Converter(ctranslate2.converters.Converter):
         def _load(self):
+            z = SIZES[args.size]
             cfg = Config(
                 model=ModelConfig(
-                    d_model=256,
-                    n_heads=4,
-                    enc_layers=3,
-                    dec_layers=3,
-                    d_ff=1024,
+                    d_model=z["d_model"],
+                    n_heads=z["n_heads"],
+                    enc_layers=z["layers"],
+                    dec_layers=z["layers"],
+                    d_ff=z["d_ff"],
                     norm="post",
                     max_positions=256,
                 )
@@ -123,15 +141,16 @@ def ct2_decoder(model, tok, args, folder):
 def hf_decoder(vocab, args):
     from transformers import MarianConfig, MarianMTModel
 
+    z = SIZES[args.size]
     cfg = MarianConfig(
         vocab_size=vocab,
-        d_model=256,
-        encoder_layers=3,
-        decoder_layers=3,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=1024,
-        decoder_ffn_dim=1024,
+        d_model=z["d_model"],
+        encoder_layers=z["layers"],
+        decoder_layers=z["layers"],
+        encoder_attention_heads=z["n_heads"],
+        decoder_attention_heads=z["n_heads"],
+        encoder_ffn_dim=z["d_ff"],
+        decoder_ffn_dim=z["d_ff"],
         activation_function="relu",
         max_position_embeddings=256,
         pad_token_id=PAD,
@@ -176,15 +195,16 @@ def setup(args):
     lines = read_lines(d / f"test.{args.src}")[: args.sentences]
     ids = [np.asarray(x, dtype=np.int64) for x in tok.encode_src(lines)]
     torch.manual_seed(0)
+    z = SIZES[args.size]
     model = (
         Transformer(
             src_vocab=tok.src_vocab_size,
             tgt_vocab=tok.tgt_vocab_size,
-            d_model=256,
-            n_heads=4,
-            enc_layers=3,
-            dec_layers=3,
-            d_ff=1024,
+            d_model=z["d_model"],
+            n_heads=z["n_heads"],
+            enc_layers=z["layers"],
+            dec_layers=z["layers"],
+            d_ff=z["d_ff"],
             dropout=0.1,
             attn_dropout=0.0,
             pre_norm=False,
@@ -207,6 +227,7 @@ def main() -> None:
     ap.add_argument("--sentences", type=int, default=1000)
     ap.add_argument("--batch-size", type=int, default=50)
     ap.add_argument("--beam", type=int, default=5)
+    ap.add_argument("--size", choices=sorted(SIZES), default="small", help="the model's shape")
     ap.add_argument("--steps", type=int, default=30, help="output tokens per sentence")
     ap.add_argument(
         "--repeats", type=int, default=3, help="timed passes per cached contender (median)"
@@ -226,7 +247,9 @@ def main() -> None:
     )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    args.device = torch.device(args.device)
+    from mt.runtime.device import pick_device
+
+    args.device = pick_device(args.device, "--device")  # cuDNN attention off, as mt translate
     if args.ctranslate2 and args.device.type != "cpu":
         ap.error("--ctranslate2 is measured on the CPU only")
     tok, ids, model = setup(args)
@@ -237,11 +260,15 @@ def main() -> None:
     )
     print(
         f"{len(ids)} sentences, beam {args.beam}, batches of {args.batch_size}, {args.steps} "
-        f"output tokens each, {where}, {args.precision}"
+        f"output tokens each, the {args.size} model, {where}, {args.precision}"
     )
     result = measure(args, tok, ids, model)
     if "ratio_nocache" in result:
         print(f"speed-up over no cache: {result['ratio_nocache']:.2f}x")
+    print(
+        f"search on the device: {result['ratio_device_turns']:.2f}x the batch-shrinking "
+        f"search's speed, {result['ratio_hf_device_turns']:.2f}x HF generate's (taking turns)"
+    )
     print(
         f"speed-up over HF generate: {result['ratio_hf']:.2f}x ({result['ratio_hf_turns']:.2f}x "
         f"taking turns)"
@@ -272,7 +299,11 @@ def measure(args, tok, ids, model) -> dict:
         f"   (median of {args.repeats})"
     )
     print(f"HF Marian generate {hf:7.2f} s  {n / hf:7.1f} sent/s  {tok_s / hf:9.0f} tgt tok/s")
-    contenders = {"ours": ours_dec, "hf": hf_dec}
+    contenders = {
+        "ours": ours_dec,
+        "ours_device": ours_decoder(model, args, use_cache=True, search=on_device),
+        "hf": hf_dec,
+    }
     if args.ctranslate2:
         import tempfile
 
@@ -290,11 +321,16 @@ def measure(args, tok, ids, model) -> dict:
         "ours_s_turns": round(turns["ours"], 2),
         "hf_s_turns": round(turns["hf"], 2),
         "ratio_hf_turns": round(turns["hf"] / turns["ours"], 2),
+        "ours_device_s_turns": round(turns["ours_device"], 2),
+        "ours_device_tgt_tok_s": round(tok_s / turns["ours_device"]),
+        "ratio_device_turns": round(turns["ours"] / turns["ours_device"], 2),
+        "ratio_hf_device_turns": round(turns["hf"] / turns["ours_device"], 2),
     }
     if "ct2" in turns:
         result.update(
             ct2_s_turns=round(turns["ct2"], 2),
             ratio_ct2_turns=round(turns["ct2"] / turns["ours"], 2),
+            ratio_ct2_device_turns=round(turns["ct2"] / turns["ours_device"], 2),
         )
     if not args.skip_nocache:
         nocache = timed(ours_decoder(model, args, use_cache=False), ids, args)
