@@ -3,8 +3,8 @@ same model and search without the cache, (b) the search with its bookkeeping on 
 (mt/decode/device_search.py, what `mt translate` uses on a GPU) and (c) Hugging Face
 `generate` on a MarianMTModel of the same size (and CTranslate2 with --ctranslate2, on the
 CPU: its GPU build needs CUDA 12's cuBLAS, a 554 MiB wheel that the GPU machine, with CUDA 13,
-lacks and cannot be sent). All decode exactly --steps output tokens per sentence (EOS is suppressed until
-then), so every contender does the same work.
+lacks and cannot be sent). All decode exactly --steps output tokens per sentence (EOS is
+suppressed until then), so every contender does the same work.
 
     python scripts/bench/bench_decode.py --data-dir data/multi30k [--sentences 1000] [--json]
     python scripts/bench/bench_decode.py --data-dir data/multi30k --device cuda --precision bf16
@@ -33,7 +33,6 @@ from mt.decode.device_search import beam_nbest_on_device
 from mt.decode.search import beam_search
 from mt.model import Transformer
 from mt.tokens import BOS, EOS, PAD
-
 
 # the model decoded: the 256-d model the measurements of docs/performance.md used, and the
 # Transformer base of Vaswani et al. (2017)
