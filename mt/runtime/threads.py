@@ -75,8 +75,8 @@ def cgroup_cpu_limit() -> float | None:
     cfs quota and period), or None where there is none."""
     root = Path(CGROUP)
     try:
-        quota, period = (root / "cpu.max").read_text().split()[:2]
-        return None if quota == "max" else int(quota) / int(period)
+        v2_quota, v2_period = (root / "cpu.max").read_text().split()[:2]
+        return None if v2_quota == "max" else int(v2_quota) / int(v2_period)
     except (OSError, ValueError):
         pass
     try:
