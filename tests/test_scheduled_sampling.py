@@ -2,6 +2,7 @@
 forcing exactly when the gold probability is 1."""
 
 import itertools
+import math
 
 import pytest
 import torch
@@ -70,7 +71,9 @@ def test_gold_probability_one_is_teacher_forcing(arch, two_pass):
     ).train()
     batch = _batch()
     ss = ScheduledSamplingLoss(
-        ScheduledSamplingConfig(schedule="linear", k=1.0, c=0.0), reference_loss, two_pass
+        ScheduledSamplingConfig(schedule="linear", k=1.0, c=0.0, min_gold=1.0),
+        reference_loss,
+        two_pass,
     )
     ss.set_step(1000)
     ref, ref_nll = reference_loss(model, batch, 0.1)
@@ -129,7 +132,10 @@ def test_training_with_scheduled_sampling_from_the_cli(tmp_path):
         assert len(plain) == len(sampled) == 6
         assert sampled[0] == pytest.approx(plain[0], abs=1e-4)  # step 0: p = 1
         assert all(abs(a - b) > 1e-3 for a, b in zip(plain[2:], sampled[2:], strict=True))
-    forced = losses("transformer-p1", "transformer", *linear, "train.scheduled_sampling.c=0.0")
+    forced = losses(
+        "transformer-p1", "transformer", *linear, "train.scheduled_sampling.min_gold=1.0",
+        "train.scheduled_sampling.c=0.0",
+    )  # fmt: skip
     assert forced == losses("transformer-plain-again", "transformer")
 
 
@@ -170,11 +176,14 @@ def _gold_batch(rows=64, length=12):
     return Batch(torch.full((rows, 3), 5), tgt_in, tgt_out, int((tgt_out != PAD).sum()))
 
 
-def _step_by_step_inputs(gold_p: float, seed: int = 0):
+def _step_by_step_inputs(gold_p: float, seed: int = 0, pick: str = "argmax"):
     model, batch = ScriptedDecoder(), _gold_batch()
     c = 1.0 - gold_p  # linear k - c * step at step 1
     ss = ScheduledSamplingLoss(
-        ScheduledSamplingConfig(schedule="linear", k=1.0, c=c), reference_loss, False, seed
+        ScheduledSamplingConfig(schedule="linear", k=1.0, c=c, pick=pick),
+        reference_loss,
+        False,
+        seed,
     )
     ss.set_step(1)
     ss(model, batch, 0.0)
@@ -227,3 +236,50 @@ def test_two_pass_mixes_first_pass_predictions_at_the_scheduled_rate(gold_p):
     differ = real & (gold_in != predicted[:, :-1])  # where the two can be told apart
     share = float(from_gold[differ].float().mean())
     assert abs(share - gold_p) < 0.06, share
+
+
+def test_sampled_predictions_follow_the_model_s_distribution():
+    """pick: sample (Bengio et al.): each fed token is drawn from softmax(logits); the scripted
+    model's logits are 1 for NEXT[token] and 0 for the V - 1 others."""
+    fed, batch = _step_by_step_inputs(0.0, pick="sample")
+    real = batch.tgt_in[:, 1:] != PAD
+    nxt = torch.tensor(ScriptedDecoder.NEXT)[fed[:, :-1]]
+    share = float((fed[:, 1:] == nxt)[real].float().mean())
+    expected = math.e / (math.e + ScriptedDecoder.V - 1)  # 0.065
+    assert abs(share - expected) < 0.03, share
+    argmax, _ = _step_by_step_inputs(0.0)
+    assert not torch.equal(fed, argmax)
+
+
+def test_a_linear_schedule_that_would_never_decay_is_refused():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="would stay at k = 1"):
+        ScheduledSamplingConfig(schedule="linear", k=1.0, c=0.0)
+    assert ScheduledSamplingConfig(schedule="linear", k=1.0, c=1e-4).c == 1e-4
+    proc = run_mt(
+        "train", "tiny", "--set", "train.scheduled_sampling.schedule=linear",
+        "train.scheduled_sampling.k=1.0",
+    )  # fmt: skip
+    assert proc.returncode == 2 and "train.scheduled_sampling.c is 0" in proc.stderr
+
+
+def test_scheduled_sampling_resumes_exactly(tmp_path):
+    """Its draws are seeded by the update, so 3 updates, a stop and 3 more equal 6 straight."""
+    import json
+
+    def run(name, steps):
+        proc = run_mt(
+            "train", "tiny", "--run-dir", tmp_path / name, "--set",
+            f"data.dir={tmp_path / 'd'}", f"train.max_steps={steps}", "train.log_every=1",
+            "train.valid_every=100", "train.save_every=3", "train.average_last=0",
+            "train.scheduled_sampling.schedule=linear", "train.scheduled_sampling.k=1.0",
+            "train.scheduled_sampling.c=0.2",
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        log = (tmp_path / name / "train_log.jsonl").read_text().splitlines()
+        return [(r["step"], r["loss"]) for r in map(json.loads, log) if "loss" in r]
+
+    straight = run("straight", 6)
+    run("resumed", 3)
+    assert run("resumed", 6) == straight

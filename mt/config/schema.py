@@ -112,6 +112,11 @@ class ScheduledSamplingConfig(_Section):
     # auto: two parallel decoder passes for Transformers (Duckworth et al. 2019), the decoder
     # step by step for the RNN (Bengio et al.)
     mode: Literal["auto", "two_pass", "step_by_step"] = "auto"
+    pick: Literal["argmax", "sample"] = Field(
+        "argmax",
+        description="the model's token fed in place of the gold one: its most likely "
+        "(argmax), or one drawn from its distribution (sample, as Bengio et al.)",
+    )
 
     @model_validator(mode="after")
     def _k_fits_schedule(self) -> ScheduledSamplingConfig:
@@ -119,6 +124,12 @@ class ScheduledSamplingConfig(_Section):
             raise ValueError(
                 f"train.scheduled_sampling.k ({self.k}) must be < 1 for the "
                 f"exponential schedule (the gold probability is k ** step)"
+            )
+        if self.schedule == "linear" and self.c == 0 and self.min_gold < 1:
+            raise ValueError(
+                f"train.scheduled_sampling.c is 0: the linear schedule k - c * step would stay "
+                f"at k = {self.k:g} (teacher forcing from k = 1 up); set the decrease per "
+                f"update, e.g. c: 1.0e-4 to reach 0 after 10,000 updates"
             )
         if self.schedule == "inverse_sigmoid" and self.k < 1:
             raise ValueError(

@@ -61,11 +61,27 @@ class ScheduledSamplingLoss:
 
     def __init__(self, cfg, base_loss, two_pass: bool, seed: int = 0):
         self.cfg, self.base_loss, self.two_pass = cfg, base_loss, two_pass
-        self.step = 0
-        self.generator = torch.Generator().manual_seed(seed)
+        self.seed, self.step = seed, 0
+        self.generator = torch.Generator()
+        self.set_step(0)
 
     def set_step(self, step: int) -> None:
+        """The update about to be made: its gold probability, and its draws, seeded by
+        (seed, step) alone, so that a resumed run draws what the uninterrupted one drew (on a
+        GPU the draws are CUDA's generator's, which checkpoints keep)."""
         self.step = step
+        self.generator.manual_seed((self.seed * 1_000_003 + step) % (2**63))
+
+    def _pick(self, logits: torch.Tensor) -> torch.Tensor:
+        """The model's token for each position of logits (..., V): its most likely, or drawn
+        from its distribution (cfg.pick)."""
+        if self.cfg.pick == "argmax":
+            return logits.argmax(-1)
+        probs = torch.softmax(logits.float(), -1)
+        flat = torch.multinomial(
+            probs.reshape(-1, probs.shape[-1]), 1, generator=self._draws(probs)
+        )
+        return flat.view(probs.shape[:-1])
 
     def gold_p(self) -> float:
         c = self.cfg
@@ -86,7 +102,7 @@ class ScheduledSamplingLoss:
         if p >= 1.0:
             return batch
         with torch.no_grad():  # the first pass only predicts
-            predicted = model(batch.src, batch.tgt_in, batch.src_pad_mask).argmax(-1)
+            predicted = self._pick(model(batch.src, batch.tgt_in, batch.src_pad_mask))
         tgt_in = mixed_input(batch.tgt_in, predicted, p, self._draws(batch.tgt_in))
         return Batch(batch.src, tgt_in, batch.tgt_out, batch.n_tokens)
 
@@ -99,7 +115,7 @@ class ScheduledSamplingLoss:
             states.append(h)  # (B, 1, D)
             if t + 1 < batch.tgt_in.shape[1]:
                 with torch.no_grad():
-                    guess = model.project(h[:, -1]).argmax(-1)
+                    guess = self._pick(model.project(h[:, -1]))
                 gold = batch.tgt_in[:, t + 1]
                 use_gold = (
                     torch.rand(gold.shape, generator=self._draws(gold), device=gold.device) < p
