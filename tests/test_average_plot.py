@@ -129,10 +129,47 @@ def test_decoding_is_tuned_on_valid_and_stored_in_best(tmp_path):
     assert proc.returncode == 0, proc.stderr
     tr = Translator.from_checkpoint(run, "cpu")
     assert (tr.cfg.beam, tr.cfg.length_penalty) == (2, 0.7)
-    assert "beam   2  length penalty 0.7" in proc.stdout
+    assert "beam 2, length penalty 0.7" in proc.stdout and "stored in" in proc.stdout
     assert_user_error(run_mt("tune", run, "--beams", "0"), "--beams")
+    assert_user_error(run_mt("tune", run, "--nat-iterations", "3"), "apply to model.arch nat")
     assert_user_error(run_mt("tune", run, "--src", src), "both --src and --ref")
     shutil.rmtree(run)
+
+
+def test_a_nat_run_tunes_mask_predict_s_own_knobs(tmp_path):
+    """model.arch nat: the grid is candidate lengths x iterations (not beams it ignores), the
+    winner is stored in best.pt and used by mt translate; mt tune does the same."""
+    from mt.data.corpus import read_lines
+    from mt.evaluate.metrics import score
+
+    run = tmp_path / "nat"
+    proc = run_mt(
+        "train", "tiny", "--run-dir", run, "--set", f"data.dir={tmp_path / 'data'}",
+        "model.arch=nat", "train.max_steps=30", "train.valid_every=30", "train.average_last=0",
+        "decode.tune_beams=[5]", "decode.tune_nat_length_beams=[1,2]",
+        "decode.tune_nat_iterations=[1,3]",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "mask-predict" in proc.stderr and "stored in best.pt" in proc.stderr
+    records = [json.loads(x) for x in (run / "train_log.jsonl").read_text().splitlines()]
+    (tuned,) = [r for r in records if "tuned_decoding" in r]
+    grid = [(g["nat_length_beam"], g["nat_iterations"]) for g in tuned["grid"]]
+    assert grid == [(1, 1), (1, 3), (2, 1), (2, 3)] and "beam" not in tuned["tuned_decoding"]
+    best = tuned["tuned_decoding"]
+    assert best["valid_bleu"] == max(g["valid_bleu"] for g in tuned["grid"])
+    tr = Translator.from_checkpoint(run, "cpu")
+    assert (tr.cfg.nat_length_beam, tr.cfg.nat_iterations) == (
+        best["nat_length_beam"],
+        best["nat_iterations"],
+    )
+    src = read_lines(tmp_path / "data" / "valid.src")
+    ref = read_lines(tmp_path / "data" / "valid.tgt")
+    assert round(score(tr.translate(src), ref).bleu, 2) == best["valid_bleu"]
+    proc = run_mt("tune", run, "--nat-length-beams", "3", "--nat-iterations", "2")
+    assert proc.returncode == 0, proc.stderr
+    tr = Translator.from_checkpoint(run, "cpu")
+    assert (tr.cfg.nat_length_beam, tr.cfg.nat_iterations) == (3, 2)
+    assert_user_error(run_mt("tune", run, "--beams", "5"), "--nat-length-beams")
 
 
 def test_training_picture_marks_best_and_draws_a_single_point(tmp_path):

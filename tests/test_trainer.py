@@ -225,7 +225,7 @@ def test_tensorboard_events_hold_the_logged_scalars(tmp_path):
     assert [(e.step, round(e.value, 4)) for e in events.Scalars("train/loss")] == train
     valid = [(r["step"], r["valid_bleu"]) for r in log if "valid_loss" in r]
     assert [(e.step, round(e.value, 2)) for e in events.Scalars("valid/bleu")] == valid
-    assert "tune/beam_1_lp_1.0" in tags and "tune/beam_2_lp_1.0" in tags
+    assert "tune/beam_1_length_penalty_1.0" in tags and "tune/beam_2_length_penalty_1.0" in tags
 
 
 def test_cooldown_brings_the_learning_rate_down_to_zero_at_the_last_step(tmp_path):

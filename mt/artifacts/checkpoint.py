@@ -210,9 +210,11 @@ def weights_of(ckpt: dict[str, Any]) -> dict[str, Any]:
     return weights
 
 
-def set_decoding(ckpt: dict[str, Any], beam: int, length_penalty: float) -> None:
-    """Store decoding settings (what `mt translate RUN_DIR` then uses) in the checkpoint."""
-    ckpt["config"]["decode"].update(beam=beam, length_penalty=length_penalty)
+def set_decoding(ckpt: dict[str, Any], settings: dict[str, Any]) -> None:
+    """Store decoding settings (decode keys: what `mt translate RUN_DIR` then uses) in the
+    checkpoint; other keys of `settings` (a tuning record's valid_bleu) are left out."""
+    decode = ckpt["config"]["decode"]
+    decode.update({k: v for k, v in settings.items() if k in decode})
 
 
 def trained_precision(ckpt: dict[str, Any]) -> str:

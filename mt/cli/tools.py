@@ -72,9 +72,17 @@ def average_cmd(
 @command("tune")
 def tune_cmd(
     run_dir: Path = typer.Argument(..., help="run directory with best.pt"),
-    beams: str = typer.Option("1,5,10", "--beams", help="beam sizes to try, comma-separated"),
-    penalties: str = typer.Option(
-        "0.6,1.0,1.4", "--length-penalties", help="length penalties to try, comma-separated"
+    beams: str | None = typer.Option(
+        None, "--beams", help="beam sizes to try, comma-separated (default 1,5,10)"
+    ),
+    penalties: str | None = typer.Option(
+        None, "--length-penalties", help="length penalties to try (default 0.6,1.0,1.4)"
+    ),
+    nat_length_beams: str | None = typer.Option(
+        None, "--nat-length-beams", help="model.arch nat: candidate lengths (default 1,3,5)"
+    ),
+    nat_iterations: str | None = typer.Option(
+        None, "--nat-iterations", help="model.arch nat: mask-predict passes (default 4,10)"
     ),
     src: Path | None = typer.Option(
         None, "--src", help="tuning source (default: the run's valid split)"
@@ -82,34 +90,52 @@ def tune_cmd(
     ref: Path | None = typer.Option(None, "--ref", help="tuning references"),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda"),
 ):
-    """Choose beam size and length penalty on the valid split and store them in best.pt
-    (what decode.tune_beams does at the end of `mt train`). Never tune on a test set.
+    """Choose the decoding settings on the valid split and store them in best.pt (what
+    decode.tune_beams does at the end of `mt train`): beam size and length penalty, or for a
+    model.arch nat run mask-predict's candidate lengths and iterations. Never tune on a test set.
 
     Example: mt tune runs/multi30k_de_en --beams 1,5,10 --length-penalties 0.6,1.0,1.4
     """
-    from mt.evaluate.tuning import tune_best, tuning_pairs
+    from mt.artifacts import checkpoint
+    from mt.evaluate.tuning import describe_settings, tune_best, tuning_pairs
 
     if not (run_dir / "best.pt").is_file():
         raise MTError(f"{run_dir}/best.pt not found: tune a run directory that has validated")
     if (src is None) != (ref is None):
         raise MTError("give both --src and --ref, or neither (the run's valid split)")
-    beam_list = _number_list(beams, int, "--beams")
-    lp_list = _number_list(penalties, float, "--length-penalties")
+    nat = checkpoint.config_of(checkpoint.load(run_dir / "best.pt"), "best.pt").model.arch == "nat"
+    lists = _tuning_lists(nat, beams, penalties, nat_length_beams, nat_iterations)
+    src_lines, ref_lines = tuning_pairs(run_dir / "best.pt", src, ref)
+    rec = tune_best(run_dir / "best.pt", src_lines, ref_lines, device, **lists)
+    for g in rec["grid"]:
+        typer.echo(f"{describe_settings(g):<50} BLEU {g['valid_bleu']:.2f}")
+    typer.echo(f"stored in {run_dir / 'best.pt'}: {describe_settings(rec['tuned_decoding'])}")
+
+
+def _tuning_lists(nat: bool, beams, penalties, nat_length_beams, nat_iterations) -> dict:
+    """mt tune's grid flags for this kind of model, checked; the other kind's are refused."""
+    if nat:
+        if beams is not None or penalties is not None:
+            raise MTError(
+                "--beams and --length-penalties: this run (model.arch nat) decodes by "
+                "mask-predict; tune --nat-length-beams and --nat-iterations"
+            )
+        lengths = _number_list(nat_length_beams or "1,3,5", int, "--nat-length-beams")
+        its = _number_list(nat_iterations or "4,10", int, "--nat-iterations")
+        if not lengths or not its or min(lengths + its) < 1:
+            raise MTError("--nat-length-beams and --nat-iterations need values >= 1")
+        return {"beams": [], "penalties": [], "nat_length_beams": lengths, "nat_iterations": its}
+    if nat_length_beams is not None or nat_iterations is not None:
+        raise MTError(
+            "--nat-length-beams and --nat-iterations apply to model.arch nat runs; this run "
+            "searches: tune --beams and --length-penalties"
+        )
+    beam_list = _number_list(beams or "1,5,10", int, "--beams")
+    lp_list = _number_list(penalties or "0.6,1.0,1.4", float, "--length-penalties")
     if not beam_list or min(beam_list) < 1 or not lp_list or min(lp_list) < 0:
         raise MTError("--beams needs sizes >= 1 and --length-penalties values >= 0")
     _check_beam(max(beam_list))
-    src_lines, ref_lines = tuning_pairs(run_dir / "best.pt", src, ref)
-    rec = tune_best(run_dir / "best.pt", src_lines, ref_lines, beam_list, lp_list, device)
-    for g in rec["grid"]:
-        typer.echo(
-            f"beam {g['beam']:>3}  length penalty {g['length_penalty']:<4}  "
-            f"BLEU {g['valid_bleu']:.2f}"
-        )
-    best = rec["tuned_decoding"]
-    typer.echo(
-        f"stored in {run_dir / 'best.pt'}: beam {best['beam']}, length penalty "
-        f"{best['length_penalty']}"
-    )
+    return {"beams": beam_list, "penalties": lp_list}
 
 
 @command("plot")

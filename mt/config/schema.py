@@ -322,6 +322,10 @@ class DecodeConfig(_Section):
     # best.pt and store the best pair in it (mt translate then uses it). Empty: no tuning.
     tune_beams: list[int] = Field(default_factory=list)
     tune_length_penalties: list[float] = Field(default_factory=lambda: [1.0])
+    # model.arch nat: mask-predict's candidate lengths x iterations instead (iterations: the
+    # configured nat_iterations when empty). Empty: no tuning.
+    tune_nat_length_beams: list[int] = Field(default_factory=list)
+    tune_nat_iterations: list[int] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _grid_is_sane(self) -> DecodeConfig:
@@ -331,6 +335,9 @@ class DecodeConfig(_Section):
             )
         if not self.tune_length_penalties or any(p < 0 for p in self.tune_length_penalties):
             raise ValueError("decode.tune_length_penalties: give at least one penalty >= 0")
+        for key in ("tune_nat_length_beams", "tune_nat_iterations"):
+            if any(x < 1 for x in getattr(self, key)):
+                raise ValueError(f"decode.{key}: give values >= 1 (got {getattr(self, key)})")
         return self
 
 

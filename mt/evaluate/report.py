@@ -79,18 +79,16 @@ def _tuning(records: list[dict]) -> str:
         return "<p>No decoding tuning in this run (decode.tune_beams is empty).</p>"
     rec = tuned[-1]
     best = rec["tuned_decoding"]
+    keys = [k for k in rec["grid"][0] if k != "valid_bleu"]
     rows = [
         {
-            "beam": g["beam"],
-            "length penalty": g["length_penalty"],
+            **{k.replace("_", " "): g[k] for k in keys},
             "valid BLEU": g["valid_bleu"],
-            "": "chosen"
-            if (g["beam"], g["length_penalty"]) == (best["beam"], best["length_penalty"])
-            else "",
+            "": "chosen" if all(g[k] == best[k] for k in keys) else "",
         }
         for g in rec["grid"]
     ]
-    return _table(rows, ["beam", "length penalty", "valid BLEU", ""])
+    return _table(rows, [k.replace("_", " ") for k in keys] + ["valid BLEU", ""])
 
 
 def _scores(scores: dict, n: int, source: str) -> str:

@@ -1,8 +1,10 @@
-"""Choose the decoding settings (beam size, length penalty) on the validation split, never on
-a test set, and store them in best.pt so that `mt translate RUN_DIR` uses them."""
+"""Choose the decoding settings on the validation split, never on a test set, and store them
+in best.pt so that `mt translate RUN_DIR` uses them: beam size and length penalty for a
+search, candidate lengths and iterations for mask-predict (model.arch nat)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from mt.artifacts import checkpoint
@@ -10,24 +12,65 @@ from mt.decode.translator import Translator
 from mt.evaluate.metrics import score
 
 
-def tune_decoding(
+def decoding_grid(
     translator: Translator,
-    src: list[str],
-    refs: list[str],
-    beams: list[int],
-    penalties: list[float],
+    beams: Sequence[int],
+    penalties: Sequence[float],
+    nat_length_beams: Sequence[int] = (),
+    nat_iterations: Sequence[int] = (),
+) -> list[dict]:
+    """The settings to try, each a dict of decode keys: beams x length penalties for a search
+    (beam 1 is greedy, where the penalty plays no part), or mask-predict's candidate lengths x
+    iterations for a NAT model (its iterations default to the config's)."""
+    if translator.non_autoregressive:
+        its = list(nat_iterations) or [translator.cfg.nat_iterations]
+        return [
+            {"nat_length_beam": lb, "nat_iterations": t} for lb in nat_length_beams for t in its
+        ]
+    return [
+        {"beam": beam, "length_penalty": lp}
+        for beam in beams
+        for lp in (penalties if beam > 1 else [translator.cfg.length_penalty])
+    ]
+
+
+def _cost(settings: dict) -> tuple:
+    """Among equal scores the cheaper wins: the smaller beam, then the penalty nearer 1; for
+    mask-predict fewer iterations, then fewer candidate lengths."""
+    if "beam" in settings:
+        return (-settings["beam"], -abs(settings["length_penalty"] - 1))
+    return (-settings["nat_iterations"], -settings["nat_length_beam"])
+
+
+def translate_with(translator: Translator, src: list[str], settings: dict) -> list[str]:
+    if "beam" in settings:
+        return translator.translate(
+            src, beam=settings["beam"], length_penalty=settings["length_penalty"]
+        )
+    return translator.with_options(**settings).translate(src)
+
+
+def tune_decoding(
+    translator: Translator, src: list[str], refs: list[str], grid: list[dict]
 ) -> dict:
-    """Translate the validation source with every (beam, length penalty) of the grid and keep
-    the highest BLEU (ties: the smaller beam, then the penalty nearer 1). Returns the record
-    for train_log.jsonl: {"tuned_decoding": best, "grid": [...]}."""
-    grid = []
-    for beam in beams:
-        # beam 1 is greedy search, where the length penalty plays no part
-        for lp in penalties if beam > 1 else [translator.cfg.length_penalty]:
-            s = score(translator.translate(src, beam=beam, length_penalty=lp), refs)
-            grid.append({"beam": beam, "length_penalty": lp, "valid_bleu": round(s.bleu, 2)})
-    best = max(grid, key=lambda g: (g["valid_bleu"], -g["beam"], -abs(g["length_penalty"] - 1)))
-    return {"tuned_decoding": best, "grid": grid}
+    """Translate the validation source with every settings dict of `grid` (decoding_grid) and
+    keep the highest BLEU (ties: the cheaper, _cost). Returns the record for
+    train_log.jsonl: {"tuned_decoding": best, "grid": [...]}, each with its valid_bleu."""
+    scored = [
+        {**g, "valid_bleu": round(score(translate_with(translator, src, g), refs).bleu, 2)}
+        for g in grid
+    ]
+    best = max(scored, key=lambda g: (g["valid_bleu"], *_cost(g)))
+    return {"tuned_decoding": best, "grid": scored}
+
+
+def describe_settings(settings: dict) -> str:
+    if "beam" in settings:
+        return f"beam {settings['beam']}, length penalty {settings['length_penalty']}"
+    return (
+        f"mask-predict, {settings['nat_iterations']} iterations, "
+        f"{settings['nat_length_beam']} candidate lengths"
+    )
 
 
 def tuning_pairs(best: Path, src: Path | None, ref: Path | None) -> tuple[list, list]:
@@ -47,18 +90,12 @@ def tuning_pairs(best: Path, src: Path | None, ref: Path | None) -> tuple[list, 
     return drop_empty(*read_parallel(src, ref), Stats())
 
 
-def tune_best(
-    path: Path,
-    src: list[str],
-    refs: list[str],
-    beams: list[int],
-    penalties: list[float],
-    device: str,
-) -> dict:
-    """`mt tune`: best.pt read once, tuned, its decode config rewritten."""
+def tune_best(path: Path, src: list[str], refs: list[str], device: str, **lists) -> dict:
+    """`mt tune`: best.pt read once, tuned over decoding_grid(**lists), its decode config
+    rewritten."""
     run = checkpoint.open_trained(path)
-    rec = tune_decoding(Translator.from_trained(run, device), src, refs, beams, penalties)
-    best = rec["tuned_decoding"]
-    checkpoint.set_decoding(run.ckpt, best["beam"], best["length_penalty"])
+    translator = Translator.from_trained(run, device)
+    rec = tune_decoding(translator, src, refs, decoding_grid(translator, **lists))
+    checkpoint.set_decoding(run.ckpt, rec["tuned_decoding"])
     checkpoint.atomic_save(run.ckpt, path)
     return rec

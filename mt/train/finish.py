@@ -30,7 +30,9 @@ def finish_run(trainer, rank_rng: list[dict]) -> None:
                 f"average of the last {rec['averaged']} snapshots: valid BLEU "
                 f"{rec['valid_bleu']}" + (" (best)" if rec.get("best") else "")
             )
-    if not trainer.stop_signal and trainer.validation.decode.tune_beams and st.best_bleu >= 0:
+    d = trainer.validation.decode
+    asks = d.tune_nat_length_beams if trainer.translator().non_autoregressive else d.tune_beams
+    if not trainer.stop_signal and asks and st.best_bleu >= 0:
         tune_best_in_memory(trainer)
     draw_training_picture(trainer.run_dir, trainer.say)
     if st.fp16_skipped:
@@ -96,26 +98,32 @@ def average_snapshots(trainer) -> dict | None:
 
 
 def tune_best_in_memory(trainer) -> None:
-    """decode.tune_beams x decode.tune_length_penalties on the valid split with best.pt's
-    weights in the training model (best.pt read once), the winner stored in best.pt."""
-    from mt.evaluate.tuning import tune_decoding
+    """The decode.tune_* grid (decoding_grid) on the valid split with best.pt's weights in the
+    training model (best.pt read once), the winner stored in best.pt."""
+    from mt.evaluate.tuning import decoding_grid, describe_settings, tune_decoding
 
     d, v = trainer.validation.decode, trainer.validation
     release_free_memory()
     path = trainer.run_dir / "best.pt"
     ckpt = checkpoint.load(path)
-    rec = with_weights(
-        trainer,
-        checkpoint.weights_of(ckpt),
-        lambda: tune_decoding(
-            trainer.translator(), v.src, v.refs, d.tune_beams, d.tune_length_penalties
-        ),
-    )
+
+    def tune():
+        translator = trainer.translator()
+        grid = decoding_grid(
+            translator,
+            d.tune_beams,
+            d.tune_length_penalties,
+            d.tune_nat_length_beams,
+            d.tune_nat_iterations,
+        )
+        return tune_decoding(translator, v.src, v.refs, grid)
+
+    rec = with_weights(trainer, checkpoint.weights_of(ckpt), tune)
     best = rec["tuned_decoding"]
-    checkpoint.set_decoding(ckpt, best["beam"], best["length_penalty"])
+    checkpoint.set_decoding(ckpt, best)
     checkpoint.atomic_save(ckpt, path)
     trainer.write_log({"step": trainer.state.step, **rec})
     trainer.say(
-        f"decoding tuned on valid: beam {best['beam']}, length penalty "
-        f"{best['length_penalty']} (BLEU {best['valid_bleu']}), stored in best.pt"
+        f"decoding tuned on valid: {describe_settings(best)} (BLEU {best['valid_bleu']}), "
+        f"stored in best.pt"
     )

@@ -43,12 +43,13 @@ class RunLog:
 
 def scalars(record: dict) -> list[tuple[str, float]]:
     """The record's numbers as TensorBoard tags: train/loss, valid/bleu, averaged/valid_bleu,
-    tune/beam_5_lp_1.0, skipped/out of memory, ..."""
-    if "grid" in record:  # the decoding tuning grid
+    tune/beam_5_length_penalty_1.0, skipped/out of memory, ..."""
+    if "grid" in record:  # the decoding tuning grid: tune/beam_5_length_penalty_1.0, ...
         return [
-            (f"tune/beam_{g['beam']}_lp_{g['length_penalty']}", g["valid_bleu"])
+            ("tune/" + "_".join(f"{k}_{v}" for k, v in g.items() if k != "valid_bleu"),
+             g["valid_bleu"])
             for g in record["grid"]
-        ]
+        ]  # fmt: skip
     if "skipped" in record:
         return [(f"skipped/{record['skipped']}", 1.0)]
     group = (
