@@ -267,3 +267,42 @@ def test_mask_predict_takes_the_length_beam_likeliest_lengths():
     assert [int(n) for n in (model.inputs[0] != PAD).sum(1)] == [9, 3]
     model, out = _scripted_run(1, [1, 3], {1: 0.9, 3: 0.5}, length_beam=1)
     assert out == [ScriptedNAT.WORD] and model.inputs[0].shape == (1, 1)
+
+
+def test_nat_validation_scores_the_same_masked_tokens_every_time(tmp_path):
+    """The NAT's valid loss hides tokens by a draw seeded by the batch's position: two
+    validations of the same weights agree, the training RNG is not touched, the NLL is per
+    hidden token (each hidden token's log-probability, counted here), and the record says
+    what it scores."""
+    from mt.objectives.nat import mask_for_training, nat_valid_loss
+    from mt.train.build import build_trainer
+    from tests.conftest import tiny_config
+
+    cfg = tiny_config(tmp_path / "d", "model.arch=nat", "train.max_steps=5")
+    t = build_trainer(cfg, tmp_path / "run", log=lambda *_: None)
+    try:
+        rng = torch.get_rng_state()
+        first, second = t.validate(), t.validate()
+        assert torch.equal(rng, torch.get_rng_state())
+        assert first["valid_loss"] == second["valid_loss"]
+        assert first["valid_nll"] == second["valid_nll"]
+        assert "masked target tokens" in first["valid_loss_over"]
+        # one batch by hand: the NLL over the hidden tokens only
+        batch = _batch()
+        t.model.eval()
+        with torch.no_grad():
+            _, nll, count = nat_valid_loss(t.model, batch, 0, eps=0.0)
+            tokens = targets_of(batch)
+            hidden = mask_for_training(tokens, torch.Generator().manual_seed(0))
+            memory = t.model.encode(batch.src, batch.src_pad_mask)
+            lp = torch.log_softmax(
+                t.model.project(
+                    t.model.decode(tokens.masked_fill(hidden, MASK), memory, batch.src_pad_mask)
+                ).float(),
+                -1,
+            )
+            expected = -lp.gather(-1, tokens[..., None])[..., 0][hidden].sum()
+        assert count == int(hidden.sum()) < int((tokens != PAD).sum())
+        torch.testing.assert_close(nll.float(), expected, rtol=1e-5, atol=1e-4)
+    finally:
+        t.close()

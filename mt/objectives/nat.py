@@ -40,7 +40,22 @@ def mask_for_training(tokens: torch.Tensor, generator=None) -> torch.Tensor:
 def nat_loss(model, batch: Batch, eps: float, generator=None):
     """(loss, nll) summed over the hidden target tokens, plus the weighted length loss."""
     tokens = targets_of(batch)
-    hidden = mask_for_training(tokens, generator)
+    return _loss_of(model, batch, tokens, mask_for_training(tokens, generator), eps)
+
+
+def nat_valid_loss(model, batch: Batch, index: int, eps: float):
+    """The validation loss: nat_loss with masks drawn from a generator seeded by the batch's
+    position in the valid split alone, so every validation scores the same hidden tokens,
+    and their count (loss sum, NLL sum, hidden tokens): the NLL is per predicted token, not
+    per target token (most of which the model was shown)."""
+    tokens = targets_of(batch)
+    generator = torch.Generator().manual_seed(index)
+    hidden = mask_for_training(tokens.cpu(), generator).to(tokens.device)
+    loss, nll = _loss_of(model, batch, tokens, hidden, eps)
+    return loss, nll, int(hidden.sum())
+
+
+def _loss_of(model, batch: Batch, tokens: torch.Tensor, hidden: torch.Tensor, eps: float):
     inputs = tokens.masked_fill(hidden, MASK)
     memory = model.encode(batch.src, batch.src_pad_mask)
     logits = model.project(model.decode(inputs, memory, batch.src_pad_mask))  # (B, T, V)

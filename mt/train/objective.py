@@ -13,7 +13,7 @@ from mt.config import Config
 from mt.model import REFERENCE, Parts
 from mt.objectives.loss import rdrop_loss, reference_loss
 from mt.objectives.mlm import masked_lm_objective
-from mt.objectives.nat import nat_loss
+from mt.objectives.nat import nat_loss, nat_valid_loss
 from mt.objectives.objective import Objective
 from mt.objectives.scheduled_sampling import ScheduledSamplingLoss
 
@@ -46,7 +46,11 @@ def build_objective(
         return masked_lm_objective(vocab_size)
     eps = t.label_smoothing
     if cfg.model.arch == "nat":
-        return Objective(loss=functools.partial(nat_loss, eps=eps))
+        return Objective(
+            loss=functools.partial(nat_loss, eps=eps),
+            valid_loss=functools.partial(nat_valid_loss, eps=eps),
+            valid_loss_over="masked target tokens, the same masks at every validation",
+        )
     loss = fast.chunked_loss if fused else reference_loss
     if t.rdrop_alpha > 0:  # fused like the plain loss where that is, else the reference
         loss = functools.partial(

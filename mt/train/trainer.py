@@ -112,13 +112,14 @@ class Trainer(Validating, Saving):
         return self.train_data
 
     # -- one update -----------------------------------------------------------------------
-    def _loss(self, batch: Batch, model=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _loss(self, batch: Batch, model=None, loss=None) -> tuple:
+        """The objective's loss (or `loss`) of `batch`, under the run's autocast."""
         with torch.autocast(
             self.device.type,
             dtype=self.amp_dtype or torch.float32,
             enabled=self.amp_dtype is not None,
         ):
-            return self.objective.loss(self.model if model is None else model, batch)
+            return (loss or self.objective.loss)(self.model if model is None else model, batch)
 
     def train_step(self, batches: list[Batch]) -> bool:
         """One optimizer update from `batches` (gradient accumulation), normalised by the
@@ -333,8 +334,9 @@ class Trainer(Validating, Saving):
                 rec = self.validate()
                 self.last_valid_step = st.step
                 draw_training_picture(self.run_dir, self.say)
+                over = f" (over {rec['valid_loss_over']})" if "valid_loss_over" in rec else ""
                 self.say(
-                    f"step {st.step}: valid loss {rec['valid_loss']} ppl "
+                    f"step {st.step}: valid loss{over} {rec['valid_loss']} ppl "
                     f"{rec['valid_ppl']} BLEU {rec['valid_bleu']} chrF {rec['valid_chrf']}"
                     + (" (best)" if rec.get("best") else "")
                 )

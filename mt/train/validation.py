@@ -4,6 +4,7 @@ best.pt when the BLEU is the best so far."""
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING
 
@@ -15,6 +16,7 @@ from mt.data.tokenizer import Tokenizer
 from mt.decode.translator import Translator
 from mt.evaluate.metrics import score
 from mt.model import Seq2Seq
+from mt.objectives.objective import Objective
 from mt.runtime.memory import release_free_memory
 from mt.train.ema import WeightAverage
 from mt.train.finish import with_weights
@@ -34,11 +36,10 @@ class Validating:
     amp_dtype: torch.dtype | None
     state: TrainState
     tokenizer: Tokenizer
+    objective: Objective
     if TYPE_CHECKING:  # the Trainer's own and Saving's
 
-        def _loss(
-            self, batch: Batch, model: torch.nn.Module | None = None
-        ) -> tuple[torch.Tensor, torch.Tensor]: ...
+        def _loss(self, batch: Batch, model: torch.nn.Module | None = None, loss=None) -> tuple: ...
         def save(self, name: str, rank_rng: list[dict] | None = None) -> None: ...
         def write_log(self, record: dict) -> None: ...
 
@@ -58,12 +59,16 @@ class Validating:
         assert v is not None  # a run that validates: one that translates
         loss_sum = nll_sum = 0.0
         n = 0
-        for indices in epoch_batches(v.data, self.cfg.max_tokens, 0, 0):
+        valid_loss = self.objective.valid_loss
+        for i, indices in enumerate(epoch_batches(v.data, self.cfg.max_tokens, 0, 0)):
             batch = collate(v.data, indices).to(self.device)
-            loss, nll = self._loss(batch)
-            loss_sum, nll_sum, n = loss_sum + float(loss), nll_sum + float(nll), n + batch.n_tokens
+            if valid_loss is None:
+                (loss, nll), count = self._loss(batch), batch.n_tokens
+            else:  # scores some tokens, the same ones every time
+                loss, nll, count = self._loss(batch, loss=functools.partial(valid_loss, index=i))
+            loss_sum, nll_sum, n = loss_sum + float(loss), nll_sum + float(nll), n + count
         s = score(self.translator().translate(v.src, beam=v.beam), v.refs)
-        record = {
+        record: dict = {
             "step": self.state.step,
             "valid_loss": round(loss_sum / n, 4),
             "valid_nll": round(nll_sum / n, 4),
@@ -71,6 +76,8 @@ class Validating:
             "valid_bleu": round(s.bleu, 2),
             "valid_chrf": round(s.chrf, 2),
         }
+        if self.objective.valid_loss_over:
+            record["valid_loss_over"] = self.objective.valid_loss_over
         if s.bleu > self.state.best_bleu:
             self.state.best_bleu, self.state.bad_validations = s.bleu, 0
             self.save("best.pt")
