@@ -151,6 +151,14 @@ def test_nat_trains_and_translates_from_the_cli(tmp_path):
         assert f"mask-predict, {knobs[0]} iterations, {knobs[1]} candidate lengths" in out.stderr
         expected = t.with_options(nat_iterations=knobs[0], nat_length_beam=knobs[1])
         assert out.stdout.splitlines() == expected.translate(lines)
+    # --print-alignment: one link per output subword (no EOS row to drop: the length was
+    # predicted), from the attention of the pass that produced the output
+    out = run_mt("translate", tmp_path / "nat", "--print-alignment", input="\n".join(lines) + "\n")
+    assert out.returncode == 0, out.stderr
+    for row in out.stdout.splitlines():
+        text, links = row.split("\t")
+        n_pieces = len(t.tokenizer.encode_tgt([text])[0]) if text else 0
+        assert len(links.split()) == n_pieces, row
     for flag in (["--beam", "3"], ["--greedy"], ["--length-penalty", "0.6"]):
         assert_user_error(run_mt("translate", tmp_path / "nat", *flag, input="tu\n"), "--nat-")
     ar = run_mt("eval", tmp_path / "nat", "--src", tmp_path / "d/test.src", "--ref",
@@ -306,3 +314,28 @@ def test_nat_validation_scores_the_same_masked_tokens_every_time(tmp_path):
         torch.testing.assert_close(nll.float(), expected, rtol=1e-5, atol=1e-4)
     finally:
         t.close()
+
+
+def test_mask_predict_hands_out_the_input_of_the_pass_that_made_the_output():
+    model, out = _scripted_run(4, [5, 7, 6], {5: 0.6, 7: 0.95, 6: 0.8})
+    inputs: list[list[int]] = []
+    model2 = ScriptedNAT([5, 7, 6], {5: 0.6, 7: 0.95, 6: 0.8})
+    src = torch.tensor([[5, 6, 7]])
+    again = mask_predict(model2, src, src == PAD, iterations=4, length_beam=3, inputs_out=inputs)
+    assert again == [out]
+    row = [5, 7, 6].index(len(out))  # the winner's candidate row
+    last = model2.inputs[-1][row, : len(out)].tolist()
+    assert inputs == [last] and MASK in last  # the last pass re-predicted some tokens
+
+
+def test_nat_cross_attention_reads_the_given_decoder_input():
+    from mt.decode.alignment import hard_alignment, nat_cross_attention
+
+    model = _model().eval()
+    src_ids, dec_in = [7, 8, 9, 10], [11, MASK, 13]
+    weights = nat_cross_attention(model, src_ids, dec_in, torch.device("cpu"))
+    assert weights.shape == (2, 4, 3, 5)  # layers, heads, outputs (no EOS row), source + EOS
+    other = nat_cross_attention(model, src_ids, [11, 12, 13], torch.device("cpu"))
+    assert not (weights == other).all()  # the masked input is what it read
+    assert len(hard_alignment(weights, eos_row=False)) == 3
+    assert len(hard_alignment(weights)) == 2

@@ -36,11 +36,27 @@ def cross_attention(
     return torch.cat(weights).float().cpu().numpy()  # (L, H, T, S)
 
 
-def hard_alignment(weights: np.ndarray) -> list[tuple[int, int]]:
+@torch.no_grad()
+def nat_cross_attention(
+    model, src_ids: list[int], decoder_input: list[int], device: torch.device
+) -> np.ndarray:
+    """A non-autoregressive model's cross-attention in the pass that produced its output (the
+    decoder reading `decoder_input`, mask_predict's last input with its re-masked tokens):
+    (layers, heads, T, S), row t = output token t (there is no EOS row: the length was
+    predicted), column s = source token s (the last one is EOS)."""
+    src = torch.tensor([[*src_ids, EOS]], device=device)
+    tgt = torch.tensor([decoder_input], device=device)
+    pad_mask = torch.zeros_like(src, dtype=torch.bool)
+    weights: list[torch.Tensor] = []
+    model.decode(tgt, model.encode(src, pad_mask), pad_mask, weights=weights)
+    return torch.cat(weights).float().cpu().numpy()  # (L, H, T, S)
+
+
+def hard_alignment(weights: np.ndarray, eos_row: bool = True) -> list[tuple[int, int]]:
     """(source index, target index) pairs, 0-based over subwords: for each output token (EOS
-    excluded), the source token (EOS excluded) that the heads of the last layer, averaged,
-    attend to most."""
-    avg = weights[-1].mean(0)[:-1, :-1]  # (T-1, S-1)
+    excluded: the last row, where there is one), the source token (EOS excluded) that the
+    heads of the last layer, averaged, attend to most."""
+    avg = weights[-1].mean(0)[: -1 if eos_row else None, :-1]  # (T, S-1)
     if avg.size == 0:
         return []
     return [(int(s), t) for t, s in enumerate(avg.argmax(1))]

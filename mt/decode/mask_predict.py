@@ -47,10 +47,13 @@ def mask_predict(
     length_beam: int = 3,
     max_len: int | None = None,
     length_weight: float = 1.0,
+    inputs_out: list[list[int]] | None = None,
 ) -> list[list[int]]:
     """Per sentence the best candidate's token ids (see the module's docstring); length_weight
     scales the length predictor's log-probability in a candidate's score (0: the mean token
-    log-probability alone, as Ghazvininejad et al.)."""
+    log-probability alone, as Ghazvininejad et al.). inputs_out: given a list, each sentence's
+    decoder input of the pass that produced its output (its last re-masked tokens as MASK) is
+    appended to it, for pictures of the attention that made the output."""
     b = src.shape[0]
     memory = model.encode(src, src_pad_mask)
     max_len = min(max_len or model.max_positions - 1, model.max_positions - 1)
@@ -62,6 +65,7 @@ def mask_predict(
     tokens = torch.full(real.shape, MASK, device=src.device).masked_fill(~real, PAD)
     probs = torch.zeros(real.shape, device=src.device)
     for it in range(iterations):
+        read = tokens  # this pass's decoder input
         hidden = tokens == MASK
         logits = model.project(model.decode(tokens, memory, mask)).float()
         lprobs = torch.log_softmax(logits, -1)
@@ -80,4 +84,6 @@ def mask_predict(
     score = (probs * real).sum(1) / lengths + length_weight * length_lp
     best = score.view(b, k).argmax(1)
     rows = torch.arange(b, device=src.device) * k + best
+    if inputs_out is not None:
+        inputs_out.extend(read[r, : int(lengths[r])].tolist() for r in rows.tolist())
     return [tokens[r, : int(lengths[r])].tolist() for r in rows.tolist()]

@@ -24,7 +24,7 @@ from mt.decode.search import beam_nbest, greedy, max_lengths, sampler
 from mt.errors import MTError
 from mt.model import Seq2Seq
 from mt.runtime.device import decode_dtype, pick_device
-from mt.tokens import PAD
+from mt.tokens import EOS, PAD
 
 # one line's search result: (its source ids, [(output ids, score or None), ...] best first)
 Found = tuple[list[int], list[tuple[list[int], float | None]]]
@@ -364,32 +364,46 @@ class Translator:
         self, lines: list[str], beam: int | None = None, length_penalty: float | None = None
     ) -> list[str]:
         """ "translation<TAB>s-t s-t ...": 0-based source-subword to output-subword links."""
-        from mt.decode.alignment import cross_attention, format_alignment, hard_alignment
+        from mt.decode.alignment import format_alignment, hard_alignment
 
         out = []
         for found in self.search(lines, beam, length_penalty):
             if found is None:
                 out.append("\t")
                 continue
-            hyp = found[1][0][0]
-            weights = cross_attention(self.model, found[0], hyp, self.device)
+            hyp, weights, eos_row = self._attention_of(found[0], found[1][0][0])
             text = self.tokenizer.decode_tgt([hyp])[0]
-            out.append(f"{text}\t{format_alignment(hard_alignment(weights))}")
+            out.append(f"{text}\t{format_alignment(hard_alignment(weights, eos_row))}")
         return out
+
+    def _attention_of(self, src_ids: list[int], hyp: list[int]) -> tuple[list[int], Any, bool]:
+        """(output, its cross-attention (L, H, T, S), whether the last row is EOS's). A
+        search's output is teacher-forced; a NAT's is decoded again alone, keeping the input
+        of the pass that produced it (mask_predict's inputs_out), and that output is used."""
+        from mt.decode.alignment import cross_attention, nat_cross_attention
+
+        if not self.non_autoregressive:
+            return hyp, cross_attention(self.model, src_ids, hyp, self.device), True
+        c = self.cfg
+        src = torch.tensor([[*src_ids, EOS]], device=self.device)
+        limit = int(max_lengths(src == PAD, c.max_len_a, c.max_len_b, self.model.max_positions - 1))
+        inputs: list[list[int]] = []
+        (hyp,) = mask_predict(
+            self.model, src, src == PAD, c.nat_iterations, c.nat_length_beam, limit,
+            inputs_out=inputs,
+        )  # fmt: skip
+        return hyp, nat_cross_attention(self.model, src_ids, inputs[0], self.device), False
 
     def attention(
         self, line: str, beam: int | None = None
     ) -> tuple[str, np.ndarray, list[str], list[str]]:
         """(translation, weights (L, H, T, S), source labels, output labels) for one sentence."""
-        from mt.decode.alignment import cross_attention
-
         found = self.search([line], beam)[0]
         if found is None:
             raise MTError("the sentence is empty: give some text to translate")
-        src_ids, hyp = found[0], found[1][0][0]
-        weights = cross_attention(self.model, src_ids, hyp, self.device)
-        src_labels = [self.tokenizer.src.IdToPiece(i) for i in src_ids] + ["</s>"]
-        tgt_labels = [*self.tokenizer.tgt_pieces_of(hyp), "</s>"]
+        hyp, weights, eos_row = self._attention_of(found[0], found[1][0][0])
+        src_labels = [self.tokenizer.src.IdToPiece(i) for i in found[0]] + ["</s>"]
+        tgt_labels = [*self.tokenizer.tgt_pieces_of(hyp), *(["</s>"] if eos_row else [])]
         return self.tokenizer.decode_tgt([hyp])[0], weights, src_labels, tgt_labels
 
 
