@@ -317,7 +317,7 @@ def test_nat_validation_scores_the_same_masked_tokens_every_time(tmp_path):
 
 
 def test_mask_predict_hands_out_the_input_of_the_pass_that_made_the_output():
-    model, out = _scripted_run(4, [5, 7, 6], {5: 0.6, 7: 0.95, 6: 0.8})
+    _, out = _scripted_run(4, [5, 7, 6], {5: 0.6, 7: 0.95, 6: 0.8})
     inputs: list[list[int]] = []
     model2 = ScriptedNAT([5, 7, 6], {5: 0.6, 7: 0.95, 6: 0.8})
     src = torch.tensor([[5, 6, 7]])
