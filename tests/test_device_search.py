@@ -91,3 +91,35 @@ def test_translate_gives_the_same_translations_with_either_search(tiny_run):
         assert device.translate(lines, beam=beam) == host.translate(lines, beam=beam)
     a, b = device.translate_nbest(lines, 3, beam=4), host.translate_nbest(lines, 3, beam=4)
     assert [[x for x, _ in s] for s in a] == [[x for x, _ in s] for s in b]
+
+
+def test_done_sentences_leave_the_batch_in_power_of_two_steps():
+    from mt.decode.device_search import bucketed_keep
+
+    assert bucketed_keep([True] * 5) == []
+    assert bucketed_keep([False] * 6) == list(range(6))  # nothing to drop below 8
+    # 3 searched: a batch of 4, the first done sentence kept frozen beside them
+    assert bucketed_keep([True, False, True, True, False, True, False]) == [0, 1, 4, 6]
+    assert bucketed_keep([True, True, False, True]) == [2]
+    assert bucketed_keep([False, True, True, True, False, True, True, True, True]) == [0, 4]
+    assert bucketed_keep([False] * 5 + [True] * 4) == list(range(8))
+
+
+def test_the_batch_shapes_of_a_search_are_few(tiny_run):
+    """Sentences of many lengths: the decoder meets only power-of-two batches of sentences."""
+    t = Translator.load(tiny_run, "cpu")
+    src, mask = _batch(t, 37, seed=5)
+    rows, real_decode = [], t.model.decode
+
+    def decode(tgt_in, *a, **kw):
+        rows.append(tgt_in.shape[0])
+        return real_decode(tgt_in, *a, **kw)
+
+    t.model.decode = decode
+    try:
+        got = beam_nbest_on_device(t.model, src, mask, 4, 1, 1.0, 1.5, 5)
+    finally:
+        t.model.decode = real_decode
+    _same(got, beam_nbest(t.model, src, mask, 4, 1, 1.0, 1.5, 5))
+    sentences = {r // 4 for r in rows[1:]}  # after the first step: 4 hypotheses a sentence
+    assert sentences <= {37, 32, 16, 8, 4, 2, 1}, sentences

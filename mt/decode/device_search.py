@@ -10,7 +10,8 @@ Here a step is tensor operations only:
   tokens, each sentence's next free slot computed from a running count (finishing is the same
   rule: the EOS candidates among a sentence's top K, until it has K);
 - a sentence that is done stays in the batch, frozen (it finishes nothing more), until the
-  next check, where one read of the done flags ends the search or drops the done sentences;
+  next check, where one read of the done flags ends the search or drops done sentences, down
+  to a power-of-two batch (bucketed_keep: few shapes for a compiled or captured step);
 - the scores are length-normalised on the host at the end, as search.py does, so both return
   the same hypotheses with the same scores.
 
@@ -149,15 +150,29 @@ def beam_nbest_on_device(
             reorder_cache(cache, src_rows, cross=False)
         if last or (step + 1) % check_every:
             continue
-        keep = [i for i, d in enumerate(done.tolist()) if not d]  # the one read of the check
+        flags = done.tolist()  # the one read of the check
+        keep = bucketed_keep(flags)
         if not keep:
             break
-        if len(keep) < len(done):  # drop the done sentences
+        if len(keep) < len(flags):  # drop done sentences, down to a bucket size
             alive, scores, hyps, pad_mask, memory, done = _keep(
                 torch.tensor(keep, device=dev), k, per_sentence, cache, alive, scores, hyps,
                 pad_mask, memory, done,
             )  # fmt: skip
     return finished.best(nbest, length_penalty)
+
+
+def bucketed_keep(done: list[bool]) -> list[int]:
+    """The rows to keep at a check: every sentence still searched, and as many done ones
+    (frozen) as fill the batch up to the next power of two, so that a GPU meets only a few
+    batch shapes (each one compiled or captured once) rather than one per count; [] when all
+    are done. In order, so that the kept rows stay sorted."""
+    live = [i for i, d in enumerate(done) if not d]
+    if not live:
+        return []
+    size = min(len(done), 1 << (len(live) - 1).bit_length())
+    filler = [i for i, d in enumerate(done) if d][: size - len(live)]
+    return sorted(live + filler)
 
 
 def _keep(keep_sent, k, per_sentence, cache, alive, scores, hyps, pad_mask, memory, done):
