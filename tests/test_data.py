@@ -187,8 +187,8 @@ def test_padding_fraction_counts_the_batch_tensors_positions():
     b = collate(data, batches[0])
     assert float((b.src == PAD).float().mean()) == 0.25
     assert describe_batches(data, batches, 100) == (
-        "batches: 1 per epoch of at most 100 tokens; padding 25.0% of source, 0.0% of target "
-        "positions"
+        "batches: 1 per epoch of at most 100 tokens, in 1 shape; padding 25.0% of source, "
+        "0.0% of target positions"
     )
 
 
@@ -351,3 +351,95 @@ def test_a_corpus_changed_before_a_resume_is_named(tmp_path):
     assert proc.returncode == 0 and "going on with the new files" in proc.stderr, proc.stderr
     proc = run_mt(*args, "train.max_steps=6")  # the new files are now the run's own
     assert proc.returncode == 0, proc.stderr
+
+
+def _wmt_like_lengths(n: int, seed: int = 0):
+    """Subword lengths shaped like WMT14 En-De's (mean about 29, a long tail, 1..128)."""
+    rng = np.random.default_rng(seed)
+    src = np.clip(rng.lognormal(3.2, 0.55, n), 1, 127).astype(np.int64)
+    tgt = np.clip(src * rng.normal(1.05, 0.15, n), 1, 127).astype(np.int64)
+    return src, tgt
+
+
+def test_bucketed_batches_come_in_few_shapes_and_hold_every_sentence_once():
+    from mt.data.batching import batch_shapes, bucket_batches
+
+    src, tgt = _wmt_like_lengths(200_000)
+    batches = bucket_batches(src + 1, tgt + 1, 8192, 16, seed=3)
+    flat = np.concatenate(batches)
+    assert np.array_equal(np.sort(flat[flat >= 0]), np.arange(len(src)))  # each once
+    shapes = batch_shapes(src, tgt, batches, 16)
+    widths = {(s, t) for _, s, t in shapes}
+    assert len(shapes) == len(widths) <= 64  # one row count per width pair, 8 x 8 at most
+    assert all(r * (s + t) <= 8192 or r == 1 for r, s, t in shapes)
+    print(f"\nWMT-like, 200,000 pairs: {len(batches)} batches in {len(shapes)} shapes")
+    # filler rows only in the last batch of a width pair: fewer than one batch per pair
+    assert int((flat < 0).sum()) < sum(r for r, _, _ in shapes)
+    again = bucket_batches(src + 1, tgt + 1, 8192, 16, seed=3)
+    assert all(np.array_equal(a, b) for a, b in zip(batches, again, strict=True))
+
+
+def test_bucketed_batches_give_the_same_loss_sum_and_tokens_as_padded_ones(tmp_path):
+    """The same pairs, batched as today and in fixed shapes with empty filler rows: the summed
+    loss and NLL and the token count agree (padding and empty rows count for nothing)."""
+    from mt.data.batching import bucket_batches, collate, token_batches
+    from mt.objectives.loss import reference_loss
+    from tests.conftest import make_model
+
+    rng = np.random.default_rng(0)
+    n = 57
+    src_l, tgt_l = rng.integers(1, 30, n), rng.integers(1, 30, n)
+    import torch
+
+    from mt.data.corpus import ParallelData, Stats, TokenArray
+
+    data = ParallelData(
+        TokenArray([list(rng.integers(4, 40, k)) for k in src_l]),
+        TokenArray([list(rng.integers(4, 40, k)) for k in tgt_l]),
+        Stats(),
+    )
+    model = make_model().eval()
+
+    def totals(batches, multiple):
+        loss = nll = 0.0
+        tokens = 0
+        shapes = set()
+        with torch.no_grad():
+            for b in batches:
+                batch = collate(data, b, multiple=multiple)
+                shapes.add(tuple(batch.src.shape) + tuple(batch.tgt_in.shape))
+                lo, nl = reference_loss(model, batch, 0.1)
+                loss, nll, tokens = loss + float(lo), nll + float(nl), tokens + batch.n_tokens
+        return loss, nll, tokens, shapes
+
+    plain = totals(token_batches(src_l + 1, tgt_l + 1, 300, seed=1), 0)
+    bucketed = totals(bucket_batches(src_l + 1, tgt_l + 1, 300, 8, seed=1), 8)
+    assert bucketed[2] == plain[2] == int((tgt_l + 1).sum())
+    assert bucketed[0] == pytest.approx(plain[0], rel=1e-5)
+    assert bucketed[1] == pytest.approx(plain[1], rel=1e-5)
+    pairs = {
+        (-(-(a + 1) // 8) * 8, -(-(b + 1) // 8) * 8) for a, b in zip(src_l, tgt_l, strict=True)
+    }
+    assert {(s, t) for _, s, _, t in bucketed[3]} == pairs  # one shape per width pair
+    assert len(bucketed[3]) == len(pairs)
+
+
+def test_training_on_bucketed_batches_says_its_shapes_and_resumes_exactly(tmp_path):
+    def run(name, steps):
+        proc = run_mt(
+            "train", "tiny", "--run-dir", tmp_path / name, "--set",
+            f"data.dir={tmp_path / 'd'}", f"train.max_steps={steps}", "train.log_every=2",
+            "train.valid_every=100", "train.save_every=4", "train.average_last=0",
+            "train.shape_buckets=16",
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        log = (tmp_path / name / "train_log.jsonl").read_text().splitlines()
+        return proc.stderr, [(r["step"], r["loss"]) for r in map(json.loads, log) if "loss" in r]
+
+    err, straight = run("straight", 8)
+    import re
+
+    n_shapes = int(re.search(r"in (\d+) shapes?; padding", err).group(1))
+    assert 1 <= n_shapes <= 16, err  # widths up to 64 in steps of 16: at most 4 x 4
+    run("resumed", 4)
+    assert run("resumed", 8)[1] == straight

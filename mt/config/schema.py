@@ -159,6 +159,14 @@ class TrainConfig(_Section):
         4096, ge=16, description="source+target tokens per batch, padding incl."
     )
     accum_steps: int = Field(1, ge=1, description="batches accumulated into one update")
+    shape_buckets: int = Field(
+        0,
+        ge=0,
+        description="pad both widths of a batch to multiples of this, with the same row count "
+        "for every batch of a width pair, so an epoch has a few batch shapes (for a compiled "
+        "or CUDA-graphed step; mt/data/batching.py bucket_batches); 0 = the length-sorted "
+        "batches of least padding",
+    )
     lr_factor: float = Field(1.0, gt=0.0)
     warmup: int = Field(4000, ge=1)
     cooldown: float = Field(

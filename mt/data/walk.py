@@ -49,15 +49,15 @@ def training_batches(
             choose_directions(state, cfg.bidirectional_share, progress(), say)
         if state.both_directions:
             data = both_directions(data)
-        order = epoch_batches(data, cfg.max_tokens, cfg.seed, state.epoch)
-        if not described:  # the first epoch this run walks: its padding
-            say(describe_batches(data, order, cfg.max_tokens))
+        order = epoch_batches(data, cfg.max_tokens, cfg.seed, state.epoch, cfg.shape_buckets)
+        if not described:  # the first epoch this run walks: its shapes and padding
+            say(describe_batches(data, order, cfg.max_tokens, cfg.shape_buckets))
             described = True
         usable = len(order) - len(order) % world  # every rank gets as many batches
         while state.batch_in_epoch < usable:
             position = state.batch_in_epoch + rank
             state.batch_in_epoch += world
-            batch = collate(data, order[position], pin=pin)
+            batch = collate(data, order[position], pin=pin, multiple=cfg.shape_buckets)
             if cfg.word_dropout > 0:  # on the CPU batch, before it moves (pinned stays pinned)
                 drop_source_words(
                     batch, cfg.word_dropout, [epoch_seed(cfg.seed, state.epoch), position]
