@@ -123,3 +123,13 @@ def test_the_batch_shapes_of_a_search_are_few(tiny_run):
     _same(got, beam_nbest(t.model, src, mask, 4, 1, 1.0, 1.5, 5))
     sentences = {r // 4 for r in rows[1:]}  # after the first step: 4 hypotheses a sentence
     assert sentences <= {37, 32, 16, 8, 4, 2, 1}, sentences
+
+
+def test_a_minimum_length_holds_as_in_the_batch_shrinking_search(tiny_run):
+    t = Translator.load(tiny_run, "cpu")
+    src, mask = _batch(t, 12, seed=6)
+    for beam in (1, 3):
+        args = (t.model, src, mask, beam, 1, 1.0, 1.5, 5)
+        got = beam_nbest_on_device(*args, min_len=6)
+        _same(got, beam_nbest(*args, min_len=6))
+        assert all(len(s[0][0]) >= 5 for s in got)  # 6 tokens with EOS

@@ -283,3 +283,76 @@ def test_scheduled_sampling_resumes_exactly(tmp_path):
     straight = run("straight", 6)
     run("resumed", 3)
     assert run("resumed", 6) == straight
+
+
+def _loss_of(gold_p: float, pick: str = "argmax", seed: int = 0):
+    return ScheduledSamplingLoss(
+        ScheduledSamplingConfig(schedule="linear", k=1.0, c=1.0 - gold_p, pick=pick),
+        reference_loss,
+        True,
+        seed,
+    )
+
+
+def test_picks_are_draws_from_the_softmax_over_the_vocabulary():
+    """pick: sample, counted: each token's frequency is its softmax probability along the
+    vocabulary (not along the batch or time), for (N, V) and (B, T, V) logits; the seed
+    decides the draws."""
+    ss = _loss_of(0.5, "sample")
+    logits = torch.tensor([[2.0, 0.0, -1.0, 1.0], [0.0, 3.0, 0.0, 0.0]])
+    expected = torch.softmax(logits, -1)
+    for shape in ((2, 4), (1, 2, 4)):
+        ss.set_step(0)
+        counts = torch.zeros(2, 4)
+        batch = logits.view(*shape)
+        for _ in range(2000):
+            drawn = ss._pick(batch).reshape(-1)
+            counts[torch.arange(2), drawn] += 1
+        torch.testing.assert_close(counts / 2000, expected, atol=0.04, rtol=0)
+    big = torch.randn(8, 5, 30)
+    ss.set_step(7)
+    a = ss._pick(big)
+    ss.set_step(7)
+    assert torch.equal(a, ss._pick(big))
+    other = _loss_of(0.5, "sample", seed=1)
+    other.set_step(7)
+    assert not torch.equal(a, other._pick(big))
+    assert torch.equal(_loss_of(0.5)._pick(big), big.argmax(-1))
+
+
+def test_two_pass_mixing_is_decided_by_the_seed_and_the_update():
+    torch.manual_seed(0)
+    model = build_model(
+        ModelConfig(d_model=32, n_heads=4, enc_layers=1, dec_layers=1, d_ff=64, dropout=0.0), 40, 40
+    ).train()
+    batch = _gold_batch()
+
+    def mixed(seed, step):
+        seen = []
+        ss = ScheduledSamplingLoss(
+            ScheduledSamplingConfig(schedule="linear", k=1.0, c=0.5 / max(step, 1)),
+            lambda m, b, e: seen.append(b.tgt_in) or reference_loss(m, b, e),
+            True,
+            seed,
+        )
+        ss.set_step(step)
+        ss(model, batch, 0.1)
+        return seen[0]
+
+    assert torch.equal(mixed(0, 3), mixed(0, 3))
+    assert not torch.equal(mixed(0, 3), mixed(1, 3))
+    assert not torch.equal(mixed(0, 3), mixed(0, 4))
+
+
+def test_validation_sees_the_model_as_it_decodes():
+    """In eval mode (validation) the loss is the base loss on the gold input, whatever p."""
+    torch.manual_seed(0)
+    model = build_model(
+        ModelConfig(d_model=32, n_heads=4, enc_layers=1, dec_layers=1, d_ff=64, dropout=0.0), 40, 40
+    ).eval()
+    batch = _batch()
+    ss = _loss_of(0.0)
+    ss.set_step(10)
+    with torch.no_grad():
+        got, want = ss(model, batch, 0.1), reference_loss(model, batch, 0.1)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
