@@ -9,7 +9,8 @@
 # PARTs: cudatests (tests/test_cuda.py alone, under 2 min), probe (why the first steps are
 # slow, 1-2 min), tests (the rest of the suite, 4+ min; each failure's traceback is written to
 # OUTDIR/failures.log as it happens; PYTEST_FILES="tests/a.py tests/b.py" runs only those),
-# decode (item 5, 1 min), gpudecode (beam-5 decoding speed: the search on the device against
+# decode (item 5, 1 min), trainshapes (the shipped config in fixed batch shapes,
+# compiled per shape, 3 min), gpudecode (beam-5 decoding speed: the search on the device against
 # the batch-shrinking search and HF generate, small and base models, bf16 and fp32, 4-6 min), bench (items 2 and 3, 5 min; benchbase: only the base model's
 # training throughput, 3 min, mt as `mt train` chooses (train.fast_paths auto: no mt/fast on a
 # GPU); benchref: mt without mt/fast, as a check of auto; benchfast: mt with mt/fast forced
@@ -105,6 +106,19 @@ bench|benchbase)
     timeout 80 python3 scripts/bench/bench_decode.py --data-dir data/multi30k --device cuda \
         --precision bf16 --skip-nocache
     ;;
+trainshapes)
+    step "GPU step: the shipped En->De config in fixed batch shapes (train.shape_buckets=16), compiled once per shape, for ${TRAIN_SECONDS:-150} s"
+    # time-boxed on purpose: SIGINT makes mt train save last.pt and exit 130 (timeout: 124)
+    timeout -s INT "${TRAIN_SECONDS:-150}" mt train configs/multi30k_en_de.yaml \
+        --run-dir runs/gpu_shapes --set train.shape_buckets=16 train.compile=true \
+        > "$out/train_shapes.log" 2>&1 || true
+    grep -E "shapes|updates|error" "$out/train_shapes.log" | head -5
+    python3 - runs/gpu_shapes/train_log.jsonl <<'EOF'
+import json, sys
+recs = [json.loads(line) for line in open(sys.argv[1])]
+print("target tokens/s by step:", [(r["step"], round(r["tok_s"])) for r in recs if "tok_s" in r])
+EOF
+    ;;
 gpudecode)
     step "GPU decoding: beam 5 on the 1,000 test sentences, the search on the device against the batch-shrinking one and HF generate (CTranslate2's GPU build needs CUDA 12's cuBLAS, which this machine lacks)"
     for size in small base; do for prec in bf16 fp32; do
@@ -135,6 +149,6 @@ print("valid BLEU by step:", [(r["step"], r["valid_bleu"]) for r in recs if "val
 print("target tokens/s by step:", [(r["step"], round(r["tok_s"])) for r in recs if "tok_s" in r])
 EOF
     ;;
-*) echo "unknown part $part (probe cudatests tests decode gpudecode bench benchbase benchref benchfast train)"; exit 2 ;;
+*) echo "unknown part $part (probe cudatests tests decode gpudecode trainshapes bench benchbase benchref benchfast train)"; exit 2 ;;
 esac; done
 step done

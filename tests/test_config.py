@@ -1,4 +1,5 @@
 import pytest
+import torch
 from pydantic import ValidationError
 
 from mt.config import apply_overrides, load_config, validate
@@ -198,3 +199,17 @@ def test_a_byte_order_mark_before_a_config_is_ignored(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_bytes("\ufefftrain: {max_steps: 3}\n".encode())
     assert read_yaml(path) == {"train": {"max_steps": 3}}
+
+
+def test_compile_and_forced_fast_paths_are_refused_together():
+    with pytest.raises(MTError, match="two ways to a fast step"):
+        load_config(ROOT / "configs/tiny.yaml", ["train.compile=true", "train.fast_paths=true"])
+    cfg = load_config(ROOT / "configs/tiny.yaml", ["train.compile=true"])  # auto steps aside
+    from mt.model import REFERENCE
+    from mt.train.objective import model_parts
+
+    assert model_parts(cfg.train, torch.device("cpu")) is REFERENCE
+    assert (
+        model_parts(load_config(ROOT / "configs/tiny.yaml").train, torch.device("cpu"))
+        is not REFERENCE
+    )

@@ -599,3 +599,46 @@ def test_a_full_disk_under_the_training_log_is_one_line(tmp_path):
     (tmp_path / "train_log.jsonl").symlink_to("/dev/full")
     with pytest.raises(MTError, match=r"could not write .*train_log\.jsonl: the disk is full"):
         RunLog(tmp_path).write({"step": 1, "loss": 2.0})
+
+
+def test_compiled_training_on_bucketed_batches_compiles_each_shape_once(tmp_path, monkeypatch):
+    """train.compile with train.shape_buckets: static shapes, one compilation per batch shape
+    (no graph breaks: one graph each), the same losses as eager (aot_eager keeps it quick)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from mt.data.batching import batch_shapes, bucket_batches
+
+    real_compile = torch.compile
+    seen = {}
+
+    def aot_eager(model, **kw):
+        seen.update(kw)
+        return real_compile(model, backend="aot_eager", **kw)
+
+    monkeypatch.setattr(torch, "compile", aot_eager)
+    torch._dynamo.reset()
+    counters.clear()
+    eager = _trainer(tmp_path / "e", "model.dropout=0.0", "train.shape_buckets=8")
+    comp = _trainer(
+        tmp_path / "c", "model.dropout=0.0", "train.shape_buckets=8", "train.compile=true"
+    )
+    comp.model.load_state_dict(eager.model.state_dict())
+    assert seen == {"dynamic": False}
+    data = eager.train_data
+    batches = bucket_batches(data.src.lengths + 1, data.tgt.lengths + 1, 2000, 8, seed=0)
+    by_shape: dict = {}
+    for b in batches:
+        (key,) = batch_shapes(data.src.lengths, data.tgt.lengths, [b], 8)
+        by_shape.setdefault(key, []).append(b)
+    firsts = [bs[0] for bs in by_shape.values()]
+    assert len(firsts) == 2  # the synthetic task's widths at multiples of 8
+    for b in [*firsts, firsts[0], by_shape[next(iter(by_shape))][-1]]:  # the first shape again
+        batch = [collate(data, b, multiple=8)]
+        assert eager.train_step(batch) and comp.train_step(batch)
+    torch.testing.assert_close(
+        torch.stack(comp._window.loss), torch.stack(eager._window.loss), rtol=1e-5, atol=0
+    )
+    assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    torch._dynamo.reset()

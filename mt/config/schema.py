@@ -285,7 +285,9 @@ class TrainConfig(_Section):
     )
     compile: bool = Field(
         False,
-        description="torch.compile the training forward/backward (dynamic shapes); pays off on GPU",
+        description="torch.compile the training forward/backward of the reference model "
+        "(dynamic shapes; static ones, one compilation per shape, with shape_buckets); pays "
+        "off on GPU; mt/fast then steps aside (fast_paths auto)",
     )
 
     @field_validator("fast_paths", mode="before")
@@ -296,6 +298,16 @@ class TrainConfig(_Section):
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             raise ValueError(f"expected 'auto', true or false, not the number {v!r}")
         return v
+
+    @model_validator(mode="after")
+    def _one_way_to_a_fast_step(self) -> TrainConfig:
+        if self.compile and self.fast_paths is True:
+            raise ValueError(
+                "train.compile and train.fast_paths: true are two ways to a fast step: "
+                "torch.compile fuses the reference model itself, and mt/fast's hand-written "
+                "nodes break its graph; set fast_paths: auto (or false), or compile: false"
+            )
+        return self
 
     @model_validator(mode="after")
     def _average_needs_snapshots(self) -> TrainConfig:

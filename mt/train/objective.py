@@ -28,8 +28,9 @@ def fast_paths_apply(setting: str | bool, device: torch.device) -> bool:
 def model_parts(t, device: torch.device, pretraining: bool = False) -> Parts:
     """The module classes to build the model from: mt/fast's where `t.fast_paths`
     (TrainConfig) applies to `device`, else the reference ones. Encoder pretraining keeps the
-    reference: the masked-LM loss reads the encoder alone."""
-    if pretraining or not fast_paths_apply(t.fast_paths, device):
+    reference: the masked-LM loss reads the encoder alone; so does train.compile, which fuses
+    the reference model itself (mt/fast's row packing would break its graph)."""
+    if pretraining or t.compile or not fast_paths_apply(t.fast_paths, device):
         return REFERENCE
     return fast.PARTS
 

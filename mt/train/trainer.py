@@ -33,6 +33,23 @@ from mt.train.tracking import RunLog
 from mt.train.validation import Validating
 
 
+def compiled(model: torch.nn.Module, shape_buckets: int):
+    """The model under torch.compile for training. Length-sorted batches come in a new shape
+    almost every time: one compilation for dynamic shapes. With train.shape_buckets they come
+    in a few fixed ones (said at start-up): static shapes, one compilation each, with Dynamo's
+    limit on recompilations (8 by default) raised to cover them."""
+    if not shape_buckets:
+        return torch.compile(model, dynamic=True)
+    from torch._dynamo import config as dynamo_config
+
+    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, STATIC_SHAPES_LIMIT)
+    return torch.compile(model, dynamic=False)
+
+
+# the most batch shapes compiled statically (a WMT-like corpus at shape_buckets 16: 36)
+STATIC_SHAPES_LIMIT = 128
+
+
 class Trainer(Validating, Saving):
     """cfg: the train section (budgets, schedule of logs, validations and saves); run_config:
     the whole config as a dict, which every checkpoint carries; objective: what is minimised
@@ -71,8 +88,7 @@ class Trainer(Validating, Saving):
         # Data parallel without a DDP wrapper: every rank starts from rank 0's weights (buffers
         # are fixed tables), gradients are averaged once all ranks succeeded (train_step).
         dist.broadcast_parameters(model)
-        # shapes vary with every batch: compile for dynamic shapes once
-        self.train_model = torch.compile(model, dynamic=True) if cfg.compile else model
+        self.train_model = compiled(model, cfg.shape_buckets) if cfg.compile else model
         self.train_data, self.validation, self.tokenizer = train_data, validation, tokenizer
         self.epoch_data, self.cfg, self.run_config = epoch_data, cfg, run_config
         self.run_dir, self.device, self.amp_dtype = run_dir, device, amp_dtype
