@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 6 comparison: every architecture variant trained on Multi30k De->En with the same
+# The architectures compared: every variant trained on Multi30k De->En with the same
 # fixed budget, then scored on test_2016_flickr (beam 5). Prints a markdown table (also in
 # runs/compare/results.md) and draws one attention picture per variant for the same sentence.
 #   scripts/compare_architectures.sh [RAW_DIR] [variant ...]

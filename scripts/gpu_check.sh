@@ -1,23 +1,27 @@
 #!/usr/bin/env bash
-# The GPU checks of issue 33 ("GPU measured"), run in calls of a lent GPU machine, which keeps
-# nothing between calls and reaches no package index. What it needs travels in .gpu/ (ignored
-# by git; scripts/gpu_check.sh --prepare makes it here, where pip works):
+# The checks and measurements that need a CUDA GPU, run on a GPU machine that keeps nothing
+# between calls and reaches no package index. What it needs travels in .gpu/ (ignored by git;
+# scripts/gpu_check.sh --prepare makes it here, where pip works):
 #   .gpu/whl/    wheels of mt's dependencies that the GPU image lacks (Python 3.12)
 #   .gpu/m30k/   the raw Multi30k files of ../shared/data/multi30k (the real-data tests)
 #   .gpu/en_de/  a CPU-trained En->De run (best.pt + its CPU test translation), to decode on both
 # On the GPU machine, in the repository root:  bash scripts/gpu_check.sh OUTDIR [PART ...]
-# PARTs: cudatests (tests/test_cuda.py alone, under 2 min), probe (why the first steps are
-# slow, 1-2 min), tests (the rest of the suite, 4+ min; each failure's traceback is written to
-# OUTDIR/failures.log as it happens; PYTEST_FILES="tests/a.py tests/b.py" runs only those),
-# decode (item 5, 1 min), trainshapes (the shipped config in fixed batch shapes,
-# compiled per shape, 3 min), gpudecode (beam-5 decoding speed: the search on the device against
-# the batch-shrinking search and HF generate, small and base models, bf16 and fp32, 4-6 min), bench (items 2 and 3, 5 min; benchbase: only the base model's
-# training throughput, 3 min, mt as `mt train` chooses (train.fast_paths auto: no mt/fast on a
-# GPU); benchref: mt without mt/fast, as a check of auto; benchfast: mt with mt/fast forced
-# on), train (item 4: the shipped En->De config for TRAIN_SECONDS, 3 min by default; the
-# whole run takes about 20 min on an H200). Default: cudatests tests train, one 10-minute
-# call (a lease is 15 minutes of device time, start-up included; a second call fits only if
-# made within the machine's 30 s idle time). Logged to OUTDIR/check.log.
+# PARTs:
+#   cudatests    tests/test_cuda.py alone (the paths only a GPU takes), under 2 min
+#   probe        why the first steps are slow, 1-2 min
+#   tests        the rest of the suite, 4+ min; each failure's traceback is written to
+#                OUTDIR/failures.log as it happens; PYTEST_FILES="tests/a.py" runs only those
+#   decode       one CPU-trained checkpoint decoded on the GPU against its CPU output, 1 min
+#   gpudecode    beam-5 decoding speed: the search on the device against the batch-shrinking
+#                search and HF generate, small and base models, bf16 and fp32, 4-6 min
+#   trainshapes  the shipped En->De config in fixed batch shapes, compiled per shape, 3 min
+#   bench        training throughput (base and small) and decoding speed, 5 min; benchbase: the
+#                base model's training throughput alone, 3 min, mt as `mt train` chooses
+#                (train.fast_paths auto: no mt/fast on a GPU); benchref: mt without mt/fast;
+#                benchfast: mt with mt/fast forced on
+#   train        the shipped En->De config for TRAIN_SECONDS (3 min by default; the whole run
+#                takes about 20 min on an H200)
+# Default: cudatests tests train, about 10 minutes. Logged to OUTDIR/check.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -66,22 +70,22 @@ probe)
     timeout "${PROBE_SECONDS:-100}" python3 scripts/bench/gpu_shape_probe.py --size tiny
     ;;
 cudatests)
-    step "item 1, first: tests/test_cuda.py (the paths only a GPU takes), alone"
+    step "tests/test_cuda.py (the paths only a GPU takes), alone"
     timeout "${CUDATEST_SECONDS:-100}" python3 -m pytest -v -n 4 -p no:cacheprovider -rf \
         --timeout 90 tests/test_cuda.py > "$out/pytest_cuda.log" 2>&1
     grep -E " (PASSED|FAILED|ERROR|SKIPPED) |passed|failed" "$out/pytest_cuda.log" | tail -30
     ;;
 tests)
-    step "item 1: the test suite on the GPU, alone"
+    step "the test suite on the GPU, alone"
     # -v: each result is named as it happens, so a run cut by the time limit still says which
-    # tests failed (the first lease's -q log ended at the limit with two unnamed F's)
+    # tests failed (a -q log cut by the time limit ends with unnamed F's)
     timeout "${PYTEST_SECONDS:-240}" python3 -m pytest -v -n 12 -p no:cacheprovider -rf \
         --timeout 200 ${PYTEST_FILES:---ignore tests/test_cuda.py} > "$out/pytest.log" 2>&1
     grep -c " PASSED " "$out/pytest.log"
     grep -E " (FAILED|ERROR) |^(FAILED|ERROR) |passed|failed" "$out/pytest.log" | tail -40
     ;;
 decode)
-    step "item 5: one CPU-trained checkpoint decoded on the GPU (auto precision, then fp32)"
+    step "one CPU-trained checkpoint decoded on the GPU (auto precision, then fp32)"
     for prec in auto fp32; do
         t0=$(date +%s.%N)
         timeout 60 mt translate .gpu/en_de/best.pt -i data/multi30k/test.en \
@@ -96,13 +100,13 @@ EOF
     done
     ;;
 bench|benchbase)
-    step "item 2: training throughput, bf16"
+    step "training throughput, bf16"
     timeout "${BENCH_SECONDS:-200}" python3 scripts/bench/bench_train.py --device cuda --precision bf16 --size base \
         --max-tokens 32768 --repeats 1
     [ "$part" = bench ] || continue
     timeout 120 python3 scripts/bench/bench_train.py --device cuda --precision bf16 --size small \
         --max-tokens 32768 --repeats 1
-    step "item 3: beam-5 decoding speed, bf16"
+    step "beam-5 decoding speed, bf16"
     timeout 80 python3 scripts/bench/bench_decode.py --data-dir data/multi30k --device cuda \
         --precision bf16 --skip-nocache
     ;;
@@ -127,17 +131,17 @@ gpudecode)
     done; done
     ;;
 benchref)
-    step "item 2: training throughput, bf16, base, mt without its CPU fast paths"
+    step "training throughput, bf16, base, mt without its CPU fast paths"
     timeout "${BENCH_SECONDS:-200}" python3 scripts/bench/bench_train.py --device cuda --precision bf16 \
         --size base --max-tokens 32768 --repeats 1 --no-fast-paths
     ;;
 benchfast)
-    step "item 2: training throughput, bf16, base, mt with its CPU fast paths forced on"
+    step "training throughput, bf16, base, mt with its CPU fast paths forced on"
     timeout "${BENCH_SECONDS:-200}" python3 scripts/bench/bench_train.py --device cuda --precision bf16 \
         --size base --max-tokens 32768 --repeats 1 --fast-paths
     ;;
 train)
-    step "item 4: the shipped En->De config on the GPU, alone, for ${TRAIN_SECONDS:-180} s"
+    step "the shipped En->De config on the GPU, alone, for ${TRAIN_SECONDS:-180} s"
     # time-boxed on purpose: SIGINT makes mt train save last.pt and exit 130 (timeout: 124)
     timeout -s INT "${TRAIN_SECONDS:-180}" mt train configs/multi30k_en_de.yaml \
         --run-dir runs/gpu_en_de > "$out/train_en_de.log" 2>&1 || true

@@ -1,6 +1,6 @@
 """On a CUDA GPU, the code paths a CPU never takes: the fast model and the fused loss on CUDA
 tensors, bf16 autocast, fp16 with the GradScaler, and decoding on the GPU against the CPU.
-Skipped where no GPU is visible (CI); run on a lent GPU by scripts/gpu_check.sh."""
+Skipped where no GPU is visible (CI); run on a GPU machine by scripts/gpu_check.sh."""
 
 import json
 
