@@ -173,7 +173,7 @@ def out_of_memory_on_call(model, n: int) -> None:
 
 def pytest_runtest_logreport(report):
     """With MT_TEST_FAILURE_LOG set, each failure's traceback is written to that file as it
-    happens: a suite cut off by a time limit (a time-limited run on a GPU machine) prints none of them."""
+    happens: a suite cut off by a time limit (on a GPU machine) prints none of them."""
     path = os.environ.get("MT_TEST_FAILURE_LOG")
     if path and report.failed and "PYTEST_XDIST_WORKER" not in os.environ:
         with open(path, "a", encoding="utf-8") as f:

@@ -130,7 +130,7 @@ def test_compiled_training_takes_the_same_steps(tmp_path):
     eager = _trainer(tmp_path / "e", "model.dropout=0.0")
     compiled = _trainer(tmp_path / "c", "model.dropout=0.0", "train.compile=true")
     compiled.model.load_state_dict(eager.model.state_dict())
-    assert compiled.train_model._orig_mod is compiled.model  # really compiled
+    assert compiled.train_loss is not None and compiled.train_model is compiled.model
     for idx in (range(16), range(16, 40), range(40, 48)):
         batch = [collate(eager.train_data, np.array(list(idx)))]
         assert eager.train_step(batch) and compiled.train_step(batch)
@@ -602,8 +602,9 @@ def test_a_full_disk_under_the_training_log_is_one_line(tmp_path):
 
 
 def test_compiled_training_on_bucketed_batches_compiles_each_shape_once(tmp_path, monkeypatch):
-    """train.compile with train.shape_buckets: static shapes, one compilation per batch shape
-    (no graph breaks: one graph each), the same losses as eager (aot_eager keeps it quick)."""
+    """train.compile with train.shape_buckets: the model and the loss in one graph per batch
+    shape (static shapes, no graph break), the same losses as eager (aot_eager keeps it
+    quick)."""
     import torch._dynamo
     from torch._dynamo.utils import counters
 
@@ -612,9 +613,9 @@ def test_compiled_training_on_bucketed_batches_compiles_each_shape_once(tmp_path
     real_compile = torch.compile
     seen = {}
 
-    def aot_eager(model, **kw):
-        seen.update(kw)
-        return real_compile(model, backend="aot_eager", **kw)
+    def aot_eager(fn, **kw):
+        seen.update(kw, fn=fn)
+        return real_compile(fn, backend="aot_eager", **kw)
 
     monkeypatch.setattr(torch, "compile", aot_eager)
     torch._dynamo.reset()
@@ -624,7 +625,7 @@ def test_compiled_training_on_bucketed_batches_compiles_each_shape_once(tmp_path
         tmp_path / "c", "model.dropout=0.0", "train.shape_buckets=8", "train.compile=true"
     )
     comp.model.load_state_dict(eager.model.state_dict())
-    assert seen == {"dynamic": False}
+    assert seen == {"dynamic": False, "fn": comp.objective.loss}  # the loss, model inside
     data = eager.train_data
     batches = bucket_batches(data.src.lengths + 1, data.tgt.lengths + 1, 2000, 8, seed=0)
     by_shape: dict = {}

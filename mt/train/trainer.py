@@ -33,17 +33,19 @@ from mt.train.tracking import RunLog
 from mt.train.validation import Validating
 
 
-def compiled(model: torch.nn.Module, shape_buckets: int):
-    """The model under torch.compile for training. Length-sorted batches come in a new shape
-    almost every time: one compilation for dynamic shapes. With train.shape_buckets they come
-    in a few fixed ones (said at start-up): static shapes, one compilation each, with Dynamo's
-    limit on recompilations (8 by default) raised to cover them."""
+def compiled(loss, shape_buckets: int):
+    """The loss function loss(model, batch) (the objective's: the model's forward and the
+    label-smoothed loss, which then fuse) under torch.compile. Length-sorted batches come in
+    a new shape almost every time: one compilation for dynamic shapes. With
+    train.shape_buckets they come in a few fixed ones (said at start-up): static shapes, one
+    compilation each, with Dynamo's limit on recompilations (8 by default) raised to cover
+    them."""
     if not shape_buckets:
-        return torch.compile(model, dynamic=True)
+        return torch.compile(loss, dynamic=True)
     from torch._dynamo import config as dynamo_config
 
     dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, STATIC_SHAPES_LIMIT)
-    return torch.compile(model, dynamic=False)
+    return torch.compile(loss, dynamic=False)
 
 
 # the most batch shapes compiled statically (a WMT-like corpus at shape_buckets 16: 36)
@@ -88,7 +90,9 @@ class Trainer(Validating, Saving):
         # Data parallel without a DDP wrapper: every rank starts from rank 0's weights (buffers
         # are fixed tables), gradients are averaged once all ranks succeeded (train_step).
         dist.broadcast_parameters(model)
-        self.train_model = compiled(model, cfg.shape_buckets) if cfg.compile else model
+        self.train_model = model  # the model the updates run (no DDP wrapper)
+        # train.compile: the model and the loss in one compiled function
+        self.train_loss = compiled(objective.loss, cfg.shape_buckets) if cfg.compile else None
         self.train_data, self.validation, self.tokenizer = train_data, validation, tokenizer
         self.epoch_data, self.cfg, self.run_config = epoch_data, cfg, run_config
         self.run_dir, self.device, self.amp_dtype = run_dir, device, amp_dtype
@@ -233,7 +237,7 @@ class Trainer(Validating, Saving):
         on device."""
         losses, nlls = [], []
         for batch in batches:
-            loss, nll = self._loss(batch, self.train_model)
+            loss, nll = self._loss(batch, self.train_model, self.train_loss)
             self.scaler.scale(loss * scale).backward()
             losses.append(loss.detach())
             nlls.append(nll.detach())
