@@ -443,3 +443,36 @@ def test_training_on_bucketed_batches_says_its_shapes_and_resumes_exactly(tmp_pa
     assert 1 <= n_shapes <= 16, err  # widths up to 64 in steps of 16: at most 4 x 4
     run("resumed", 4)
     assert run("resumed", 8)[1] == straight
+
+
+def test_collate_builds_what_a_sentence_by_sentence_loop_builds():
+    """The gathers of collate against the obvious loop, on random lengths, with empty filler
+    rows (-1) and widths rounded up to a multiple."""
+    import torch
+
+    from mt.data.batching import collate
+    from mt.data.corpus import ParallelData, Stats, TokenArray
+    from mt.tokens import BOS, EOS, PAD
+
+    rng = np.random.default_rng(7)
+    src = [list(rng.integers(4, 50, k)) for k in rng.integers(1, 20, 40)]
+    tgt = [list(rng.integers(4, 50, k)) for k in rng.integers(1, 20, 40)]
+    data = ParallelData(TokenArray(src), TokenArray(tgt), Stats())
+    for indices, multiple in (([3, 0, 17, 39], 0), ([5, -1, 22, -1], 8), ([11], 16)):
+        batch = collate(data, np.array(indices), multiple=multiple)
+        real = [i for i in indices if i >= 0]
+        s_w = max(len(src[i]) for i in real) + 1
+        t_w = max(len(tgt[i]) for i in real) + 1
+        if multiple:
+            s_w, t_w = -(-s_w // multiple) * multiple, -(-t_w // multiple) * multiple
+        for row, i in enumerate(indices):
+            s = [] if i < 0 else src[i]
+            t = None if i < 0 else tgt[i]
+            want_src = s + [EOS] + [PAD] * (s_w - len(s) - 1)
+            want_in = [BOS] + (t or []) + [PAD] * (t_w - 1 - len(t or []))
+            want_out = [PAD] * t_w if t is None else t + [EOS] + [PAD] * (t_w - len(t) - 1)
+            assert batch.src[row].tolist() == want_src
+            assert batch.tgt_in[row].tolist() == want_in
+            assert batch.tgt_out[row].tolist() == want_out
+        assert batch.n_tokens == sum(len(tgt[i]) + 1 for i in real)
+        assert batch.src.dtype == torch.int64

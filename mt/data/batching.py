@@ -130,34 +130,45 @@ def pad_sources(seqs: list[np.ndarray], width: int = 0) -> torch.Tensor:
     return torch.from_numpy(out)
 
 
-_EMPTY = np.zeros(0, dtype=np.int64)
+def _rows(arr: TokenArray, indices: np.ndarray, width: int, shift: int) -> np.ndarray:
+    """(B, width) int64, PAD everywhere but row b's tokens (sentence indices[b]; none for -1)
+    at columns shift .. shift + length - 1: one gather over the flat array, no Python loop."""
+    real = indices >= 0
+    rows = np.where(real, indices, 0)
+    lengths = np.where(real, arr.lengths[rows], 0)
+    cols = np.arange(width - shift)
+    inside = cols[None, :] < lengths[:, None]  # (B, width - shift)
+    out = np.full((len(indices), width), PAD, dtype=np.int64)
+    flat = arr.offsets[rows][:, None] + cols[None, :]
+    out[:, shift:][inside] = arr.data[flat[inside]]
+    return out
 
 
 def collate(data: ParallelData, indices: np.ndarray, pin: bool = False, multiple: int = 0) -> Batch:
     """The batch of sentences `indices`; multiple > 0 rounds both widths up to a multiple of
     it, and an index of -1 is an empty row (source: EOS alone; target: BOS, then nothing the
-    loss counts), which bucket_batches uses to fill a batch to its fixed row count."""
-    srcs = [data.src[i] if i >= 0 else _EMPTY for i in indices]
-    tgts = [data.tgt[i] if i >= 0 else None for i in indices]
-    s_width = max(len(s) for s in srcs) + 1
-    t_width = max(len(t) for t in tgts if t is not None) + 1
+    loss counts), which bucket_batches uses to fill a batch to its fixed row count. Built by
+    gathers over the token arrays, not per sentence."""
+    indices = np.asarray(indices, dtype=np.int64)
+    real = indices >= 0
+    rows = np.where(real, indices, 0)
+    s_len = np.where(real, data.src.lengths[rows], 0)
+    t_len = np.where(real, data.tgt.lengths[rows], -1)  # -1: no EOS for an empty row
+    s_width, t_width = int(s_len.max()) + 1, int(t_len.max()) + 1
     if multiple:
         s_width, t_width = (-(-w // multiple) * multiple for w in (s_width, t_width))
-    src = pad_sources(srcs, s_width)
-    tgt_in = np.full((len(tgts), t_width), PAD, dtype=np.int64)
-    tgt_out = np.full((len(tgts), t_width), PAD, dtype=np.int64)
+    b = np.arange(len(indices))
+    src = _rows(data.src, indices, s_width, 0)
+    src[b, s_len] = EOS
+    tgt_out = _rows(data.tgt, indices, t_width, 0)
+    tgt_out[b[real], t_len[real]] = EOS
+    tgt_in = _rows(data.tgt, indices, t_width, 1)
     tgt_in[:, 0] = BOS
-    for i, t in enumerate(tgts):
-        if t is None:  # an empty row: no target token is scored
-            continue
-        tgt_in[i, 1 : len(t) + 1] = t
-        tgt_out[i, : len(t)] = t
-        tgt_out[i, len(t)] = EOS
-    tensors = [src, torch.from_numpy(tgt_in), torch.from_numpy(tgt_out)]
+    tensors = [torch.from_numpy(x) for x in (src, tgt_in, tgt_out)]
     if pin:
         tensors = [t.pin_memory() for t in tensors]
     src_t, tgt_in_t, tgt_out_t = tensors
-    return Batch(src_t, tgt_in_t, tgt_out_t, sum(len(t) + 1 for t in tgts if t is not None))
+    return Batch(src_t, tgt_in_t, tgt_out_t, int((t_len[real] + 1).sum()))
 
 
 def drop_source_words(batch: Batch, p: float, seed: list[int]) -> None:
