@@ -133,3 +133,26 @@ def test_a_minimum_length_holds_as_in_the_batch_shrinking_search(tiny_run):
         got = beam_nbest_on_device(*args, min_len=6)
         _same(got, beam_nbest(*args, min_len=6))
         assert all(len(s[0][0]) >= 5 for s in got)  # 6 tokens with EOS
+
+
+@pytest.mark.parametrize("arch", ["rnn", "decoder_only"])
+def test_models_with_a_cross_cache_per_hypothesis_get_the_same_hypotheses(arch):
+    """An RNN and a decoder-only model keep their cache one row per hypothesis: dropping done
+    sentences must select those rows too (sources of different lengths end at different
+    steps, so the batch shrinks at the checks)."""
+    from mt.config import ModelConfig
+    from mt.model import build_model
+    from tests.conftest import make_src
+
+    torch.manual_seed(0)
+    model = build_model(
+        ModelConfig(arch=arch, d_model=32, n_heads=4, enc_layers=1, dec_layers=2, d_ff=64,
+                    dropout=0.0),
+        40,
+        40,
+    ).eval()  # fmt: skip
+    assert not model.cross_cache_per_sentence
+    src = make_src([3, 9, 5, 14, 7, 2, 11, 6, 4, 12])
+    for beam in (1, 3):
+        args = (model, src, src == PAD, beam, 1, 1.0, 1.5, 2)
+        _same(beam_nbest_on_device(*args), beam_nbest(*args))
