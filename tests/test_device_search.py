@@ -156,3 +156,34 @@ def test_models_with_a_cross_cache_per_hypothesis_get_the_same_hypotheses(arch):
     for beam in (1, 3):
         args = (model, src, src == PAD, beam, 1, 1.0, 1.5, 2)
         _same(beam_nbest_on_device(*args), beam_nbest(*args))
+
+
+def test_greedy_on_the_device_is_greedy_and_samples_by_its_seed(tiny_run):
+    from mt.decode.device_search import greedy_on_device
+    from mt.decode.sampling import Sampling
+    from mt.decode.search import greedy, sampler
+
+    t = Translator.load(tiny_run, "cpu")
+    src, mask = _batch(t, 50, seed=8)
+    for kw in ({}, {"forced": [5]}, {"use_cache": False}, {"min_len": 6}):
+        assert greedy_on_device(t.model, src, mask, 1.5, 5, **kw) == greedy(
+            t.model, src, mask, 1.5, 5, **kw
+        )
+    with HostSyncs() as syncs:
+        greedy_on_device(t.model, src, mask, 1.5, 5)
+    steps = int(max_lengths(mask, 1.5, 5, t.model.max_positions - 1).max())
+    assert syncs.count <= 1 + math.ceil(steps / CHECK_EVERY) + 1, syncs.where
+
+    def sampled(seed):
+        g = torch.Generator().manual_seed(seed)
+        return greedy_on_device(t.model, src, mask, 1.5, 5, pick=sampler(2.0, 0, 1.0, g))
+
+    assert sampled(3) == sampled(3) and sampled(3) != sampled(4)
+    device = Translator(
+        t.model, t.tokenizer, t.cfg.model_copy(update={"device_search": "always"}), t.device
+    )
+    lines, _ = generate(10, seed=9)
+    once = device.translate(lines, sampling=Sampling(temperature=2.0, seed=5))
+    assert once == device.translate(lines, sampling=Sampling(temperature=2.0, seed=5))
+    greedy_lines = device.translate(lines, sampling=Sampling(topk=1, seed=1))
+    assert greedy_lines == t.translate(lines, beam=1)  # top-1 sampling is greedy search

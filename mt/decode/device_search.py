@@ -33,7 +33,7 @@ from mt.decode.search import (
     max_lengths,
 )
 from mt.model import Seq2Seq, reorder_cache
-from mt.tokens import EOS
+from mt.tokens import BOS, EOS
 
 CHECK_EVERY = 8  # steps between the host's looks at the search (one sync each)
 
@@ -173,6 +173,59 @@ def bucketed_keep(done: list[bool]) -> list[int]:
     size = min(len(done), 1 << (len(live) - 1).bit_length())
     filler = [i for i, d in enumerate(done) if d][: size - len(live)]
     return sorted(live + filler)
+
+
+@torch.no_grad()
+def greedy_on_device(
+    model: Seq2Seq,
+    src: torch.Tensor,
+    src_pad_mask: torch.Tensor,
+    max_len_a: float = 1.5,
+    max_len_b: int = 10,
+    use_cache: bool = True,
+    min_len: int = 0,
+    pick=None,
+    forced: Sequence[int] = (),
+    check_every: int = CHECK_EVERY,
+) -> list[list[int]]:
+    """search.greedy's outputs (pick: argmax, or a `sampler` that draws) with the host reading
+    the search once every `check_every` steps: a sentence that ended keeps its place, frozen
+    (its later tokens are not written), until a check drops the ended ones down to a
+    power-of-two batch. A sampler draws for the frozen rows too, so its draws differ from
+    search.greedy's for the same seed (as they differ between a CPU and a GPU anyway)."""
+    b, dev = src.shape[0], src.device
+    pick = pick or (lambda lprobs: lprobs.argmax(-1))
+    memory = model.encode(src, src_pad_mask)
+    limits = max_lengths(src_pad_mask, max_len_a, max_len_b, model.max_positions - 1, len(forced))
+    steps = int(limits.max())
+    out = torch.full((b, steps), EOS, dtype=torch.long, device=dev)
+    alive = torch.arange(b, device=dev)
+    ended = torch.zeros(b, dtype=torch.bool, device=dev)  # (n,)
+    tokens = prefix = torch.full((b, 1), BOS, dtype=torch.long, device=dev)
+    cache = model.new_cache() if use_cache else None
+    for step in range(steps):
+        lprobs = _step_lprobs(
+            model, tokens, memory, src_pad_mask, cache, step, None if use_cache else prefix
+        )
+        lprobs = _constrain(lprobs, step, min_len, step + 1 >= limits[alive], forced)
+        nxt = torch.where(ended, EOS, pick(lprobs))  # (n,)
+        out[alive, step] = nxt
+        ended = ended | (nxt == EOS)
+        tokens = nxt[:, None]
+        if not use_cache:
+            prefix = torch.cat([prefix, tokens], dim=1)
+        if step + 1 == steps or (step + 1) % check_every:
+            continue
+        keep = bucketed_keep(ended.tolist())  # the one read of the check
+        if not keep:
+            break
+        if len(keep) < len(ended):
+            k = torch.tensor(keep, device=dev)
+            alive, ended, tokens, prefix = alive[k], ended[k], tokens[k], prefix[k]
+            memory, src_pad_mask = memory[k], src_pad_mask[k]
+            if cache is not None:
+                reorder_cache(cache, k)
+    return [row[: row.index(EOS)] if EOS in row else row for row in out.tolist()]
 
 
 def _keep(keep_sent, k, per_sentence, cache, alive, scores, hyps, pad_mask, memory, done):

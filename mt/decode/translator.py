@@ -17,7 +17,7 @@ from mt.artifacts import checkpoint
 from mt.config import DecodeConfig
 from mt.data.batching import pad_sources, token_batches
 from mt.data.tokenizer import Tokenizer
-from mt.decode.device_search import beam_nbest_on_device
+from mt.decode.device_search import beam_nbest_on_device, greedy_on_device
 from mt.decode.mask_predict import mask_predict
 from mt.decode.sampling import Sampling
 from mt.decode.search import beam_nbest, greedy, max_lengths, sampler
@@ -269,7 +269,12 @@ class Translator:
             return self._mask_predict(src, mask)
         lp = c.length_penalty if length_penalty is None else length_penalty
         lengths = (c.max_len_a, c.max_len_b)
-        if self.searches_on_device and sampling is None:  # greedy too: beam 1 is greedy
+        if self.searches_on_device and sampling is not None:
+            draw = sampler(sampling.temperature, sampling.topk, sampling.topp, generator)
+            hyps = greedy_on_device(self.model, src, mask, *lengths, use_cache, pick=draw,
+                                    forced=forced)  # fmt: skip
+            return [[(h, None)] for h in hyps]
+        if self.searches_on_device:  # greedy too: beam 1 is greedy
             found = beam_nbest_on_device(
                 self.model, src, mask, beam, nbest, lp, *lengths, use_cache, forced=forced
             )
