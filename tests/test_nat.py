@@ -339,3 +339,10 @@ def test_nat_cross_attention_reads_the_given_decoder_input():
     assert not (weights == other).all()  # the masked input is what it read
     assert len(hard_alignment(weights, eos_row=False)) == 3
     assert len(hard_alignment(weights)) == 2
+
+
+def test_mask_predict_keeps_candidate_lengths_within_max_len():
+    model = ScriptedNAT([6, 3, 5], {6: 0.9, 3: 0.9, 5: 0.9})
+    src = torch.tensor([[5, 6, 7]])
+    mask_predict(model, src, src == PAD, iterations=1, length_beam=2, max_len=5)
+    assert [int(n) for n in (model.inputs[0] != PAD).sum(1)] == [3, 5]  # 6 is too long
