@@ -1,4 +1,5 @@
 import json
+import math
 import os
 import signal
 import subprocess
@@ -643,3 +644,64 @@ def test_compiled_training_on_bucketed_batches_compiles_each_shape_once(tmp_path
     assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])
     assert not counters["graph_break"], dict(counters["graph_break"])
     torch._dynamo.reset()
+
+
+def _deferred(trainer):
+    """The trainer as it runs on a GPU: non-finite updates skipped on the device, counted
+    every few updates (mt/train/skips.py)."""
+    from mt.train.skips import DeferredSkips
+
+    trainer.deferred = DeferredSkips(trainer.device)
+    return trainer
+
+
+def test_an_update_reads_nothing_from_the_device_when_skips_are_deferred(tmp_path):
+    from mt.runtime.host_syncs import HostSyncs
+
+    # the reference model, as on a GPU (mt/fast's CPU row packing reads lengths)
+    t = _deferred(
+        _trainer(tmp_path, "train.max_steps=4", "train.valid_every=100", "train.fast_paths=false")
+    )
+    batches = t._batches()
+    t.train_step([next(batches)])  # the first update allocates Adam's state
+    batch = [next(batches)]
+    with HostSyncs() as syncs:
+        assert t.train_step(batch)
+    assert syncs.count == 0, syncs.where
+    with HostSyncs() as plain:
+        _trainer(tmp_path / "p", "train.valid_every=100", "train.fast_paths=false").train_step(
+            batch
+        )
+    assert plain.count >= 1  # the immediate check reads the loss
+
+
+def test_a_deferred_nonfinite_update_changes_no_weight_and_is_taken_back(tmp_path):
+    t = _deferred(_trainer(tmp_path, "train.max_steps=12", "train.valid_every=100",
+                           "train.log_every=4", "train.save_every=100"))  # fmt: skip
+    _poison(t, {2})
+    batches = t._batches()
+    t.train_step([next(batches)])
+    weights = {k: v.clone() for k, v in t.model.state_dict().items()}
+    adam = {k: v.clone() for k, v in t.optimizer.state_dict()["state"][0].items()}
+    assert t.train_step([next(batches)])  # poisoned: skipped on the device
+    assert all(torch.equal(weights[k], v) for k, v in t.model.state_dict().items())
+    now = t.optimizer.state_dict()["state"][0]
+    assert all(torch.equal(adam[k], now[k]) for k in adam)  # moments and step untouched
+    assert t.state.step == 2 and t.scheduler.last_epoch == 2  # not read yet
+    t._settle_skips()
+    assert t.state.step == 1 and t.scheduler.last_epoch == 1  # taken back
+    t.fit()
+    assert t.state.step == 12
+    recs = [json.loads(x) for x in (tmp_path / "run/train_log.jsonl").read_text().splitlines()]
+    assert [r["count"] for r in recs if r.get("skipped") == "non-finite loss"] == [1]
+    losses = [r["loss"] for r in recs if "loss" in r]
+    assert losses and all(math.isfinite(x) for x in losses)
+
+
+def test_deferred_skips_stop_a_run_of_nonfinite_updates(tmp_path):
+    t = _deferred(_trainer(tmp_path, "train.max_steps=40", "train.save_every=5",
+                           "train.valid_every=100", "train.max_nonfinite=3"))  # fmt: skip
+    _poison(t, set(range(8, 200)))
+    with pytest.raises(MTError, match=r"NaN/inf for .* updates in a row"):
+        t.fit()
+    assert t.state.step == 7  # the good updates, the skipped ones taken back

@@ -49,7 +49,10 @@ class Adam:
                 p.grad.zero_()
 
     @torch.no_grad()
-    def step(self) -> None:
+    def step(self, found_inf: torch.Tensor | None = None) -> None:
+        """One update; found_inf (a 0-dim float tensor on the parameters' device, 1.0 or 0.0)
+        skips it on the device when 1: weights, moments and step counts stay as they were,
+        with no read of the device (mt/train/skips.py)."""
         g = self.param_groups[0]
         groups: dict[tuple, list[list[torch.Tensor]]] = {}  # by (device, dtype), as fused needs
         for p in g["params"]:
@@ -68,7 +71,8 @@ class Adam:
             ):
                 lst.append(t)
         beta1, beta2 = g["betas"]
-        for params, grads, exp_avgs, exp_avg_sqs, steps in groups.values():
+        for (device, _), (params, grads, exp_avgs, exp_avg_sqs, steps) in groups.items():
+            inf = None if found_inf is None else found_inf.to(device)
             torch._foreach_add_(steps, 1)
             torch._fused_adam_(
                 params,
@@ -84,7 +88,11 @@ class Adam:
                 eps=g["eps"],
                 amsgrad=False,
                 maximize=False,
+                grad_scale=None,
+                found_inf=inf,
             )
+            if inf is not None:  # a skipped update does not count (as torch.optim does)
+                torch._foreach_sub_(steps, [inf] * len(steps))
 
     def state_dict(self) -> dict:
         params = self.param_groups[0]["params"]

@@ -58,6 +58,11 @@ class Noam:
         self.last_epoch += 1
         self._apply()
 
+    def rewind(self, updates: int) -> None:
+        """Take back `updates` steps that turned out to be skipped (mt/train/skips.py)."""
+        self.last_epoch -= updates
+        self._apply()
+
     def set_progress(self, progress: float) -> None:
         """The next update's learning rate, now that `progress` (0..1) of the budget is spent."""
         self.scale = cooldown_scale(progress, self.cooldown)

@@ -23,33 +23,16 @@ from mt.data.walk import training_batches
 from mt.errors import MTError
 from mt.objectives.objective import Objective
 from mt.runtime.distributed import Dist, teardown
+from mt.train.compiled import compiled
 from mt.train.ema import WeightAverage
 from mt.train.finish import draw_training_picture, finish_run
 from mt.train.progress import Forecast, lost_work_message, show_progress, stop_on_signal
 from mt.train.saving import Saving
 from mt.train.schedule import budget_progress
+from mt.train.skips import DeferredSkips, nonfinite_message
 from mt.train.state import LogWindow, TrainState, Validation
 from mt.train.tracking import RunLog
 from mt.train.validation import Validating
-
-
-def compiled(loss, shape_buckets: int):
-    """The loss function loss(model, batch) (the objective's: the model's forward and the
-    label-smoothed loss, which then fuse) under torch.compile. Length-sorted batches come in
-    a new shape almost every time: one compilation for dynamic shapes. With
-    train.shape_buckets they come in a few fixed ones (said at start-up): static shapes, one
-    compilation each, with Dynamo's limit on recompilations (8 by default) raised to cover
-    them."""
-    if not shape_buckets:
-        return torch.compile(loss, dynamic=True)
-    from torch._dynamo import config as dynamo_config
-
-    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, STATIC_SHAPES_LIMIT)
-    return torch.compile(loss, dynamic=False)
-
-
-# the most batch shapes compiled statically (a WMT-like corpus at shape_buckets 16: 36)
-STATIC_SHAPES_LIMIT = 128
 
 
 class Trainer(Validating, Saving):
@@ -91,6 +74,11 @@ class Trainer(Validating, Saving):
         # are fixed tables), gradients are averaged once all ranks succeeded (train_step).
         dist.broadcast_parameters(model)
         self.train_model = model  # the model the updates run (no DDP wrapper)
+        # on a GPU (without fp16's GradScaler) non-finite updates are skipped on the device
+        # and counted every few updates, not read after each one (mt/train/skips.py)
+        self.deferred = (
+            DeferredSkips(device) if device.type == "cuda" and not scaler.is_enabled() else None
+        )
         # train.compile: the model and the loss in one compiled function
         self.train_loss = compiled(objective.loss, cfg.shape_buckets) if cfg.compile else None
         self.train_data, self.validation, self.tokenizer = train_data, validation, tokenizer
@@ -166,9 +154,18 @@ class Trainer(Validating, Saving):
             self._skip_out_of_memory(batches, here=losses is None)
             return False
         self.dist.average_gradients(self.model.parameters())
+        total = self.dist.sum(torch.stack(losses).sum())
+        if self.deferred is not None:  # skipped on the device, counted later (skips.py)
+            finite = torch.isfinite(total)
+            found_inf = self.deferred.record(finite, n_tokens)
+            self._window.loss += [torch.where(finite, x, torch.zeros_like(x)) for x in losses]
+            self._window.nll += [torch.where(finite, x, torch.zeros_like(x)) for x in nlls]
+            self._window.tokens += n_tokens
+            self._last_update = (losses, n_tokens)
+            return self._update(found_inf)
         # The one host sync per update: an update from a NaN/inf loss would poison the weights
         # and Adam's moments. (fp16 gradient overflow is the GradScaler's business.)
-        if not bool(torch.isfinite(self.dist.sum(torch.stack(losses).sum()))):
+        if not bool(torch.isfinite(total)):
             self.optimizer.zero_grad(set_to_none=True)
             self.state.nonfinite_in_a_row += 1
             self.write_log(
@@ -186,14 +183,17 @@ class Trainer(Validating, Saving):
         self._last_update = (losses, n_tokens)  # this rank's, for the first steps' display
         return self._update()
 
-    def _update(self) -> bool:
+    def _update(self, found_inf: torch.Tensor | None = None) -> bool:
         """Clip, step the optimizer (through the GradScaler) and the schedule; False when the
-        fp16 GradScaler skipped the update."""
+        fp16 GradScaler skipped the update. found_inf: skip it on the device when 1."""
         if self.cfg.clip_norm > 0:
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_norm)
         scale = self.scaler.get_scale() if self.scaler.is_enabled() else None
-        self.scaler.step(self.optimizer)
+        if found_inf is not None:  # no GradScaler then (see `deferred`)
+            self.optimizer.step(found_inf=found_inf)
+        else:
+            self.scaler.step(self.optimizer)
         self.scaler.update()
         if scale is not None and self.scaler.get_scale() < scale:
             # fp16: the GradScaler found inf/NaN gradients, skipped the update and lowered its
@@ -320,11 +320,7 @@ class Trainer(Validating, Saving):
         while st.step < cfg.max_steps:
             if not self.train_step([next(batches) for _ in range(cfg.accum_steps)]):
                 if st.nonfinite_in_a_row >= cfg.max_nonfinite:
-                    raise MTError(
-                        f"the loss was NaN/inf for {st.nonfinite_in_a_row} updates in a row at "
-                        f"step {st.step}; training stopped, the last good checkpoint is kept "
-                        f"(last.pt); lower train.lr_factor or raise train.warmup"
-                    )
+                    raise MTError(nonfinite_message(st.nonfinite_in_a_row, st.step))
                 continue
             st.train_seconds = time.perf_counter() - t0
             seconds = self._agreed_seconds()
@@ -344,6 +340,11 @@ class Trainer(Validating, Saving):
         """Log, validate and save on schedule; True when training should stop now (`seconds`:
         the ranks' agreed training time, against train.max_minutes)."""
         cfg, st = self.cfg, self.state
+        if self.deferred is not None and (
+            st.step >= cfg.max_steps
+            or self.deferred.due(st.step, cfg.log_every, cfg.valid_every, cfg.save_every)
+        ):
+            self._settle_skips()
         out_of_time = cfg.max_minutes > 0 and seconds >= 60 * cfg.max_minutes
         final = st.step == cfg.max_steps or out_of_time
         if st.step % cfg.log_every == 0 or final:
@@ -383,6 +384,27 @@ class Trainer(Validating, Saving):
             )
             return True
         return False
+
+    def _settle_skips(self) -> None:
+        """Read how many updates since the last read were skipped on the device, and take
+        them back off the step count, the schedule and the weight average (skips.py)."""
+        assert self.deferred is not None
+        count, tokens, updates = self.deferred.take()
+        st = self.state
+        if not count:
+            st.nonfinite_in_a_row = 0
+            return
+        # in a row: all of them since the last read continue a run of skips; else (the
+        # order is not known) the skipped ones count as the latest
+        st.nonfinite_in_a_row = (st.nonfinite_in_a_row if count == updates else 0) + count
+        st.step -= count
+        self.scheduler.rewind(count)
+        if self.ema is not None:
+            self.ema.updates -= count
+        self._window.tokens -= tokens
+        self.write_log({"step": st.step, "skipped": "non-finite loss", "count": count})
+        if st.nonfinite_in_a_row >= self.cfg.max_nonfinite:
+            raise MTError(nonfinite_message(st.nonfinite_in_a_row, st.step))
 
     def close(self) -> None:
         """Leave the process group and free the run directory (every rank calls this, also
