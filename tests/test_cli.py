@@ -351,9 +351,10 @@ def test_standard_output_on_a_full_disk_is_one_line_for_every_command(tmp_path, 
 def test_a_reader_that_stops_reading_ends_mt_quietly(tiny_run, tmp_path):
     """`mt translate ... | head -1`: the closed pipe ends mt like SIGPIPE would, silently."""
     src = tmp_path / "s"
-    src.write_text("a b\n" * 3000)
+    src.write_text("a b\n" * 20000)  # more output than a pipe holds
     proc = subprocess.run(
-        f"{sys.executable} -m mt translate {tiny_run} -i {src} --greedy | head -1",
+        f"{sys.executable} -m mt translate {tiny_run} -i {src} --greedy | head -1; "
+        f"echo status ${{PIPESTATUS[0]}} >&2",
         shell=True,
         executable="/bin/bash",
         cwd=ROOT,
@@ -364,6 +365,7 @@ def test_a_reader_that_stops_reading_ends_mt_quietly(tiny_run, tmp_path):
     )
     assert len(proc.stdout.splitlines()) == 1
     assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr
+    assert "error" not in proc.stderr and "status 141" in proc.stderr, proc.stderr
 
 
 def test_first_hour_mistakes_with_models_and_inputs_are_one_clear_line(tmp_path, tiny_run):
