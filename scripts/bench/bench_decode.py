@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from harness import autocast, sync, take_turns
+from harness import autocast, marian_config, sync, take_turns
 
 from mt.data.batching import pad_sources
 from mt.data.corpus import read_lines
@@ -32,7 +32,7 @@ from mt.data.tokenizer import Tokenizer
 from mt.decode.device_search import beam_nbest_on_device
 from mt.decode.search import beam_search
 from mt.model import Transformer
-from mt.tokens import BOS, EOS, PAD
+from mt.tokens import EOS, PAD
 
 # the model decoded: the 256-d model the measurements of docs/performance.md used, and the
 # Transformer base of Vaswani et al. (2017)
@@ -138,25 +138,11 @@ def ct2_decoder(model, tok, args, folder):
 
 
 def hf_decoder(vocab, args):
-    from transformers import MarianConfig, MarianMTModel
+    from transformers import MarianMTModel
 
     z = SIZES[args.size]
-    cfg = MarianConfig(
-        vocab_size=vocab,
-        d_model=z["d_model"],
-        encoder_layers=z["layers"],
-        decoder_layers=z["layers"],
-        encoder_attention_heads=z["n_heads"],
-        decoder_attention_heads=z["n_heads"],
-        encoder_ffn_dim=z["d_ff"],
-        decoder_ffn_dim=z["d_ff"],
-        activation_function="relu",
-        max_position_embeddings=256,
-        pad_token_id=PAD,
-        eos_token_id=EOS,
-        decoder_start_token_id=BOS,
-        forced_eos_token_id=None,
-        share_encoder_decoder_embeddings=True,
+    cfg = marian_config(
+        vocab, z["d_model"], z["layers"], z["n_heads"], z["d_ff"], forced_eos_token_id=None
     )
     model = MarianMTModel(cfg).eval().to(args.device)
 

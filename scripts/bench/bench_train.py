@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from harness import autocast, datasheet_peak, matmul_peak, sync, take_turns
+from harness import autocast, datasheet_peak, marian_config, matmul_peak, sync, take_turns
 
 import mt  # noqa: F401  (its allocator setting, for every contender alike)
 
@@ -240,27 +240,12 @@ def torch_ref(size, device, precision="fp32", compile=False):
 
 
 def hf_marian(size, device, precision="fp32", compile=False):
-    from transformers import MarianConfig, MarianMTModel
+    from transformers import MarianMTModel
 
-    cfg = MarianConfig(
-        vocab_size=size["vocab"],
-        d_model=size["d_model"],
-        encoder_layers=size["layers"],
-        decoder_layers=size["layers"],
-        encoder_attention_heads=size["heads"],
-        decoder_attention_heads=size["heads"],
-        encoder_ffn_dim=size["d_ff"],
-        decoder_ffn_dim=size["d_ff"],
-        dropout=0.1,
-        attention_dropout=0.0,
-        activation_function="relu",
-        max_position_embeddings=256,
-        pad_token_id=PAD,
-        eos_token_id=EOS,
-        decoder_start_token_id=BOS,
-        scale_embedding=True,
-        share_encoder_decoder_embeddings=True,
-    )
+    cfg = marian_config(
+        size["vocab"], size["d_model"], size["layers"], size["heads"], size["d_ff"],
+        dropout=0.1, attention_dropout=0.0, scale_embedding=True,
+    )  # fmt: skip
     model = MarianMTModel(cfg).to(device)
     return _reference_step(
         model,

@@ -1,6 +1,6 @@
-"""What the benchmark scripts share: waiting for the device, the machine's matmul speed, and
+"""What the benchmark scripts share: waiting for the device, the machine's matmul speed,
 taking turns (contenders run one after another on each batch, who goes first rotating, so
-that a drift in the machine's speed hits all alike).
+that a drift in the machine's speed hits all alike), and the HF Marian model of mt's shape.
 
 The scripts import it, and each other, as sibling modules: `python scripts/NAME.py` puts
 scripts/ on the module path, and mt itself comes from the installed package
@@ -15,6 +15,32 @@ import torch
 
 # Datasheet dense bf16 tensor-core peaks (FLOP/s), the denominator of MFU.
 DATASHEET_BF16 = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12}
+
+
+def marian_config(vocab: int, d_model: int, layers: int, heads: int, d_ff: int, **more):
+    """transformers' MarianConfig of an mt Transformer's shape (ReLU, 256 positions, mt's
+    PAD/EOS/BOS ids, shared embeddings); `more`: the contender's own settings."""
+    from transformers import MarianConfig
+
+    from mt.tokens import BOS, EOS, PAD
+
+    return MarianConfig(
+        vocab_size=vocab,
+        d_model=d_model,
+        encoder_layers=layers,
+        decoder_layers=layers,
+        encoder_attention_heads=heads,
+        decoder_attention_heads=heads,
+        encoder_ffn_dim=d_ff,
+        decoder_ffn_dim=d_ff,
+        activation_function="relu",
+        max_position_embeddings=256,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+        decoder_start_token_id=BOS,
+        share_encoder_decoder_embeddings=True,
+        **more,
+    )
 
 
 def sync(device: torch.device) -> None:
