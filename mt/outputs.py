@@ -124,8 +124,6 @@ def describe_write_error(path: Path, e: BaseException) -> str:
 
 def describe_os_error(e: OSError) -> str:
     """One line for an OSError about a file mt read or wrote along the way."""
-    if e.filename == "standard output":
-        return f"standard output: {e.strerror}; free space where it goes, or write elsewhere"
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
         return describe_write_error(Path(e.filename), e)
     return f"{e.filename}: {e.strerror}"

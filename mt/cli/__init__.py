@@ -10,7 +10,6 @@ a user error is one line on stderr and exit status 2, never a traceback.
 
 from __future__ import annotations
 
-import errno
 import sys
 
 from mt.cli import (
@@ -19,7 +18,7 @@ from mt.cli import (
     use,  # noqa: F401
 )
 from mt.cli.app import INTERRUPTED, _err, app
-from mt.cli.streams import STDOUT, name_stdout, silence_stdout
+from mt.cli.streams import name_stdout, stdout_failed
 
 
 def main() -> None:
@@ -37,11 +36,8 @@ def main() -> None:
     except KeyboardInterrupt:
         _err(f"\n{INTERRUPTED}")
         sys.exit(130)
-    except OSError as e:
-        if e.filename != STDOUT:
+    except OSError as e:  # standard output failing at the last flush
+        status = stdout_failed(e)
+        if status is None:
             raise
-        silence_stdout()
-        if e.errno == errno.EPIPE:  # the reader stopped reading (`mt translate | head`)
-            sys.exit(128 + 13)  # as a program ended by SIGPIPE
-        _err(f"error: {STDOUT}: {e.strerror}; free space where it goes, or write elsewhere")
-        sys.exit(2)
+        sys.exit(status)

@@ -3,13 +3,12 @@ and exit status 2, never a traceback) and the checks several commands share."""
 
 from __future__ import annotations
 
-import errno
 import functools
 
 import typer
 from typer.core import TyperArgument, TyperCommand
 
-from mt.cli.streams import STDOUT, silence_stdout
+from mt.cli.streams import stdout_failed
 from mt.errors import Interrupted, MTError
 
 INTERRUPTED = "interrupted: stopped before the end; no output file was written half-way"
@@ -68,11 +67,9 @@ def command(name: str):
             except OSError as e:
                 if e.filename is None:
                     raise
-                if e.filename == STDOUT and e.errno == errno.EPIPE:
-                    # the reader stopped reading (`mt translate ... | head`): end quietly, as
-                    # a program ended by SIGPIPE
-                    silence_stdout()
-                    raise typer.Exit(128 + 13) from None
+                status = stdout_failed(e)
+                if status is not None:
+                    raise typer.Exit(status) from None
                 # a file mt reads or writes along the way (a log, a config, a BPE model)
                 from mt.outputs import describe_os_error
 

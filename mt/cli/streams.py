@@ -4,6 +4,7 @@ instead of a traceback from wherever the text happened to be written or flushed.
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import sys
@@ -59,3 +60,19 @@ def silence_stdout() -> None:
     os.close(devnull)
     with suppress(OSError):
         sys.stdout.flush()
+
+
+def stdout_failed(e: OSError) -> int | None:
+    """For an OSError about standard output: its one line said (none for a reader that stopped
+    reading, `mt translate ... | head`, which ends quietly as SIGPIPE would), standard output
+    silenced, and the exit status; None for any other error."""
+    if e.filename != STDOUT:
+        return None
+    silence_stdout()
+    if e.errno == errno.EPIPE:
+        return 128 + 13
+    print(
+        f"error: {STDOUT}: {e.strerror}; free space where it goes, or write elsewhere",
+        file=sys.stderr,
+    )
+    return 2
