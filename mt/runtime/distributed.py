@@ -116,7 +116,7 @@ def setup(
     should end the job), while waits for rank 0's solo work (corpus download, BPE training,
     validation, which take hours on a WMT-size corpus) use a gloo group of their own that
     allows `wait_minutes`."""
-    world = env_int("WORLD_SIZE", 1, minimum=1, means="processes, set by torchrun")
+    world = env_int("WORLD_SIZE")
     if world == 1:
         return Dist(), device_name
     if "RANK" not in os.environ:
@@ -124,13 +124,13 @@ def setup(
             f"WORLD_SIZE={world} but RANK is not set: start the processes with torchrun, or "
             f"unset WORLD_SIZE"
         )
-    rank = env_int("RANK", 0, means="this process's rank, set by torchrun")
-    local_rank = env_int("LOCAL_RANK", 0, means="set by torchrun")
+    rank = env_int("RANK")
+    local_rank = env_int("LOCAL_RANK")
     use_cuda = device_name != "cpu" and torch.cuda.is_available()
     # every rank of the machine checks (torchrun's LOCAL_WORLD_SIZE), so all of them stop with
     # this line; torch.cuda.set_device would stop only the extra ones, with "invalid device
     # ordinal", and leave the others waiting for them
-    local_world = max(env_int("LOCAL_WORLD_SIZE", 0, means="set by torchrun"), local_rank + 1)
+    local_world = max(env_int("LOCAL_WORLD_SIZE"), local_rank + 1)
     if use_cuda and local_world > (n := torch.cuda.device_count()):
         raise MTError(
             f"torchrun started {local_world} processes on this machine, which has "

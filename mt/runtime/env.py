@@ -12,9 +12,20 @@ import os
 
 from mt.errors import MTError
 
+# name -> (default when unset, smallest value, what it means)
+VARIABLES = {
+    "MT_THREADS": (0, 0, "CPU threads; 0: chosen for you"),
+    "WORLD_SIZE": (1, 1, "processes, set by torchrun"),
+    "RANK": (0, 0, "this process's rank, set by torchrun"),
+    "LOCAL_RANK": (0, 0, "set by torchrun"),
+    "LOCAL_WORLD_SIZE": (0, 0, "set by torchrun"),
+}
 
-def env_int(name: str, default: int, minimum: int = 0, means: str = "") -> int:
-    """The whole number in environment variable `name` (unset or empty: `default`)."""
+
+def env_int(name: str) -> int:
+    """The whole number in environment variable `name` (one of VARIABLES; unset or empty: its
+    default)."""
+    default, minimum, means = VARIABLES[name]
     text = os.environ.get(name, "").strip()
     if not text:
         return default
@@ -23,17 +34,14 @@ def env_int(name: str, default: int, minimum: int = 0, means: str = "") -> int:
     except ValueError:
         value = minimum - 1
     if value < minimum:
-        what = f" ({means})" if means else ""
         raise MTError(
-            f"environment variable {name}={text!r}: give a whole number >= {minimum}{what}, "
+            f"environment variable {name}={text!r}: give a whole number >= {minimum} ({means}), "
             f"or unset it"
         )
     return value
 
 
 def check_environment() -> None:
-    """Every variable above, checked before a command starts its work."""
-    env_int("MT_THREADS", 0, means="CPU threads; 0: chosen for you")
-    env_int("WORLD_SIZE", 1, minimum=1, means="processes, set by torchrun")
-    for name in ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
-        env_int(name, 0, means="set by torchrun")
+    """Every variable mt reads, checked before a command starts its work."""
+    for name in VARIABLES:
+        env_int(name)

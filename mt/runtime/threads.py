@@ -102,7 +102,7 @@ def choose_threads(requested: int = 0, log=print) -> int:
 
     from mt.runtime.env import env_int
 
-    requested = requested or env_int("MT_THREADS", 0, means="CPU threads; 0: chosen for you")
+    requested = requested or env_int("MT_THREADS")
     if requested:
         torch.set_num_threads(requested)
         return requested
