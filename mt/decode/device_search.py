@@ -28,8 +28,11 @@ from mt.decode.search import (
     _beam_start,
     _best_live,
     _first_step_lprobs,
+    _force_prefix,
     _step_lprobs,
     _topk_rows,
+    _until_eos,
+    keep_sentences,
     max_lengths,
 )
 from mt.model import Seq2Seq, reorder_cache
@@ -42,17 +45,15 @@ def _constrain(
     lprobs: torch.Tensor, step: int, min_len: int, at_limit: torch.Tensor, forced: Sequence[int]
 ) -> torch.Tensor:
     """search.py's constraints without reading a value on the host: no EOS before `min_len`
-    tokens, only EOS in the rows at their length limit (at_limit (N,) bool), the forced prefix
-    while it lasts. Returns the constrained (N, V)."""
+    tokens, only EOS in the rows at their length limit (at_limit (N,) bool: a select over all
+    rows, where search.py finds those rows with `nonzero`), the forced prefix while it lasts.
+    Returns the constrained (N, V)."""
     if step < min_len:
         lprobs[:, EOS] = -float("inf")
     eos_only = torch.full_like(lprobs[:1], -float("inf"))
     eos_only[:, EOS] = 0.0
     lprobs = torch.where(at_limit[:, None], eos_only, lprobs)
-    if step < len(forced):
-        keep = lprobs[:, forced[step]].clone()
-        lprobs.fill_(-float("inf"))
-        lprobs[:, forced[step]] = keep
+    _force_prefix(lprobs, step, forced)
     return lprobs
 
 
@@ -155,10 +156,11 @@ def beam_nbest_on_device(
         if not keep:
             break
         if len(keep) < len(flags):  # drop done sentences, down to a bucket size
-            alive, scores, hyps, pad_mask, memory, done = _keep(
-                torch.tensor(keep, device=dev), k, per_sentence, cache, alive, scores, hyps,
-                pad_mask, memory, done,
-            )  # fmt: skip
+            kept = torch.tensor(keep, device=dev)
+            alive, scores, hyps, pad_mask, memory = keep_sentences(
+                kept, k, per_sentence, cache, alive, scores, hyps, pad_mask, memory
+            )
+            done = done[kept]
     return finished.best(nbest, length_penalty)
 
 
@@ -225,20 +227,4 @@ def greedy_on_device(
             memory, src_pad_mask = memory[k], src_pad_mask[k]
             if cache is not None:
                 reorder_cache(cache, k)
-    return [row[: row.index(EOS)] if EOS in row else row for row in out.tolist()]
-
-
-def _keep(keep_sent, k, per_sentence, cache, alive, scores, hyps, pad_mask, memory, done):
-    """The search state of the sentences `keep_sent` (indices of the live ones)."""
-    keep_rows = (keep_sent[:, None] * k + torch.arange(k, device=keep_sent.device)).view(-1)
-    memory = memory[keep_sent] if per_sentence else memory[keep_rows]
-    if cache is not None:
-        reorder_cache(cache, keep_rows, cross=keep_sent if per_sentence else True)
-    return (
-        alive[keep_sent],
-        scores[keep_sent],
-        hyps[keep_rows],
-        pad_mask[keep_rows],
-        memory,
-        done[keep_sent],
-    )
+    return [_until_eos(row) for row in out.tolist()]

@@ -166,7 +166,15 @@ def _until_eos(ids: list[int]) -> list[int]:
 def _drop_done(done, k: int, per_sentence: bool, cache, alive, scores, hyps, pad_mask, memory):
     """The live sentences' rows of the search state (and cache), the done ones dropped."""
     keep_sent = (~done).nonzero().squeeze(1)
-    keep_rows = (keep_sent[:, None] * k + torch.arange(k, device=done.device)).view(-1)
+    return keep_sentences(keep_sent, k, per_sentence, cache, alive, scores, hyps, pad_mask, memory)
+
+
+def keep_sentences(
+    keep_sent, k: int, per_sentence: bool, cache, alive, scores, hyps, pad_mask, memory
+):
+    """The search state (and cache) of the sentences `keep_sent` (indices among the live ones):
+    (alive, scores, hyps, pad_mask, memory)."""
+    keep_rows = (keep_sent[:, None] * k + torch.arange(k, device=keep_sent.device)).view(-1)
     memory = memory[keep_sent] if per_sentence else memory[keep_rows]
     if cache is not None:
         reorder_cache(cache, keep_rows, cross=keep_sent if per_sentence else True)
