@@ -292,13 +292,15 @@ class Translator:
         return cast(list[list[tuple[list[int], float | None]]], found)  # (never None in beams)
 
     def _mask_predict(
-        self, src: torch.Tensor, mask: torch.Tensor
+        self, src: torch.Tensor, mask: torch.Tensor, inputs_out: list[list[int]] | None = None
     ) -> list[list[tuple[list[int], float | None]]]:
         """The non-autoregressive model's decoding (decode.nat_iterations and
-        nat_length_beam)."""
+        nat_length_beam); inputs_out: see mask_predict."""
         c = self.cfg
         limit = int(max_lengths(mask, c.max_len_a, c.max_len_b, self.model.max_positions - 1).max())
-        found = mask_predict(self.model, src, mask, c.nat_iterations, c.nat_length_beam, limit)
+        found = mask_predict(
+            self.model, src, mask, c.nat_iterations, c.nat_length_beam, limit, inputs_out=inputs_out
+        )
         return [[(h, None)] for h in found]
 
     def translate(
@@ -389,14 +391,9 @@ class Translator:
 
         if not self.non_autoregressive:
             return hyp, cross_attention(self.model, src_ids, hyp, self.device), True
-        c = self.cfg
         src = torch.tensor([[*src_ids, EOS]], device=self.device)
-        limit = int(max_lengths(src == PAD, c.max_len_a, c.max_len_b, self.model.max_positions - 1))
         inputs: list[list[int]] = []
-        (hyp,) = mask_predict(
-            self.model, src, src == PAD, c.nat_iterations, c.nat_length_beam, limit,
-            inputs_out=inputs,
-        )  # fmt: skip
+        (((hyp, _),),) = self._mask_predict(src, src == PAD, inputs_out=inputs)
         return hyp, nat_cross_attention(self.model, src_ids, inputs[0], self.device), False
 
     def attention(
