@@ -39,6 +39,12 @@ def token_batches(
     return batches
 
 
+def round_up(width, multiple: int):
+    """`width` (an int or an array) rounded up to a multiple of `multiple` (0: as it is): the
+    widths of bucketed batches."""
+    return -(-width // multiple) * multiple if multiple else width
+
+
 def bucket_batches(
     src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int, multiple: int, seed: int | None
 ) -> list[np.ndarray]:
@@ -52,8 +58,7 @@ def bucket_batches(
     With a seed the sentences of a width pair and the batch order are shuffled, reproducibly."""
     n = len(src_lens)
     rng = np.random.default_rng(seed) if seed is not None else None
-    s_w = -(-np.asarray(src_lens) // multiple) * multiple
-    t_w = -(-np.asarray(tgt_lens) // multiple) * multiple
+    s_w, t_w = round_up(np.asarray(src_lens), multiple), round_up(np.asarray(tgt_lens), multiple)
     tie = rng.permutation(n) if rng is not None else np.arange(n)
     order = np.lexsort((tie, t_w, s_w))  # by width pair, randomly within one
     batches: list[np.ndarray] = []
@@ -78,9 +83,7 @@ def batch_shapes(
     for b in batches:
         real = b[b >= 0]
         s, t = int(src_lens[real].max()) + 1, int(tgt_lens[real].max()) + 1
-        if multiple:
-            s, t = -(-s // multiple) * multiple, -(-t // multiple) * multiple
-        out.add((len(b), s, t))
+        out.add((len(b), round_up(s, multiple), round_up(t, multiple)))
     return out
 
 
@@ -154,9 +157,8 @@ def collate(data: ParallelData, indices: np.ndarray, pin: bool = False, multiple
     rows = np.where(real, indices, 0)
     s_len = np.where(real, data.src.lengths[rows], 0)
     t_len = np.where(real, data.tgt.lengths[rows], -1)  # -1: no EOS for an empty row
-    s_width, t_width = int(s_len.max()) + 1, int(t_len.max()) + 1
-    if multiple:
-        s_width, t_width = (-(-w // multiple) * multiple for w in (s_width, t_width))
+    s_width = round_up(int(s_len.max()) + 1, multiple)
+    t_width = round_up(int(t_len.max()) + 1, multiple)
     b = np.arange(len(indices))
     src = _rows(data.src, indices, s_width, 0)
     src[b, s_len] = EOS
@@ -205,7 +207,7 @@ def padding_fraction(arr: TokenArray, batches: list[np.ndarray], multiple: int =
     padded = 0
     for b in batches:
         width = int(arr.lengths[b[b >= 0]].max()) + 1
-        padded += len(b) * (-(-width // multiple) * multiple if multiple else width)
+        padded += len(b) * round_up(width, multiple)
     return 1.0 - real / max(padded, 1)
 
 
