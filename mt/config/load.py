@@ -163,7 +163,7 @@ def find_config(name: str | Path, log: Callable[[str], None] | None = None) -> P
     )
 
 
-def read_yaml(path: Path, what: str = "config") -> Any:
+def read_yaml(path: Path) -> Any:
     """A YAML file's contents; a syntax error names its line and column, an empty file is an
     error (it is never taken as all defaults)."""
     try:
@@ -181,7 +181,7 @@ def read_yaml(path: Path, what: str = "config") -> Any:
         raise MTError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
     if raw is None:
         raise MTError(
-            f"{path}: the {what} file is empty; copy a built-in config (`mt configs` lists "
+            f"{path}: the config file is empty; copy a built-in config (`mt configs` lists "
             f"them) and change what you need"
         )
     return raw
