@@ -155,17 +155,15 @@ class Trainer(Validating, Saving):
             return False
         self.dist.average_gradients(self.model.parameters())
         total = self.dist.sum(torch.stack(losses).sum())
+        found_inf = None
         if self.deferred is not None:  # skipped on the device, counted later (skips.py)
             finite = torch.isfinite(total)
             found_inf = self.deferred.record(finite, n_tokens)
-            self._window.loss += [torch.where(finite, x, torch.zeros_like(x)) for x in losses]
-            self._window.nll += [torch.where(finite, x, torch.zeros_like(x)) for x in nlls]
-            self._window.tokens += n_tokens
-            self._last_update = (losses, n_tokens)
-            return self._update(found_inf)
-        # The one host sync per update: an update from a NaN/inf loss would poison the weights
-        # and Adam's moments. (fp16 gradient overflow is the GradScaler's business.)
-        if not bool(torch.isfinite(total)):
+            losses = [torch.where(finite, x, torch.zeros_like(x)) for x in losses]
+            nlls = [torch.where(finite, x, torch.zeros_like(x)) for x in nlls]
+        # Else the one host sync per update: an update from a NaN/inf loss would poison the
+        # weights and Adam's moments. (fp16 gradient overflow is the GradScaler's business.)
+        elif not bool(torch.isfinite(total)):
             self.optimizer.zero_grad(set_to_none=True)
             self.state.nonfinite_in_a_row += 1
             self.write_log(
@@ -176,12 +174,13 @@ class Trainer(Validating, Saving):
                 }
             )
             return False
-        self.state.nonfinite_in_a_row = 0
+        else:
+            self.state.nonfinite_in_a_row = 0
         self._window.loss += losses
         self._window.nll += nlls
         self._window.tokens += n_tokens
         self._last_update = (losses, n_tokens)  # this rank's, for the first steps' display
-        return self._update()
+        return self._update(found_inf)
 
     def _update(self, found_inf: torch.Tensor | None = None) -> bool:
         """Clip, step the optimizer (through the GradScaler) and the schedule; False when the
