@@ -2,9 +2,9 @@
 same model and search without the cache, (b) the search with its bookkeeping on the device
 (mt/decode/device_search.py, what `mt translate` uses on a GPU) and (c) Hugging Face
 `generate` on a MarianMTModel of the same size (and CTranslate2 with --ctranslate2, on the
-CPU: its GPU build needs CUDA 12's cuBLAS, a 554 MiB wheel that the GPU machine, with CUDA 13,
-lacks and cannot be sent). All decode exactly --steps output tokens per sentence (EOS is
-suppressed until then), so every contender does the same work.
+CPU: CTranslate2 4.8's GPU build needs CUDA 12's cuBLAS, which a CUDA 13 machine lacks). All
+decode exactly --steps output tokens per sentence (EOS is suppressed until then), so every
+contender does the same work.
 
     python scripts/bench/bench_decode.py --data-dir data/multi30k [--sentences 1000] [--json]
     python scripts/bench/bench_decode.py --data-dir data/multi30k --device cuda --precision bf16
