@@ -62,8 +62,12 @@ def cli_env(gpu: bool = False, **extra: str) -> dict:
     return env
 
 
-def start_mt(*args) -> subprocess.Popen:
-    """Start the real CLI in the background (on the CPU), its stderr readable as text."""
+def start_training(run, data, *sets) -> subprocess.Popen:
+    """Start `mt train` of configs/tiny.yaml in the background (on the CPU), on the corpus in
+    `data`, logging every update and running until stopped; its stderr readable as text.
+    sets: more KEY=VALUE overrides."""
+    args = ["train", ROOT / "configs/tiny.yaml", "--run-dir", run, "--set", f"data.dir={data}"]
+    args += ["train.max_steps=100000", "train.log_every=1", *sets]
     return subprocess.Popen(
         [sys.executable, "-m", "mt", *map(str, args)],
         cwd=ROOT,

@@ -6,7 +6,7 @@ import shutil
 import time
 
 from mt.train.rundir import RunLock
-from tests.conftest import ROOT, assert_user_error, run_mt, start_mt
+from tests.conftest import ROOT, assert_user_error, run_mt, start_training
 
 TINY = ROOT / "configs" / "tiny.yaml"
 
@@ -46,16 +46,7 @@ def test_a_locked_run_directory_is_refused_with_the_holders_pid(tmp_path):
 
 def test_a_second_training_process_is_refused_and_a_stale_lock_taken_over(tmp_path):
     run, data = tmp_path / "run", tmp_path / "data"
-    first = start_mt(
-        "train",
-        TINY,
-        "--run-dir",
-        run,
-        "--set",
-        f"data.dir={data}",
-        "train.max_steps=100000",
-        "train.log_every=1",
-    )
+    first = start_training(run, data)
     try:
         deadline = time.time() + 180
         while not (run / "train_log.jsonl").exists() and time.time() < deadline:

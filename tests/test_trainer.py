@@ -19,7 +19,7 @@ from tests.conftest import (
     ROOT,
     out_of_memory_on_call,
     run_mt,
-    start_mt,
+    start_training,
     tiny_config,
 )
 
@@ -474,9 +474,6 @@ def test_word_dropout_turns_source_pieces_into_unk_the_same_on_resume(tmp_path):
     assert all(torch.equal(a.src, b.src) for a, b in zip(noisy[5:8], resumed, strict=True))
 
 
-TINY = ROOT / "configs" / "tiny.yaml"
-
-
 def test_fp16_overflow_skips_are_not_counted_as_steps(tmp_path):
     from mt.data.download import download as dl
 
@@ -508,15 +505,9 @@ def test_fp16_overflow_skips_are_not_counted_as_steps(tmp_path):
 def test_ctrl_c_twice_says_what_was_lost(tmp_path):
     run, data = tmp_path / "run", tmp_path / "data"
     # a slow update (a wide model), so that the second signal lands inside the same update
-    proc = start_mt(
-        "train",
-        TINY,
-        "--run-dir",
+    proc = start_training(
         run,
-        "--set",
-        f"data.dir={data}",
-        "train.max_steps=100000",
-        "train.log_every=1",
+        data,
         "model.d_model=512",
         "model.d_ff=4096",
         "train.max_tokens=8000",
