@@ -48,6 +48,14 @@ def test_mixed_input_keeps_bos_and_padding_and_mixes_the_rest():
     assert abs(share - 0.3) < 0.03
 
 
+def _small_transformer():
+    """A one-layer Transformer of 40 tokens, the same weights every time, without dropout."""
+    torch.manual_seed(0)
+    return build_model(
+        ModelConfig(d_model=32, n_heads=4, enc_layers=1, dec_layers=1, d_ff=64, dropout=0.0), 40, 40
+    )
+
+
 def _batch():
     src = make_src([6, 4, 7])
     tgt = torch.randint(4, 40, (3, 6))
@@ -93,10 +101,7 @@ def test_gold_probability_one_is_teacher_forcing(arch, two_pass):
 
 
 def test_gold_probability_zero_feeds_the_first_pass_predictions():
-    torch.manual_seed(0)
-    model = build_model(
-        ModelConfig(d_model=32, n_heads=4, enc_layers=1, dec_layers=1, d_ff=64, dropout=0.0), 40, 40
-    ).train()
+    model = _small_transformer().train()
     batch = _batch()
     seen = []
     ss = ScheduledSamplingLoss(
@@ -213,10 +218,7 @@ def test_step_by_step_mixes_gold_tokens_at_the_scheduled_rate(gold_p):
 
 @pytest.mark.parametrize("gold_p", [0.25, 0.7])
 def test_two_pass_mixes_first_pass_predictions_at_the_scheduled_rate(gold_p):
-    torch.manual_seed(0)
-    model = build_model(
-        ModelConfig(d_model=32, n_heads=4, enc_layers=1, dec_layers=1, d_ff=64, dropout=0.0), 40, 40
-    ).train()
+    model = _small_transformer().train()
     batch, seen = _gold_batch(), []
     ss = ScheduledSamplingLoss(
         ScheduledSamplingConfig(schedule="linear", k=1.0, c=1.0 - gold_p),
@@ -321,10 +323,7 @@ def test_picks_are_draws_from_the_softmax_over_the_vocabulary():
 
 
 def test_two_pass_mixing_is_decided_by_the_seed_and_the_update():
-    torch.manual_seed(0)
-    model = build_model(
-        ModelConfig(d_model=32, n_heads=4, enc_layers=1, dec_layers=1, d_ff=64, dropout=0.0), 40, 40
-    ).train()
+    model = _small_transformer().train()
     batch = _gold_batch()
 
     def mixed(seed, step):
@@ -346,10 +345,7 @@ def test_two_pass_mixing_is_decided_by_the_seed_and_the_update():
 
 def test_validation_sees_the_model_as_it_decodes():
     """In eval mode (validation) the loss is the base loss on the gold input, whatever p."""
-    torch.manual_seed(0)
-    model = build_model(
-        ModelConfig(d_model=32, n_heads=4, enc_layers=1, dec_layers=1, d_ff=64, dropout=0.0), 40, 40
-    ).eval()
+    model = _small_transformer().eval()
     batch = _batch()
     ss = _loss_of(0.0)
     ss.set_step(10)
