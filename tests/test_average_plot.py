@@ -88,14 +88,28 @@ def test_plot_command_redraws(tiny_run, tmp_path):
     assert_user_error(run_mt("plot", tmp_path), "train_log.jsonl")
 
 
+def _tuning_of(run, data, keys: tuple[str, ...]) -> dict:
+    """The run's tuning record, checked: its winner has the grid's best valid BLEU, best.pt
+    holds the winner's settings (`keys`), and translating the valid split with them gives
+    exactly that BLEU."""
+    from mt.data.corpus import read_lines
+    from mt.evaluate.metrics import score
+
+    records = [json.loads(x) for x in (run / "train_log.jsonl").read_text().splitlines()]
+    (tuned,) = [r for r in records if "tuned_decoding" in r]
+    best = tuned["tuned_decoding"]
+    assert best["valid_bleu"] == max(g["valid_bleu"] for g in tuned["grid"])
+    tr = Translator.from_checkpoint(run, "cpu")
+    assert tuple(getattr(tr.cfg, k) for k in keys) == tuple(best[k] for k in keys)
+    src, ref = read_lines(data / "valid.src"), read_lines(data / "valid.tgt")
+    assert round(score(tr.translate(src), ref).bleu, 2) == best["valid_bleu"]
+    return tuned
+
+
 def test_decoding_is_tuned_on_valid_and_stored_in_best(tmp_path):
     """decode.tune_beams: the grid is scored on the valid split, the winner is written into
     best.pt, and `mt translate RUN_DIR` uses it; the reported BLEU is the valid BLEU of
     exactly that setting."""
-
-    from mt.data.corpus import read_lines
-    from mt.evaluate.metrics import score
-
     run = tmp_path / "run"
     proc = run_mt(
         "train",
@@ -110,20 +124,12 @@ def test_decoding_is_tuned_on_valid_and_stored_in_best(tmp_path):
         "decode.tune_length_penalties=[0.5,1.5]",
     )
     assert proc.returncode == 0, proc.stderr
-    records = [json.loads(x) for x in (run / "train_log.jsonl").read_text().splitlines()]
-    (tuned,) = [r for r in records if "tuned_decoding" in r]
+    tuned = _tuning_of(run, tmp_path / "data", ("beam", "length_penalty"))
     assert [(g["beam"], g["length_penalty"]) for g in tuned["grid"]] == [
         (1, 1.0),
         (3, 0.5),
         (3, 1.5),
     ]
-    best = tuned["tuned_decoding"]
-    assert best["valid_bleu"] == max(g["valid_bleu"] for g in tuned["grid"])
-    tr = Translator.from_checkpoint(run, "cpu")
-    assert (tr.cfg.beam, tr.cfg.length_penalty) == (best["beam"], best["length_penalty"])
-    src = read_lines(tmp_path / "data" / "valid.src")
-    ref = read_lines(tmp_path / "data" / "valid.tgt")
-    assert round(score(tr.translate(src), ref).bleu, 2) == best["valid_bleu"]
     # `mt tune` does the same for an existing run, here with a one-point grid
     proc = run_mt("tune", run, "--beams", "2", "--length-penalties", "0.7")
     assert proc.returncode == 0, proc.stderr
@@ -132,6 +138,7 @@ def test_decoding_is_tuned_on_valid_and_stored_in_best(tmp_path):
     assert "beam 2, length penalty 0.7" in proc.stdout and "stored in" in proc.stdout
     assert_user_error(run_mt("tune", run, "--beams", "0"), "--beams")
     assert_user_error(run_mt("tune", run, "--nat-iterations", "3"), "apply to model.arch nat")
+    src = tmp_path / "data" / "valid.src"
     assert_user_error(run_mt("tune", run, "--src", src), "both --src and --ref")
     shutil.rmtree(run)
 
@@ -139,9 +146,6 @@ def test_decoding_is_tuned_on_valid_and_stored_in_best(tmp_path):
 def test_a_nat_run_tunes_mask_predict_s_own_knobs(tmp_path):
     """model.arch nat: the grid is candidate lengths x iterations (not beams it ignores), the
     winner is stored in best.pt and used by mt translate; mt tune does the same."""
-    from mt.data.corpus import read_lines
-    from mt.evaluate.metrics import score
-
     run = tmp_path / "nat"
     proc = run_mt(
         "train", "tiny", "--run-dir", run, "--set", f"data.dir={tmp_path / 'data'}",
@@ -151,20 +155,9 @@ def test_a_nat_run_tunes_mask_predict_s_own_knobs(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "mask-predict" in proc.stderr and "stored in best.pt" in proc.stderr
-    records = [json.loads(x) for x in (run / "train_log.jsonl").read_text().splitlines()]
-    (tuned,) = [r for r in records if "tuned_decoding" in r]
+    tuned = _tuning_of(run, tmp_path / "data", ("nat_length_beam", "nat_iterations"))
     grid = [(g["nat_length_beam"], g["nat_iterations"]) for g in tuned["grid"]]
     assert grid == [(1, 1), (1, 3), (2, 1), (2, 3)] and "beam" not in tuned["tuned_decoding"]
-    best = tuned["tuned_decoding"]
-    assert best["valid_bleu"] == max(g["valid_bleu"] for g in tuned["grid"])
-    tr = Translator.from_checkpoint(run, "cpu")
-    assert (tr.cfg.nat_length_beam, tr.cfg.nat_iterations) == (
-        best["nat_length_beam"],
-        best["nat_iterations"],
-    )
-    src = read_lines(tmp_path / "data" / "valid.src")
-    ref = read_lines(tmp_path / "data" / "valid.tgt")
-    assert round(score(tr.translate(src), ref).bleu, 2) == best["valid_bleu"]
     proc = run_mt("tune", run, "--nat-length-beams", "3", "--nat-iterations", "2")
     assert proc.returncode == 0, proc.stderr
     tr = Translator.from_checkpoint(run, "cpu")
