@@ -1,3 +1,4 @@
+import json
 import os
 import socket
 import subprocess
@@ -90,6 +91,15 @@ def run_mt(*args, cwd=None, input=None, timeout=600, gpu=False):
         env=env,
         timeout=timeout,
     )
+
+
+def train_tiny(run, data, *sets) -> tuple[str, list[tuple[int, float]]]:
+    """`mt train tiny` into `run` on the corpus in `data`, with KEY=VALUE `sets`; it must
+    succeed. Returns its stderr and the training losses it logged, [(step, loss), ...]."""
+    proc = run_mt("train", "tiny", "--run-dir", run, "--set", f"data.dir={data}", *sets)
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(x) for x in (run / "train_log.jsonl").read_text().splitlines()]
+    return proc.stderr, [(r["step"], r["loss"]) for r in records if "loss" in r]
 
 
 def assert_user_error(proc, *needles):

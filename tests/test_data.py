@@ -10,7 +10,7 @@ from mt.data.corpus import Stats, drop_empty, encode_pairs, read_lines, read_par
 from mt.data.download import download, from_datasets
 from mt.data.tokenizer import BOS, EOS, PAD, Tokenizer
 from mt.errors import MTError
-from tests.conftest import MULTI30K, assert_user_error, run_mt
+from tests.conftest import MULTI30K, assert_user_error, run_mt, train_tiny
 
 
 def _write_gz(path, lines):
@@ -426,15 +426,11 @@ def test_bucketed_batches_give_the_same_loss_sum_and_tokens_as_padded_ones(tmp_p
 
 def test_training_on_bucketed_batches_says_its_shapes_and_resumes_exactly(tmp_path):
     def run(name, steps):
-        proc = run_mt(
-            "train", "tiny", "--run-dir", tmp_path / name, "--set",
-            f"data.dir={tmp_path / 'd'}", f"train.max_steps={steps}", "train.log_every=2",
+        return train_tiny(
+            tmp_path / name, tmp_path / "d", f"train.max_steps={steps}", "train.log_every=2",
             "train.valid_every=100", "train.save_every=4", "train.average_last=0",
             "train.shape_buckets=16",
         )  # fmt: skip
-        assert proc.returncode == 0, proc.stderr
-        log = (tmp_path / name / "train_log.jsonl").read_text().splitlines()
-        return proc.stderr, [(r["step"], r["loss"]) for r in map(json.loads, log) if "loss" in r]
 
     err, straight = run("straight", 8)
     import re

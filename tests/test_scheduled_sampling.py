@@ -17,7 +17,7 @@ from mt.objectives.scheduled_sampling import (
     mixed_input,
 )
 from mt.tokens import BOS, PAD
-from tests.conftest import make_src, run_mt
+from tests.conftest import make_src, run_mt, train_tiny
 
 
 @pytest.mark.parametrize(
@@ -120,15 +120,11 @@ def test_gold_probability_zero_feeds_the_first_pass_predictions():
 def test_training_with_scheduled_sampling_from_the_cli(tmp_path):
     """Through `mt train`: gold probability 1 (c = 0) trains exactly as teacher forcing; gold
     probability 0 from the first update (c = 1) feeds predictions and learns otherwise."""
-    import json
 
     def losses(run, arch, *ss):
-        args = [f"data.dir={tmp_path / 'd'}", f"model.arch={arch}", "train.max_steps=6"]
-        args += ["train.valid_every=6", "train.log_every=1", "train.average_last=0"]
-        proc = run_mt("train", "tiny", "--run-dir", tmp_path / run, "--set", *args, *ss)
-        assert proc.returncode == 0, proc.stderr
-        log = (tmp_path / run / "train_log.jsonl").read_text().splitlines()
-        return [r["loss"] for r in map(json.loads, log) if "loss" in r]
+        args = [f"model.arch={arch}", "train.max_steps=6", "train.valid_every=6"]
+        args += ["train.log_every=1", "train.average_last=0", *ss]
+        return [loss for _, loss in train_tiny(tmp_path / run, tmp_path / "d", *args)[1]]
 
     linear = ["train.scheduled_sampling.schedule=linear", "train.scheduled_sampling.k=1.0"]
     for arch in ("transformer", "rnn"):
@@ -268,19 +264,14 @@ def test_a_linear_schedule_that_would_never_decay_is_refused():
 
 def test_scheduled_sampling_resumes_exactly(tmp_path):
     """Its draws are seeded by the update, so 3 updates, a stop and 3 more equal 6 straight."""
-    import json
 
     def run(name, steps):
-        proc = run_mt(
-            "train", "tiny", "--run-dir", tmp_path / name, "--set",
-            f"data.dir={tmp_path / 'd'}", f"train.max_steps={steps}", "train.log_every=1",
+        return train_tiny(
+            tmp_path / name, tmp_path / "d", f"train.max_steps={steps}", "train.log_every=1",
             "train.valid_every=100", "train.save_every=3", "train.average_last=0",
             "train.scheduled_sampling.schedule=linear", "train.scheduled_sampling.k=1.0",
             "train.scheduled_sampling.c=0.2",
-        )  # fmt: skip
-        assert proc.returncode == 0, proc.stderr
-        log = (tmp_path / name / "train_log.jsonl").read_text().splitlines()
-        return [(r["step"], r["loss"]) for r in map(json.loads, log) if "loss" in r]
+        )[1]  # fmt: skip
 
     straight = run("straight", 6)
     run("resumed", 3)
