@@ -7,7 +7,7 @@
 #   eval "$(scripts/mkl_amd_shim.sh)"        # builds ~/.cache/mt/libmkl_intel_cpu.so, exports LD_PRELOAD
 #   scripts/mkl_amd_shim.sh DIR              # builds DIR/libmkl_intel_cpu.so, prints the export line
 #
-# Measured on the 2-core AMD EPYC development machine: fp32 matmuls 4-18% faster by shape,
+# Measured on a 2-core AMD EPYC: fp32 matmuls 4-18% faster by shape,
 # mt's training step about 5% (README, "Speed and memory").
 set -euo pipefail
 out="${1:-${XDG_CACHE_HOME:-$HOME/.cache}/mt}"

@@ -11,6 +11,18 @@ from typer.core import TyperArgument, TyperCommand
 from mt.cli.streams import stdout_failed
 from mt.errors import Interrupted, MTError
 
+# The statuses mt exits with (the command reference lists them from here).
+EXIT_STATUSES = {
+    0: "done (mt train: its step or time budget was spent, or it stopped early)",
+    2: "a problem to fix, said in one line: a config, corpus, checkpoint, flag, output path, "
+    "environment variable, or a full disk",
+    130: "stopped by Ctrl-C (SIGINT, 128 + 2); a training saved last.pt first and the same "
+    "command resumes it",
+    141: "standard output was closed by its reader (mt translate ... | head)",
+    143: "stopped by SIGTERM (128 + 15), as a job scheduler sends before preemption; a training "
+    "saved last.pt first",
+}
+
 INTERRUPTED = "interrupted: stopped before the end; no output file was written half-way"
 
 app = typer.Typer(

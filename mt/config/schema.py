@@ -14,19 +14,31 @@ class _Section(BaseModel):
 
 class DataConfig(_Section):
     dir: str = Field("data/multi30k", description="folder with {train,valid,test}.{lang}")
-    src_lang: str = "de"
-    tgt_lang: str = "en"
-    # Hub dataset to download into `dir` when it holds no corpus yet ("multi30k", "wmt14",
-    # "synthetic", or any hub id); None means the corpus must already be there.
-    dataset: str | None = None
-    dataset_config: str | None = None
+    src_lang: str = Field("de", description="source language: the suffix of the source files")
+    tgt_lang: str = Field("en", description="target language: the suffix of the target files")
+    dataset: str | None = Field(
+        None,
+        description="corpus to download into dir when it holds none yet (multi30k, wmt14, "
+        "synthetic, or a Hugging Face hub id); unset: the corpus must already be there",
+    )
+    dataset_config: str | None = Field(
+        None, description="the hub dataset's configuration, e.g. de-en for wmt14"
+    )
     max_len: int = Field(128, ge=1, description="pairs longer than this (subwords) are dropped")
 
 
 class TokenizerConfig(_Section):
-    vocab_size: int = Field(8000, ge=16)
-    joint: bool = True  # one BPE model for source and target (needed for tie_embeddings: all)
-    character_coverage: float = Field(1.0, gt=0.0, le=1.0)
+    vocab_size: int = Field(
+        8000, ge=16, description="BPE pieces (each side's, or both's when joint)"
+    )
+    joint: bool = Field(
+        True,
+        description="one BPE model for source and target (needed by model.tie_embeddings: all "
+        "and train.bidirectional_share)",
+    )
+    character_coverage: float = Field(
+        1.0, gt=0.0, le=1.0, description="share of characters the BPE model covers (sentencepiece)"
+    )
     max_sentences: int = Field(2_000_000, ge=1, description="sentences sampled to train BPE")
 
 
@@ -34,20 +46,32 @@ class ModelConfig(_Section):
     # transformer: encoder-decoder (Vaswani et al. 2017); rnn: bidirectional GRU encoder and
     # GRU decoder; decoder_only: one causal Transformer over `source <sep> target`.
     # nat: the non-autoregressive Transformer of Mask-Predict (Ghazvininejad et al. 2019).
-    arch: Literal["transformer", "rnn", "decoder_only", "nat"] = "transformer"
+    arch: Literal["transformer", "rnn", "decoder_only", "nat"] = Field(
+        "transformer",
+        description="transformer: encoder-decoder; rnn: bidirectional GRU encoder, GRU decoder; "
+        "decoder_only: one causal Transformer over source <sep> target; nat: Mask-Predict",
+    )
     # rnn only: bahdanau (additive), luong (multiplicative), none (one fixed context vector).
-    attention: Literal["bahdanau", "luong", "none"] = "bahdanau"
+    attention: Literal["bahdanau", "luong", "none"] = Field(
+        "bahdanau", description="rnn only: the decoder's attention over the source"
+    )
     # transformer / decoder_only: sinusoidal or learned absolute positions, or relative
     # positions in self-attention (Shaw et al. 2018) clipped at max_relative.
-    positional: Literal["sinusoidal", "learned", "relative"] = "sinusoidal"
-    max_relative: int = Field(16, ge=1)
-    d_model: int = Field(256, ge=8)
-    n_heads: int = Field(4, ge=1)
-    enc_layers: int = Field(3, ge=1)
-    dec_layers: int = Field(3, ge=1)
-    d_ff: int = Field(1024, ge=1)
-    dropout: float = Field(0.1, ge=0.0, lt=1.0)
-    attn_dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    positional: Literal["sinusoidal", "learned", "relative"] = Field(
+        "sinusoidal", description="how a Transformer knows positions"
+    )
+    max_relative: int = Field(
+        16, ge=1, description="relative positions: distances are clipped at this"
+    )
+    d_model: int = Field(256, ge=8, description="width of embeddings and hidden states")
+    n_heads: int = Field(4, ge=1, description="attention heads (must divide d_model)")
+    enc_layers: int = Field(3, ge=1, description="encoder layers")
+    dec_layers: int = Field(3, ge=1, description="decoder layers")
+    d_ff: int = Field(1024, ge=1, description="hidden width of each feed-forward layer")
+    dropout: float = Field(
+        0.1, ge=0.0, lt=1.0, description="dropout on embeddings and every sublayer's output"
+    )
+    attn_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on attention weights")
     # dropout on the FFN's hidden activation (tensor2tensor's relu_dropout; fairseq's
     # activation_dropout, 0 by default there and in Wu et al. 2021's transformer_tiny)
     act_dropout: float | None = Field(
@@ -56,13 +80,24 @@ class ModelConfig(_Section):
         lt=1.0,
         description="dropout on the FFN's hidden activation; unset = model.dropout",
     )
-    norm: Literal["post", "pre"] = "post"
+    norm: Literal["post", "pre"] = Field(
+        "post",
+        description="LayerNorm after each residual (post, Vaswani et al.) or before each "
+        "sublayer (pre, Xiong et al. 2020)",
+    )
     # none: three matrices; decoder: target embedding = output projection (Press & Wolf 2017);
     # all: source, target and output share one matrix (needs tokenizer.joint).
-    tie_embeddings: Literal["none", "decoder", "all"] = "all"
-    max_positions: int = Field(1024, ge=8)
-    # a masked-LM pretrained encoder (RUN_DIR/pretrained.pt of `mt pretrain`) to start from
-    init_encoder: str | None = None
+    tie_embeddings: Literal["none", "decoder", "all"] = Field(
+        "all",
+        description="none: three matrices; decoder: target embedding = output layer; "
+        "all: source, target and output share one (needs tokenizer.joint)",
+    )
+    max_positions: int = Field(1024, ge=8, description="the longest sequence the model takes")
+    init_encoder: str | None = Field(
+        None,
+        description="start the encoder from a masked-LM pretraining (RUN_DIR/pretrained.pt "
+        "of mt pretrain)",
+    )
 
     @model_validator(mode="after")
     def _heads_divide(self) -> ModelConfig:
@@ -100,7 +135,10 @@ class ScheduledSamplingConfig(_Section):
     probability that decays over updates (Bengio et al. 2015); see
     mt/objectives/scheduled_sampling.py."""
 
-    schedule: Literal["linear", "exponential", "inverse_sigmoid"] = "inverse_sigmoid"
+    schedule: Literal["linear", "exponential", "inverse_sigmoid"] = Field(
+        "inverse_sigmoid",
+        description="the gold probability's decay: k - c*step, k**step or k/(k + exp(step/k))",
+    )
     k: float = Field(
         2000.0,
         gt=0.0,
@@ -111,7 +149,11 @@ class ScheduledSamplingConfig(_Section):
     min_gold: float = Field(0.0, ge=0.0, le=1.0, description="the gold probability's floor")
     # auto: two parallel decoder passes for Transformers (Duckworth et al. 2019), the decoder
     # step by step for the RNN (Bengio et al.)
-    mode: Literal["auto", "two_pass", "step_by_step"] = "auto"
+    mode: Literal["auto", "two_pass", "step_by_step"] = Field(
+        "auto",
+        description="auto: two parallel decoder passes for Transformers, the decoder step by "
+        "step for the RNN",
+    )
     pick: Literal["argmax", "sample"] = Field(
         "argmax",
         description="the model's token fed in place of the gold one: its most likely "
@@ -167,8 +209,13 @@ class TrainConfig(_Section):
         "or CUDA-graphed step; mt/data/batching.py bucket_batches); 0 = the length-sorted "
         "batches of least padding",
     )
-    lr_factor: float = Field(1.0, gt=0.0)
-    warmup: int = Field(4000, ge=1)
+    lr_factor: float = Field(
+        1.0,
+        gt=0.0,
+        description="Noam schedule: lr = lr_factor * d_model^-0.5 * "
+        "min(step^-0.5, step * warmup^-1.5)",
+    )
+    warmup: int = Field(4000, ge=1, description="updates of linear warmup before 1/sqrt(step)")
     cooldown: float = Field(
         0.0,
         ge=0.0,
@@ -185,12 +232,16 @@ class TrainConfig(_Section):
         "average of the weights with this decay (e.g. 0.999) for "
         "validation, snapshots and best.pt; 0 = off",
     )
-    adam_beta1: float = Field(0.9, ge=0.0, lt=1.0)
-    adam_beta2: float = Field(0.98, ge=0.0, lt=1.0)
-    adam_eps: float = Field(1e-9, gt=0.0)
-    weight_decay: float = Field(0.0, ge=0.0)
-    label_smoothing: float = Field(0.1, ge=0.0, lt=1.0)
-    scheduled_sampling: ScheduledSamplingConfig | None = None
+    adam_beta1: float = Field(0.9, ge=0.0, lt=1.0, description="Adam's first-moment decay")
+    adam_beta2: float = Field(0.98, ge=0.0, lt=1.0, description="Adam's second-moment decay")
+    adam_eps: float = Field(1e-9, gt=0.0, description="Adam's epsilon")
+    weight_decay: float = Field(0.0, ge=0.0, description="decoupled weight decay (AdamW)")
+    label_smoothing: float = Field(
+        0.1, ge=0.0, lt=1.0, description="probability mass spread over the other tokens"
+    )
+    scheduled_sampling: ScheduledSamplingConfig | None = Field(
+        None, description="scheduled sampling's settings (below); unset: teacher forcing"
+    )
     rdrop_alpha: float = Field(
         0.0,
         ge=0.0,
@@ -237,9 +288,9 @@ class TrainConfig(_Section):
         "probability, drawn anew for every batch; 0 = off",
     )
     clip_norm: float = Field(1.0, ge=0.0, description="0 disables clipping")
-    log_every: int = Field(100, ge=1)
-    valid_every: int = Field(1000, ge=1)
-    save_every: int = Field(1000, ge=1)
+    log_every: int = Field(100, ge=1, description="updates between lines of train_log.jsonl")
+    valid_every: int = Field(1000, ge=1, description="updates between validations")
+    save_every: int = Field(1000, ge=1, description="updates between step_N.pt snapshots")
     keep_checkpoints: int = Field(5, ge=0, description="step_N.pt model snapshots kept")
     average_last: int = Field(
         0,
@@ -257,9 +308,15 @@ class TrainConfig(_Section):
         ge=1,
         description="stop after this many NaN/inf losses in a row (each such update is skipped)",
     )
-    seed: int = 1234
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    seed: int = Field(1234, description="seeds weights, batches, dropout and sampling")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="auto: a GPU when there is one"
+    )
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        "auto",
+        description="auto: bf16 autocast on GPUs that have it, fp16 with loss scaling on "
+        "older ones, fp32 on a CPU",
+    )
     num_threads: int = Field(0, ge=0, description="CPU threads; 0 = torch default")
     dist_timeout_minutes: float = Field(
         30.0, gt=0.0, description="multi-rank runs: a collective that takes longer ends the run"
@@ -324,13 +381,18 @@ MAX_BEAM = 100
 
 
 class DecodeConfig(_Section):
-    beam: int = Field(5, ge=1, le=MAX_BEAM)
-    length_penalty: float = Field(1.0, ge=0.0)
+    beam: int = Field(5, ge=1, le=MAX_BEAM, description="beam size; 1 = greedy")
+    length_penalty: float = Field(
+        1.0, ge=0.0, description="scores are log-probability / length ** length_penalty"
+    )
     max_len_a: float = Field(1.5, ge=0.0, description="max output length = a * src_len + b")
-    max_len_b: int = Field(10, ge=1)
-    # model.arch nat: mask-predict's refinement iterations and candidate lengths
-    nat_iterations: int = Field(10, ge=1)
-    nat_length_beam: int = Field(3, ge=1)
+    max_len_b: int = Field(10, ge=1, description="see max_len_a")
+    nat_iterations: int = Field(
+        10, ge=1, description="model.arch nat: Mask-Predict's refinement passes"
+    )
+    nat_length_beam: int = Field(
+        3, ge=1, description="model.arch nat: candidate lengths decoded in parallel"
+    )
     max_tokens: int = Field(4000, ge=16, description="source tokens per translation batch")
     device_search: Literal["auto", "always", "never"] = Field(
         "auto",
@@ -338,14 +400,23 @@ class DecodeConfig(_Section):
         "steps (mt/decode/device_search.py): auto = on a GPU (on a CPU the search that drops "
         "finished sentences at every step is faster); the same hypotheses either way",
     )
-    # At the end of `mt train`: try these beams x length penalties on the valid split with
-    # best.pt and store the best pair in it (mt translate then uses it). Empty: no tuning.
-    tune_beams: list[int] = Field(default_factory=list)
-    tune_length_penalties: list[float] = Field(default_factory=lambda: [1.0])
-    # model.arch nat: mask-predict's candidate lengths x iterations instead (iterations: the
-    # configured nat_iterations when empty). Empty: no tuning.
-    tune_nat_length_beams: list[int] = Field(default_factory=list)
-    tune_nat_iterations: list[int] = Field(default_factory=list)
+    tune_beams: list[int] = Field(
+        default_factory=list,
+        description="at the end of mt train, try these beams x tune_length_penalties on the "
+        "valid split and store the best pair in best.pt; empty: no tuning",
+    )
+    tune_length_penalties: list[float] = Field(
+        default_factory=lambda: [1.0], description="the length penalties tune_beams tries"
+    )
+    tune_nat_length_beams: list[int] = Field(
+        default_factory=list,
+        description="model.arch nat: tune these candidate-length counts x "
+        "tune_nat_iterations instead; empty: no tuning",
+    )
+    tune_nat_iterations: list[int] = Field(
+        default_factory=list,
+        description="model.arch nat: the iteration counts tried; empty: nat_iterations",
+    )
 
     @model_validator(mode="after")
     def _grid_is_sane(self) -> DecodeConfig:

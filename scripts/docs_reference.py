@@ -1,0 +1,257 @@
+"""The documentation's reference pages, generated from the code at every build: the config
+keys from mt/config/schema.py's fields, the commands from the Typer app's own --help, the
+environment variables from mt/runtime/env.py and the exit statuses from mt/cli/app.py. A key
+or a flag added to the code appears in the docs without anyone editing them.
+
+mkdocs.yml loads this file as a hook (`on_files` adds the pages); `python
+scripts/docs_reference.py OUT_DIR` writes them as files, to read them without mkdocs.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+# The pages this module writes, under the docs folder.
+PAGES = {
+    "reference/config.md": "config_reference",
+    "reference/commands.md": "command_reference",
+    "reference/environment.md": "environment_reference",
+}
+
+
+# --- the config ------------------------------------------------------------------------------
+
+
+def config_keys() -> list[tuple[str, Any]]:
+    """Every key of the run config as (dotted name, pydantic FieldInfo), sections in order."""
+    from pydantic import BaseModel
+
+    from mt.config.schema import Config
+
+    keys: list[tuple[str, Any]] = []
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        later = []  # a section's own keys first, then the sections inside it
+        for name, field in model.model_fields.items():
+            if _section_model(field.annotation) is None:
+                keys.append((prefix + name, field))
+            else:
+                later.append((name, field))
+        for name, field in later:
+            if prefix:
+                keys.append((prefix + name, field))
+            walk(_section_model(field.annotation), f"{prefix}{name}.")
+
+    walk(Config, "")
+    return keys
+
+
+def _section_model(annotation: Any) -> Any:
+    from pydantic import BaseModel
+
+    for kind in (annotation, *typing.get_args(annotation)):
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            return kind
+    return None
+
+
+def _type_name(annotation: Any) -> str:
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is Literal:
+        return "choice"
+    if origin in (typing.Union, types.UnionType):
+        names = [_type_name(a) for a in args if a is not type(None)]
+        return " or ".join(names) + (" or unset" if type(None) in args else "")
+    if origin is list:
+        return f"list of {_type_name(args[0])}"
+    if isinstance(annotation, type):
+        if _section_model(annotation) is not None:
+            return "section"
+        return {"str": "text", "int": "whole number", "float": "number", "bool": "true/false"}.get(
+            annotation.__name__, annotation.__name__
+        )
+    return str(annotation)
+
+
+def _allowed(field: Any) -> str:
+    args = typing.get_args(field.annotation)
+    if typing.get_origin(field.annotation) is Literal:
+        return ", ".join(f"`{_yaml(a)}`" for a in args)
+    bounds = []
+    for rule in field.metadata:
+        for attr, sign in (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<")):
+            value = getattr(rule, attr, None)
+            if value is not None:
+                bounds.append(f"{sign} {_yaml(value)}")
+    return ", ".join(bounds)
+
+
+def _default(field: Any) -> Any:
+    if field.default_factory is not None:
+        return field.default_factory()
+    return field.default
+
+
+def _yaml(value: Any) -> str:
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return "[" + ", ".join(_yaml(v) for v in value) + "]"
+    if isinstance(value, float) and "e" in repr(value):
+        mantissa, exponent = repr(value).split("e")
+        return f"{float(mantissa)}e{exponent}"  # 1.0e-09: YAML reads it as a number, 1e-09 not
+    return str(value)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def config_reference() -> str:
+    keys = config_keys()
+    lines = [
+        "# Config reference",
+        "",
+        "Every key of a run config, generated from `mt/config/schema.py` when the docs are "
+        "built. A config is YAML with these sections; any key can also be set on the command "
+        "line by its dotted name (`mt train CONFIG --set train.max_steps=2000 model.dropout=0.2`). "
+        "Unknown keys, wrong types and values outside the allowed ones are refused with a "
+        "one-line error naming the key. A section or key left out takes its default. The "
+        "[configs guide](../configs.md) says how the keys work together.",
+        "",
+    ]
+    header = ["| key | type | default | allowed | what it does |", "|---|---|---|---|---|"]
+    section = None
+    for name, field in keys:
+        if _section_model(field.annotation) is not None:  # a section inside a section
+            section = name
+            lines += ["", f"## `{name}`", "", _cell(field.description or ""), "", *header]
+            continue
+        head = name.rsplit(".", 1)[0]
+        if head != section:
+            section = head
+            lines += ["", f"## `{head}`", "", *header]
+        lines.append(
+            f"| `{name}` | {_type_name(field.annotation)} | `{_yaml(_default(field))}` | "
+            f"{_cell(_allowed(field))} | {_cell(field.description or '')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+# --- the commands ----------------------------------------------------------------------------
+
+
+def commands() -> dict[str, Any]:
+    """The `mt` commands as click commands, by name, in the order --help lists them."""
+    import typer
+
+    from mt.cli import app
+
+    group = typer.main.get_command(app)
+    return dict(group.commands)  # type: ignore[attr-defined]
+
+
+def command_reference() -> str:
+    import click
+    import typer
+
+    from mt.cli import app
+    from mt.cli.app import EXIT_STATUSES
+
+    group = typer.main.get_command(app)
+    root = click.Context(group, info_name="mt", terminal_width=100)
+    found = commands()
+    lines = [
+        "# Command reference",
+        "",
+        "Every `mt` command's `--help`, generated from the command line's own definitions "
+        "when the docs are built. `python -m mt ...` is the same as `mt ...`; `mt --version` "
+        "prints the version. The [commands guide](../commands.md) shows each one at work.",
+        "",
+        "| command | what it does |",
+        "|---|---|",
+    ]
+    for name, cmd in found.items():
+        first = (cmd.help or "").strip().split("\n\n")[0].replace("\n", " ")
+        lines.append(f"| [`mt {name}`](#mt-{name}) | {_cell(first)} |")
+    for name, cmd in found.items():
+        ctx = click.Context(cmd, info_name=name, parent=root, terminal_width=100)
+        lines += ["", f"## `mt {name}`", "", "```text", cmd.get_help(ctx).rstrip(), "```"]
+    lines += [
+        "",
+        "## Exit statuses",
+        "",
+        "Every command ends with one of these; an error is one line on standard error, "
+        "never a traceback.",
+        "",
+        "| status | meaning |",
+        "|---|---|",
+    ]
+    lines += [f"| {code} | {_cell(text)} |" for code, text in sorted(EXIT_STATUSES.items())]
+    return "\n".join(lines) + "\n"
+
+
+# --- the environment -------------------------------------------------------------------------
+
+
+def environment_reference() -> str:
+    from mt.runtime.env import VARIABLES
+
+    lines = [
+        "# Environment variables",
+        "",
+        "The variables `mt` reads, generated from `mt/runtime/env.py`. Each is checked before "
+        "a command starts its work: a value that is not a whole number in range is refused in "
+        "one line naming the variable.",
+        "",
+        "| variable | default when unset | smallest value | what it is |",
+        "|---|---|---|---|",
+    ]
+    for name, (default, minimum, means) in VARIABLES.items():
+        lines.append(f"| `{name}` | {default} | {minimum} | {_cell(means)} |")
+    lines += [
+        "",
+        "Variables of the libraries underneath that matter to `mt`:",
+        "",
+        "| variable | effect |",
+        "|---|---|",
+        "| `HF_HUB_OFFLINE=1` | `mt download NAME` without `--from-dir` fails at once instead "
+        "of after retries when there is no network |",
+        "| `THP_MEM_ALLOC_ENABLE` | `import mt` sets it to 1 (transparent huge pages for large "
+        "CPU tensors, less memory) unless it is set; `0` opts out |",
+        "| `CUDA_VISIBLE_DEVICES` | which GPUs a process sees; under `torchrun` one process "
+        "per GPU |",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# --- mkdocs ----------------------------------------------------------------------------------
+
+
+def on_files(files: Any, config: Any) -> Any:
+    """mkdocs hook: add the generated pages to the site."""
+    from mkdocs.structure.files import File
+
+    for path, function in PAGES.items():
+        content = globals()[function]()
+        files.append(File.generated(config, path, content=content))
+    return files
+
+
+def main(out: str) -> None:
+    for path, function in PAGES.items():
+        target = Path(out) / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(globals()[function](), encoding="utf-8")
+        print(target)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "site_reference")
