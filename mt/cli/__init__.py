@@ -5,6 +5,7 @@ a user error is one line on stderr and exit status 2, never a traceback.
     run.py      download, configs, train
     use.py      translate, eval, attention, export
     tools.py    report, average, tune, plot
+    serve.py    serve (the HTTP server of mt/serve/)
     streams.py  standard output whose failures name it
 """
 
@@ -14,6 +15,7 @@ import sys
 
 from mt.cli import (
     run,  # noqa: F401  (each module registers its commands, in this order)
+    serve,  # noqa: F401
     tools,  # noqa: F401
     use,  # noqa: F401
 )

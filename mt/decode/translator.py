@@ -317,7 +317,7 @@ class Translator:
         found = self.search(
             lines, beam, length_penalty, use_cache, progress, sampling=sampling, prefix=prefix
         )
-        return [text[0][0] for text in self._texts(found)]
+        return [text[0][0] for text in self.texts_of(found)]
 
     def translate_nbest(
         self,
@@ -334,10 +334,10 @@ class Translator:
             lines, beam, length_penalty, progress=progress, nbest=nbest, prefix=prefix
         )
         return [
-            [] if f is None else texts for f, texts in zip(found, self._texts(found), strict=True)
+            [] if f is None else texts for f, texts in zip(found, self.texts_of(found), strict=True)
         ]
 
-    def _texts(self, found: list[Found | None]) -> list[list[tuple[str, float | None]]]:
+    def texts_of(self, found: list[Found | None]) -> list[list[tuple[str, float | None]]]:
         """The hypotheses of `search` detokenized ([("", None)] for an empty line)."""
         flat = [ids for f in found if f is not None for ids, _ in f[1]]
         it = iter(self.tokenizer.decode_tgt(flat))
@@ -371,17 +371,19 @@ class Translator:
         self, lines: list[str], beam: int | None = None, length_penalty: float | None = None
     ) -> list[str]:
         """ "translation<TAB>s-t s-t ...": 0-based source-subword to output-subword links."""
-        from mt.decode.alignment import format_alignment, hard_alignment
-
         out = []
         for found in self.search(lines, beam, length_penalty):
-            if found is None:
-                out.append("\t")
-                continue
-            hyp, weights, eos_row = self._attention_of(found[0], found[1][0][0])
-            text = self.tokenizer.decode_tgt([hyp])[0]
-            out.append(f"{text}\t{format_alignment(hard_alignment(weights, eos_row))}")
+            out.append("\t" if found is None else "\t".join(self.alignment_of(found)))
         return out
+
+    def alignment_of(self, found: Found) -> tuple[str, str]:
+        """(the best translation of a line `search` translated, its alignment "s-t s-t ...":
+        0-based source subword to output subword links)."""
+        from mt.decode.alignment import format_alignment, hard_alignment
+
+        hyp, weights, eos_row = self._attention_of(found[0], found[1][0][0])
+        text = self.tokenizer.decode_tgt([hyp])[0]
+        return text, format_alignment(hard_alignment(weights, eos_row))
 
     def _attention_of(self, src_ids: list[int], hyp: list[int]) -> tuple[list[int], Any, bool]:
         """(output, its cross-attention (L, H, T, S), whether the last row is EOS's). A
@@ -403,6 +405,11 @@ class Translator:
         found = self.search([line], beam)[0]
         if found is None:
             raise MTError("the sentence is empty: give some text to translate")
+        return self.attention_of(found)
+
+    def attention_of(self, found: Found) -> tuple[str, np.ndarray, list[str], list[str]]:
+        """The same for a line `search` translated: (its best translation, the cross-attention
+        (L, H, T, S) that produced it, source and output subword labels)."""
         hyp, weights, eos_row = self._attention_of(found[0], found[1][0][0])
         src_labels = [self.tokenizer.src.IdToPiece(i) for i in found[0]] + ["</s>"]
         tgt_labels = [*self.tokenizer.tgt_pieces_of(hyp), *(["</s>"] if eos_row else [])]

@@ -1,0 +1,131 @@
+"""What the server's worker does with a batch of sentences, and what it says about its model:
+the same Translator calls as `mt translate`, so a sentence gets the same translation over HTTP
+as from the command line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mt.decode.sampling import Sampling
+from mt.errors import MTError
+
+
+@dataclass(frozen=True)
+class Settings:
+    """A request's decoding settings (hashable: requests with equal settings share a batch)."""
+
+    beam: int | None = None
+    length_penalty: float | None = None
+    nbest: int = 1
+    sampling: tuple[float, int, float, int | None] | None = None  # temperature, topk, topp, seed
+    prefix: str | None = None
+    alignment: bool = False
+    attention: bool = False
+
+
+def decode_batch(translator: Any, sentences: list[str], settings: Settings) -> list[dict[str, Any]]:
+    """One result per sentence: {"text", "score"}, with "nbest" (a list of {"text", "score"}),
+    "alignment" and "attention" ({"source", "target", "weights": (L, H, T, S)}) when asked."""
+    sampling = Sampling(*settings.sampling) if settings.sampling else None
+    found = translator.search(
+        sentences,
+        settings.beam,
+        settings.length_penalty,
+        nbest=settings.nbest,
+        sampling=sampling,
+        prefix=settings.prefix,
+    )
+    results = []
+    for f, hyps in zip(found, translator.texts_of(found), strict=True):
+        text, score = hyps[0]
+        result: dict[str, Any] = {"text": text, "score": score}
+        if settings.nbest > 1:
+            result["nbest"] = [] if f is None else [{"text": t, "score": s} for t, s in hyps]
+        if settings.alignment:
+            result["alignment"] = "" if f is None else translator.alignment_of(f)[1]
+        if settings.attention:
+            result["attention"] = None if f is None else _attention(translator, f)
+        results.append(result)
+    return results
+
+
+def _attention(translator: Any, found: Any) -> dict[str, Any]:
+    from mt.decode.alignment import readable_pieces
+
+    _, weights, source, target = translator.attention_of(found)
+    return {  # subwords as `mt attention` labels them: "##piece" inside a word
+        "source": readable_pieces(source),
+        "target": readable_pieces(target),
+        "weights": weights.round(4).tolist(),  # (layers, heads, target, source)
+    }
+
+
+def model_info(translator: Any, ckpts: list[dict[str, Any]], paths: list[Path]) -> dict[str, Any]:
+    """GET /info: what the server translates with (ckpts: the checkpoints, as loaded)."""
+    import mt
+    from mt.artifacts import checkpoint
+
+    cfg = checkpoint.config_of(ckpts[0], str(paths[0]))
+    decode = translator.cfg
+    why_not = _why_no_attention(translator, cfg, len(ckpts))
+    return {
+        "mt_version": mt.__version__,
+        "models": [str(p) for p in paths],
+        "ensemble": len(ckpts) > 1,
+        "source_language": cfg.data.src_lang,
+        "target_language": cfg.data.tgt_lang,
+        "architecture": cfg.model.arch,
+        "model": {
+            k: getattr(cfg.model, k)
+            for k in (
+                ("d_model", "enc_layers", "dec_layers", "attention")
+                if cfg.model.arch == "rnn"
+                else (
+                    "d_model",
+                    "n_heads",
+                    "enc_layers",
+                    "dec_layers",
+                    "d_ff",
+                    "norm",
+                    "positional",
+                )
+            )
+        },
+        "parameters": sum(p.numel() for p in translator.model.parameters()),
+        "training_steps": [int(c.get("train_state", {}).get("step", 0)) for c in ckpts],
+        "trained_precision": checkpoint.trained_precision(ckpts[0]),
+        "device": str(translator.device),
+        "decoding": {
+            "beam": decode.beam,
+            "length_penalty": decode.length_penalty,
+            "max_len_a": decode.max_len_a,
+            "max_len_b": decode.max_len_b,
+            **(
+                {"nat_iterations": decode.nat_iterations, "nat_length_beam": decode.nat_length_beam}
+                if cfg.model.arch == "nat"
+                else {}
+            ),
+        },
+        "attention": {"available": why_not is None, "why_not": why_not},
+    }
+
+
+def _why_no_attention(translator: Any, config: Any, n_models: int) -> str | None:
+    """None when `mt attention` can draw this model's cross-attention, else why not."""
+    if n_models > 1:
+        return "an ensemble has no single attention to show; serve one model for the picture"
+    cfg = config.model
+    if cfg.arch == "rnn" and cfg.attention == "none":
+        return (
+            "this model has no attention (model.attention: none reads one fixed summary of the "
+            "source)"
+        )
+    try:
+        found = translator.search(["a"])
+        if found[0] is not None:
+            translator.attention_of(found[0])
+    except MTError as e:
+        return str(e)
+    return None

@@ -1,0 +1,408 @@
+"""`mt serve`: the real server on a loopback port, called by a real HTTP client. Its answers
+equal `mt translate`'s; every bad request gets a 4xx with a one-line JSON error naming the field
+and the server keeps serving; requests are batched, a full queue is refused, a slow request
+times out without holding the others, the API key is checked, SIGTERM answers the requests in
+flight and exits 0; the web page works in a real browser."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("fastapi")
+uvicorn = pytest.importorskip("uvicorn")
+
+from conftest import ROOT, assert_user_error, cli_env, free_port, run_mt  # noqa: E402
+
+from mt.serve.app import Limits, create_app  # noqa: E402
+from mt.serve.batcher import Batcher, QueueFull  # noqa: E402
+
+
+class Server:
+    """`mt serve` in a subprocess on a free loopback port."""
+
+    def __init__(self, *args: str, env: dict | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "mt", "serve", *map(str, args), "--port", str(self.port)],
+            cwd=ROOT,
+            env={**cli_env(), **(env or {})},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.http = httpx.Client(base_url=self.url, timeout=60)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if self.http.get("/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"mt serve did not start: {self.proc.communicate()[1]}")
+            time.sleep(0.2)
+
+    def post(self, body, **headers) -> httpx.Response:
+        if isinstance(body, (dict, list)):
+            return self.http.post("/translate", json=body, headers=headers)
+        return self.http.post("/translate", content=body, headers=headers)
+
+    def stop(self) -> tuple[int, str]:
+        self.proc.send_signal(signal.SIGTERM)
+        _, err = self.proc.communicate(timeout=60)
+        self.http.close()
+        return self.proc.returncode, err
+
+
+@pytest.fixture(scope="module")
+def server(tiny_run):
+    s = Server(tiny_run)
+    yield s
+    code, err = s.stop()
+    assert code == 0, err
+
+
+@pytest.fixture(scope="module")
+def sentences(tiny_run) -> list[str]:
+    lines = (tiny_run.parent / "data" / "test.src").read_text().splitlines()
+    return lines[:12]
+
+
+def _translate_cli(tiny_run, tmp_path, lines, *flags) -> list[str]:
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(lines) + "\n")
+    proc = run_mt("translate", tiny_run, "-i", src, *flags)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.splitlines()
+
+
+@pytest.mark.parametrize(
+    "settings, flags",
+    [
+        ({}, []),
+        ({"beam": 1}, ["--beam", "1"]),
+        ({"beam": 3, "length_penalty": 0.6}, ["--beam", "3", "--length-penalty", "0.6"]),
+        (
+            {"sample": True, "topk": 5, "temperature": 0.8, "seed": 7},
+            ["--sample", "--topk", "5", "--temperature", "0.8", "--seed", "7"],
+        ),
+        ({"prefix": "ZO"}, ["--prefix", "ZO"]),
+    ],
+)
+def test_the_api_answers_what_mt_translate_writes(server, tiny_run, sentences, tmp_path, settings,
+                                                  flags):  # fmt: skip
+    answer = server.post({"sentences": sentences, **settings})
+    assert answer.status_code == 200, answer.text
+    got = [t["text"] for t in answer.json()["translations"]]
+    assert got == _translate_cli(tiny_run, tmp_path, sentences, *flags)
+
+
+def test_nbest_and_alignment_equal_mt_translate(server, tiny_run, sentences, tmp_path):
+    rows = _translate_cli(tiny_run, tmp_path, sentences[:4], "--beam", "4", "--nbest", "3")
+    answer = server.post({"sentences": sentences[:4], "beam": 4, "nbest": 3}).json()
+    got = [
+        f"{i}\t{alt['score']:.4f}\t{alt['text']}"
+        for i, t in enumerate(answer["translations"])
+        for alt in t["nbest"]
+    ]
+    assert got == rows
+    assert [t["text"] for t in answer["translations"]] == [r.split("\t")[2] for r in rows[::3]]
+
+    aligned = _translate_cli(tiny_run, tmp_path, sentences[:4], "--print-alignment")
+    answer = server.post({"sentences": sentences[:4], "alignment": True}).json()
+    assert [f"{t['text']}\t{t['alignment']}" for t in answer["translations"]] == aligned
+
+
+def test_attention_is_the_weights_mt_attention_draws(server, tiny_run, sentences):
+    from mt.decode.alignment import readable_pieces
+    from mt.decode.translator import Translator
+
+    answer = server.post({"sentences": sentences[:1], "attention": True}).json()
+    att = answer["translations"][0]["attention"]
+    text, weights, src, tgt = Translator.load(tiny_run, "cpu").attention(sentences[0])
+    assert answer["translations"][0]["text"] == text
+    assert att["source"] == readable_pieces(src) and att["target"] == readable_pieces(tgt)
+    got = att["weights"]
+    assert [len(got), len(got[0]), len(got[0][0]), len(got[0][0][0])] == list(weights.shape)
+    assert (
+        max(
+            abs(a - b)
+            for la, lb in zip(got, weights.tolist(), strict=True)
+            for ha, hb in zip(la, lb, strict=True)
+            for ra, rb in zip(ha, hb, strict=True)
+            for a, b in zip(ra, rb, strict=True)
+        )
+        < 1e-4
+    )
+
+
+def test_info_and_health_describe_the_model(server, tiny_run):
+    info = server.http.get("/info").json()
+    assert (info["source_language"], info["target_language"]) == ("src", "tgt")
+    assert info["architecture"] == "transformer" and info["training_steps"] == [60]
+    assert info["decoding"]["beam"] >= 1 and info["attention"]["available"]
+    import torch
+
+    weights = torch.load(tiny_run / "best.pt", weights_only=True)["model"]
+    unique = {v.data_ptr(): v.numel() for v in weights.values() if v.is_floating_point()}
+    assert info["parameters"] == sum(unique.values())  # tied matrices counted once
+    assert server.http.get("/health").json()["status"] == "ok"
+    schema = server.http.get("/openapi.json").json()
+    assert "/translate" in schema["paths"]
+
+
+BAD = [
+    (b"{bad", 400, None, "not valid JSON"),
+    (b"\xff\xfe{}", 400, None, "not valid UTF-8"),
+    (b"", 400, None, "empty"),
+    ([1, 2], 422, None, "JSON object"),
+    ({}, 422, "sentences", "required"),
+    ({"sentences": []}, 422, "sentences", "at least one"),
+    ({"sentences": "a b"}, 422, "sentences", "list"),
+    ({"sentences": [1]}, 422, "sentences.0", "string"),
+    ({"sentences": ["a"], "beam": 0}, 422, "beam", "greater than or equal to 1"),
+    ({"sentences": ["a"], "beam": 101}, 422, "beam", "100"),
+    ({"sentences": ["a"], "beam": "5"}, 422, "beam", "integer"),
+    ({"sentences": ["a"], "sample": True, "topp": 1.5}, 422, "topp", "less than or equal to 1"),
+    ({"sentences": ["a"], "sample": True, "temperature": 0}, 422, "temperature", "greater than 0"),
+    ({"sentences": ["a"], "topk": 3}, 422, "topk", "sample"),
+    ({"sentences": ["a"], "sample": True, "beam": 3}, 422, "sample", "beam"),
+    ({"sentences": ["a"], "nbest": 50, "beam": 4}, 422, "nbest", "beam of at least 50"),
+    ({"sentences": ["a"], "colour": "red"}, 422, "colour", "unknown setting"),
+    ({"sentences": ["a"] * 65}, 413, "sentences", "at most 64"),
+    ({"sentences": ["a" * 1001]}, 413, "sentences.0", "at most 1000"),
+]
+
+
+@pytest.mark.parametrize("body, status, field, words", BAD)
+def test_a_bad_request_is_a_4xx_naming_its_field_and_the_server_keeps_serving(
+    server, body, status, field, words
+):
+    answer = server.post(body)
+    assert answer.status_code == status, answer.text
+    error = answer.json()
+    assert words in error["error"] and "\n" not in error["error"]
+    assert error.get("field") == field
+    assert server.post({"sentences": ["a b"]}).status_code == 200
+
+
+def test_unknown_paths_methods_and_huge_bodies_are_4xx(server):
+    assert server.http.get("/nowhere").status_code == 404
+    assert server.http.get("/translate").status_code == 405
+    huge = server.post(b'{"sentences": ["' + b"a" * (1 << 20) + b'"]}')
+    assert huge.status_code == 413 and "--max-body" in huge.json()["error"]
+    assert server.http.get("/health").status_code == 200
+
+
+def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(server, sentences):
+    alone = [server.post({"sentences": [s]}).json()["translations"][0]["text"] for s in sentences]
+    before = server.http.get("/health").json()
+    with ThreadPoolExecutor(len(sentences)) as pool:
+        answers = list(pool.map(lambda s: server.post({"sentences": [s]}), sentences))
+    assert [a.json()["translations"][0]["text"] for a in answers] == alone
+    after = server.http.get("/health").json()
+    requests = after["requests_decoded"] - before["requests_decoded"]
+    batches = after["batches"] - before["batches"]
+    assert requests == len(sentences) and batches < requests
+
+
+def test_a_sampled_request_with_a_seed_is_decoded_alone_and_repeats(server, sentences):
+    body = {"sentences": sentences[:3], "sample": True, "seed": 11}
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda _: server.post(body).json(), range(4)))
+    assert all(a == answers[0] for a in answers)
+
+
+def test_the_api_key_is_required_when_set(tiny_run):
+    s = Server(tiny_run, env={"MT_API_KEY": "s3cret"})
+    try:
+        body = {"sentences": ["a b"]}
+        assert s.post(body).status_code == 401
+        assert s.post(body, Authorization="Bearer wrong").status_code == 401
+        assert s.post(body, Authorization="Bearer s3cret").status_code == 200
+        assert s.post(body, **{"X-API-Key": "s3cret"}).status_code == 200
+        assert s.http.get("/info").status_code == 401
+        assert s.http.get("/health").status_code == 200
+        assert "API key" in s.post(body).json()["error"]
+    finally:
+        assert s.stop()[0] == 0
+
+
+def test_sigterm_answers_the_requests_in_flight_then_exits_0(tiny_run, sentences):
+    s = Server(tiny_run)
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(s.post, {"sentences": sentences * 5, "beam": 8})
+        time.sleep(0.3)
+        code, err = s.stop()
+        answer = pending.result()
+    assert answer.status_code == 200 and len(answer.json()["translations"]) == 60
+    assert code == 0 and "Traceback" not in err
+
+
+def test_bad_flags_are_one_line_errors(tiny_run):
+    taken = free_port()
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", taken))
+        busy.listen()
+        proc = run_mt("serve", tiny_run, "--port", taken, timeout=60)
+    assert_user_error(proc, f"--port {taken}", "cannot listen")
+    assert_user_error(run_mt("serve", tiny_run, "--device", "tpu"), "--device")
+    assert_user_error(run_mt("serve", tiny_run.parent / "nothing"), "nothing")
+
+
+# -- the batcher and the app's limits, with a scripted model ----------------------------------
+
+
+def _serve_in_thread(app) -> tuple[str, threading.Thread, uvicorn.Server]:
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    return f"http://127.0.0.1:{port}", thread, server
+
+
+INFO = {"architecture": "transformer", "decoding": {"beam": 5},
+        "attention": {"available": False, "why_not": "scripted"}}  # fmt: skip
+
+
+def test_a_full_queue_answers_429_at_once_and_a_slow_request_times_out_alone():
+    release = threading.Event()
+
+    def decode(sentences, settings):  # the model: blocks until released, then echoes
+        if sentences[0] == "slow":
+            release.wait(10)
+        return [{"text": s.upper(), "score": None} for s in sentences]
+
+    batcher = Batcher(decode, max_queue=2, max_wait=0.0)
+    app = create_app(None, INFO, batcher, Limits(timeout=1.0))
+    url, thread, server = _serve_in_thread(app)
+    try:
+        with httpx.Client(base_url=url, timeout=30) as http, ThreadPoolExecutor(4) as pool:
+            slow = pool.submit(http.post, "/translate", json={"sentences": ["slow"]})
+            time.sleep(0.3)  # the worker is now busy with it
+            waiting = [pool.submit(http.post, "/translate", json={"sentences": [w]})
+                       for w in ("x", "y")]  # fmt: skip
+            time.sleep(0.3)
+            started = time.monotonic()
+            full = http.post("/translate", json={"sentences": ["z"]})
+            assert full.status_code == 429 and time.monotonic() - started < 0.5
+            assert "waiting" in full.json()["error"]
+            assert http.get("/health").json()["waiting"] == 2  # answered while the model works
+            timed_out = slow.result()
+            assert timed_out.status_code == 503 and "timed out" in timed_out.json()["error"]
+            release.set()
+            assert [w.result().json()["translations"][0]["text"] for w in waiting] == ["X", "Y"]
+    finally:
+        release.set()
+        server.should_exit = True
+        thread.join(10)
+        batcher.close(5)
+
+
+def test_the_batcher_merges_equal_settings_within_the_token_budget():
+    calls = []
+
+    def decode(sentences, settings):
+        calls.append((list(sentences), settings))
+        return list(sentences)
+
+    async def main(batcher):
+        futures = [batcher.submit([w], "beam5", 1) for w in "abcde"]
+        futures.append(batcher.submit(["f"], "beam1", 1))
+        futures.append(batcher.submit(["g"], "beam5", 1, alone=True))
+        return [await f for f in futures]
+
+    batcher = Batcher(decode, max_tokens=3, max_wait=0.2)
+    try:
+        results = asyncio.run(main(batcher))
+    finally:
+        batcher.close(5)
+    assert results == [["a"], ["b"], ["c"], ["d"], ["e"], ["f"], ["g"]]
+    assert calls == [(["a", "b", "c"], "beam5"), (["d", "e"], "beam5"), (["f"], "beam1"),
+                     (["g"], "beam5")]  # fmt: skip
+
+    unbatched = Batcher(decode, batching=False)
+    calls.clear()
+    try:
+        asyncio.run(main(unbatched))
+    finally:
+        unbatched.close(5)
+    assert len(calls) == 7
+
+
+def test_the_queue_bound_holds():
+    gate = threading.Event()
+    batcher = Batcher(lambda s, _: (gate.wait(5), s)[1], max_queue=1, max_wait=0.0)
+
+    async def main():
+        first = batcher.submit(["a"], "k", 1)
+        await asyncio.sleep(0.2)  # the worker holds it
+        second = batcher.submit(["b"], "k", 1)
+        with pytest.raises(QueueFull):
+            batcher.submit(["c"], "k", 1)
+        gate.set()
+        return await first, await second
+
+    try:
+        assert asyncio.run(main()) == (["a"], ["b"])
+    finally:
+        gate.set()
+        batcher.close(5)
+
+
+# -- the web page -----------------------------------------------------------------------------
+
+
+def test_the_page_needs_nothing_from_the_internet_and_parses_no_text_as_html(server):
+    page = server.http.get("/").text
+    assert "<canvas" in page
+    for fetched in ('src="http', 'href="http', "url(http", "@import"):
+        assert fetched not in page
+    assert "innerHTML" not in page and "insertAdjacentHTML" not in page
+
+
+def test_the_page_translates_and_draws_the_attention_in_a_real_browser(server, tmp_path):
+    from webdriver import Browser, find_browser
+
+    found = find_browser()
+    if found is None:
+        pytest.skip("no chromium and chromedriver (apt-get install chromium chromium-driver)")
+    browser = Browser(*found, free_port())
+    try:
+        browser.go(server.url + "/")
+        browser.wait_for("document.getElementById('model').textContent.includes('src')")
+        hostile = "ZO <img src=x onerror=window.pwned=1> KA"
+        browser.type("#source", hostile)
+        browser.click("#translate")
+        n = browser.wait_for("document.querySelectorAll('#output li').length")
+        assert n == 1
+        shown = browser.script("return document.querySelector('#output .text').textContent;")
+        assert shown == server.post({"sentences": [hostile]}).json()["translations"][0]["text"]
+        source = browser.script("return document.querySelector('#output .source').textContent;")
+        assert source == hostile  # shown as text, not parsed
+        rows = browser.wait_for("document.getElementById('attention').getAttribute('data-rows')")
+        assert int(rows) >= 1
+        assert browser.script("return document.getElementById('attention').width;") > 50
+        assert browser.script("return window.pwned === undefined;")
+        assert browser.script("return document.querySelectorAll('#output img').length;") == 0
+        layers = browser.script("return document.getElementById('layer').options.length;")
+        assert layers == 1 + json.loads(server.http.get("/info").text)["model"]["dec_layers"]
+        browser.screenshot(tmp_path / "page.png")
+        assert (tmp_path / "page.png").stat().st_size > 10_000
+    finally:
+        browser.close()
