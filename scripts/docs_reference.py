@@ -202,20 +202,22 @@ def command_reference() -> str:
 
 
 def environment_reference() -> str:
-    from mt.runtime.env import VARIABLES
+    from mt.runtime.env import TEXT_VARIABLES, VARIABLES
 
     lines = [
         "# Environment variables",
         "",
         "The variables `mt` reads, generated from `mt/runtime/env.py`. Each is checked before "
-        "a command starts its work: a value that is not a whole number in range is refused in "
-        "one line naming the variable.",
+        "a command starts its work: a number that is not a whole number in range is refused "
+        "in one line naming the variable.",
         "",
         "| variable | default when unset | smallest value | what it is |",
         "|---|---|---|---|",
     ]
     for name, (default, minimum, means) in VARIABLES.items():
         lines.append(f"| `{name}` | {default} | {minimum} | {_cell(means)} |")
+    for name, means in TEXT_VARIABLES.items():
+        lines.append(f"| `{name}` | unset | (text) | {_cell(means)} |")
     lines += [
         "",
         "Variables of the libraries underneath that matter to `mt`:",

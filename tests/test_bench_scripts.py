@@ -400,3 +400,38 @@ def test_bench_shape_builds_the_shapes_it_is_given():
     assert model.encoder[0].ffn.net[0].out_features == 512
     with pytest.raises(ValueError):
         bench.parse_shape("7:heads=2")
+
+
+def test_bench_serve_loads_both_modes_and_loses_nothing(tiny_run):
+    pytest.importorskip("fastapi")
+    sentences = tiny_run.parent / "data" / "test.src"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "bench_serve.py"),
+            "--model",
+            str(tiny_run),
+            "--sentences",
+            str(sentences),
+            "--clients",
+            "3",
+            "--requests",
+            "9",
+            "--beam",
+            "2",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    for mode in ("batching", "no_batching"):
+        assert result[mode]["errors"] == 0 and result[mode]["lost"] == 0
+        assert result[mode]["requests_per_s"] > 0
+    # without batching every request is its own batch (9 timed + 8 warm-up)
+    assert result["no_batching"]["health"]["batches"] == 17
+    assert result["batching"]["health"]["batches"] <= 17

@@ -21,10 +21,9 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 uvicorn = pytest.importorskip("uvicorn")
 
-from conftest import ROOT, assert_user_error, cli_env, free_port, run_mt  # noqa: E402
-
 from mt.serve.app import Limits, create_app  # noqa: E402
 from mt.serve.batcher import Batcher, QueueFull  # noqa: E402
+from tests.conftest import ROOT, assert_user_error, cli_env, free_port, run_mt  # noqa: E402
 
 
 class Server:
@@ -377,7 +376,7 @@ def test_the_page_needs_nothing_from_the_internet_and_parses_no_text_as_html(ser
 
 
 def test_the_page_translates_and_draws_the_attention_in_a_real_browser(server, tmp_path):
-    from webdriver import Browser, find_browser
+    from tests.webdriver import Browser, find_browser
 
     found = find_browser()
     if found is None:

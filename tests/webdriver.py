@@ -24,7 +24,7 @@ def find_browser() -> tuple[str, str] | None:
 
 
 class Browser:
-    """One headless Chromium session."""
+    """One headless Chromium, driven through a WebDriver session."""
 
     def __init__(self, driver: str, browser: str, port: int) -> None:
         self.proc = subprocess.Popen(

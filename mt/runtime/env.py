@@ -4,6 +4,7 @@ the variable takes is a one-line error naming the variable and what it takes.
     MT_THREADS                      CPU threads (0 or unset: chosen from the free cores)
     WORLD_SIZE, RANK, LOCAL_RANK,   set by torchrun for each process of a multi-process run
     LOCAL_WORLD_SIZE
+    MT_API_KEY                      mt serve: the token requests must carry (text)
 """
 
 from __future__ import annotations
@@ -19,6 +20,13 @@ VARIABLES = {
     "RANK": (0, 0, "this process's rank, set by torchrun"),
     "LOCAL_RANK": (0, 0, "set by torchrun"),
     "LOCAL_WORLD_SIZE": (0, 0, "set by torchrun"),
+}
+
+
+# text variables: name -> what it is
+TEXT_VARIABLES = {
+    "MT_API_KEY": "mt serve: the token every /translate and /info request must carry "
+    "(the same as --api-key)",
 }
 
 
