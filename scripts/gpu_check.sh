@@ -12,8 +12,9 @@
 #   tests        the rest of the suite, 4+ min; each failure's traceback is written to
 #                OUTDIR/failures.log as it happens; PYTEST_FILES="tests/a.py" runs only those
 #   decode       one CPU-trained checkpoint decoded on the GPU against its CPU output, 1 min
-#   gpudecode    beam-5 decoding speed: the search on the device against the batch-shrinking
-#                search and HF generate, small and base models, bf16 and fp32, 4-6 min
+#   gpudecode    beam-5 decoding speed: the search on the device (with and without its static
+#                cache and compiled, CUDA-graphed decoder step) against the batch-shrinking
+#                search and HF generate, small and base models, bf16 and fp32, 5-8 min
 #   trainshapes  the shipped En->De config in fixed batch shapes, compiled per shape, 3 min
 #   bench        training throughput (base and small) and decoding speed, 5 min; benchbase: the
 #                base model's training throughput alone, 3 min, mt as `mt train` chooses
@@ -124,9 +125,9 @@ print("target tokens/s by step:", [(r["step"], round(r["tok_s"])) for r in recs 
 EOF
     ;;
 gpudecode)
-    step "GPU decoding: beam 5 on the 1,000 test sentences, the search on the device against the batch-shrinking one and HF generate (CTranslate2's GPU build needs CUDA 12's cuBLAS, which this machine lacks)"
+    step "GPU decoding: beam 5 on the 1,000 test sentences, the search on the device (and its CUDA-graphed step) against the batch-shrinking one and HF generate (CTranslate2's GPU build needs CUDA 12's cuBLAS, which this machine lacks)"
     for size in small base; do for prec in bf16 fp32; do
-        timeout "${DECODE_SECONDS:-100}" python3 scripts/bench/bench_decode.py --data-dir data/multi30k \
+        timeout "${DECODE_SECONDS:-120}" python3 scripts/bench/bench_decode.py --data-dir data/multi30k \
             --device cuda --precision "$prec" --size "$size" --repeats 1 --skip-nocache --json
     done; done
     ;;

@@ -187,3 +187,98 @@ def test_greedy_on_the_device_is_greedy_and_samples_by_its_seed(tiny_run):
     assert once == device.translate(lines, sampling=Sampling(temperature=2.0, seed=5))
     greedy_lines = device.translate(lines, sampling=Sampling(topk=1, seed=1))
     assert greedy_lines == t.translate(lines, beam=1)  # top-1 sampling is greedy search
+
+
+# -- the static cache and the compiled decoder step --------------------------------------------
+
+
+@pytest.mark.parametrize("beam", [1, 2, 5, 10])
+def test_a_static_cache_gets_the_same_hypotheses(tiny_run, beam):
+    """Keys and values written in place into preallocated buffers, attention masked to the
+    positions written: what the growing cache gives (scores within a float's rounding: the
+    masked keys add zeros to the sums)."""
+    t = Translator.load(tiny_run, "cpu")
+    src, mask = _batch(t, 30, seed=7)
+    for nbest, kw in ((1, {}), (beam, {}), (1, {"forced": [5]}), (1, {"min_len": 4})):
+        args = (t.model, src, mask, beam, nbest, 1.0, 1.5, 5)
+        _same(beam_nbest_on_device(*args, static=True, **kw), beam_nbest(*args, **kw))
+    from mt.decode.device_search import greedy_on_device
+    from mt.decode.search import greedy
+
+    assert greedy_on_device(t.model, src, mask, static=True) == greedy(t.model, src, mask)
+
+
+class _Recorder:
+    """A step function that records, at every call, the rows of the batch and where each
+    layer's static buffers live, then runs the real step."""
+
+    def __init__(self, step_fn):
+        self.step_fn, self.calls = step_fn, []
+
+    def __call__(self, model, tokens, memory, pad_mask, cache, position):
+        where = tuple(layer["self"]["k"].data_ptr() for layer in cache)
+        self.calls.append((tokens.shape[0], where, int(position)))
+        return self.step_fn(model, tokens, memory, pad_mask, cache, position)
+
+
+def test_the_static_buffers_stay_in_place_while_the_batch_keeps_its_shape(tiny_run):
+    """What a CUDA graph needs: at every step of one batch shape the same buffers, the step's
+    position a tensor that advances (so one graph serves every step)."""
+    from mt.decode.device_search import decoder_step
+
+    t = Translator.load(tiny_run, "cpu")
+    src, mask = _batch(t, 37, seed=5)
+    rec = _Recorder(decoder_step)
+    beam_nbest_on_device(t.model, src, mask, 4, 1, 1.0, 1.5, 5, static=True, step_fn=rec)
+    assert [p for _, _, p in rec.calls] == list(range(1, len(rec.calls) + 1))
+    by_rows: dict = {}
+    for rows, where, _ in rec.calls:
+        by_rows.setdefault(rows, set()).add(where)
+    assert len(by_rows) >= 2  # sentences left the batch: more than one shape
+    assert all(len(places) == 1 for places in by_rows.values()), by_rows
+
+
+def test_the_compiled_step_is_one_graph_for_every_step_and_gives_the_same_hypotheses(tiny_run):
+    """torch.compile (aot_eager here, CUDA graphs on a GPU) of the decoder step, fullgraph:
+    no graph break, and the graphs counted are per batch shape at most, never per step."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from mt.decode.device_search import compiled_step
+
+    t = Translator.load(tiny_run, "cpu")
+    src, mask = _batch(t, 37, seed=5)
+    torch._dynamo.reset()
+    counters.clear()
+    rec = _Recorder(compiled_step(t.device, backend="aot_eager"))
+    args = (t.model, src, mask, 4, 2, 1.0, 1.5, 5)
+    _same(beam_nbest_on_device(*args, static=True, step_fn=rec), beam_nbest(*args))
+    shapes = {rows for rows, _, _ in rec.calls}
+    steps = len(rec.calls)
+    graphs = counters["stats"]["unique_graphs"]
+    assert steps > 3 * len(shapes) and 1 <= graphs <= min(2, len(shapes)), (graphs, shapes)
+    assert not counters["graph_break"]
+
+
+def test_translate_with_the_compiled_step_gives_the_same_translations(tiny_run):
+    from mt.decode.device_search import compiled_step
+
+    lines, _ = generate(25, seed=8)
+    host = Translator.load(tiny_run, "cpu")
+    update = {"device_search": "always", "compile_step": "always"}
+    device = Translator(host.model, host.tokenizer, host.cfg.model_copy(update=update), host.device)
+    assert device.compiles_step
+    device._step_fn = compiled_step(device.device, backend="aot_eager")  # inductor: slow here
+    for beam in (1, 4):
+        assert device.translate(lines, beam=beam) == host.translate(lines, beam=beam)
+    auto = host.cfg.model_copy(update={"device_search": "always"})
+    assert not Translator(host.model, host.tokenizer, auto, host.device).compiles_step  # a CPU
+
+
+def test_the_host_reads_a_static_search_no_more_often(tiny_run):
+    t = Translator.load(tiny_run, "cpu")
+    src, mask = _batch(t, 60, seed=3)
+    steps = int(max_lengths(mask, 1.5, 5, t.model.max_positions - 1).max())
+    with HostSyncs() as syncs:
+        beam_nbest_on_device(t.model, src, mask, 5, 1, 1.0, 1.5, 5, static=True)
+    assert syncs.count <= 1 + math.ceil(steps / CHECK_EVERY) + 4, syncs.where

@@ -394,6 +394,13 @@ class DecodeConfig(_Section):
         3, ge=1, description="model.arch nat: candidate lengths decoded in parallel"
     )
     max_tokens: int = Field(4000, ge=16, description="source tokens per translation batch")
+    compile_step: Literal["auto", "always", "never"] = Field(
+        "auto",
+        description="the search on the device keeps its self-attention cache in preallocated "
+        "buffers and runs its decoder step through torch.compile, with CUDA graphs on a GPU "
+        "(one per batch shape, replayed at every step): auto = on a GPU; always also on a CPU "
+        "(needs a C compiler); the same hypotheses either way",
+    )
     device_search: Literal["auto", "always", "never"] = Field(
         "auto",
         description="search whose bookkeeping stays on the device, the host looking every 8 "

@@ -36,9 +36,48 @@ from mt.decode.search import (
     max_lengths,
 )
 from mt.model import Seq2Seq, reorder_cache
+from mt.model.cache import make_static
 from mt.tokens import BOS, EOS
 
 CHECK_EVERY = 8  # steps between the host's looks at the search (one sync each)
+
+
+def decoder_step(model, tokens, memory, pad_mask, cache, step):
+    """One cached decoder step: the next token's log-probabilities (N, V) after `tokens`
+    (N, 1) at position `step` (a (1,) tensor with a static cache). With a static cache every
+    call of a search sees the same shapes and addresses between its checks, so this is the
+    function a search compiles and captures (`step_fn`)."""
+    return _step_lprobs(model, tokens, memory, pad_mask, cache, step, None)
+
+
+def compiled_step(device: torch.device, backend: str | None = None):
+    """decoder_step under torch.compile, one graph without breaks: on a GPU with CUDA graphs
+    (mode reduce-overhead), so a step is one replay instead of a few hundred launches. The
+    first batch shape compiles a static graph; a second makes Dynamo compile one for dynamic
+    batch sizes, and each size then records its own CUDA graph. backend: another backend
+    (tests use aot_eager on the CPU)."""
+    if backend is not None:
+        return torch.compile(decoder_step, fullgraph=True, backend=backend)
+    mode = "reduce-overhead" if device.type == "cuda" else None
+    return torch.compile(decoder_step, fullgraph=True, mode=mode)
+
+
+class StaticSteps:
+    """The static cache's position, one (1,) tensor the search advances in place, and the
+    step function it calls: `decoder_step` itself, or a compiled one (torch.compile with CUDA
+    graphs on a GPU: one graph per batch shape, replayed at every step of that shape)."""
+
+    def __init__(self, model, cache, max_len: int, dev: torch.device, step_fn=None):
+        self.position = torch.zeros(1, dtype=torch.long, device=dev)
+        make_static(cache, max_len, self.position)
+        self.step_fn = step_fn or decoder_step
+
+    def __call__(self, model, tokens, memory, pad_mask, cache, step: int):
+        self.position.fill_(step)
+        # a contiguous (N, 1): beam search's last column of a growing tensor changes its
+        # strides every step, and a compiled graph would be specialised to each
+        tokens = tokens.contiguous()
+        return self.step_fn(model, tokens, memory, pad_mask, cache, self.position)
 
 
 def _constrain(
@@ -115,10 +154,14 @@ def beam_nbest_on_device(
     min_len: int = 0,
     forced: Sequence[int] = (),
     check_every: int = CHECK_EVERY,
+    static: bool = False,
+    step_fn=None,
 ) -> list[list[tuple[list[int], float]]]:
     """search.beam_nbest's results (the same rule: of each step's top 2K extensions, the EOS
     ones among the top K finish, the best K others stay live), with the host reading the
-    search once every `check_every` steps (see the module's docstring)."""
+    search once every `check_every` steps (see the module's docstring). static: the
+    self-attention cache preallocated and written in place (where model.static_cache), each
+    step after the first through `step_fn` (default: decoder_step; a compiled one on a GPU)."""
     b, k, dev = src.shape[0], beam, src.device
     memory_once = model.encode(src, src_pad_mask)  # (B, S, D)
     per_sentence = use_cache and model.cross_cache_per_sentence
@@ -130,9 +173,12 @@ def beam_nbest_on_device(
     finished = Finished(b, k, steps, dev)
     done = torch.zeros(b, dtype=torch.bool, device=dev)  # (n,): frozen until the next check
     cache = model.new_cache() if use_cache else None
+    stepper = _stepper(model, cache, steps, dev, static, step_fn)
     for step in range(steps):
         if step == 0 and use_cache:
             lprobs = _first_step_lprobs(model, memory_once, src_pad_mask, cache, k, per_sentence)
+        elif stepper is not None:
+            lprobs = stepper(model, hyps[:, -1:], memory, pad_mask, cache, step)
         else:
             prefix = None if use_cache else hyps
             lprobs = _step_lprobs(model, hyps[:, -1:], memory, pad_mask, cache, step, prefix)
@@ -164,6 +210,13 @@ def beam_nbest_on_device(
     return finished.best(nbest, length_penalty)
 
 
+def _stepper(model, cache, steps: int, dev, static: bool, step_fn) -> StaticSteps | None:
+    """The static cache's stepper where asked for and the model takes one, else None."""
+    if not static or cache is None or not getattr(model, "static_cache", False):
+        return None
+    return StaticSteps(model, cache, steps, dev, step_fn)
+
+
 def bucketed_keep(done: list[bool]) -> list[int]:
     """The rows to keep at a check: every sentence still searched, and as many done ones
     (frozen) as fill the batch up to the next power of two, so that a GPU meets only a few
@@ -189,12 +242,15 @@ def greedy_on_device(
     pick=None,
     forced: Sequence[int] = (),
     check_every: int = CHECK_EVERY,
+    static: bool = False,
+    step_fn=None,
 ) -> list[list[int]]:
     """search.greedy's outputs (pick: argmax, or a `sampler` that draws) with the host reading
     the search once every `check_every` steps: a sentence that ended keeps its place, frozen
     (its later tokens are not written), until a check drops the ended ones down to a
     power-of-two batch. A sampler draws for the frozen rows too, so its draws differ from
-    search.greedy's for the same seed (as they differ between a CPU and a GPU anyway)."""
+    search.greedy's for the same seed (as they differ between a CPU and a GPU anyway).
+    static, step_fn: as for beam_nbest_on_device."""
     b, dev = src.shape[0], src.device
     pick = pick or (lambda lprobs: lprobs.argmax(-1))
     memory = model.encode(src, src_pad_mask)
@@ -205,10 +261,14 @@ def greedy_on_device(
     ended = torch.zeros(b, dtype=torch.bool, device=dev)  # (n,)
     tokens = prefix = torch.full((b, 1), BOS, dtype=torch.long, device=dev)
     cache = model.new_cache() if use_cache else None
+    stepper = _stepper(model, cache, steps, dev, static, step_fn)
     for step in range(steps):
-        lprobs = _step_lprobs(
-            model, tokens, memory, src_pad_mask, cache, step, None if use_cache else prefix
-        )
+        if stepper is not None:
+            lprobs = stepper(model, tokens, memory, src_pad_mask, cache, step)
+        else:
+            lprobs = _step_lprobs(
+                model, tokens, memory, src_pad_mask, cache, step, None if use_cache else prefix
+            )
         lprobs = _constrain(lprobs, step, min_len, step + 1 >= limits[alive], forced)
         nxt = torch.where(ended, EOS, pick(lprobs))  # (n,)
         out[alive, step] = nxt

@@ -116,6 +116,22 @@ class Translator:
         return choice == "always" or (choice == "auto" and self.device.type == "cuda")
 
     @property
+    def compiles_step(self) -> bool:
+        """decode.compile_step: the search on the device runs a compiled decoder step over a
+        static cache (auto: on a GPU, where CUDA graphs replay it)."""
+        choice = self.cfg.compile_step
+        on = choice == "always" or (choice == "auto" and self.device.type == "cuda")
+        return on and self.searches_on_device and bool(getattr(self.model, "static_cache", False))
+
+    def step_function(self) -> Any:
+        """The compiled decoder step (one per translator, reused by every batch)."""
+        if getattr(self, "_step_fn", None) is None:
+            from mt.decode.device_search import compiled_step
+
+            self._step_fn = compiled_step(self.device)
+        return self._step_fn
+
+    @property
     def non_autoregressive(self) -> bool:
         return bool(getattr(self.model, "non_autoregressive", False))
 
@@ -269,15 +285,17 @@ class Translator:
             return self._mask_predict(src, mask)
         lp = c.length_penalty if length_penalty is None else length_penalty
         lengths = (c.max_len_a, c.max_len_b)
+        static = {"static": True, "step_fn": self.step_function()} if self.compiles_step else {}
         if self.searches_on_device and sampling is not None:
             draw = sampler(sampling.temperature, sampling.topk, sampling.topp, generator)
             hyps = greedy_on_device(self.model, src, mask, *lengths, use_cache, pick=draw,
-                                    forced=forced)  # fmt: skip
+                                    forced=forced, **static)  # fmt: skip
             return [[(h, None)] for h in hyps]
         if self.searches_on_device:  # greedy too: beam 1 is greedy
             found = beam_nbest_on_device(
-                self.model, src, mask, beam, nbest, lp, *lengths, use_cache, forced=forced
-            )
+                self.model, src, mask, beam, nbest, lp, *lengths, use_cache, forced=forced,
+                **static,
+            )  # fmt: skip
             if beam == 1:  # greedy's outputs carry no score
                 return [[(h, None) for h, _ in hyps] for hyps in found]
             return cast(list[list[tuple[list[int], float | None]]], found)

@@ -13,7 +13,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mt.model.cache import extend_self_cache, group_queries, memory_keys_values, ungroup_weights
+from mt.model.cache import (
+    extend_self_cache,
+    group_queries,
+    is_static,
+    memory_keys_values,
+    static_key_mask,
+    ungroup_weights,
+)
 from mt.model.positions import RelativeKeys
 
 
@@ -55,6 +62,8 @@ class MultiHeadAttention(nn.Module):
         """
         b, t, d = x.shape
         q, k, v = self.project(x, memory, cache)
+        if self.self_attention and cache is not None and is_static(cache):
+            attn_mask = static_key_mask(cache)  # the keys beyond this step are not written yet
         attn_mask, is_causal = self.scores_mask(q, k, b, attn_mask, is_causal, q_pos, k_pos)
         dropout_p = self.dropout if self.training else 0.0
         if need_weights:

@@ -26,6 +26,12 @@ class Seq2Seq(nn.Module):
     # groups of hypothesis rows (beam search then keeps no K copies of it).
     cross_cache_per_sentence: bool = False
 
+    @property
+    def static_cache(self) -> bool:
+        """Whether decode() takes a static self-attention cache (mt.model.cache.make_static)
+        and a tensor `start`: what a compiled or CUDA-graphed decoder step needs."""
+        return False
+
     def encode(self, src: torch.Tensor, src_pad_mask: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 

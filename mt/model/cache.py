@@ -26,15 +26,74 @@ def reorder_cache(
                 continue
             if "order" in part:
                 part["order"] = idx if part["order"] is None else part["order"].index_select(0, idx)
+            elif STEP in part:
+                _reorder_static(part, idx)
             else:
                 for key in part:
                     part[key] = part[key].index_select(0, idx)
 
 
+# -- the static self-attention cache ------------------------------------------------------------
+#
+# For a compiled or CUDA-graphed decoder step, every step must see tensors of the same shapes at
+# the same addresses: the keys and values of each layer live in buffers (N, H, max_len, Dh)
+# allocated once, this step's are written in place at the step's position (a tensor, so the
+# position is data, not a constant of the graph), and attention reads the whole buffer with a
+# mask of the positions written so far. Beam reordering copies rows in place.
+
+STEP = "step"  # a static part's entry: the position written next, a (1,) long tensor
+
+
+def make_static(cache: list[dict], max_len: int, step: torch.Tensor) -> None:
+    """Turn a model's new cache into static self-attention caches of `max_len` positions, all
+    reading the position from `step` ((1,) long, the search advances it in place); the
+    buffers are allocated at the first write, when their shape is known."""
+    for layer in cache:
+        layer["self"] = {STEP: step, "max_len": max_len}
+
+
+def is_static(part: dict | None) -> bool:
+    return part is not None and STEP in part
+
+
+def static_key_mask(part: dict) -> torch.Tensor:
+    """(1, 1, 1, max_len) bool: True for the positions written so far, this step's included."""
+    buf = part["k"]
+    return (torch.arange(buf.shape[2], device=buf.device) <= part[STEP])[None, None, None, :]
+
+
+def _write_static(part: dict, k: torch.Tensor, v: torch.Tensor):
+    if "k" not in part:
+        n, h, _, d = k.shape
+        shape = (n, h, part["max_len"], d)
+        part["k"], part["v"] = k.new_zeros(shape), v.new_zeros(shape)
+        if hasattr(torch, "_dynamo"):  # a compiled step may then write into them in place
+            torch._dynamo.mark_static_address(part["k"])
+            torch._dynamo.mark_static_address(part["v"])
+    part["k"].index_copy_(2, part[STEP], k)
+    part["v"].index_copy_(2, part[STEP], v)
+    return part["k"], part["v"]
+
+
+def _reorder_static(part: dict, idx: torch.Tensor) -> None:
+    for key in ("k", "v"):
+        if key not in part:
+            continue
+        rows = part[key].index_select(0, idx)
+        if rows.shape == part[key].shape:  # a beam reorder: the same buffer, new contents
+            part[key].copy_(rows)
+        else:  # sentences left the batch: a new, smaller buffer (a new shape anyway)
+            part[key] = rows
+            if hasattr(torch, "_dynamo"):
+                torch._dynamo.mark_static_address(rows)
+
+
 def extend_self_cache(cache: dict, k: torch.Tensor, v: torch.Tensor):
     """A self-attention layer's keys and values (B, H, t + T, Dh): the cached rows (in the
     order search kept them) followed by this step's k, v (B, H, T, Dh), which the cache then
-    holds."""
+    holds. A static cache (make_static) writes them in place and returns its whole buffers."""
+    if STEP in cache:
+        return _write_static(cache, k, v)
     if "k" in cache:
         k = _append(cache["k"], k, cache["order"])
         v = _append(cache["v"], v, cache["order"])

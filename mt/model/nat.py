@@ -36,7 +36,7 @@ class NATransformer(Transformer):
         memory: torch.Tensor,
         src_pad_mask: torch.Tensor,
         cache=None,
-        start: int = 0,
+        start: int | torch.Tensor = 0,
         weights: list | None = None,
     ) -> torch.Tensor:
         """tgt_in: (B, T) the target with some (or all) tokens replaced by the mask token,

@@ -65,13 +65,17 @@ class Transformer(Seq2Seq):
         self.dec_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
         init_weights(self)
 
-    def _embed(self, table: nn.Embedding, ids: torch.Tensor, start: int = 0) -> torch.Tensor:
+    def _embed(
+        self, table: nn.Embedding, ids: torch.Tensor, start: int | torch.Tensor = 0
+    ) -> torch.Tensor:
+        """start: the first position, a number, or a (1,) tensor (a static cache's step: the
+        search keeps positions in range)."""
         t = ids.shape[1]
-        if start + t > self.max_positions:
+        if isinstance(start, int) and start + t > self.max_positions:
             raise ValueError(
                 f"sequence of {start + t} positions exceeds max_positions {self.max_positions}"
             )
-        pos = torch.arange(start, start + t, device=ids.device)
+        pos = start + torch.arange(t, device=ids.device)
         return self.dropout(table(ids) * math.sqrt(self.d_model) + self.positions(pos))
 
     @staticmethod
@@ -93,15 +97,17 @@ class Transformer(Seq2Seq):
         memory: torch.Tensor,
         src_pad_mask: torch.Tensor,
         cache: list[dict] | None = None,
-        start: int = 0,
+        start: int | torch.Tensor = 0,
         weights: list | None = None,
     ) -> torch.Tensor:
-        """tgt_in: (B, T) ids starting at position `start` (T = 1 with a cache).
+        """tgt_in: (B, T) ids starting at position `start` (T = 1 with a cache; a (1,) tensor
+        with a static cache, see mt.model.cache.make_static).
         Returns decoder states (B, T, D); `project` turns them into logits."""
         x = self._embed(self.tgt_embed, tgt_in, start)
         mask = self.memory_mask(src_pad_mask)
         q_pos = k_pos = None
-        if self.relative:
+        if self.relative:  # (never with a static cache: see static_cache)
+            assert isinstance(start, int)
             k_pos = torch.arange(start + tgt_in.shape[1], device=tgt_in.device)
             q_pos = k_pos[start:]
         for i, layer in enumerate(self.decoder):
@@ -118,3 +124,7 @@ class Transformer(Seq2Seq):
 
     def new_cache(self) -> list[dict]:
         return [{} for _ in self.decoder]
+
+    @property
+    def static_cache(self) -> bool:
+        return not self.relative  # relative keys count positions on the host

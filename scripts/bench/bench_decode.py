@@ -17,6 +17,7 @@ for the GPU (harness.sync) so that queued kernels are counted. Target tokens/s =
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -29,7 +30,7 @@ from harness import autocast, marian_config, sync, take_turns
 from mt.data.batching import pad_sources
 from mt.data.corpus import read_lines
 from mt.data.tokenizer import Tokenizer
-from mt.decode.device_search import beam_nbest_on_device
+from mt.decode.device_search import beam_nbest_on_device, compiled_step
 from mt.decode.search import beam_search
 from mt.model import Transformer
 from mt.tokens import EOS, PAD
@@ -230,11 +231,23 @@ def main() -> None:
         default="fp32",
         help="autocast for both contenders (bf16 is meant for a GPU)",
     )
+    ap.add_argument(
+        "--compile-step",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also the search on the device with its static cache and compiled decoder step "
+        "(CUDA graphs on a GPU; default: on a GPU only)",
+    )
+    ap.add_argument(
+        "--compile-backend", default=None, help="torch.compile backend for it (default: inductor)"
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     from mt.runtime.device import pick_device
 
     args.device = pick_device(args.device, "--device")  # cuDNN attention off, as mt translate
+    if args.compile_step is None:
+        args.compile_step = args.device.type == "cuda"
     if args.ctranslate2 and args.device.type != "cpu":
         ap.error("--ctranslate2 is measured on the CPU only")
     tok, ids, model = setup(args)
@@ -254,6 +267,11 @@ def main() -> None:
         f"search on the device: {result['ratio_device_turns']:.2f}x the batch-shrinking "
         f"search's speed, {result['ratio_hf_device_turns']:.2f}x HF generate's (taking turns)"
     )
+    if "ratio_graph_turns" in result:
+        print(
+            f"with the compiled step: {result['ratio_graph_turns']:.2f}x the batch-shrinking "
+            f"search's speed, {result['ratio_hf_graph_turns']:.2f}x HF generate's (taking turns)"
+        )
     print(
         f"speed-up over HF generate: {result['ratio_hf']:.2f}x ({result['ratio_hf_turns']:.2f}x "
         f"taking turns)"
@@ -289,6 +307,10 @@ def measure(args, tok, ids, model) -> dict:
         "ours_device": ours_decoder(model, args, use_cache=True, search=on_device),
         "hf": hf_dec,
     }
+    if args.compile_step:  # the static cache and the compiled step (CUDA graphs on a GPU)
+        step_fn = compiled_step(args.device, backend=args.compile_backend)
+        graphed = functools.partial(on_device, static=True, step_fn=step_fn)
+        contenders["ours_graph"] = ours_decoder(model, args, use_cache=True, search=graphed)
     if args.ctranslate2:
         import tempfile
 
@@ -311,6 +333,13 @@ def measure(args, tok, ids, model) -> dict:
         "ratio_device_turns": round(turns["ours"] / turns["ours_device"], 2),
         "ratio_hf_device_turns": round(turns["hf"] / turns["ours_device"], 2),
     }
+    if "ours_graph" in turns:
+        result.update(
+            ours_graph_s_turns=round(turns["ours_graph"], 2),
+            ours_graph_tgt_tok_s=round(tok_s / turns["ours_graph"]),
+            ratio_graph_turns=round(turns["ours"] / turns["ours_graph"], 2),
+            ratio_hf_graph_turns=round(turns["hf"] / turns["ours_graph"], 2),
+        )
     if "ct2" in turns:
         result.update(
             ct2_s_turns=round(turns["ct2"], 2),
