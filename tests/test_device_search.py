@@ -282,3 +282,33 @@ def test_the_host_reads_a_static_search_no_more_often(tiny_run):
     with HostSyncs() as syncs:
         beam_nbest_on_device(t.model, src, mask, 5, 1, 1.0, 1.5, 5, static=True)
     assert syncs.count <= 1 + math.ceil(steps / CHECK_EVERY) + 4, syncs.where
+
+
+def test_batches_of_one_shape_share_their_buffers_and_graphs(tiny_run):
+    """A translator keeps its static buffers from batch to batch (a CUDA graph replays only on
+    the buffers it was recorded with): the second batch of a shape writes into the first's,
+    compiles nothing new, and what the first left there does not leak into its hypotheses."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from mt.decode.device_search import compiled_step
+    from mt.model.cache import BufferPool
+
+    t = Translator.load(tiny_run, "cpu")
+    pool = BufferPool()
+    torch._dynamo.reset()
+    counters.clear()
+    rec = _Recorder(compiled_step(t.device, backend="aot_eager"))
+    places, graphs = [], []
+    for seed in (11, 12):
+        src, mask = _batch(t, 16, seed=seed)
+        args = (t.model, src, mask, 3, 1, 1.0, 1.5, 5)
+        rec.calls.clear()
+        _same(beam_nbest_on_device(*args, static=pool, step_fn=rec), beam_nbest(*args))
+        places.append({(rows, where) for rows, where, _ in rec.calls})
+        graphs.append(counters["stats"]["unique_graphs"])
+    shared = {rows for rows, _ in places[0]} & {rows for rows, _ in places[1]}
+    assert shared  # the two batches met a shape in common
+    for rows in shared:
+        assert {w for r, w in places[0] if r == rows} == {w for r, w in places[1] if r == rows}
+    assert graphs[1] == graphs[0]  # the second batch compiled nothing new

@@ -36,10 +36,11 @@ from mt.decode.search import (
     max_lengths,
 )
 from mt.model import Seq2Seq, reorder_cache
-from mt.model.cache import make_static
+from mt.model.cache import BufferPool, make_static
 from mt.tokens import BOS, EOS
 
 CHECK_EVERY = 8  # steps between the host's looks at the search (one sync each)
+ROOM = 32  # a static cache's positions: the longest output rounded up to a multiple of this
 
 
 def decoder_step(model, tokens, memory, pad_mask, cache, step):
@@ -67,9 +68,12 @@ class StaticSteps:
     step function it calls: `decoder_step` itself, or a compiled one (torch.compile with CUDA
     graphs on a GPU: one graph per batch shape, replayed at every step of that shape)."""
 
-    def __init__(self, model, cache, max_len: int, dev: torch.device, step_fn=None):
+    def __init__(self, model, cache, steps: int, dev: torch.device, step_fn=None, pool=None):
         self.position = torch.zeros(1, dtype=torch.long, device=dev)
-        make_static(cache, max_len, self.position)
+        # room for the longest output, rounded up so that batches of similar lengths share
+        # their buffers' shapes (and their CUDA graphs)
+        room = min(-(-steps // ROOM) * ROOM, model.max_positions)
+        make_static(cache, room, self.position, pool)
         self.step_fn = step_fn or decoder_step
 
     def __call__(self, model, tokens, memory, pad_mask, cache, step: int):
@@ -154,14 +158,15 @@ def beam_nbest_on_device(
     min_len: int = 0,
     forced: Sequence[int] = (),
     check_every: int = CHECK_EVERY,
-    static: bool = False,
+    static: bool | BufferPool = False,
     step_fn=None,
 ) -> list[list[tuple[list[int], float]]]:
     """search.beam_nbest's results (the same rule: of each step's top 2K extensions, the EOS
     ones among the top K finish, the best K others stay live), with the host reading the
     search once every `check_every` steps (see the module's docstring). static: the
-    self-attention cache preallocated and written in place (where model.static_cache), each
-    step after the first through `step_fn` (default: decoder_step; a compiled one on a GPU)."""
+    self-attention cache preallocated and written in place (where model.static_cache; a
+    BufferPool: its buffers, kept for the next search), each step after the first through
+    `step_fn` (default: decoder_step; a compiled one on a GPU)."""
     b, k, dev = src.shape[0], beam, src.device
     memory_once = model.encode(src, src_pad_mask)  # (B, S, D)
     per_sentence = use_cache and model.cross_cache_per_sentence
@@ -210,11 +215,12 @@ def beam_nbest_on_device(
     return finished.best(nbest, length_penalty)
 
 
-def _stepper(model, cache, steps: int, dev, static: bool, step_fn) -> StaticSteps | None:
-    """The static cache's stepper where asked for and the model takes one, else None."""
-    if not static or cache is None or not getattr(model, "static_cache", False):
+def _stepper(model, cache, steps: int, dev, static, step_fn) -> StaticSteps | None:
+    """The static cache's stepper where asked for (static: True, or a BufferPool to take the
+    buffers from) and the model takes one, else None."""
+    if static is False or cache is None or not getattr(model, "static_cache", False):
         return None
-    return StaticSteps(model, cache, steps, dev, step_fn)
+    return StaticSteps(model, cache, steps, dev, step_fn, None if static is True else static)
 
 
 def bucketed_keep(done: list[bool]) -> list[int]:
@@ -242,7 +248,7 @@ def greedy_on_device(
     pick=None,
     forced: Sequence[int] = (),
     check_every: int = CHECK_EVERY,
-    static: bool = False,
+    static: bool | BufferPool = False,
     step_fn=None,
 ) -> list[list[int]]:
     """search.greedy's outputs (pick: argmax, or a `sampler` that draws) with the host reading

@@ -131,6 +131,14 @@ class Translator:
             self._step_fn = compiled_step(self.device)
         return self._step_fn
 
+    def _buffer_pool(self) -> Any:
+        """The static caches' buffers, kept from batch to batch (their CUDA graphs too)."""
+        if getattr(self, "_pool", None) is None:
+            from mt.model.cache import BufferPool
+
+            self._pool = BufferPool()
+        return self._pool
+
     @property
     def non_autoregressive(self) -> bool:
         return bool(getattr(self.model, "non_autoregressive", False))
@@ -285,7 +293,11 @@ class Translator:
             return self._mask_predict(src, mask)
         lp = c.length_penalty if length_penalty is None else length_penalty
         lengths = (c.max_len_a, c.max_len_b)
-        static = {"static": True, "step_fn": self.step_function()} if self.compiles_step else {}
+        static = (
+            {"static": self._buffer_pool(), "step_fn": self.step_function()}
+            if self.compiles_step
+            else {}
+        )
         if self.searches_on_device and sampling is not None:
             draw = sampler(sampling.temperature, sampling.topk, sampling.topp, generator)
             hyps = greedy_on_device(self.model, src, mask, *lengths, use_cache, pick=draw,

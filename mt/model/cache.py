@@ -44,12 +44,34 @@ def reorder_cache(
 STEP = "step"  # a static part's entry: the position written next, a (1,) long tensor
 
 
-def make_static(cache: list[dict], max_len: int, step: torch.Tensor) -> None:
+class BufferPool:
+    """Static buffers kept from one search to the next, by layer, name, shape and dtype: a
+    CUDA graph recorded for a batch shape replays only on the buffers it was recorded with, so
+    the next batch of that shape writes into the same ones."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple, torch.Tensor] = {}
+
+    def get(self, layer: int, name: str, like: torch.Tensor, shape: tuple) -> torch.Tensor:
+        key = (layer, name, tuple(shape), like.dtype, like.device)
+        if key not in self._buffers:
+            buf = like.new_zeros(shape)
+            if hasattr(torch, "_dynamo"):  # a compiled step may then write into it in place
+                torch._dynamo.mark_static_address(buf)
+            self._buffers[key] = buf
+        return self._buffers[key]
+
+
+def make_static(
+    cache: list[dict], max_len: int, step: torch.Tensor, pool: BufferPool | None = None
+) -> None:
     """Turn a model's new cache into static self-attention caches of `max_len` positions, all
     reading the position from `step` ((1,) long, the search advances it in place); the
-    buffers are allocated at the first write, when their shape is known."""
-    for layer in cache:
-        layer["self"] = {STEP: step, "max_len": max_len}
+    buffers are taken from `pool` (a new one: this search's alone) at the first write, when
+    their shape is known."""
+    pool = pool or BufferPool()
+    for i, layer in enumerate(cache):
+        layer["self"] = {STEP: step, "max_len": max_len, "pool": pool, "layer": i}
 
 
 def is_static(part: dict | None) -> bool:
@@ -66,10 +88,8 @@ def _write_static(part: dict, k: torch.Tensor, v: torch.Tensor):
     if "k" not in part:
         n, h, _, d = k.shape
         shape = (n, h, part["max_len"], d)
-        part["k"], part["v"] = k.new_zeros(shape), v.new_zeros(shape)
-        if hasattr(torch, "_dynamo"):  # a compiled step may then write into them in place
-            torch._dynamo.mark_static_address(part["k"])
-            torch._dynamo.mark_static_address(part["v"])
+        part["k"] = part["pool"].get(part["layer"], "k", k, shape)
+        part["v"] = part["pool"].get(part["layer"], "v", v, shape)
     part["k"].index_copy_(2, part[STEP], k)
     part["v"].index_copy_(2, part[STEP], v)
     return part["k"], part["v"]
@@ -80,12 +100,9 @@ def _reorder_static(part: dict, idx: torch.Tensor) -> None:
         if key not in part:
             continue
         rows = part[key].index_select(0, idx)
-        if rows.shape == part[key].shape:  # a beam reorder: the same buffer, new contents
-            part[key].copy_(rows)
-        else:  # sentences left the batch: a new, smaller buffer (a new shape anyway)
-            part[key] = rows
-            if hasattr(torch, "_dynamo"):
-                torch._dynamo.mark_static_address(rows)
+        if rows.shape != part[key].shape:  # sentences left the batch: that shape's buffer
+            part[key] = part["pool"].get(part["layer"], key, rows, rows.shape)
+        part[key].copy_(rows)
 
 
 def extend_self_cache(cache: dict, k: torch.Tensor, v: torch.Tensor):
