@@ -405,3 +405,23 @@ def test_the_page_translates_and_draws_the_attention_in_a_real_browser(server, t
         assert (tmp_path / "page.png").stat().st_size > 10_000
     finally:
         browser.close()
+
+
+def test_an_ensemble_is_served_as_mt_translate_decodes_it_and_says_why_no_picture(
+    tiny_run, sentences, tmp_path
+):
+    members = [tiny_run / "step_30.pt", tiny_run / "step_60.pt"]
+    s = Server(*members)
+    try:
+        info = s.http.get("/info").json()
+        assert info["ensemble"] and info["training_steps"] == [30, 60]
+        assert not info["attention"]["available"] and "ensemble" in info["attention"]["why_not"]
+        refused = s.post({"sentences": sentences[:2], "attention": True})
+        assert refused.status_code == 422 and refused.json()["field"] == "attention"
+        got = [t["text"] for t in s.post({"sentences": sentences}).json()["translations"]]
+        src = tmp_path / "in.txt"
+        src.write_text("\n".join(sentences) + "\n")
+        proc = run_mt("translate", *members, "-i", src)
+        assert got == proc.stdout.splitlines()
+    finally:
+        assert s.stop()[0] == 0

@@ -58,7 +58,7 @@ def _attention(translator: Any, found: Any) -> dict[str, Any]:
     return {  # subwords as `mt attention` labels them: "##piece" inside a word
         "source": readable_pieces(source),
         "target": readable_pieces(target),
-        "weights": weights.round(4).tolist(),  # (layers, heads, target, source)
+        "weights": weights.astype(float).round(4).tolist(),  # (layers, heads, target, source)
     }
 
 
