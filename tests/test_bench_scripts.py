@@ -435,3 +435,31 @@ def test_bench_serve_loads_both_modes_and_loses_nothing(tiny_run):
     # without batching every request is its own batch (9 timed + 8 warm-up)
     assert result["no_batching"]["health"]["batches"] == 17
     assert result["batching"]["health"]["batches"] <= 17
+
+
+def test_bench_token_cache_builds_maps_and_measures_ranks(tmp_path):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "bench_token_cache.py"),
+            "--pairs",
+            "3000",
+            "--ranks",
+            "2",
+            "--max-tokens",
+            "4096",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "MT_CACHE_DIR": str(tmp_path)},
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["pairs"] > 2900 and result["batches"] > 0
+    assert result["target_tokens"] > 0 and result["collate_tgt_tok_per_s"] > 0
+    for mode in ("cache", "copies"):
+        assert result[f"ranks_2_{mode}"]["pss_mb_total"] > 0
+    assert len(list((tmp_path / "tokens").iterdir())) == 1  # written where it was told

@@ -25,6 +25,25 @@ class DataConfig(_Section):
         None, description="the hub dataset's configuration, e.g. de-en for wmt14"
     )
     max_len: int = Field(128, ge=1, description="pairs longer than this (subwords) are dropped")
+    token_cache: Literal["auto", True, False] = Field(
+        "auto",
+        description="keep the training split's token ids in a memory-mapped cache "
+        "(MT_CACHE_DIR, else ~/.cache/mt) that later runs and every rank of a machine share; "
+        "auto: for training files of 100 MB or more",
+    )
+
+    @field_validator("token_cache", mode="before")
+    @classmethod
+    def _token_cache_is_not_a_number(cls, v: Any) -> Any:
+        return _no_number(v)
+
+
+def _no_number(v: Any) -> Any:
+    """A Literal of True/False also takes 1 and 0 (1 == True), which strict mode refuses for
+    every other boolean key."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        raise ValueError(f"expected 'auto', true or false, not the number {v!r}")
+    return v
 
 
 class TokenizerConfig(_Section):
@@ -350,11 +369,7 @@ class TrainConfig(_Section):
     @field_validator("fast_paths", mode="before")
     @classmethod
     def _fast_paths_is_not_a_number(cls, v: Any) -> Any:
-        # A Literal of True/False also takes 1 and 0 (1 == True), which strict mode
-        # refuses for every other boolean key.
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            raise ValueError(f"expected 'auto', true or false, not the number {v!r}")
-        return v
+        return _no_number(v)
 
     @model_validator(mode="after")
     def _one_way_to_a_fast_step(self) -> TrainConfig:

@@ -204,6 +204,14 @@ class TokenArray:
         )
 
     @classmethod
+    def from_arrays(cls, data: np.ndarray, lengths: np.ndarray, offsets: np.ndarray) -> TokenArray:
+        """From its three arrays as they are (memory-mapped ones stay mapped, see
+        mt.data.token_cache)."""
+        out = cls([])
+        out.data, out.lengths, out.offsets = data, lengths, offsets
+        return out
+
+    @classmethod
     def concat(cls, parts: list[TokenArray]) -> TokenArray:
         out = cls([])
         if parts:

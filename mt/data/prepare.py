@@ -6,6 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mt.config import Config
+from mt.data import token_cache
 from mt.data.batching import epoch_seed
 from mt.data.corpus import (
     ParallelData,
@@ -56,7 +57,11 @@ def prepare_data(
         load_tokenizer(cfg, run_dir, train_paths, log, inherited)
     dist.wait_for_main()
     tokenizer = load_tokenizer(cfg, run_dir, train_paths, log)
-    train_data = encode_train(cfg, tokenizer, train_stats, bpe_dropout, epoch=0)
+    if bpe_dropout == 0 and token_cache.wanted(d.token_cache, train_paths):
+        train_data = cached_train(cfg, tokenizer, train_paths, dist, log)
+        train_stats = train_data.stats
+    else:
+        train_data = encode_train(cfg, tokenizer, train_stats, bpe_dropout, epoch=0)
     valid_data = encode_pairs(vsrc, vtgt, tokenizer, cfg.max_side_len, valid_stats)
     log(train_stats.describe("train"))
     log(valid_stats.describe("valid"))
@@ -84,6 +89,22 @@ def encode_train(
             else f"no training pair left (empty, or longer than data.max_len={d.max_len})"
         )
         raise MTError(f"{paths[0]}: {why}")
+    return data
+
+
+def cached_train(cfg: Config, tokenizer: Tokenizer, paths, dist, log) -> ParallelData:
+    """The training split's ids from the token cache (mt.data.token_cache): rank 0 encodes and
+    writes them the first time, then every rank memory-maps the same files."""
+    models = [tokenizer.src_model] + ([] if tokenizer.joint else [tokenizer.tgt_model])
+    folder = token_cache.folder_for(token_cache.cache_key(paths, models, cfg.data.max_len))
+    if dist.is_main and token_cache.load(folder) is None:
+        log(f"writing the training split's token ids to the cache {folder}")
+        token_cache.save(folder, encode_train(cfg, tokenizer, Stats(), 0.0, epoch=0))
+    dist.wait_for_main()
+    data = token_cache.load(folder)
+    if data is None:
+        raise MTError(f"the token cache {folder} is missing (removed while starting?); run again")
+    log(f"training split's token ids memory-mapped from the cache {folder}")
     return data
 
 

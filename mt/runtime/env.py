@@ -5,6 +5,7 @@ the variable takes is a one-line error naming the variable and what it takes.
     WORLD_SIZE, RANK, LOCAL_RANK,   set by torchrun for each process of a multi-process run
     LOCAL_WORLD_SIZE
     MT_API_KEY                      mt serve: the token requests must carry (text)
+    MT_CACHE_DIR                    the token cache's folder (text; mt/data/token_cache.py)
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ VARIABLES = {
 TEXT_VARIABLES = {
     "MT_API_KEY": "mt serve: the token every /translate and /info request must carry "
     "(the same as --api-key)",
+    "MT_CACHE_DIR": "where the token cache lives (data.token_cache); unset: "
+    "$XDG_CACHE_HOME/mt, else ~/.cache/mt",
 }
 
 

@@ -1,0 +1,91 @@
+"""The memory-mapped token cache (mt/data/token_cache.py): the same ids as encoding the
+corpus, memory-mapped; a new key for a changed file, BPE model or max_len; a second run reads it
+and trains exactly as the first; never written into the corpus folder."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mt.data import token_cache
+from mt.data.corpus import ParallelData, Stats, TokenArray
+from tests.conftest import train_tiny
+
+
+def _data(seqs_src, seqs_tgt) -> ParallelData:
+    return ParallelData(TokenArray(seqs_src, np.uint16), TokenArray(seqs_tgt, np.uint16),
+                        Stats(total=5, empty=1, too_long=1))  # fmt: skip
+
+
+def test_saved_ids_come_back_memory_mapped_and_equal(tmp_path):
+    data = _data([[5, 6, 7], [8], [9, 10]], [[11], [12, 13, 14, 15], [16, 17]])
+    folder = tmp_path / "k"
+    token_cache.save(folder, data)
+    back = token_cache.load(folder)
+    for a, b in ((data.src, back.src), (data.tgt, back.tgt)):
+        assert isinstance(b.data, np.memmap) and isinstance(b.offsets, np.memmap)
+        assert [list(b[i]) for i in range(len(b))] == [list(a[i]) for i in range(len(a))]
+        assert b.data.dtype == np.uint16
+    assert (back.stats.total, back.stats.empty, back.stats.too_long) == (5, 1, 1)
+    assert not back.src.data.flags.writeable  # read-only: nothing can change the shared ids
+    token_cache.save(folder, _data([[1]], [[2]]))  # a second writer of the key keeps the first
+    assert len(token_cache.load(folder).src) == 3
+    assert token_cache.load(tmp_path / "absent") is None
+    assert [p.name for p in tmp_path.iterdir()] == ["k"]  # no temporary folder left
+
+
+def test_the_key_follows_the_files_the_bpe_model_and_max_len(tmp_path):
+    a, b = tmp_path / "train.de", tmp_path / "train.en"
+    a.write_text("ein hund\n" * 1000)
+    b.write_text("a dog\n" * 1000)
+    key = token_cache.cache_key([a, b], [b"spm"], 128)
+    assert token_cache.cache_key([a, b], [b"spm"], 128) == key
+    assert token_cache.cache_key([a, b], [b"other"], 128) != key
+    assert token_cache.cache_key([a, b], [b"spm"], 64) != key
+    b.write_text("a cat\n" * 1000)  # same size, other content
+    assert token_cache.cache_key([a, b], [b"spm"], 128) != key
+
+
+def test_the_cache_folder_is_mts_never_the_corpus_folder(monkeypatch, tmp_path):
+    monkeypatch.delenv("MT_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert token_cache.cache_root() == tmp_path / "xdg" / "mt"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert token_cache.cache_root() == tmp_path / "home" / ".cache" / "mt"
+    monkeypatch.setenv("MT_CACHE_DIR", str(tmp_path / "mine"))
+    assert token_cache.folder_for("abc") == tmp_path / "mine" / "tokens" / "abc"
+
+
+def test_a_second_run_reads_the_cache_and_trains_exactly_as_the_first(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("MT_CACHE_DIR", str(cache))
+    data = tmp_path / "data"
+    sets = ("train.max_steps=12", "train.log_every=1", "train.valid_every=12",
+            "train.save_every=12")  # fmt: skip
+    _plain_log, plain = train_tiny(tmp_path / "plain", data, *sets, "data.token_cache=false")
+    assert not cache.exists()  # false: no cache
+    first_log, first = train_tiny(tmp_path / "first", data, *sets, "data.token_cache=true")
+    assert "writing the training split's token ids" in first_log
+    (folder,) = (cache / "tokens").iterdir()
+    assert not any(p.name.startswith(".") for p in (cache / "tokens").iterdir())
+    before = {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
+    # the run directory's BPE model is the first run's: the same key
+    second_log, second = train_tiny(tmp_path / "first", data, "train.max_steps=24",
+                                    *sets[1:], "data.token_cache=true")  # fmt: skip
+    assert "memory-mapped from the cache" in second_log and "writing" not in second_log
+    assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} == before
+    assert first == plain  # the cached ids train exactly as the encoded ones
+    assert [s for s, _ in second] == list(range(1, 25)) and second[:12] == first  # resumed
+    assert not list(data.rglob("*.npy")) and not (data / "tokens").exists()  # not in the corpus
+
+
+@pytest.mark.parametrize("setting, used", [("auto", False), (True, True), (False, False)])
+def test_auto_caches_large_corpora_only(tmp_path, setting, used):
+    small = tmp_path / "train.de"
+    small.write_text("x\n")
+    assert token_cache.wanted(setting, [small]) is used
+    big = tmp_path / "big.de"
+    with open(big, "wb") as f:
+        f.truncate(token_cache.AUTO_BYTES)
+    assert token_cache.wanted("auto", [big])
