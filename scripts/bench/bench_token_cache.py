@@ -93,8 +93,11 @@ from mt.data import token_cache
 data = token_cache.load(token_cache.folder_for(sys.argv[1]))
 arrays = [data.src.data, data.src.lengths, data.src.offsets, data.tgt.data, data.tgt.lengths,
           data.tgt.offsets]
-if sys.argv[2] == "copy":  # what each rank holds without the cache: its own ids
+if sys.argv[2] == "copy":  # what each rank holds without the cache: its own ids, unmapped
     arrays = [np.array(a) for a in arrays]
+    del data
+    import gc
+    gc.collect()
 total = sum(int(a.sum(dtype=np.int64)) for a in arrays)  # every page read
 lines = open("/proc/self/smaps_rollup").read().splitlines()[1:]
 rollup = dict(line.split(":", 1) for line in lines)
