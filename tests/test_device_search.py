@@ -60,6 +60,8 @@ def test_an_ensemble_gets_the_same_hypotheses(tiny_run):
     src, mask = _batch(t, 24, seed=2)
     args = (t.model, src, mask, 4, 2, 1.0, 1.5, 5)
     _same(beam_nbest_on_device(*args), beam_nbest(*args))
+    assert t.model.static_cache  # its members' caches, side by side, static too
+    _same(beam_nbest_on_device(*args, static=True), beam_nbest(*args))
 
 
 def test_the_host_reads_the_search_at_most_once_per_8_steps(tiny_run):

@@ -41,6 +41,10 @@ class Ensemble(Seq2Seq):
     def new_cache(self) -> list[dict]:
         return [layer for m in self.members for layer in m.new_cache()]
 
+    @property
+    def static_cache(self) -> bool:
+        return all(m.static_cache for m in self.members)
+
     def decode(self, tgt_in, memory, src_pad_mask, cache=None, start=0, weights=None):
         """Each model's states (B, T, D_i) side by side; `project` takes them apart again."""
         states, offset = [], 0
