@@ -206,10 +206,45 @@ def test_compile_and_forced_fast_paths_are_refused_together():
         load_config(ROOT / "configs/tiny.yaml", ["train.compile=true", "train.fast_paths=true"])
     cfg = load_config(ROOT / "configs/tiny.yaml", ["train.compile=true"])  # auto steps aside
     from mt.model import REFERENCE
-    from mt.train.objective import model_parts
+    from mt.train.objective import compile_applies, model_parts
 
-    assert model_parts(cfg.train, torch.device("cpu")) is REFERENCE
-    assert (
-        model_parts(load_config(ROOT / "configs/tiny.yaml").train, torch.device("cpu"))
-        is not REFERENCE
-    )
+    cpu = torch.device("cpu")
+    assert model_parts(cfg.train, cpu, compile=compile_applies(cfg, cpu)) is REFERENCE
+    plain = load_config(ROOT / "configs/tiny.yaml")
+    assert model_parts(plain.train, cpu, compile=compile_applies(plain, cpu)) is not REFERENCE
+
+
+@pytest.mark.parametrize(
+    "sets, device, compiles",
+    [
+        (["train.compile=false"], "cuda", False),
+        (["train.compile=true"], "cpu", True),
+        (["train.compile=auto"], "cpu", False),  # the CPU keeps mt/fast
+        (["train.compile=auto"], "cuda", True),
+        (["train.compile=auto", "model.arch=decoder_only"], "cuda", True),
+        (["train.compile=auto", "train.rdrop_alpha=1.0"], "cuda", False),
+        (
+            [
+                "train.compile=auto",
+                "train.scheduled_sampling.schedule=exponential",
+                "train.scheduled_sampling.k=0.999",
+            ],
+            "cuda",
+            False,
+        ),
+        (["train.compile=auto", "model.arch=nat"], "cuda", False),
+        (["train.compile=auto", "model.arch=rnn"], "cuda", False),
+        (["train.compile=auto", "train.fast_paths=true"], "cuda", False),  # no contradiction
+    ],
+)
+def test_compile_auto_is_on_where_it_pays_and_never_a_contradiction(sets, device, compiles):
+    from mt.train.objective import compile_applies
+
+    cfg = load_config(ROOT / "configs/tiny.yaml", sets)
+    assert compile_applies(cfg, torch.device(device)) is compiles
+    assert compile_applies(cfg, torch.device(device), pretraining=True) is False
+
+
+def test_compile_takes_auto_or_a_boolean_not_a_number():
+    with pytest.raises(MTError, match="not the number 1"):
+        load_config(ROOT / "configs/tiny.yaml", ["train.compile=1"])

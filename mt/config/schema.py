@@ -359,21 +359,23 @@ class TrainConfig(_Section):
         "packing, chunked loss); auto: on a CPU only (on an H200 they made training slower); "
         "false: the reference model and loss as written; true: on any device",
     )
-    compile: bool = Field(
+    compile: Literal["auto", True, False] = Field(
         False,
-        description="torch.compile the training forward/backward of the reference model "
-        "(dynamic shapes; static ones, one compilation per shape, with shape_buckets); pays "
-        "off on GPU; mt/fast then steps aside (fast_paths auto)",
+        description="torch.compile the training forward/backward of the reference model and "
+        "its loss (dynamic shapes; static ones, one compilation per shape, with shape_buckets); "
+        "mt/fast then steps aside (fast_paths auto). auto: on a GPU, for the objectives it "
+        "compiles (label-smoothed cross-entropy of a Transformer; not R-Drop, scheduled "
+        "sampling, the NAT or the RNN), with fast_paths auto or false",
     )
 
-    @field_validator("fast_paths", mode="before")
+    @field_validator("fast_paths", "compile", mode="before")
     @classmethod
-    def _fast_paths_is_not_a_number(cls, v: Any) -> Any:
+    def _switch_is_not_a_number(cls, v: Any) -> Any:
         return _no_number(v)
 
     @model_validator(mode="after")
     def _one_way_to_a_fast_step(self) -> TrainConfig:
-        if self.compile and self.fast_paths is True:
+        if self.compile is True and self.fast_paths is True:
             raise ValueError(
                 "train.compile and train.fast_paths: true are two ways to a fast step: "
                 "torch.compile fuses the reference model itself, and mt/fast's hand-written "

@@ -17,7 +17,7 @@ from mt.outputs import write_text
 from mt.runtime.device import PRECISION_NAMES, amp_dtype, pick_device
 from mt.runtime.distributed import setup
 from mt.runtime.threads import choose_threads
-from mt.train.objective import build_objective, model_parts
+from mt.train.objective import build_objective, compile_applies, model_parts
 from mt.train.pretrained import (
     encoder_parameters,
     init_encoder,
@@ -135,7 +135,10 @@ def _build(
         record_corpus(cfg, run_dir, renew)
         write_run_info(run_dir)
     device = pick_device(device_name)
-    model, fused = _model(cfg, tokenizer, run_dir, device, pretraining, log)
+    compiles = compile_applies(cfg, device, pretraining)
+    if t.compile == "auto" and compiles:
+        log("train.compile auto: the training step runs through torch.compile on this GPU")
+    model, fused = _model(cfg, tokenizer, run_dir, device, pretraining, log, compiles)
     seed = t.seed + dist.rank  # this rank's draws
     objective = build_objective(
         cfg, fused=fused, seed=seed, pretraining=pretraining, vocab_size=tokenizer.src_vocab_size
@@ -166,6 +169,7 @@ def _build(
         tensorboard=t.tensorboard,
         epoch_data=bpe_dropout_epochs(cfg, tokenizer, train_data) if t.bpe_dropout > 0 else None,
         state=TrainState(objective=OBJECTIVE_NAMES[pretraining]),
+        compile=compiles,
     )
     _resume_if_saved(trainer, run_dir, log)
     trainer.state.precision = PRECISION_NAMES[dtype]
@@ -183,14 +187,15 @@ def _optimization(cfg: Config, model, device, pretraining: bool):
     return optimizer, scheduler, scaler, dtype
 
 
-def _model(cfg: Config, tokenizer, run_dir: Path, device, pretraining: bool, log):
+def _model(cfg: Config, tokenizer, run_dir: Path, device, pretraining: bool, log, compiles: bool):
     """(the model on `device`, whether the loss is mt/fast's fused one): built from mt/fast's
-    modules where they apply, starting from a pretrained encoder where the config names one."""
-    parts = model_parts(cfg.train, device, pretraining)
+    modules where they apply (not under torch.compile: `compiles`), starting from a pretrained
+    encoder where the config names one."""
+    parts = model_parts(cfg.train, device, pretraining, compiles)
     model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, parts)
     if cfg.model.init_encoder and not has_checkpoint(run_dir):  # a resumed run has its own
         init_encoder(model, cfg.model.init_encoder, tokenizer, log)
-    return model.to(device), parts is not REFERENCE and not cfg.train.compile
+    return model.to(device), parts is not REFERENCE and not compiles
 
 
 def _resume_if_saved(trainer: Trainer, run_dir: Path, log) -> None:

@@ -25,12 +25,30 @@ def fast_paths_apply(setting: str | bool, device: torch.device) -> bool:
     return device.type == "cpu" if setting == "auto" else bool(setting)
 
 
-def model_parts(t, device: torch.device, pretraining: bool = False) -> Parts:
+def compile_applies(cfg, device: torch.device, pretraining: bool = False) -> bool:
+    """train.compile resolved (cfg: the run's Config): true and false as said; auto on a GPU
+    for a Transformer's label-smoothed cross-entropy alone (R-Drop, scheduled sampling, the
+    NAT's and the RNN's steps stay eager), and not where train.fast_paths forces mt/fast."""
+    t = cfg.train
+    if pretraining or t.compile is False:
+        return False
+    if t.compile is True:
+        return True
+    plain = (
+        cfg.model.arch in ("transformer", "decoder_only")
+        and t.rdrop_alpha == 0
+        and t.scheduled_sampling is None
+    )
+    return device.type == "cuda" and plain and t.fast_paths is not True
+
+
+def model_parts(t, device: torch.device, pretraining: bool = False, compile: bool = False) -> Parts:
     """The module classes to build the model from: mt/fast's where `t.fast_paths`
     (TrainConfig) applies to `device`, else the reference ones. Encoder pretraining keeps the
-    reference: the masked-LM loss reads the encoder alone; so does train.compile, which fuses
-    the reference model itself (mt/fast's row packing would break its graph)."""
-    if pretraining or t.compile or not fast_paths_apply(t.fast_paths, device):
+    reference: the masked-LM loss reads the encoder alone; so does a compiled step (`compile`:
+    compile_applies), which fuses the reference model itself (mt/fast's row packing would
+    break its graph)."""
+    if pretraining or compile or not fast_paths_apply(t.fast_paths, device):
         return REFERENCE
     return fast.PARTS
 

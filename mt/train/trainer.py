@@ -66,6 +66,7 @@ class Trainer(Validating, Saving):
         lock=None,
         tensorboard: bool = False,
         epoch_data=None,
+        compile: bool | None = None,
     ):
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.scaler, self.objective = scaler, objective
@@ -79,8 +80,10 @@ class Trainer(Validating, Saving):
         self.deferred = (
             DeferredSkips(device) if device.type == "cuda" and not scaler.is_enabled() else None
         )
-        # train.compile: the model and the loss in one compiled function
-        self.train_loss = compiled(objective.loss, cfg.shape_buckets) if cfg.compile else None
+        # train.compile: the model and the loss in one compiled function (compile: the setting
+        # as resolved for this device and objective, mt.train.objective.compile_applies)
+        compile = cfg.compile is True if compile is None else compile
+        self.train_loss = compiled(objective.loss, cfg.shape_buckets) if compile else None
         self.train_data, self.validation, self.tokenizer = train_data, validation, tokenizer
         self.epoch_data, self.cfg, self.run_config = epoch_data, cfg, run_config
         self.run_dir, self.device, self.amp_dtype = run_dir, device, amp_dtype

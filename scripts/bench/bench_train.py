@@ -143,7 +143,7 @@ def ours(size, device, precision="fp32", compile=False, loss_fn=None, dropout=0.
     train_cfg = TrainConfig(
         label_smoothing=0.1, clip_norm=0.0, compile=compile, fast_paths=FAST_PATHS
     )
-    parts = model_parts(train_cfg, device)  # as mt train chooses
+    parts = model_parts(train_cfg, device, compile=compile)  # as mt train chooses
     model = build_model(model_cfg, size["vocab"], size["vocab"], parts).to(device)
     fused = parts is not REFERENCE and not compile
     objective = (
