@@ -401,6 +401,13 @@ def test_the_page_translates_and_draws_the_attention_in_a_real_browser(server, t
         assert browser.script("return document.querySelectorAll('#output img').length;") == 0
         layers = browser.script("return document.getElementById('layer').options.length;")
         assert layers == 1 + json.loads(server.http.get("/info").text)["model"]["dec_layers"]
+        # with n-best lists the picture is fetched on its own, for the best translation
+        browser.script("document.getElementById('attention').removeAttribute('data-rows');")
+        browser.script("document.getElementById('nbest').value = '2';")
+        browser.script("document.getElementById('beam').value = '2';")
+        browser.click("#translate")
+        browser.wait_for("document.querySelectorAll('#output ul.nbest li').length == 2")
+        assert browser.wait_for("document.getElementById('attention').getAttribute('data-rows')")
         browser.screenshot(tmp_path / "page.png")
         assert (tmp_path / "page.png").stat().st_size > 10_000
     finally:
