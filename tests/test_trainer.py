@@ -16,6 +16,7 @@ from mt.data.batching import collate
 from mt.errors import MTError
 from mt.train.build import build_trainer
 from tests.conftest import (
+    EXACT_ADAM,
     ROOT,
     out_of_memory_on_call,
     run_mt,
@@ -696,3 +697,35 @@ def test_deferred_skips_stop_a_run_of_nonfinite_updates(tmp_path):
     with pytest.raises(MTError, match=r"NaN/inf for .* updates in a row"):
         t.fit()
     assert t.state.step == 7  # the good updates, the skipped ones taken back
+
+
+def test_a_run_resumed_with_compile_on_continues_the_same_schedule(tmp_path, monkeypatch):
+    """Trained eagerly for 6 updates, then resumed with train.compile (aot_eager here) to 12:
+    the same updates, learning rates and losses as 12 eager updates in one go (dropout off,
+    bucketed batches), from the same saved position in the data."""
+    import json
+
+    import torch._dynamo
+
+    real_compile = torch.compile
+    monkeypatch.setattr(
+        torch, "compile", lambda fn, **kw: real_compile(fn, backend="aot_eager", **kw)
+    )
+    common = ("model.dropout=0.0", "train.shape_buckets=8", "train.log_every=1",
+              "train.valid_every=100", "train.save_every=6", *EXACT_ADAM)  # fmt: skip
+
+    def log(run):
+        rows = [json.loads(x) for x in (run / "run/train_log.jsonl").read_text().splitlines()]
+        return [(r["step"], r["lr"], r["loss"]) for r in rows if "loss" in r]
+
+    _trainer(tmp_path / "whole", *common, "train.max_steps=12").fit()
+    _trainer(tmp_path / "split", *common, "train.max_steps=6").fit()
+    torch._dynamo.reset()
+    resumed = _trainer(tmp_path / "split", *common, "train.max_steps=12", "train.compile=true")
+    assert resumed.train_loss is not None and resumed.state.step == 6
+    resumed.fit()
+    whole, split = log(tmp_path / "whole"), log(tmp_path / "split")
+    assert [(s, lr) for s, lr, _ in split] == [(s, lr) for s, lr, _ in whole]
+    for (_, _, a), (_, _, b) in zip(split, whole, strict=True):
+        assert abs(a - b) <= 1e-4 * max(1.0, abs(b)), (a, b)
+    torch._dynamo.reset()
