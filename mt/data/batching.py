@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -102,12 +103,17 @@ def length_order(src_lens: np.ndarray, tgt_lens: np.ndarray, tie: np.ndarray) ->
     return np.lexsort((tie, np.where(longer % 2 == 0, skew, -skew), longer))
 
 
+if TYPE_CHECKING:
+    from mt.data.packing import Packing
+
+
 @dataclass
 class Batch:
     src: torch.Tensor  # (B, S) source ids + EOS, right-padded
     tgt_in: torch.Tensor  # (B, T) BOS + target
     tgt_out: torch.Tensor  # (B, T) target + EOS
     n_tokens: int  # target tokens that count in the loss (EOS included)
+    packing: Packing | None = None  # several pairs per row (mt/data/packing.py)
 
     def to(self, device: torch.device) -> Batch:
         nb = device.type == "cuda"
@@ -116,6 +122,7 @@ class Batch:
             self.tgt_in.to(device, non_blocking=nb),
             self.tgt_out.to(device, non_blocking=nb),
             self.n_tokens,
+            None if self.packing is None else self.packing.to(device),
         )
 
     @property

@@ -4,6 +4,7 @@ search live outside it."""
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -12,6 +13,9 @@ from mt.model.base import Seq2Seq, init_weights, make_embeddings
 from mt.model.cache import reorder_cache  # noqa: F401  (re-exported)
 from mt.model.layers import REFERENCE, DecoderLayer, EncoderLayer, Parts
 from mt.model.positions import AbsolutePositions
+
+if TYPE_CHECKING:
+    from mt.data.packing import Packing
 
 
 class Transformer(Seq2Seq):
@@ -66,24 +70,37 @@ class Transformer(Seq2Seq):
         init_weights(self)
 
     def _embed(
-        self, table: nn.Embedding, ids: torch.Tensor, start: int | torch.Tensor = 0
+        self,
+        table: nn.Embedding,
+        ids: torch.Tensor,
+        start: int | torch.Tensor = 0,
+        positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """start: the first position, a number, or a (1,) tensor (a static cache's step: the
-        search keeps positions in range)."""
+        search keeps positions in range); positions: each token's own (B, T) (packed rows)."""
         t = ids.shape[1]
         if isinstance(start, int) and start + t > self.max_positions:
             raise ValueError(
                 f"sequence of {start + t} positions exceeds max_positions {self.max_positions}"
             )
-        pos = start + torch.arange(t, device=ids.device)
+        pos = start + torch.arange(t, device=ids.device) if positions is None else positions
         return self.dropout(table(ids) * math.sqrt(self.d_model) + self.positions(pos))
 
     @staticmethod
     def memory_mask(src_pad_mask: torch.Tensor) -> torch.Tensor:
         return (~src_pad_mask)[:, None, None, :]  # (B, 1, 1, S), True = may attend
 
-    def encode(self, src: torch.Tensor, src_pad_mask: torch.Tensor) -> torch.Tensor:
-        """src: (B, S) ids; src_pad_mask: (B, S) True = padding. Returns (B, S, D)."""
+    def encode(
+        self, src: torch.Tensor, src_pad_mask: torch.Tensor, packing: Packing | None = None
+    ) -> torch.Tensor:
+        """src: (B, S) ids; src_pad_mask: (B, S) True = padding; packing: several pairs per
+        row (mt/data/packing.py), each attending to itself alone. Returns (B, S, D)."""
+        if packing is not None:
+            x = self._embed(self.src_embed, src, positions=packing.src_positions)
+            mask = packing.encoder_mask()  # built once, shared by every layer
+            for layer in self.encoder:
+                x = layer(x, mask)
+            return self.enc_norm(x)
         x = self._embed(self.src_embed, src)
         mask = self.memory_mask(src_pad_mask)
         pos = torch.arange(src.shape[1], device=src.device) if self.relative else None
@@ -99,10 +116,18 @@ class Transformer(Seq2Seq):
         cache: list[dict] | None = None,
         start: int | torch.Tensor = 0,
         weights: list | None = None,
+        packing: Packing | None = None,
     ) -> torch.Tensor:
         """tgt_in: (B, T) ids starting at position `start` (T = 1 with a cache; a (1,) tensor
-        with a static cache, see mt.model.cache.make_static).
+        with a static cache, see mt.model.cache.make_static); packing: several pairs per row,
+        as in encode (training only).
         Returns decoder states (B, T, D); `project` turns them into logits."""
+        if packing is not None:
+            x = self._embed(self.tgt_embed, tgt_in, positions=packing.tgt_positions)
+            self_mask, cross_mask = packing.decoder_mask(), packing.cross_mask()
+            for layer in self.decoder:
+                x = layer(x, memory, cross_mask, self_mask=self_mask)
+            return self.dec_norm(x)
         x = self._embed(self.tgt_embed, tgt_in, start)
         mask = self.memory_mask(src_pad_mask)
         q_pos = k_pos = None

@@ -45,8 +45,13 @@ def logits_loss(
 def reference_loss(model, batch, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The training loss of a batch as the paper computes it: logits for every target
     position, log-softmax (in fp32, also under autocast), label-smoothed NLL over the tokens
-    that are not padding. Returns (smoothed loss sum, NLL sum) over the batch's target tokens."""
-    return logits_loss(model(batch.src, batch.tgt_in, batch.src_pad_mask), batch.tgt_out, eps)
+    that are not padding. Returns (smoothed loss sum, NLL sum) over the batch's target tokens.
+    A packed batch (train.pack_width) passes its segments and positions to the model."""
+    if batch.packing is not None:
+        logits = model(batch.src, batch.tgt_in, batch.src_pad_mask, packing=batch.packing)
+    else:
+        logits = model(batch.src, batch.tgt_in, batch.src_pad_mask)
+    return logits_loss(logits, batch.tgt_out, eps)
 
 
 def symmetric_kl(

@@ -1,0 +1,97 @@
+"""Packed batches (mt/data/packing.py, train.pack_width): each pair gets exactly the loss and
+gradients it gets in an ordinary padded batch; every pair is trained once per epoch; the
+blocks of a run have one shape; built by gathers, checked against a plain loop."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from mt.config import ModelConfig
+from mt.data.batching import collate
+from mt.data.corpus import ParallelData, Stats, TokenArray
+from mt.data.packing import collate_packed, pack_blocks, rows_of
+from mt.model import build_model
+from mt.objectives.loss import reference_loss
+from mt.tokens import BOS, EOS, PAD
+
+
+def _corpus(n: int, seed: int = 0, longest: int = 12) -> ParallelData:
+    rng = np.random.default_rng(seed)
+    src = [list(rng.integers(4, 40, rng.integers(1, longest + 1))) for _ in range(n)]
+    tgt = [list(rng.integers(4, 40, rng.integers(1, longest + 1))) for _ in range(n)]
+    return ParallelData(TokenArray(src), TokenArray(tgt), Stats())
+
+
+def test_a_block_holds_each_pair_as_a_loop_would_write_it():
+    data = _corpus(9, seed=3)
+    width, rows = 30, 4
+    (block,) = pack_blocks(data.src.lengths, data.tgt.lengths, width, rows, seed=1)
+    batch = collate_packed(data, block, width, rows)
+    p = batch.packing
+    expect = {k: np.zeros((rows, width), dtype=np.int64) for k in
+              ("src", "in", "out", "sseg", "tseg", "spos", "tpos")}  # fmt: skip
+    expect["src"][:] = expect["in"][:] = expect["out"][:] = PAD
+    for r, row in enumerate(rows_of(block)):
+        sc = tc = 0
+        for seg, i in enumerate(row[:-1], start=1):
+            s, t = list(data.src[i]), list(data.tgt[i])
+            for j, tok in enumerate([*s, EOS]):
+                expect["src"][r, sc + j], expect["sseg"][r, sc + j] = tok, seg
+                expect["spos"][r, sc + j] = j
+            for j, (a, b) in enumerate(zip([BOS, *t], [*t, EOS], strict=True)):
+                expect["in"][r, tc + j], expect["out"][r, tc + j] = a, b
+                expect["tseg"][r, tc + j], expect["tpos"][r, tc + j] = seg, j
+            sc, tc = sc + len(s) + 1, tc + len(t) + 1
+            assert sc <= width and tc <= width
+    got = {"src": batch.src, "in": batch.tgt_in, "out": batch.tgt_out, "sseg": p.src_segments,
+           "tseg": p.tgt_segments, "spos": p.src_positions, "tpos": p.tgt_positions}  # fmt: skip
+    for k, v in expect.items():
+        assert np.array_equal(got[k].numpy(), v), k
+    assert batch.n_tokens == int((batch.tgt_out != PAD).sum())
+
+
+def test_an_epoch_packs_every_pair_once_in_one_shape():
+    data = _corpus(500, seed=4, longest=30)
+    width, rows = 64, 16
+    blocks = pack_blocks(data.src.lengths, data.tgt.lengths, width, rows, seed=7)
+    seen = np.concatenate([b[b >= 0] for b in blocks])
+    assert sorted(seen.tolist()) == list(range(500))
+    shapes = {tuple(collate_packed(data, b, width, rows).src.shape) for b in blocks}
+    assert shapes == {(rows, width)}
+    again = pack_blocks(data.src.lengths, data.tgt.lengths, width, rows, seed=7)
+    assert all(np.array_equal(a, b) for a, b in zip(blocks, again, strict=True))
+    other = pack_blocks(data.src.lengths, data.tgt.lengths, width, rows, seed=8)
+    assert not all(np.array_equal(a, b) for a, b in zip(blocks, other, strict=False))
+
+
+@pytest.mark.parametrize(
+    "norm, positional, tie",
+    [("post", "sinusoidal", "all"), ("pre", "learned", "none"), ("post", "learned", "decoder")],
+)
+def test_a_packed_batch_gives_each_pair_its_own_loss_and_gradients(norm, positional, tie):
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=32, n_heads=4, enc_layers=2, dec_layers=2, d_ff=64, dropout=0.0,
+                      norm=norm, positional=positional, tie_embeddings=tie)  # fmt: skip
+    model = build_model(cfg, 40, 40)
+    data = _corpus(23, seed=5)
+    padded = collate(data, np.arange(23))
+    loss_a, nll_a = reference_loss(model, padded, eps=0.1)
+    (loss_a / padded.n_tokens).backward()
+    grads_a = {k: p.grad.clone() for k, p in model.named_parameters()}
+    model.zero_grad()
+    total_loss, total_nll, tokens = 0.0, 0.0, 0
+    blocks = pack_blocks(data.src.lengths, data.tgt.lengths, 28, 6, seed=2)
+    assert len(blocks) >= 2 and any(len(rows_of(b)) < 6 for b in blocks[-1:])
+    for block in blocks:
+        batch = collate_packed(data, block, 28, 6)
+        loss, nll = reference_loss(model, batch, eps=0.1)
+        (loss / padded.n_tokens).backward()
+        total_loss, total_nll, tokens = total_loss + loss, total_nll + nll, tokens + batch.n_tokens
+    assert tokens == padded.n_tokens
+    torch.testing.assert_close(total_loss, loss_a, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(total_nll, nll_a, rtol=1e-5, atol=1e-4)
+    for k, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, grads_a[k], rtol=1e-4, atol=1e-6, msg=k)
+        assert torch.isfinite(p.grad).all()
