@@ -95,3 +95,41 @@ def test_a_packed_batch_gives_each_pair_its_own_loss_and_gradients(norm, positio
     for k, p in model.named_parameters():
         torch.testing.assert_close(p.grad, grads_a[k], rtol=1e-4, atol=1e-6, msg=k)
         assert torch.isfinite(p.grad).all()
+
+
+def test_packed_training_runs_resumes_exactly_and_says_its_shape(tmp_path):
+    """`mt train` with train.pack_width: one block shape said at start-up; stopped and resumed,
+    the same losses as in one go."""
+    from tests.conftest import EXACT_ADAM, train_tiny
+
+    data = tmp_path / "data"
+    sets = ("train.pack_width=64", "train.max_tokens=1024", "train.log_every=1",
+            "train.valid_every=100", "train.save_every=4", "model.dropout=0.0",
+            *EXACT_ADAM)  # fmt: skip
+    log, whole = train_tiny(tmp_path / "whole", data, *sets, "train.max_steps=8")
+    assert "packed blocks per epoch of 8 rows x 64 positions a side, in 1 shape" in log
+    train_tiny(tmp_path / "split", data, *sets, "train.max_steps=4")
+    _, split = train_tiny(tmp_path / "split", data, *sets, "train.max_steps=8")
+    assert [s for s, _ in split] == list(range(1, 9))
+    for (_, a), (_, b) in zip(split, whole, strict=True):
+        assert abs(a - b) <= 1e-5 * max(1.0, abs(b)), (a, b)
+
+
+@pytest.mark.parametrize(
+    "sets, says",
+    [
+        (["train.pack_width=64", "train.shape_buckets=8"], "two ways to few batch shapes"),
+        (["train.pack_width=4096"], "must hold at least one row"),
+        (["train.pack_width=8"], "at least data.max_len"),
+        (["train.pack_width=64", "train.rdrop_alpha=1.0"], "R-Drop"),
+        (["train.pack_width=64", "model.arch=rnn"], "model.arch transformer"),
+        (["train.pack_width=64", "train.fast_paths=true"], "fast_paths"),
+    ],
+)
+def test_packing_refuses_what_it_cannot_do_in_one_line(sets, says):
+    from mt.config import load_config
+    from mt.errors import MTError
+    from tests.conftest import ROOT
+
+    with pytest.raises(MTError, match=says):
+        load_config(ROOT / "configs/tiny.yaml", sets)

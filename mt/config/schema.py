@@ -228,6 +228,14 @@ class TrainConfig(_Section):
         "or CUDA-graphed step; mt/data/batching.py bucket_batches); 0 = the length-sorted "
         "batches of least padding",
     )
+    pack_width: int = Field(
+        0,
+        ge=0,
+        description="pack several sentence pairs into each row of fixed blocks of "
+        "max_tokens // (2 * pack_width) rows of this many source and target positions (one "
+        "batch shape for the whole run, little padding; each pair attends to itself alone); "
+        "0 = one pair per row",
+    )
     lr_factor: float = Field(
         1.0,
         gt=0.0,
@@ -384,6 +392,33 @@ class TrainConfig(_Section):
         return self
 
     @model_validator(mode="after")
+    def _packing_fits(self) -> TrainConfig:
+        if not self.pack_width:
+            return self
+        if self.shape_buckets:
+            raise ValueError(
+                "train.pack_width and train.shape_buckets are two ways to few batch shapes: "
+                "set one of them to 0"
+            )
+        if self.max_tokens < 2 * self.pack_width:
+            raise ValueError(
+                f"train.max_tokens ({self.max_tokens}) must hold at least one row of "
+                f"train.pack_width ({self.pack_width}) source and target positions: "
+                f"raise it to {2 * self.pack_width} or more"
+            )
+        if self.rdrop_alpha > 0 or self.scheduled_sampling is not None:
+            raise ValueError(
+                "train.pack_width packs the plain cross-entropy's batches: R-Drop and "
+                "scheduled sampling train on one pair per row (set pack_width: 0)"
+            )
+        if self.fast_paths is True:
+            raise ValueError(
+                "train.pack_width trains the reference model (mt/fast packs rows its own way): "
+                "set fast_paths: auto or false"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _average_needs_snapshots(self) -> TrainConfig:
         if self.average_last > self.keep_checkpoints:
             raise ValueError(
@@ -496,6 +531,23 @@ class Config(_Section):
                 "train.bidirectional_share trains one model on both directions "
                 "and needs one vocabulary for both: set tokenizer.joint: true "
                 "(or train.bidirectional_share: 0)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _packing_fits_the_model(self) -> Config:
+        width = self.train.pack_width
+        if not width:
+            return self
+        if self.model.arch != "transformer":
+            raise ValueError(
+                f"train.pack_width applies to model.arch transformer (this is {self.model.arch})"
+            )
+        if width < self.data.max_len or width > self.model.max_positions:
+            raise ValueError(
+                f"train.pack_width ({width}) must be at least data.max_len ({self.data.max_len}), "
+                f"so that every pair fits a row, and at most model.max_positions "
+                f"({self.model.max_positions})"
             )
         return self
 

@@ -17,6 +17,7 @@ from mt.data.batching import (
     epoch_seed,
 )
 from mt.data.corpus import ParallelData, both_directions
+from mt.data.packing import collate_packed, describe_packing, pack_blocks
 
 
 def training_batches(
@@ -49,15 +50,30 @@ def training_batches(
             choose_directions(state, cfg.bidirectional_share, progress(), say)
         if state.both_directions:
             data = both_directions(data)
-        order = epoch_batches(data, cfg.max_tokens, cfg.seed, state.epoch, cfg.shape_buckets)
+        if cfg.pack_width:  # several pairs per row of fixed blocks (mt/data/packing.py)
+            rows = cfg.max_tokens // (2 * cfg.pack_width)
+            order = pack_blocks(
+                data.src.lengths, data.tgt.lengths, cfg.pack_width, rows,
+                epoch_seed(cfg.seed, state.epoch),
+            )  # fmt: skip
+        else:
+            order = epoch_batches(data, cfg.max_tokens, cfg.seed, state.epoch, cfg.shape_buckets)
         if not described:  # the first epoch this run walks: its shapes and padding
-            say(describe_batches(data, order, cfg.max_tokens, cfg.shape_buckets))
+            say(
+                describe_packing(data, order, cfg.pack_width, rows)
+                if cfg.pack_width
+                else describe_batches(data, order, cfg.max_tokens, cfg.shape_buckets)
+            )
             described = True
         usable = len(order) - len(order) % world  # every rank gets as many batches
         while state.batch_in_epoch < usable:
             position = state.batch_in_epoch + rank
             state.batch_in_epoch += world
-            batch = collate(data, order[position], pin=pin, multiple=cfg.shape_buckets)
+            batch = (
+                collate_packed(data, order[position], cfg.pack_width, rows, pin=pin)
+                if cfg.pack_width
+                else collate(data, order[position], pin=pin, multiple=cfg.shape_buckets)
+            )
             if cfg.word_dropout > 0:  # on the CPU batch, before it moves (pinned stays pinned)
                 drop_source_words(
                     batch, cfg.word_dropout, [epoch_seed(cfg.seed, state.epoch), position]

@@ -48,7 +48,7 @@ def model_parts(t, device: torch.device, pretraining: bool = False, compile: boo
     reference: the masked-LM loss reads the encoder alone; so does a compiled step (`compile`:
     compile_applies), which fuses the reference model itself (mt/fast's row packing would
     break its graph)."""
-    if pretraining or compile or not fast_paths_apply(t.fast_paths, device):
+    if pretraining or compile or t.pack_width or not fast_paths_apply(t.fast_paths, device):
         return REFERENCE
     return fast.PARTS
 

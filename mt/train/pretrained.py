@@ -15,6 +15,7 @@ TRAIN_ONLY = (
     "rdrop_alpha",
     "scheduled_sampling",
     "compile",
+    "pack_width",
     "bpe_dropout",
     "bidirectional_share",
     "word_dropout",

@@ -83,7 +83,8 @@ class Trainer(Validating, Saving):
         # train.compile: the model and the loss in one compiled function (compile: the setting
         # as resolved for this device and objective, mt.train.objective.compile_applies)
         compile = cfg.compile is True if compile is None else compile
-        self.train_loss = compiled(objective.loss, cfg.shape_buckets) if compile else None
+        static = cfg.shape_buckets or cfg.pack_width  # batches of a few shapes, or of one
+        self.train_loss = compiled(objective.loss, static) if compile else None
         self.train_data, self.validation, self.tokenizer = train_data, validation, tokenizer
         self.epoch_data, self.cfg, self.run_config = epoch_data, cfg, run_config
         self.run_dir, self.device, self.amp_dtype = run_dir, device, amp_dtype
