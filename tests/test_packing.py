@@ -133,3 +133,40 @@ def test_packing_refuses_what_it_cannot_do_in_one_line(sets, says):
 
     with pytest.raises(MTError, match=says):
         load_config(ROOT / "configs/tiny.yaml", sets)
+
+
+def test_a_compiled_step_on_packed_blocks_is_one_graph_with_the_eager_losses(tmp_path, monkeypatch):
+    """train.compile with packing: one static graph for every block (aot_eager here), no graph
+    break, the eager step's losses."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from mt.config import load_config
+    from mt.train.build import build_trainer
+    from tests.conftest import ROOT
+
+    real_compile = torch.compile
+    monkeypatch.setattr(
+        torch, "compile", lambda fn, **kw: real_compile(fn, backend="aot_eager", **kw)
+    )
+
+    def trainer(name, *more):
+        cfg = load_config(ROOT / "configs/tiny.yaml", [
+            f"data.dir={tmp_path / 'd'}", "train.device=cpu", "model.dropout=0.0",
+            "train.pack_width=64", "train.max_tokens=1024", *more])  # fmt: skip
+        return build_trainer(cfg, tmp_path / name, log=lambda *_: None)
+
+    torch._dynamo.reset()
+    counters.clear()
+    eager, comp = trainer("e"), trainer("c", "train.compile=true")
+    comp.model.load_state_dict(eager.model.state_dict())
+    data = eager.train_data
+    blocks = pack_blocks(data.src.lengths, data.tgt.lengths, 64, 8, seed=3)[:3]
+    for block in blocks:
+        batch = [collate_packed(data, block, 64, 8)]
+        assert eager.train_step(batch) and comp.train_step(batch)
+    torch.testing.assert_close(
+        torch.stack(comp._window.loss), torch.stack(eager._window.loss), rtol=1e-5, atol=0
+    )
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+    torch._dynamo.reset()
