@@ -16,6 +16,7 @@
 #                cache and compiled, CUDA-graphed decoder step) against the batch-shrinking
 #                search and HF generate, small and base models, bf16 and fp32, 5-8 min
 #   trainshapes  the shipped En->De config in fixed batch shapes, compiled per shape, 3 min
+#   trainpack    the same with packed blocks (train.pack_width=128: one shape), compiled, 3 min
 #   bench        training throughput (base and small) and decoding speed, 5 min; benchbase: the
 #                base model's training throughput alone, 3 min, mt as `mt train` chooses
 #                (train.fast_paths auto: no mt/fast on a GPU); benchref: mt without mt/fast;
@@ -131,6 +132,18 @@ gpudecode)
             --device cuda --precision "$prec" --size "$size" --repeats 1 --skip-nocache --json
     done; done
     ;;
+trainpack)
+    step "GPU step: the shipped En->De config in packed blocks (train.pack_width=128, one shape), compiled, for ${TRAIN_SECONDS:-150} s"
+    timeout -s INT "${TRAIN_SECONDS:-150}" mt train configs/multi30k_en_de.yaml \
+        --run-dir runs/gpu_pack --set train.pack_width=128 train.compile=true \
+        > "$out/train_pack.log" 2>&1 || true
+    grep -E "packed|updates|error" "$out/train_pack.log" | head -5
+    python3 - runs/gpu_pack/train_log.jsonl <<'EOF'
+import json, sys
+recs = [json.loads(line) for line in open(sys.argv[1])]
+print("target tokens/s by step:", [(r["step"], round(r["tok_s"])) for r in recs if "tok_s" in r])
+EOF
+    ;;
 benchref)
     step "training throughput, bf16, base, mt without its CPU fast paths"
     timeout "${BENCH_SECONDS:-200}" python3 scripts/bench/bench_train.py --device cuda --precision bf16 \
@@ -154,6 +167,6 @@ print("valid BLEU by step:", [(r["step"], r["valid_bleu"]) for r in recs if "val
 print("target tokens/s by step:", [(r["step"], round(r["tok_s"])) for r in recs if "tok_s" in r])
 EOF
     ;;
-*) echo "unknown part $part (probe cudatests tests decode gpudecode trainshapes bench benchbase benchref benchfast train)"; exit 2 ;;
+*) echo "unknown part $part (probe cudatests tests decode gpudecode trainshapes trainpack bench benchbase benchref benchfast train)"; exit 2 ;;
 esac; done
 step done
