@@ -30,8 +30,8 @@ from mt.decode.search import (
     _first_step_lprobs,
     _force_prefix,
     _step_lprobs,
-    _topk_rows,
     _until_eos,
+    candidates,
     keep_sentences,
     max_lengths,
 )
@@ -187,12 +187,9 @@ def beam_nbest_on_device(
         else:
             prefix = None if use_cache else hyps
             lprobs = _step_lprobs(model, hyps[:, -1:], memory, pad_mask, cache, step, prefix)
-        v = lprobs.shape[-1]
         at_limit = (step + 1 >= limits[alive]).repeat_interleave(k)
         lprobs = _constrain(lprobs, step, min_len, at_limit, forced)
-        cand = lprobs.view(-1, k, v).add_(scores[:, :, None]).view(-1, k * v)  # (n, KV)
-        top_scores, top_idx = _topk_rows(cand, min(2 * k, k * v))  # (n, 2K)
-        top_beam, top_tok = top_idx // v, top_idx % v
+        top_scores, top_beam, top_tok = candidates(lprobs, scores, k)
         finished.add(step, alive, done, hyps, top_scores, top_beam, top_tok)
         scores, src_rows, new_tok = _best_live(top_scores, top_beam, top_tok, k)
         hyps = torch.cat([hyps.index_select(0, src_rows), new_tok], dim=1)

@@ -204,6 +204,19 @@ def _finish(
             finished[sent].append((score, ids))
 
 
+def candidates(
+    lprobs: torch.Tensor, scores: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A beam step's candidates: each of the n sentences' K hypotheses (scores (n, K)) extended
+    by every token (lprobs (n * K, V), added to in place), and of those K * V the best 2K:
+    their scores, the hypothesis each extends (0..K-1) and its token, (n, 2K) each, best
+    first. The same step for both searches (this module's and mt/decode/device_search.py)."""
+    v = lprobs.shape[-1]
+    cand = lprobs.view(-1, k, v).add_(scores[:, :, None]).view(-1, k * v)  # (n, KV)
+    top_scores, top_idx = _topk_rows(cand, min(2 * k, k * v))
+    return top_scores, top_idx // v, top_idx % v
+
+
 def _best_live(
     top_scores: torch.Tensor, top_beam: torch.Tensor, top_tok: torch.Tensor, k: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -323,11 +336,8 @@ def beam_nbest(
         else:
             prefix = None if use_cache else hyps
             lprobs = _step_lprobs(model, hyps[:, -1:], memory, pad_mask, cache, step, prefix)
-        v = lprobs.shape[-1]
         _constrain(lprobs, step, min_len, (step + 1 >= limits[alive]).repeat_interleave(k), forced)
-        cand = lprobs.view(-1, k, v).add_(scores[:, :, None]).view(-1, k * v)  # in place: (n, KV)
-        top_scores, top_idx = _topk_rows(cand, min(2 * k, k * v))  # (n, 2K), n = len(alive)
-        top_beam, top_tok = top_idx // v, top_idx % v
+        top_scores, top_beam, top_tok = candidates(lprobs, scores, k)
         _finish(finished, alive, hyps, top_scores, top_beam, top_tok, k, length_penalty)
         scores, src_rows, new_tok = _best_live(top_scores, top_beam, top_tok, k)
         hyps = torch.cat([hyps.index_select(0, src_rows), new_tok], dim=1)
