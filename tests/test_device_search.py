@@ -314,3 +314,24 @@ def test_batches_of_one_shape_share_their_buffers_and_graphs(tiny_run):
     for rows in shared:
         assert {w for r, w in places[0] if r == rows} == {w for r, w in places[1] if r == rows}
     assert graphs[1] == graphs[0]  # the second batch compiled nothing new
+
+
+def test_a_compiled_step_that_fails_falls_back_to_the_eager_step_once(tiny_run):
+    from mt.decode.device_search import with_fallback
+
+    calls, said = [], []
+
+    def broken(*args):
+        calls.append(1)
+        raise RuntimeError("no graph for you\nsecond line")
+
+    step = with_fallback(broken, said.append)
+    t = Translator.load(tiny_run, "cpu")
+    src, mask = _batch(t, 12, seed=9)
+    args = (t.model, src, mask, 3, 1, 1.0, 1.5, 5)
+    _same(beam_nbest_on_device(*args, static=True, step_fn=step), beam_nbest(*args))
+    assert len(calls) == 1 and len(said) == 1 and "no graph for you" in said[0]
+    assert "second line" not in said[0]
+
+    with pytest.raises(AttributeError):  # the eager step's own errors are not swallowed
+        with_fallback(broken, said.append)(t.model, None, None, None, None, None)

@@ -20,7 +20,7 @@ The decoder step and its cache are the model's, as in search.py.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -61,6 +61,32 @@ def compiled_step(device: torch.device, backend: str | None = None):
         return torch.compile(decoder_step, fullgraph=True, backend=backend)
     mode = "reduce-overhead" if device.type == "cuda" else None
     return torch.compile(decoder_step, fullgraph=True, mode=mode)
+
+
+def with_fallback(
+    step_fn: Callable[..., torch.Tensor], warn: Callable[[str], None]
+) -> Callable[..., torch.Tensor]:
+    """`step_fn` (a compiled decoder step) until it fails, then decoder_step itself, said once
+    through warn(message): a compiler or a GPU that cannot take the graph makes decoding
+    slower, never impossible. The failed step is run again eagerly (its cache write at the
+    same position is the same write)."""
+    state = {"fn": step_fn}
+
+    def step(*args: object) -> torch.Tensor:
+        try:
+            return state["fn"](*args)
+        except Exception as e:  # Dynamo's, Inductor's and CUDA graphs' errors alike
+            if state["fn"] is decoder_step:
+                raise
+            warn(
+                f"warning: the compiled decoder step failed ({type(e).__name__}: "
+                f"{str(e).splitlines()[0] if str(e) else ''}); decoding without it "
+                f"(decode.compile_step: never skips the attempt)"
+            )
+            state["fn"] = decoder_step
+            return decoder_step(*args)
+
+    return step
 
 
 class StaticSteps:

@@ -126,9 +126,10 @@ class Translator:
     def step_function(self) -> Any:
         """The compiled decoder step (one per translator, reused by every batch)."""
         if getattr(self, "_step_fn", None) is None:
-            from mt.decode.device_search import compiled_step
+            from mt.decode.device_search import compiled_step, with_fallback
 
-            self._step_fn = compiled_step(self.device)
+            warn = lambda message: print(message, file=sys.stderr)  # noqa: E731
+            self._step_fn = with_fallback(compiled_step(self.device), warn)
         return self._step_fn
 
     def _buffer_pool(self) -> Any:
