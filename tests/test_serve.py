@@ -321,9 +321,9 @@ def test_the_batcher_merges_equal_settings_within_the_token_budget():
         return list(sentences)
 
     async def main(batcher):
-        futures = [batcher.submit([w], "beam5", 1) for w in "abcde"]
-        futures.append(batcher.submit(["f"], "beam1", 1))
-        futures.append(batcher.submit(["g"], "beam5", 1, alone=True))
+        futures = [batcher.submit([w], "beam5", [1]) for w in "abcde"]
+        futures.append(batcher.submit(["f"], "beam1", [1]))
+        futures.append(batcher.submit(["g"], "beam5", [1], alone=True))
         return [await f for f in futures]
 
     batcher = Batcher(decode, max_tokens=3, max_wait=0.2)
@@ -349,11 +349,11 @@ def test_the_queue_bound_holds():
     batcher = Batcher(lambda s, _: (gate.wait(5), s)[1], max_queue=1, max_wait=0.0)
 
     async def main():
-        first = batcher.submit(["a"], "k", 1)
+        first = batcher.submit(["a"], "k", [1])
         await asyncio.sleep(0.2)  # the worker holds it
-        second = batcher.submit(["b"], "k", 1)
+        second = batcher.submit(["b"], "k", [1])
         with pytest.raises(QueueFull):
-            batcher.submit(["c"], "k", 1)
+            batcher.submit(["c"], "k", [1])
         gate.set()
         return await first, await second
 
@@ -432,3 +432,37 @@ def test_an_ensemble_is_served_as_mt_translate_decodes_it_and_says_why_no_pictur
         assert got == proc.stdout.splitlines()
     finally:
         assert s.stop()[0] == 0
+
+
+def test_a_large_request_is_decoded_in_chunks_without_holding_later_ones():
+    """A request over the token budget goes in chunks of the budget, one per batch, so that a
+    request arriving after it is answered in the next batch, not after the whole large one;
+    the large one's answers come back whole and in order; a seeded (alone) one is not cut."""
+    calls = []
+
+    def decode(sentences, settings):
+        calls.append(list(sentences))
+        time.sleep(0.05)
+        return [s.upper() for s in sentences]
+
+    async def main(batcher):
+        big = batcher.submit([f"b{i}" for i in range(10)], "k", [2] * 10)
+        await asyncio.sleep(0.01)  # the worker is on the big one's first chunk
+        small = batcher.submit(["s"], "k", [1])
+        seeded = batcher.submit([f"z{i}" for i in range(10)], "k", [2] * 10, alone=True)
+        return await big, await small, await seeded
+
+    batcher = Batcher(decode, max_tokens=6, max_wait=0.0)
+    try:
+        big, small, seeded = asyncio.run(main(batcher))
+    finally:
+        batcher.close(5)
+    assert big == [f"B{i}" for i in range(10)] and small == ["S"]
+    assert seeded == [f"Z{i}" for i in range(10)]
+    assert calls[0] == ["b0", "b1", "b2"]  # a chunk of the budget (3 x 2 tokens)
+    small_at = next(i for i, c in enumerate(calls) if "s" in c)
+    big_end = next(i for i, c in enumerate(calls) if "b9" in c)
+    assert small_at < big_end  # answered while the large one was still being decoded
+    assert calls[1] == ["s"]  # the next batch: the large one's rest waits its turn
+    assert [f"z{i}" for i in range(10)] in calls  # the seeded one whole, in one call
+    assert batcher.decoded == 3

@@ -144,7 +144,7 @@ def create_app(
             return _unauthorised()
         req = _parse(await _read_body(request, limits.max_body))
         settings = _check(req, translator, info, limits)
-        tokens = sum(len(s.split()) + 1 for s in req.sentences)
+        tokens = [len(s.split()) + 1 for s in req.sentences]  # an estimate: words + EOS
         try:
             future = batcher.submit(req.sentences, settings, tokens, alone=req.seed is not None)
         except QueueFull as e:

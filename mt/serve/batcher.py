@@ -28,24 +28,60 @@ class QueueFull(Exception):
     """The queue holds as many requests as it may."""
 
 
+class _Request:
+    """One request: its future, and its chunks' results as they come."""
+
+    def __init__(self, n_chunks: int, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop, self.future = loop, loop.create_future()
+        self.results: list[list[Any] | None] = [None] * n_chunks
+        self.remaining = n_chunks
+        self.turns = 0  # batches that took a chunk of it
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def chunk_done(self, index: int, results: list[Any]) -> bool:
+        """Store a chunk's results (worker thread); True when it was the last one."""
+        self.results[index] = results
+        self.remaining -= 1
+        return self.remaining == 0
+
+    def settle(self, error: BaseException | None = None) -> None:
+        """Answer the request (from the worker thread, through its event loop)."""
+
+        def set_() -> None:
+            if self.future.done():  # it timed out meanwhile
+                return
+            if error is not None:
+                self.future.set_exception(error)
+            else:
+                self.future.set_result([r for part in self.results for r in part or []])
+
+        with contextlib.suppress(RuntimeError):  # a closed event loop: nobody waits for it
+            self.loop.call_soon_threadsafe(set_)
+
+
 @dataclass
 class _Job:
+    """A request's chunk: at most a batch's token budget of its sentences."""
+
     key: Hashable
     sentences: list[str]
     settings: Any
     tokens: int
-    future: asyncio.Future[list[Any]]
-    loop: asyncio.AbstractEventLoop
+    request: _Request
+    index: int
     arrived: float = field(default_factory=time.monotonic)
 
 
 class Batcher:
     """Collects requests into batches for one worker thread that calls `decode`.
 
-    max_tokens: the source tokens one batch may hold (a single request larger than this is
-    decoded alone); max_wait: seconds the worker waits for more requests with the oldest one's
-    settings once it has it; max_queue: requests waiting at most; batching False decodes every
-    request alone (batches of one request), for comparison."""
+    max_tokens: the source tokens one batch may hold; a request larger than that is decoded
+    in chunks of at most that, one chunk per batch, so that the requests after it are not held
+    until it is all done; max_wait: seconds the worker waits for more requests with the oldest
+    one's settings once it has it; max_queue: requests waiting at most; batching False decodes
+    every request alone, whole (batches of one request), for comparison."""
 
     def __init__(
         self,
@@ -62,31 +98,46 @@ class Batcher:
         self._stopping = False
         self._unique = itertools.count()
         self.batches = 0  # decode calls made, for the statistics of /health
-        self.decoded = 0  # requests decoded
+        self.decoded = 0  # requests answered
         self._thread = threading.Thread(target=self._work, name="mt-decode", daemon=True)
         self._thread.start()
 
     @property
     def waiting(self) -> int:
+        """Requests queued or part-way decoded."""
         with self._cond:
-            return len(self._jobs)
+            return self._waiting_locked()
 
     def submit(
-        self, sentences: list[str], settings: Hashable, tokens: int, alone: bool = False
+        self,
+        sentences: list[str],
+        settings: Hashable,
+        tokens: list[int],
+        alone: bool = False,
     ) -> asyncio.Future[list[Any]]:
-        """Queue a request (from the event loop); its future gets one result per sentence, or
-        the exception `decode` raised. alone: never merged with another request."""
+        """Queue a request (from the event loop); its future gets one result per sentence, in
+        order, or the exception `decode` raised. tokens: each sentence's source tokens (an
+        estimate will do). alone: never merged with another request nor cut into chunks (a
+        seeded sample then draws what `mt translate --seed` draws for the same lines)."""
         loop = asyncio.get_running_loop()
-        key = (settings, next(self._unique)) if alone or not self.batching else settings
-        job = _Job(key, sentences, settings, tokens, loop.create_future(), loop)
+        whole = alone or not self.batching
+        key = (settings, next(self._unique)) if whole else settings
+        chunks = (
+            [(sentences, sum(tokens))] if whole else _chunks(sentences, tokens, self.max_tokens)
+        )
+        request = _Request(len(chunks), loop)
         with self._cond:
             if self._stopping:
                 raise QueueFull("the server is shutting down")
-            if len(self._jobs) >= self.max_queue:
-                raise QueueFull(f"{len(self._jobs)} requests are already waiting")
-            self._jobs.append(job)
+            if self._waiting_locked() >= self.max_queue:
+                raise QueueFull(f"{self._waiting_locked()} requests are already waiting")
+            for i, (part, n) in enumerate(chunks):
+                self._jobs.append(_Job(key, part, settings, n, request, i))
             self._cond.notify()
-        return job.future
+        return request.future
+
+    def _waiting_locked(self) -> int:
+        return len({id(job.request) for job in self._jobs})
 
     def close(self, timeout: float | None = None) -> None:
         """Stop taking requests, finish the queued ones, and end the worker."""
@@ -102,7 +153,7 @@ class Batcher:
             batch = self._next_batch()
             if batch is None:
                 return
-            live = [job for job in batch if not job.future.done()]  # timed out: skip
+            live = [job for job in batch if not job.request.done()]  # timed out: skip
             if not live:
                 continue
             sentences = [s for job in live for s in job.sentences]
@@ -110,13 +161,14 @@ class Batcher:
                 results = self.decode(sentences, live[0].settings)
             except BaseException as e:  # the error is each request's answer, not the worker's end
                 for job in live:
-                    _resolve(job, error=e)
+                    job.request.settle(error=e)
                 continue
             self.batches += 1
-            self.decoded += len(live)
             start = 0
             for job in live:
-                _resolve(job, results[start : start + len(job.sentences)])
+                if job.request.chunk_done(job.index, results[start : start + len(job.sentences)]):
+                    self.decoded += 1
+                    job.request.settle()
                 start += len(job.sentences)
 
     def _next_batch(self) -> list[_Job] | None:
@@ -125,7 +177,10 @@ class Batcher:
                 if self._stopping:
                     return None
                 self._cond.wait()
-            first = self._jobs[0]
+            # the oldest job of the requests served least so far: a chunked request's rest
+            # takes turns with the requests that came after it (each waits for one chunk of
+            # it, not for all of them)
+            first = min(self._jobs, key=lambda job: job.request.turns)
             deadline = first.arrived + self.max_wait
             while True:  # more of the same settings may arrive within max_wait of the first
                 batch = self._take(first.key)
@@ -136,32 +191,36 @@ class Batcher:
                 self._cond.wait(remaining)
             for job in batch:
                 self._jobs.remove(job)
+                job.request.turns += 1
             return batch
 
     def _take(self, key: Hashable) -> list[_Job]:
-        """The oldest jobs with this key that fit the token budget (the first one always)."""
+        """The oldest jobs with this key that fit the token budget (the first one always), one
+        chunk of a request per batch."""
         batch: list[_Job] = []
-        tokens = 0
-        for job in self._jobs:
-            if job.key != key:
+        tokens, requests = 0, set()
+        for job in sorted(self._jobs, key=lambda job: job.request.turns):  # stable: arrival order
+            if job.key != key or id(job.request) in requests:
                 continue
             if batch and tokens + job.tokens > self.max_tokens:
                 break
             batch.append(job)
             tokens += job.tokens
+            requests.add(id(job.request))
         return batch
 
 
-def _resolve(
-    job: _Job, result: list[Any] | None = None, error: BaseException | None = None
-) -> None:
-    def settle() -> None:
-        if job.future.done():  # its request timed out meanwhile
-            return
-        if error is not None:
-            job.future.set_exception(error)
-        else:
-            job.future.set_result(result or [])
-
-    with contextlib.suppress(RuntimeError):  # a closed event loop: nobody waits for it
-        job.loop.call_soon_threadsafe(settle)
+def _chunks(sentences: list[str], tokens: list[int], budget: int) -> list[tuple[list[str], int]]:
+    """The sentences in order, cut into runs of at most `budget` tokens (a longer sentence
+    alone); each with its token count."""
+    out: list[tuple[list[str], int]] = []
+    part: list[str] = []
+    count = 0
+    for sentence, n in zip(sentences, tokens, strict=True):
+        if part and count + n > budget:
+            out.append((part, count))
+            part, count = [], 0
+        part.append(sentence)
+        count += n
+    out.append((part, count))
+    return out
