@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 
 ELEMENT = "element-6066-11e4-a52e-4f735466cecf"  # the protocol's key for an element reference
+NEW_BROWSER = "/session"  # the protocol's endpoint that starts a browser (W3C "New Session")
 
 
 def find_browser() -> tuple[str, str] | None:
@@ -24,7 +25,7 @@ def find_browser() -> tuple[str, str] | None:
 
 
 class Browser:
-    """One headless Chromium, driven through a WebDriver session."""
+    """One headless Chromium, driven over the W3C WebDriver protocol."""
 
     def __init__(self, driver: str, browser: str, port: int) -> None:
         self.proc = subprocess.Popen(
@@ -49,8 +50,8 @@ class Browser:
                 ],
             },
         }
-        answer = self._call("POST", "/session", {"capabilities": {"alwaysMatch": caps}})
-        self.session = f"/session/{answer['sessionId']}"
+        answer = self._call("POST", NEW_BROWSER, {"capabilities": {"alwaysMatch": caps}})
+        self.browser = f"{NEW_BROWSER}/{answer['sessionId']}"  # every later call's prefix
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         r = self.http.request(method, path, json=body if method == "POST" else None)
@@ -60,22 +61,22 @@ class Browser:
         return value
 
     def go(self, url: str) -> None:
-        self._call("POST", f"{self.session}/url", {"url": url})
+        self._call("POST", f"{self.browser}/url", {"url": url})
 
     def find(self, css: str) -> str:
         found = self._call(
-            "POST", f"{self.session}/element", {"using": "css selector", "value": css}
+            "POST", f"{self.browser}/element", {"using": "css selector", "value": css}
         )
         return str(found[ELEMENT])
 
     def type(self, css: str, text: str) -> None:
-        self._call("POST", f"{self.session}/element/{self.find(css)}/value", {"text": text})
+        self._call("POST", f"{self.browser}/element/{self.find(css)}/value", {"text": text})
 
     def click(self, css: str) -> None:
-        self._call("POST", f"{self.session}/element/{self.find(css)}/click", {})
+        self._call("POST", f"{self.browser}/element/{self.find(css)}/click", {})
 
     def script(self, code: str) -> Any:
-        return self._call("POST", f"{self.session}/execute/sync", {"script": code, "args": []})
+        return self._call("POST", f"{self.browser}/execute/sync", {"script": code, "args": []})
 
     def wait_for(self, code: str, timeout: float = 60.0) -> Any:
         """Until the JavaScript expression `code` is truthy; its value."""
@@ -88,11 +89,11 @@ class Browser:
         raise TimeoutError(code)
 
     def screenshot(self, path: Path) -> None:
-        path.write_bytes(base64.b64decode(self._call("GET", f"{self.session}/screenshot")))
+        path.write_bytes(base64.b64decode(self._call("GET", f"{self.browser}/screenshot")))
 
     def close(self) -> None:
         try:
-            self._call("DELETE", self.session)
+            self._call("DELETE", self.browser)
         finally:
             self.proc.terminate()
             self.proc.wait(10)
