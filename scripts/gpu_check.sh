@@ -58,6 +58,21 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 MT_TEST_FAILURE
 exec > >(tee -a "$log") 2>&1
 step() { echo; echo "=== $(date +%T) $*"; }
 
+# timed_train NAME KEY=VALUE...: the shipped En->De config with these overrides for TRAIN_SECONDS
+# (150 by default) in runs/gpu_NAME, then its start-up lines and target tokens/s by step.
+# Time-boxed on purpose: SIGINT makes mt train save last.pt and exit 130 (timeout: 124).
+timed_train() {
+    local name=$1; shift
+    timeout -s INT "${TRAIN_SECONDS:-150}" mt train configs/multi30k_en_de.yaml \
+        --run-dir "runs/gpu_$name" --set "$@" > "$out/train_$name.log" 2>&1 || true
+    grep -E "shapes|packed|updates|error" "$out/train_$name.log" | head -5
+    python3 - "runs/gpu_$name/train_log.jsonl" <<'EOF'
+import json, sys
+recs = [json.loads(line) for line in open(sys.argv[1])]
+print("target tokens/s by step:", [(r["step"], round(r["tok_s"])) for r in recs if "tok_s" in r])
+EOF
+}
+
 step setup
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .gpu/whl/*.whl || exit 1
 python3 -m pip install -q --no-deps --no-build-isolation -e . || exit 1
@@ -114,16 +129,7 @@ bench|benchbase)
     ;;
 trainshapes)
     step "GPU step: the shipped En->De config in fixed batch shapes (train.shape_buckets=16), compiled once per shape, for ${TRAIN_SECONDS:-150} s"
-    # time-boxed on purpose: SIGINT makes mt train save last.pt and exit 130 (timeout: 124)
-    timeout -s INT "${TRAIN_SECONDS:-150}" mt train configs/multi30k_en_de.yaml \
-        --run-dir runs/gpu_shapes --set train.shape_buckets=16 train.compile=true \
-        > "$out/train_shapes.log" 2>&1 || true
-    grep -E "shapes|updates|error" "$out/train_shapes.log" | head -5
-    python3 - runs/gpu_shapes/train_log.jsonl <<'EOF'
-import json, sys
-recs = [json.loads(line) for line in open(sys.argv[1])]
-print("target tokens/s by step:", [(r["step"], round(r["tok_s"])) for r in recs if "tok_s" in r])
-EOF
+    timed_train shapes train.shape_buckets=16 train.compile=true
     ;;
 gpudecode)
     step "GPU decoding: beam 5 on the 1,000 test sentences, the search on the device (and its CUDA-graphed step) against the batch-shrinking one and HF generate (CTranslate2's GPU build needs CUDA 12's cuBLAS, which this machine lacks)"
@@ -134,15 +140,7 @@ gpudecode)
     ;;
 trainpack)
     step "GPU step: the shipped En->De config in packed blocks (train.pack_width=128, one shape), compiled, for ${TRAIN_SECONDS:-150} s"
-    timeout -s INT "${TRAIN_SECONDS:-150}" mt train configs/multi30k_en_de.yaml \
-        --run-dir runs/gpu_pack --set train.pack_width=128 train.compile=true \
-        > "$out/train_pack.log" 2>&1 || true
-    grep -E "packed|updates|error" "$out/train_pack.log" | head -5
-    python3 - runs/gpu_pack/train_log.jsonl <<'EOF'
-import json, sys
-recs = [json.loads(line) for line in open(sys.argv[1])]
-print("target tokens/s by step:", [(r["step"], round(r["tok_s"])) for r in recs if "tok_s" in r])
-EOF
+    timed_train pack train.pack_width=128 train.compile=true
     ;;
 benchref)
     step "training throughput, bf16, base, mt without its CPU fast paths"
