@@ -53,6 +53,10 @@ class Translator:
         layer and log-softmax are fp32 either way (mt.decode.search)."""
         self.model, self.tokenizer, self.cfg, self.device = model, tokenizer, decode_cfg, device
         self.amp_dtype = amp_dtype
+        # decode.compile_step: the compiled decoder step and the static caches' buffers, made
+        # at the first batch that uses them and kept for the next (their CUDA graphs too)
+        self._step_fn: Any = None
+        self._pool: Any = None
 
     @classmethod
     def load(
@@ -123,22 +127,20 @@ class Translator:
         on = choice == "always" or (choice == "auto" and self.device.type == "cuda")
         return on and self.searches_on_device and bool(getattr(self.model, "static_cache", False))
 
-    def step_function(self) -> Any:
-        """The compiled decoder step (one per translator, reused by every batch)."""
-        if getattr(self, "_step_fn", None) is None:
-            from mt.decode.device_search import compiled_step, with_fallback
+    def _static_options(self) -> dict[str, Any]:
+        """The search on the device's static cache and compiled step (decode.compile_step),
+        one of each per translator, reused by every batch; {} where it does not apply."""
+        if not self.compiles_step:
+            return {}
+        from mt.decode.device_search import compiled_step, with_fallback
+        from mt.model.cache import BufferPool
 
+        if self._step_fn is None:
             warn = lambda message: print(message, file=sys.stderr)  # noqa: E731
             self._step_fn = with_fallback(compiled_step(self.device), warn)
-        return self._step_fn
-
-    def _buffer_pool(self) -> Any:
-        """The static caches' buffers, kept from batch to batch (their CUDA graphs too)."""
-        if getattr(self, "_pool", None) is None:
-            from mt.model.cache import BufferPool
-
+        if self._pool is None:
             self._pool = BufferPool()
-        return self._pool
+        return {"static": self._pool, "step_fn": self._step_fn}
 
     @property
     def non_autoregressive(self) -> bool:
@@ -294,11 +296,7 @@ class Translator:
             return self._mask_predict(src, mask)
         lp = c.length_penalty if length_penalty is None else length_penalty
         lengths = (c.max_len_a, c.max_len_b)
-        static = (
-            {"static": self._buffer_pool(), "step_fn": self.step_function()}
-            if self.compiles_step
-            else {}
-        )
+        static = self._static_options()
         if self.searches_on_device and sampling is not None:
             draw = sampler(sampling.temperature, sampling.topk, sampling.topp, generator)
             hyps = greedy_on_device(self.model, src, mask, *lengths, use_cache, pick=draw,
