@@ -60,14 +60,9 @@ class Seq2Seq(nn.Module):
         return self.output.weight if self.output is not None else self.tgt_embed.weight
 
     def forward(
-        self, src: torch.Tensor, tgt_in: torch.Tensor, src_pad_mask: torch.Tensor, packing=None
+        self, src: torch.Tensor, tgt_in: torch.Tensor, src_pad_mask: torch.Tensor
     ) -> torch.Tensor:
-        """Teacher-forced logits (B, T, V) of the next target token at every position.
-        packing: a packed batch's segments and positions (the Transformer alone takes them)."""
-        if packing is not None:
-            memory = self.encode(src, src_pad_mask, packing=packing)  # type: ignore[call-arg]
-            states = self.decode(tgt_in, memory, src_pad_mask, packing=packing)  # type: ignore[call-arg]
-            return self.project(states)
+        """Teacher-forced logits (B, T, V) of the next target token at every position."""
         return self.project(self.decode(tgt_in, self.encode(src, src_pad_mask), src_pad_mask))
 
 

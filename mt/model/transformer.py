@@ -147,6 +147,20 @@ class Transformer(Seq2Seq):
             )
         return self.dec_norm(x)
 
+    def forward(
+        self,
+        src: torch.Tensor,
+        tgt_in: torch.Tensor,
+        src_pad_mask: torch.Tensor,
+        packing: Packing | None = None,
+    ) -> torch.Tensor:
+        """Teacher-forced logits (B, T, V); packing: a packed batch's segments and positions
+        (train.pack_width), which encode and decode take."""
+        if packing is None:  # mt/fast's subclass overrides encode and decode without it
+            return super().forward(src, tgt_in, src_pad_mask)
+        memory = self.encode(src, src_pad_mask, packing=packing)
+        return self.project(self.decode(tgt_in, memory, src_pad_mask, packing=packing))
+
     def new_cache(self) -> list[dict]:
         return [{} for _ in self.decoder]
 
