@@ -69,7 +69,7 @@ def model_info(translator: Any, ckpts: list[dict[str, Any]], paths: list[Path]) 
 
     cfg = checkpoint.config_of(ckpts[0], str(paths[0]))
     decode = translator.cfg
-    why_not = _why_no_attention(translator, cfg, len(ckpts))
+    why_not = _why_no_attention(translator, len(ckpts))
     return {
         "mt_version": mt.__version__,
         "models": [str(p) for p in paths],
@@ -112,16 +112,12 @@ def model_info(translator: Any, ckpts: list[dict[str, Any]], paths: list[Path]) 
     }
 
 
-def _why_no_attention(translator: Any, config: Any, n_models: int) -> str | None:
-    """None when `mt attention` can draw this model's cross-attention, else why not."""
+def _why_no_attention(translator: Any, n_models: int) -> str | None:
+    """None when `mt attention` can draw this model's cross-attention, else why not: one
+    sentence is drawn as `mt attention` would (a model without attention, an RNN with
+    model.attention none, says so there)."""
     if n_models > 1:
         return "an ensemble has no single attention to show; serve one model for the picture"
-    cfg = config.model
-    if cfg.arch == "rnn" and cfg.attention == "none":
-        return (
-            "this model has no attention (model.attention: none reads one fixed summary of the "
-            "source)"
-        )
     try:
         found = translator.search(["a"])
         if found[0] is not None:
