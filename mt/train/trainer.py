@@ -83,7 +83,7 @@ class Trainer(Validating, Saving):
         # train.compile: the model and the loss in one compiled function (compile: the setting
         # as resolved for this device and objective, mt.train.objective.compile_applies)
         compile = cfg.compile is True if compile is None else compile
-        static = cfg.shape_buckets or cfg.pack_width  # batches of a few shapes, or of one
+        static = bool(cfg.shape_buckets or cfg.pack_width)  # a few batch shapes, or one
         self.train_loss = compiled(objective.loss, static) if compile else None
         self.train_data, self.validation, self.tokenizer = train_data, validation, tokenizer
         self.epoch_data, self.cfg, self.run_config = epoch_data, cfg, run_config
