@@ -97,21 +97,22 @@ def create_app(
         what = {404: f"no such path: {request.url.path}", 405: f"{request.method} not allowed here"}
         return _error(e.status_code, what.get(e.status_code, str(e.detail)))
 
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, e: RequestValidationError) -> JSONResponse:
-        return _validation_error(e.errors())
-
     @app.exception_handler(BadRequest)
     async def _bad(request: Request, e: BadRequest) -> JSONResponse:
         return _error(e.status, e.message, e.field)
+
+    @app.exception_handler(RequestValidationError)  # FastAPI's own checks, should a route add any
+    async def _invalid(request: Request, e: RequestValidationError) -> JSONResponse:
+        return await _bad(request, _as_bad_request(e.errors()))
 
     @app.exception_handler(Exception)
     async def _crash(request: Request, e: Exception) -> JSONResponse:
         return _error(500, f"internal error: {type(e).__name__}: {e}")
 
+    html = resources.files("mt.serve").joinpath("page.html").read_text(encoding="utf-8")
+
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def page() -> HTMLResponse:
-        html = resources.files("mt.serve").joinpath("page.html").read_text(encoding="utf-8")
         return HTMLResponse(html)
 
     @app.get("/health", summary="Is the server up, and how busy")
@@ -221,11 +222,6 @@ def _as_bad_request(errors: Any) -> BadRequest:
     if first["type"] == "extra_forbidden":
         return BadRequest(422, f"{field}: unknown setting", field)
     return BadRequest(422, f"{field}: {first['msg']}{shown[:80]}", field)
-
-
-def _validation_error(errors: Any) -> JSONResponse:
-    bad = _as_bad_request(errors)
-    return _error(bad.status, bad.message, bad.field)
 
 
 def _check(
