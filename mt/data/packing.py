@@ -111,9 +111,10 @@ def collate_packed(data: ParallelData, block: np.ndarray, width: int, rows: int,
         data.src.lengths[pairs].astype(np.int64),
         data.tgt.lengths[pairs].astype(np.int64),
     )
-    src, src_seg, src_pos = _side(data.src, pairs, row_of, seg_of, s_len, width, rows, "src")
-    tgt_out, tgt_seg, tgt_pos = _side(data.tgt, pairs, row_of, seg_of, t_len, width, rows, "out")
-    tgt_in, _, _ = _side(data.tgt, pairs, row_of, seg_of, t_len, width, rows, "in")
+    (src,), src_seg, src_pos = _side(data.src, pairs, row_of, seg_of, s_len, width, rows, ["out"])
+    (tgt_out, tgt_in), tgt_seg, tgt_pos = _side(
+        data.tgt, pairs, row_of, seg_of, t_len, width, rows, ["out", "in"]
+    )
     tensors = [
         torch.from_numpy(x) for x in (src, tgt_in, tgt_out, src_seg, tgt_seg, src_pos, tgt_pos)
     ]
@@ -123,9 +124,10 @@ def collate_packed(data: ParallelData, block: np.ndarray, width: int, rows: int,
     return Batch(tensors[0], tensors[1], tensors[2], int((t_len + 1).sum()), packing)
 
 
-def _side(arr, pairs, row_of, seg_of, lengths, width: int, rows: int, kind: str):
-    """One side's (rows, width) ids, segments and positions. kind: "src" (tokens, EOS),
-    "out" (tokens, EOS) or "in" (BOS, tokens)."""
+def _side(arr, pairs, row_of, seg_of, lengths, width: int, rows: int, kinds: list[str]):
+    """One side's (rows, width) ids for each of `kinds` ("out": the tokens, then EOS; "in":
+    BOS, then the tokens; the source is an "out"), and its segments and positions, which every
+    kind shares."""
     need = lengths + 1
     before = np.r_[0, np.cumsum(need)[:-1]]  # positions taken before each pair, all rows
     first = np.flatnonzero(np.r_[True, row_of[1:] != row_of[:-1]])  # each row's first pair
@@ -133,21 +135,22 @@ def _side(arr, pairs, row_of, seg_of, lengths, width: int, rows: int, kind: str)
     token_pair = np.repeat(np.arange(len(pairs)), need)
     pos = np.arange(int(need.sum())) - np.repeat(before, need)
     row, col = row_of[token_pair], start[token_pair] + pos
-    if kind == "in":
-        inside = pos >= 1
-        source_pos = pos - 1
-    else:
-        inside = pos < lengths[token_pair]
-        source_pos = pos
-    flat = arr.offsets[pairs[token_pair]] + np.where(inside, source_pos, 0)
-    values = np.where(inside, arr.data[flat].astype(np.int64), BOS if kind == "in" else EOS)
-    ids = np.full((rows, width), PAD, dtype=np.int64)
+    base = arr.offsets[pairs[token_pair]]
+    out = []
+    for kind in kinds:
+        if kind == "in":
+            inside, source_pos, edge = pos >= 1, pos - 1, BOS
+        else:
+            inside, source_pos, edge = pos < lengths[token_pair], pos, EOS
+        flat = base + np.where(inside, source_pos, 0)
+        ids = np.full((rows, width), PAD, dtype=np.int64)
+        ids[row, col] = np.where(inside, arr.data[flat].astype(np.int64), edge)
+        out.append(ids)
     seg = np.zeros((rows, width), dtype=np.int64)
     posn = np.zeros((rows, width), dtype=np.int64)
-    ids[row, col] = values
     seg[row, col] = seg_of[token_pair]
     posn[row, col] = pos
-    return ids, seg, posn
+    return out, seg, posn
 
 
 def describe_packing(data: ParallelData, blocks: list[np.ndarray], width: int, rows: int) -> str:
