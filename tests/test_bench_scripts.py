@@ -56,8 +56,8 @@ def test_bench_train_contenders_take_a_step_on_the_same_batches(bench_train, nam
 
 
 def test_bench_nat_scores_and_times_every_decoder(tiny_run, tmp_path):
-    """scripts/bench/bench_nat.py on a NAT run and an autoregressive one: a BLEU per decoder, and
-    sentences/s at batch 1 and in batches for each, in the JSON it writes."""
+    """scripts/bench/bench_nat.py on a NAT run and an autoregressive one: BLEU and chrF per
+    decoder, and sentences/s at batch 1 and in batches for each, in the JSON it writes."""
     data = tiny_run.parent / "data"
     nat = run_mt(
         "train",
@@ -102,7 +102,7 @@ def test_bench_nat_scores_and_times_every_decoder(tiny_run, tmp_path):
     result = json.loads((tmp_path / "nat.json").read_text())
     names = {"AR greedy", "AR beam 5", "NAT T=1", "NAT T=3"}
     assert set(result["quality"]) == names
-    assert all(0 <= row["bleu"] <= 100 for row in result["quality"].values())
+    assert all(0 <= row[k] <= 100 for row in result["quality"].values() for k in ("bleu", "chrf"))
     for label in ("batch 1", "batches of 2"):
         assert set(result[label]) == names and all(r > 0 for r in result[label].values())
 

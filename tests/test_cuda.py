@@ -235,3 +235,44 @@ def test_the_search_on_the_device_equals_the_batch_shrinking_search_on_cuda():
             for (_, a), (_, b) in zip(sg, sw, strict=True):
                 assert abs(a - b) <= 1e-4 * max(1.0, abs(b))
         assert syncs.count <= 1 + math.ceil(steps / CHECK_EVERY) + 4, syncs.where
+
+
+@pytest.mark.parametrize("accum", [1, 2])
+def test_compiled_training_through_cuda_graphs_takes_the_eager_steps(tmp_path, accum):
+    """train.compile on packed blocks (one static shape) on the GPU: the step is recorded as
+    CUDA graphs and replayed (reduce-overhead), with `accum` batches per update, and gives the
+    eager step's losses and weights (fp32, dropout off) over enough updates to replay."""
+    import torch._dynamo
+
+    from mt.config import load_config
+    from mt.train.build import build_trainer
+
+    def trainer(name, *more):
+        cfg = load_config(
+            ROOT / "configs/tiny.yaml",
+            [
+                f"data.dir={tmp_path / 'd'}",
+                "train.device=cuda",
+                "model.dropout=0.0",
+                "train.pack_width=64",
+                "train.max_tokens=1024",
+                f"train.accum_steps={accum}",
+                *more,
+            ],
+        )
+        return build_trainer(cfg, tmp_path / name, log=lambda *_: None)
+
+    torch._dynamo.reset()
+    eager, graphed = trainer("e"), trainer("g", "train.compile=true")
+    graphed.model.load_state_dict(eager.model.state_dict())
+    assert graphed.cuda_graphs and not eager.cuda_graphs
+    walks = eager._batches(), graphed._batches()
+    for _ in range(6):
+        assert eager.train_step([next(walks[0]) for _ in range(accum)])
+        assert graphed.train_step([next(walks[1]) for _ in range(accum)])
+    torch.testing.assert_close(
+        torch.stack(graphed._window.loss), torch.stack(eager._window.loss), rtol=1e-4, atol=0
+    )
+    for k, v in graphed.model.state_dict().items():
+        torch.testing.assert_close(v, eager.model.state_dict()[k], atol=1e-3, rtol=0)
+    torch._dynamo.reset()

@@ -699,6 +699,68 @@ def test_deferred_skips_stop_a_run_of_nonfinite_updates(tmp_path):
     assert t.state.step == 7  # the good updates, the skipped ones taken back
 
 
+class _ReplayOverwrites:
+    """What a CUDA-graphed step does to memory, on the CPU: each call first writes over
+    (with NaN) what the previous call's graphs wrote, its outputs and the gradients its
+    backward allocated, as a replay writes into the memory its recording used."""
+
+    def __init__(self, fn):
+        self.fn, self.outputs, self.grads_before = fn, [], None
+
+    def __call__(self, model, batch):
+        params = list(model.parameters())
+        before = self.grads_before or {}  # (the gradients when the previous call began)
+        allocated = [
+            p.grad
+            for p in params
+            if p.grad is not None and id(p) in before and p.grad is not before[id(p)]
+        ]
+        for t in [*self.outputs, *allocated]:
+            t.detach().fill_(float("nan"))
+        self.grads_before = {id(p): p.grad for p in params}
+        out = self.fn(model, batch)
+        self.outputs = list(out)
+        return out
+
+
+@pytest.mark.parametrize("accum", [1, 2])
+def test_a_cuda_graphed_step_keeps_nothing_a_replay_overwrites(tmp_path, accum):
+    """Through CUDA graphs (train.compile with static shapes on a GPU) a replay writes over the
+    previous replay's outputs and the gradients its backward allocated: the losses logged and
+    the weights after three updates of `accum` batches each equal the eager step's exactly."""
+    common = ("model.dropout=0.0", f"train.accum_steps={accum}")
+    eager, graphed = _trainer(tmp_path / "e", *common), _trainer(tmp_path / "g", *common)
+    graphed.model.load_state_dict(eager.model.state_dict())
+    graphed.cuda_graphs, graphed.train_loss = True, _ReplayOverwrites(graphed.objective.loss)
+    batches = [collate(eager.train_data, np.arange(i, i + 8)) for i in range(0, 48, 8)]
+    for i in range(0, len(batches), accum):
+        assert eager.train_step(batches[i : i + accum])
+        assert graphed.train_step(batches[i : i + accum])
+    for a, b in (("loss", "loss"), ("nll", "nll")):
+        assert torch.equal(
+            torch.stack(getattr(graphed._window, a)), torch.stack(getattr(eager._window, b))
+        )
+    for k, v in graphed.model.state_dict().items():
+        assert torch.equal(v, eager.model.state_dict()[k]), k
+
+
+def test_static_shapes_on_a_gpu_compile_into_cuda_graphs(monkeypatch):
+    """compiled(): CUDA graphs (reduce-overhead) for static shapes on a GPU only; dynamic shapes
+    compile once for all shapes, without graphs (one graph per shape would be recorded)."""
+    from mt.train.compiled import compiled
+
+    seen = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.append(kw))
+    compiled(len, static_shapes=True, cuda_graphs=True)
+    compiled(len, static_shapes=True, cuda_graphs=False)
+    compiled(len, static_shapes=False, cuda_graphs=True)
+    assert seen == [
+        {"dynamic": False, "mode": "reduce-overhead"},
+        {"dynamic": False},
+        {"dynamic": True},
+    ]
+
+
 def test_a_run_resumed_with_compile_on_continues_the_same_schedule(tmp_path, monkeypatch):
     """Trained eagerly for 6 updates, then resumed with train.compile (aot_eager here) to 12:
     the same updates, learning rates and losses as 12 eager updates in one go (dropout off,

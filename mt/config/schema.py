@@ -370,7 +370,8 @@ class TrainConfig(_Section):
     compile: Literal["auto", True, False] = Field(
         False,
         description="torch.compile the training forward/backward of the reference model and "
-        "its loss (dynamic shapes; static ones, one compilation per shape, with shape_buckets); "
+        "its loss (dynamic shapes; static ones, one compilation per shape, with shape_buckets "
+        "or pack_width, each shape's step then replayed as a CUDA graph on a GPU); "
         "mt/fast then steps aside (fast_paths auto). auto: on a GPU, for the objectives it "
         "compiles (label-smoothed cross-entropy of a Transformer; not R-Drop, scheduled "
         "sampling, the NAT or the RNN), with fast_paths auto or false",

@@ -1,24 +1,30 @@
 """torch.compile for training (train.compile): the objective's loss with the model inside it,
 for dynamic shapes, or static ones when the batches come in a few shapes (train.shape_buckets)
-or in one (train.pack_width)."""
+or in one (train.pack_width); on a GPU each static shape's step is then captured as a CUDA
+graph and replayed."""
 
 from __future__ import annotations
 
 import torch
 
 
-def compiled(loss, static_shapes: bool):
+def compiled(loss, static_shapes: bool, cuda_graphs: bool = False):
     """The loss function loss(model, batch) (the objective's: the model's forward and the
     label-smoothed loss, which then fuse) under torch.compile. Length-sorted batches come in
     a new shape almost every time: one compilation for dynamic shapes. Bucketed or packed
     batches (static_shapes) come in a few fixed ones (said at start-up): static shapes, one
     compilation each, with Dynamo's limit on recompilations (8 by default) raised to cover
-    them."""
+    them. cuda_graphs (static shapes on a GPU): each shape's forward and backward are recorded
+    as CUDA graphs and replayed (torch.compile's reduce-overhead mode), so the host launches
+    one graph instead of every kernel; a replay writes its outputs where the previous replay
+    of that graph wrote them, so whatever outlives a call is copied (Trainer._backward)."""
     if not static_shapes:
         return torch.compile(loss, dynamic=True)
     from torch._dynamo import config as dynamo_config
 
     dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, STATIC_SHAPES_LIMIT)
+    if cuda_graphs:
+        return torch.compile(loss, dynamic=False, mode="reduce-overhead")
     return torch.compile(loss, dynamic=False)
 
 

@@ -84,7 +84,9 @@ class Trainer(Validating, Saving):
         # as resolved for this device and objective, mt.train.objective.compile_applies)
         compile = cfg.compile is True if compile is None else compile
         static = bool(cfg.shape_buckets or cfg.pack_width)  # a few batch shapes, or one
-        self.train_loss = compiled(objective.loss, static) if compile else None
+        # and on a GPU each static shape's step replayed as a CUDA graph (compiled.py)
+        self.cuda_graphs = bool(compile) and static and device.type == "cuda"
+        self.train_loss = compiled(objective.loss, static, self.cuda_graphs) if compile else None
         self.train_data, self.validation, self.tokenizer = train_data, validation, tokenizer
         self.epoch_data, self.cfg, self.run_config = epoch_data, cfg, run_config
         self.run_dir, self.device, self.amp_dtype = run_dir, device, amp_dtype
@@ -138,7 +140,7 @@ class Trainer(Validating, Saving):
         total number of target tokens so accumulation equals one big batch.
         Returns False, changing nothing, when the loss is not finite."""
         self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
+        self._clear_gradients()
         if self.objective.on_step is not None:
             self.objective.on_step(self.state.step)
         n_tokens = sum(b.n_tokens for b in batches)
@@ -216,6 +218,20 @@ class Trainer(Validating, Saving):
             self.ema.update()
         return True
 
+    def _clear_gradients(self) -> None:
+        """Before an update. Accumulated over several batches through CUDA graphs, gradients
+        live in buffers allocated here, outside the graphs, and zeroed: a gradient the
+        backward graph allocated would be overwritten by the next batch's replay before it is
+        added to. Otherwise they are set to None, and the first backward's gradient is kept
+        as it is (no zeroing, no addition)."""
+        if not (self.cuda_graphs and self.cfg.accum_steps > 1):
+            self.optimizer.zero_grad(set_to_none=True)
+            return
+        for p in self.model.parameters():
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
+        self.optimizer.zero_grad(set_to_none=False)
+
     def _skip_out_of_memory(self, batches: list[Batch], here: bool) -> None:
         """One unusually large batch should not end a long run: every rank drops this update
         and goes on (called after the except block, whose traceback held the failed pass's
@@ -242,8 +258,9 @@ class Trainer(Validating, Saving):
         for batch in batches:
             loss, nll = self._loss(batch, self.train_model, self.train_loss)
             self.scaler.scale(loss * scale).backward()
-            losses.append(loss.detach())
-            nlls.append(nll.detach())
+            # copies: through CUDA graphs the next call writes its outputs over these
+            losses.append(loss.detach().clone())
+            nlls.append(nll.detach().clone())
         return losses, nlls
 
     # -- logging, validation, checkpoints -------------------------------------------------
