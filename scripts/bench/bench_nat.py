@@ -1,12 +1,12 @@
 """Non-autoregressive (Mask-Predict) against autoregressive decoding: quality and speed.
 
 Quality: the NAT run decodes the test split with T iterations for each --iterations, the
-autoregressive run with greedy and beam search; each is scored with sacreBLEU (cased) and the
-Multi30k papers' lowercased tokenized BLEU. Speed: every decoder translates the same sentences
-one at a time (batch 1, the latency a user of an interactive service sees) and in batches of
---batch sentences, the decoders taking turns item by item (scripts/bench/harness.py) so that a drift
-in the machine's speed hits all alike; it prints sentences/s and each one's speed-up over the
-autoregressive beam search.
+autoregressive run with greedy and beam search; each is scored with sacreBLEU (cased BLEU and
+chrF) and the Multi30k papers' lowercased tokenized BLEU. Speed: every decoder translates the
+same sentences one at a time (batch 1, the latency a user of an interactive service sees) and in
+batches of --batch sentences, the decoders taking turns item by item (scripts/bench/harness.py)
+so that a drift in the machine's speed hits all alike; it prints sentences/s and each one's
+speed-up over the autoregressive beam search.
 
     python scripts/bench/bench_nat.py --nat runs/story/nat --ar runs/story/transformer-plain \
         --data-dir data/multi30k [--sentences 200] [--json out.json]
@@ -52,7 +52,8 @@ def quality(runners: dict, src: list[str], ref: list[str], lang: str) -> dict:
     rows = {}
     for name, run in runners.items():
         hyps = run(src)
-        rows[name] = {"bleu": round(score(hyps, ref).bleu, 2)}
+        s = score(hyps, ref)
+        rows[name] = {"bleu": round(s.bleu, 2), "chrf": round(s.chrf, 2)}
         if lang in moses_languages():  # the Multi30k papers' BLEU
             rows[name]["bleu_lc_tok"] = round(lc_tok_bleu(hyps, ref, lang), 2)
         print(
