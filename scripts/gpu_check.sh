@@ -17,6 +17,9 @@
 #                search and HF generate, small and base models, bf16 and fp32, 5-8 min
 #   trainshapes  the shipped En->De config in fixed batch shapes, compiled per shape, 3 min
 #   trainpack    the same with packed blocks (train.pack_width=128: one shape), compiled, 3 min
+#   benchgraphs  training throughput in bucketed shapes, mt compiled with CUDA graphs, against the
+#                eager references and nn.Transformer compiled, bf16, vocabulary 32k, 3 min a run;
+#                BENCH_SIZES="base big" BENCH_TOKENS="32768 131072" for the four runs
 #   bench        training throughput (base and small) and decoding speed, 5 min; benchbase: the
 #                base model's training throughput alone, 3 min, mt as `mt train` chooses
 #                (train.fast_paths auto: no mt/fast on a GPU); benchref: mt without mt/fast;
@@ -142,6 +145,14 @@ trainpack)
     step "GPU step: the shipped En->De config in packed blocks (train.pack_width=128, one shape), compiled, for ${TRAIN_SECONDS:-150} s"
     timed_train pack train.pack_width=128 train.compile=true
     ;;
+benchgraphs)
+    step "GPU step: training throughput in bucketed shapes (multiples of 16), mt compiled and CUDA-graphed as train.compile makes it, against the eager references and nn.Transformer compiled; bf16, vocabulary 32k; sizes ${BENCH_SIZES:-base}, tokens per batch ${BENCH_TOKENS:-32768}"
+    for size in ${BENCH_SIZES:-base}; do for tokens in ${BENCH_TOKENS:-32768}; do
+        timeout "${BENCH_SECONDS:-200}" python3 scripts/bench/bench_train.py --device cuda \
+            --precision bf16 --size "$size" --vocab 32000 --max-tokens "$tokens" \
+            --shape-buckets 16 --compile --compile-reference --repeats 1
+    done; done
+    ;;
 benchref)
     step "training throughput, bf16, base, mt without its CPU fast paths"
     timeout "${BENCH_SECONDS:-200}" python3 scripts/bench/bench_train.py --device cuda --precision bf16 \
@@ -165,6 +176,6 @@ print("valid BLEU by step:", [(r["step"], r["valid_bleu"]) for r in recs if "val
 print("target tokens/s by step:", [(r["step"], round(r["tok_s"])) for r in recs if "tok_s" in r])
 EOF
     ;;
-*) echo "unknown part $part (probe cudatests tests decode gpudecode trainshapes trainpack bench benchbase benchref benchfast train)"; exit 2 ;;
+*) echo "unknown part $part (probe cudatests tests decode gpudecode trainshapes trainpack benchgraphs bench benchbase benchref benchfast train)"; exit 2 ;;
 esac; done
 step done

@@ -112,6 +112,51 @@ def test_bench_decode_and_data_import():
         _load(name)
 
 
+def test_bench_train_batches_count_their_tokens_and_come_in_few_shapes(bench_train):
+    """Each batch carries its target-token count, counted on the host (equal to the non-padding
+    target positions); with --shape-buckets 8 the widths are multiples of 8, each width pair
+    has one row count within the token budget, and 30 batches come in a few shapes."""
+    plain = bench_train.make_batches(bench_train.size_of("tiny", 2048, vocab=500), 30)
+    size = bench_train.size_of("tiny", 2048, vocab=500, shape_buckets=8)
+    assert size["vocab"] == 500 and bench_train.SIZES["tiny"]["vocab"] == 5000
+    bucketed = bench_train.make_batches(size, 30)
+    for src, tgt_in, tgt_out, n in plain + bucketed:
+        assert n == int((tgt_out != bench_train.PAD).sum()) > 0
+        assert tgt_in.shape == tgt_out.shape and int(src.max()) < 500
+    shapes = {(b[0].shape, b[2].shape[1]) for b in bucketed}
+    assert len(shapes) < len({(b[0].shape, b[2].shape[1]) for b in plain}) and len(shapes) <= 8
+    rows_of = {}
+    for (rows, s_w), t_w in shapes:
+        assert s_w % 8 == 0 and t_w % 8 == 0 and rows * (s_w + t_w) <= 2048
+        assert rows_of.setdefault((s_w, t_w), rows) == rows
+
+
+def test_bench_train_step_reads_nothing_the_trainer_does_not(bench_train, monkeypatch):
+    """mt's contender adds no host read of its own to Trainer.train_step's (the references pay
+    none): the reads during a bench step equal those inside train_step."""
+    import torch
+
+    from mt.runtime.host_syncs import HostSyncs
+    from mt.train.trainer import Trainer
+
+    inside, real = [], Trainer.train_step
+
+    def counted(self, batches):
+        with HostSyncs() as syncs:
+            done = real(self, batches)
+        inside.append(syncs.count)
+        return done
+
+    monkeypatch.setattr(Trainer, "train_step", counted)
+    monkeypatch.setattr(bench_train, "FAST_PATHS", False)
+    size = bench_train.size_of("tiny", 1024, vocab=500)
+    batch = bench_train.device_batches(size, 1, torch.device("cpu"))[0]
+    _, step = bench_train.ours(size, torch.device("cpu"))
+    with HostSyncs() as outside:
+        step(batch)
+    assert inside and outside.count == sum(inside)
+
+
 def test_bench_train_turns_give_every_contender_its_own_rate(bench_train):
     if importlib.util.find_spec("transformers") is None:
         pytest.skip("transformers not installed (pip install -e '.[bench]')")

@@ -1,9 +1,9 @@
 """Training throughput of mt's model and train step against two references, same batches:
 (a) a plain loop around torch.nn.Transformer, (b) Hugging Face MarianMTModel from scratch.
 
-    python scripts/bench/bench_train.py [--size small|base|both] [--steps N] [--json]
+    python scripts/bench/bench_train.py [--size tiny|small|base|big|both] [--steps N] [--json]
     python scripts/bench/bench_train.py --device cuda --precision bf16 --size base \
-        --max-tokens 32768
+        --max-tokens 32768 [--vocab 32000] [--shape-buckets 16 --compile] [--compile-reference]
 
 Each contender runs in its own subprocess so that its peak memory is its own; then all three
 run once more in one process, taking turns batch by batch, which gives ratios that a drift in
@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from harness import autocast, datasheet_peak, marian_config, matmul_peak, sync, take_turns
 
 import mt  # noqa: F401  (its allocator setting, for every contender alike)
+from mt.runtime.device import pick_device
 
 SIZES = {
     # the shipped Multi30k CPU configs' shape (Wu et al. 2021's transformer_tiny, joint 5k BPE)
@@ -64,6 +65,15 @@ SIZES = {
         "vocab": 8000,
         "max_tokens": 8192,
     },
+    # Transformer-big (Vaswani et al. 2017)
+    "big": {
+        "layers": 6,
+        "d_model": 1024,
+        "heads": 16,
+        "d_ff": 4096,
+        "vocab": 8000,
+        "max_tokens": 8192,
+    },
 }
 PAD, BOS, EOS = 0, 2, 3
 # mt's contender trains as `mt train` would (train.fast_paths "auto": mt/fast on a CPU only);
@@ -75,34 +85,46 @@ FAST_PATHS = "auto"
 
 def make_batches(size: dict, n_batches: int, seed: int = 0):
     """Multi30k-like sentence lengths (src ~ 14, tgt ~ 13 subwords), bucketed into batches of
-    about max_tokens (source + target, padding included: about 4k target tokens)."""
-    from mt.data.batching import token_batches
+    about max_tokens (source + target, padding included: about 4k target tokens). With
+    size["shape_buckets"] N, as train.shape_buckets makes them: widths rounded up to multiples
+    of N and a fixed row count per width pair, so the batches come in a few shapes. Each batch
+    is (src, tgt_in, tgt_out, target tokens), the count known on the host."""
+    from mt.data.batching import bucket_batches, round_up, token_batches
 
     rng = np.random.default_rng(seed)
-    n = 40_000
+    n = max(40_000, (n_batches + 1) * size["max_tokens"] // 24)  # pairs: ~31 tokens each
     src_len = np.clip(rng.normal(14, 5, n).round(), 3, 60).astype(int)
     tgt_len = np.clip((src_len * rng.normal(1.0, 0.15, n)).round(), 3, 60).astype(int)
-    order = token_batches(src_len + 1, tgt_len + 1, size["max_tokens"], seed=seed)[:n_batches]
+    multiple = size.get("shape_buckets", 0)
+    if multiple:
+        order = bucket_batches(src_len + 1, tgt_len + 1, size["max_tokens"], multiple, seed)
+    else:
+        order = token_batches(src_len + 1, tgt_len + 1, size["max_tokens"], seed=seed)
     batches = []
-    for idx in order:
+    for idx in order[:n_batches]:
+        rows = len(idx)
+        idx = idx[idx >= 0]  # (bucket_batches fills a width pair's last batch with -1 rows)
         s, t = src_len[idx], tgt_len[idx]
-        src = torch.full((len(idx), s.max() + 1), PAD)
-        tgt_in = torch.full((len(idx), t.max() + 1), PAD)
-        tgt_out = torch.full((len(idx), t.max() + 1), PAD)
+        s_w, t_w = int(s.max()) + 1, int(t.max()) + 1
+        if multiple:
+            s_w, t_w = int(round_up(s_w, multiple)), int(round_up(t_w, multiple))
+        src = torch.full((rows, s_w), PAD)
+        tgt_in = torch.full((rows, t_w), PAD)
+        tgt_out = torch.full((rows, t_w), PAD)
         for i in range(len(idx)):
             src[i, : s[i]] = torch.from_numpy(rng.integers(4, size["vocab"], s[i]))
             src[i, s[i]] = EOS
             words = torch.from_numpy(rng.integers(4, size["vocab"], t[i]))
             tgt_in[i, 0], tgt_in[i, 1 : t[i] + 1] = BOS, words
             tgt_out[i, : t[i]], tgt_out[i, t[i]] = words, EOS
-        batches.append((src, tgt_in, tgt_out))
+        batches.append((src, tgt_in, tgt_out, int(t.sum() + len(t))))
     return batches
 
 
 def useful_flops(batch, size: dict) -> float:
     """Training FLOPs (forward x 3) on real tokens only: matmuls 2*m*n*k, attention scores and
     weighted sums over real keys, output projection on real target positions."""
-    src, _, tgt_out = batch
+    src, _, tgt_out, _ = batch
     d, ff, L, V = size["d_model"], size["d_ff"], size["layers"], size["vocab"]
     s_len = (src != PAD).sum(1).double()
     t_len = (tgt_out != PAD).sum(1).double()
@@ -141,7 +163,12 @@ def ours(size, device, precision="fp32", compile=False, loss_fn=None, dropout=0.
         max_positions=256,
     )
     train_cfg = TrainConfig(
-        label_smoothing=0.1, clip_norm=0.0, compile=compile, fast_paths=FAST_PATHS
+        label_smoothing=0.1,
+        clip_norm=0.0,
+        compile=compile,
+        fast_paths=FAST_PATHS,
+        # batches in a few shapes: compiled with static shapes, replayed as CUDA graphs on a GPU
+        shape_buckets=size.get("shape_buckets", 0),
     )
     parts = model_parts(train_cfg, device, compile=compile)  # as mt train chooses
     model = build_model(model_cfg, size["vocab"], size["vocab"], parts).to(device)
@@ -169,8 +196,8 @@ def ours(size, device, precision="fp32", compile=False, loss_fn=None, dropout=0.
     )
 
     def step(batch):
-        src, tgt_in, tgt_out = batch
-        trainer.train_step([Batch(src, tgt_in, tgt_out, int((tgt_out != PAD).sum()))])
+        src, tgt_in, tgt_out, n_tokens = batch  # (counted on the host: no sync here)
+        trainer.train_step([Batch(src, tgt_in, tgt_out, n_tokens)])
 
     return model, step
 
@@ -219,7 +246,7 @@ def _reference_step(model, logits_of):
     opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
 
     def step(batch):
-        src, tgt_in, tgt_out = batch
+        src, tgt_in, tgt_out, _ = batch
         logits = logits_of(src, tgt_in)
         loss = F.cross_entropy(
             logits.view(-1, logits.shape[-1]),
@@ -235,8 +262,12 @@ def _reference_step(model, logits_of):
 
 
 def torch_ref(size, device, precision="fp32", compile=False):
+    """nn.Transformer in a plain loop; compile: its model under torch.compile (dynamic shapes,
+    or static ones with size["shape_buckets"]), to compare compiled with compiled."""
     model = _TorchRef(size).to(device)
-    return _reference_step(model, model)
+    if not compile:
+        return _reference_step(model, model)
+    return _reference_step(model, torch.compile(model, dynamic=not size.get("shape_buckets")))
 
 
 def hf_marian(size, device, precision="fp32", compile=False):
@@ -263,17 +294,19 @@ def hf_marian(size, device, precision="fp32", compile=False):
 CONTENDERS = {"ours": ours, "torch": torch_ref, "hf": hf_marian}
 
 
-def size_of(name: str, max_tokens: int) -> dict:
-    """The hyper-parameters of size `name`, with --max-tokens when given (0: the size's own)."""
-    return dict(SIZES[name], **({"max_tokens": max_tokens} if max_tokens else {}))
+def size_of(name: str, max_tokens: int, vocab: int = 0, shape_buckets: int = 0) -> dict:
+    """The hyper-parameters of size `name`, with --max-tokens and --vocab when given (0: the
+    size's own), and --shape-buckets."""
+    given = {"max_tokens": max_tokens, "vocab": vocab, "shape_buckets": shape_buckets}
+    return dict(SIZES[name], **{k: v for k, v in given.items() if v})
 
 
 def device_batches(size: dict, n: int, device: torch.device) -> list[tuple]:
-    return [tuple(x.to(device) for x in b) for b in make_batches(size, n)]
+    return [(*(x.to(device) for x in b[:3]), b[3]) for b in make_batches(size, n)]
 
 
 def target_tokens(batches) -> int:
-    return sum(int((b[2] != PAD).sum()) for b in batches)
+    return sum(b[3] for b in batches)
 
 
 def run_one(
@@ -285,12 +318,14 @@ def run_one(
     precision: str,
     compile_ours: bool,
     matmul_n: int = 2048,
+    compile_reference: bool = False,
 ) -> dict:
     """Runs in a fresh subprocess: (tokens/s, peak memory MB, useful FLOP/s). matmul_n: the
     size of the product that measures the machine's matmul speed (on CPU)."""
     torch.manual_seed(0)
     batches = device_batches(size, warmup + steps, device)
-    model, step = CONTENDERS[name](size, device, precision, compile_ours)
+    compile = {"ours": compile_ours, "torch": compile_reference}.get(name, False)
+    model, step = CONTENDERS[name](size, device, precision, compile)
     model.train()
     amp = autocast(device, precision)
 
@@ -351,18 +386,21 @@ def interleaved_seconds(
     device: torch.device,
     precision: str,
     contenders: dict | None = None,
+    compile_ours: bool = False,
 ) -> tuple[dict, int]:
     """All three contenders (or `contenders`: name -> maker like `ours`) in this one process,
     taking turns batch by batch (which one goes first rotates): a drift in the machine's speed,
     which on this VM reaches tens of percent within a minute, then hits all alike, and the
     ratios hold. Returns (seconds of the timed steps per contender, target tokens in them);
-    memory is left to the separate runs (here the contenders share one heap)."""
+    memory is left to the separate runs (here the contenders share one heap). compile_ours:
+    mt's contender compiled (as --compile)."""
     contenders = contenders or CONTENDERS
     batches = device_batches(size, warmup + steps, device)
     steps_of = {}
     for name, make in contenders.items():
         torch.manual_seed(0)
-        model, steps_of[name] = make(size, device, precision)
+        compiled = {"compile": True} if compile_ours and name == "ours" else {}
+        model, steps_of[name] = make(size, device, precision, **compiled)
         model.train()
     if device.type == "cuda":  # every shape seen once before the timed turns (run_one)
         batches, warmup = batches + batches[warmup:], len(batches)
@@ -377,9 +415,12 @@ def run_interleaved(
     device: torch.device,
     precision: str,
     contenders: dict | None = None,
+    compile_ours: bool = False,
 ) -> dict:
     """interleaved_seconds as target tokens/s per contender."""
-    secs, tokens = interleaved_seconds(size, steps, warmup, device, precision, contenders)
+    secs, tokens = interleaved_seconds(
+        size, steps, warmup, device, precision, contenders, compile_ours
+    )
     return {name: tokens / sec for name, sec in secs.items()}
 
 
@@ -407,7 +448,10 @@ def measure(size_name: str, args) -> dict:
                     "--precision",
                     args.precision,
                     *(["--max-tokens", str(args.max_tokens)] if args.max_tokens else []),
+                    *(["--vocab", str(args.vocab)] if args.vocab else []),
+                    *(["--shape-buckets", str(args.shape_buckets)] if args.shape_buckets else []),
                     *(["--compile"] if args.compile else []),
+                    *(["--compile-reference"] if args.compile_reference else []),
                     *{True: ["--fast-paths"], False: ["--no-fast-paths"]}.get(FAST_PATHS, []),
                 ],
                 capture_output=True,
@@ -433,11 +477,12 @@ def measure(size_name: str, args) -> dict:
         rs = sorted(rs, key=lambda r: r["tok_s"])
         res[name] = dict(rs[len(rs) // 2], peak_rss_mb=max(r["peak_rss_mb"] for r in rs))
     turns = run_interleaved(
-        size_of(size_name, args.max_tokens),
+        size_of(size_name, args.max_tokens, args.vocab, args.shape_buckets),
         args.steps,
         args.warmup,
         torch.device(args.device),
         args.precision,
+        compile_ours=args.compile,
     )
     for name in CONTENDERS:
         res[name]["tok_s_turns"] = turns[name]
@@ -515,7 +560,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--size", choices=["tiny", "small", "base", "both"], default="both")
+    ap.add_argument("--size", choices=[*SIZES, "both"], default="both")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument(
@@ -538,8 +583,24 @@ def main() -> None:
         default=0,
         help="tokens per batch (source + target); default: the size's 8192",
     )
+    ap.add_argument("--vocab", type=int, default=0, help="vocabulary; default: the size's")
     ap.add_argument(
-        "--compile", action="store_true", help="torch.compile mt's model (dynamic shapes)"
+        "--shape-buckets",
+        type=int,
+        default=0,
+        help="batches as train.shape_buckets makes them (widths rounded up to multiples of N, "
+        "a few shapes), for every contender; mt trains with that setting",
+    )
+    ap.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile mt's model and loss as train.compile does (dynamic shapes; with "
+        "--shape-buckets static ones, replayed as CUDA graphs on a GPU)",
+    )
+    ap.add_argument(
+        "--compile-reference",
+        action="store_true",
+        help="torch.compile nn.Transformer's model too (HF Marian stays eager)",
     )
     paths = ap.add_mutually_exclusive_group()
     paths.add_argument(
@@ -556,18 +617,21 @@ def main() -> None:
     args = ap.parse_args()
     global FAST_PATHS
     FAST_PATHS = False if args.no_fast_paths else True if args.fast_paths else "auto"
-    device = torch.device(args.device)
+    # the device set up as `mt train` sets it up (on a GPU: no cuDNN attention), for every
+    # contender alike
+    device = pick_device(args.device, "--device")
     if args.worker:
         print(
             json.dumps(
                 run_one(
                     args.worker,
-                    size_of(args.size, args.max_tokens),
+                    size_of(args.size, args.max_tokens, args.vocab, args.shape_buckets),
                     args.steps,
                     args.warmup,
                     device,
                     args.precision,
                     args.compile,
+                    compile_reference=args.compile_reference,
                 )
             )
         )
@@ -586,6 +650,10 @@ def main() -> None:
             True: ", mt with its fast paths forced on",
             False: ", mt without its fast paths (reference model and loss)",
         }.get(FAST_PATHS, "")
+        + (f", vocabulary {args.vocab}" if args.vocab else "")
+        + (f", batch widths in multiples of {args.shape_buckets}" if args.shape_buckets else "")
+        + (", mt compiled" if args.compile else "")
+        + (", nn.Transformer compiled" if args.compile_reference else "")
         + (f", datasheet dense bf16 {sheet / 1e12:.0f} TFLOP/s" if sheet else "")
         + (f", LD_PRELOAD={preload} (every contender runs with it)" if preload else "")
     )
