@@ -262,12 +262,15 @@ def _reference_step(model, logits_of):
 
 
 def torch_ref(size, device, precision="fp32", compile=False):
-    """nn.Transformer in a plain loop; compile: its model under torch.compile (dynamic shapes,
-    or static ones with size["shape_buckets"]), to compare compiled with compiled."""
+    """nn.Transformer in a plain loop; compile: its model compiled as mt's train.compile
+    compiles (mt.train.compiled: dynamic shapes, or static ones with size["shape_buckets"] and
+    the same raised recompilation limit), to compare compiled with compiled."""
+    from mt.train.compiled import compiled
+
     model = _TorchRef(size).to(device)
     if not compile:
         return _reference_step(model, model)
-    return _reference_step(model, torch.compile(model, dynamic=not size.get("shape_buckets")))
+    return _reference_step(model, compiled(model, bool(size.get("shape_buckets"))))
 
 
 def hf_marian(size, device, precision="fp32", compile=False):
