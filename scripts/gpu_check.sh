@@ -6,7 +6,20 @@
 #   .gpu/m30k/   the raw Multi30k files of ../shared/data/multi30k (the real-data tests)
 #   .gpu/en_de/  a CPU-trained En->De run (best.pt + its CPU test translation), to decode on both
 # On the GPU machine, in the repository root:  bash scripts/gpu_check.sh OUTDIR [PART ...]
+#
+# The default, mfu and m30k, takes at most 5 minutes on a fresh machine, installs included, so
+# that it can run twice in 15 minutes of GPU time. Send the checkout with .gpu/ beside it (a
+# machine that receives a copy of the checkout gets the ignored .gpu/ only when it is named
+# among the paths carried over), run `bash scripts/gpu_check.sh OUT` with a limit of 330 s, and
+# take back OUT/mfu.json and OUT/m30k.json (one JSON line each, written as each part ends, so a
+# call cut short still returns the part that finished) and OUT/check.log.
+#   bash scripts/gpu_check.sh --dry-run OUT mfu m30k   the same parts on the CPU at tiny sizes
+#                                                      (the tests run this)
 # PARTs:
+#   mfu          the base model (6+6, d 512, vocabulary 32k) on packed blocks of one shape,
+#                compiled once, bf16: target tokens/s and MFU (scripts/bench/gpu_figures.py)
+#   m30k         the shipped En->De config packed and compiled: updates/s after the compile and
+#                the whole run's forecast at that rate
 #   cudatests    tests/test_cuda.py alone (the paths only a GPU takes), under 2 min
 #   probe        why the first steps are slow, 1-2 min
 #   tests        the rest of the suite, 4+ min; each failure's traceback is written to
@@ -26,7 +39,7 @@
 #                benchfast: mt with mt/fast forced on
 #   train        the shipped En->De config for TRAIN_SECONDS (3 min by default; the whole run
 #                takes about 20 min on an H200)
-# Default: cudatests tests train, about 10 minutes. Logged to OUTDIR/check.log.
+# Logged to OUTDIR/check.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -52,9 +65,11 @@ if [ "${1:-}" = "--prepare" ]; then
     du -sh .gpu
     exit 0
 fi
-out=${1:?usage: scripts/gpu_check.sh OUTDIR [PART ...]}
+dry=""
+if [ "${1:-}" = "--dry-run" ]; then dry=--dry-run; shift; fi
+out=${1:?usage: scripts/gpu_check.sh [--dry-run] OUTDIR [PART ...]}
 shift
-parts=${*:-cudatests tests train}
+parts=${*:-mfu m30k}
 mkdir -p "$out"
 log=$out/check.log
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 MT_TEST_FAILURE_LOG=$out/failures.log
@@ -76,6 +91,7 @@ print("target tokens/s by step:", [(r["step"], round(r["tok_s"])) for r in recs 
 EOF
 }
 
+if [ -z "$dry" ]; then
 step setup
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .gpu/whl/*.whl || exit 1
 python3 -m pip install -q --no-deps --no-build-isolation -e . || exit 1
@@ -83,8 +99,23 @@ mkdir -p ../shared/data && [ -e ../shared/data/multi30k ] || ln -s "$PWD/.gpu/m3
 [ -f data/multi30k/train.de ] || mt download multi30k --from-dir .gpu/m30k --out data/multi30k
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0))"
+fi
 
 for part in $parts; do case $part in
+mfu)
+    step "the base model on packed blocks, compiled, bf16: target tokens/s and MFU"
+    timeout "${MFU_SECONDS:-150}" python3 scripts/bench/gpu_figures.py "$out" mfu $dry
+    ;;
+m30k)
+    step "the shipped En->De config, packed and compiled: updates/s and the whole run's forecast"
+    timeout "${M30K_SECONDS:-120}" python3 scripts/bench/gpu_figures.py "$out" m30k \
+        --data-dir data/multi30k $dry
+    ;;
+esac; done
+[ -n "$dry" ] && { step done; exit 0; }
+
+for part in $parts; do case $part in
+mfu|m30k) ;;  # above
 probe)
     step "why the first steps are slow: the first sight of a batch shape against the second"
     timeout "${PROBE_SECONDS:-100}" python3 scripts/bench/gpu_shape_probe.py --size tiny
@@ -176,6 +207,6 @@ print("valid BLEU by step:", [(r["step"], r["valid_bleu"]) for r in recs if "val
 print("target tokens/s by step:", [(r["step"], round(r["tok_s"])) for r in recs if "tok_s" in r])
 EOF
     ;;
-*) echo "unknown part $part (probe cudatests tests decode gpudecode trainshapes trainpack benchgraphs bench benchbase benchref benchfast train)"; exit 2 ;;
+*) echo "unknown part $part (mfu m30k probe cudatests tests decode gpudecode trainshapes trainpack benchgraphs bench benchbase benchref benchfast train)"; exit 2 ;;
 esac; done
 step done

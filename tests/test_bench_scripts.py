@@ -508,3 +508,59 @@ def test_bench_token_cache_builds_maps_and_measures_ranks(tmp_path):
     for mode in ("cache", "copies"):
         assert result[f"ranks_2_{mode}"]["pss_mb_total"] > 0
     assert len(list((tmp_path / "tokens").iterdir())) == 1  # written where it was told
+
+
+def test_gpu_check_dry_run_writes_every_figure_of_both_parts(tmp_path):
+    """scripts/gpu_check.sh --dry-run runs the GPU check's two parts on the CPU (tiny sizes,
+    aot_eager): each writes its JSON line with every key, the packed step compiled once."""
+    figures = _load("gpu_figures")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run(
+        ["bash", str(SCRIPTS / "gpu_check.sh"), "--dry-run", str(tmp_path), "mfu", "m30k"],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=240,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    for part, keys in figures.KEYS.items():
+        lines = (tmp_path / f"{part}.json").read_text().splitlines()
+        assert len(lines) == 1, part
+        got = json.loads(lines[0])
+        assert sorted(got) == sorted(keys), part
+        assert got["part"] == part and got["graphs"] == 1 and got["block"][1] == 128
+        assert got["updates"] > 0 and got["target_tokens_s"] > 0 and got["compile_s"] > 0
+    m30k = json.loads((tmp_path / "m30k.json").read_text())
+    assert m30k["max_steps"] == 30000  # the shipped config's budget
+    forecast = m30k["max_steps"] / m30k["updates_s"] / 60
+    assert abs(m30k["forecast_minutes"] - forecast) <= 0.06 + 0.01 * forecast
+    mfu = json.loads((tmp_path / "mfu.json").read_text())
+    assert 0 < mfu["mfu_matmul"] < 1 and 0 < mfu["padding"] < 0.5
+
+
+def test_gpu_figures_count_the_flops_of_each_packed_pair():
+    """The FLOPs of a packed block are the sum over its pairs of what that pair costs alone:
+    the pair lengths come back from the segments as the data holds them, and a block's count
+    equals bench_train's count of the same pairs each in a padded row of its own."""
+    import numpy as np
+    import torch
+
+    from mt.data.packing import collate_packed, pack_blocks, rows_of
+
+    figures, bench_train = _load("gpu_figures"), _load("bench_train")
+    data = figures.synthetic_pairs(vocab=50, n=60, longest=20, seed=3)
+    (block, *_) = pack_blocks(data.src.lengths, data.tgt.lengths, 64, 8, seed=1)
+    batch = collate_packed(data, block, 64, 8)
+    pairs = np.concatenate([r[:-1] for r in rows_of(block)])
+    assert (
+        figures.pair_lengths(batch.packing.src_segments).tolist()
+        == (data.src.lengths[pairs] + 1).tolist()
+    )
+    assert (
+        figures.pair_lengths(batch.packing.tgt_segments).tolist()
+        == (data.tgt.lengths[pairs] + 1).tolist()
+    )
+    size = {"d_model": 16, "d_ff": 32, "layers": 2, "vocab": 50}
+    alone = 0.0
+    for i in pairs:  # each pair in a padded batch of one row: source + EOS, target + EOS
+        src = torch.full((1, data.src.lengths[i] + 1), 5)
+        tgt_out = torch.full((1, data.tgt.lengths[i] + 1), 5)
+        alone += bench_train.useful_flops((src, None, tgt_out, 0), size)
+    assert figures.packed_flops(batch, size) == pytest.approx(alone, rel=1e-9)
