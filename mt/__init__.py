@@ -1,9 +1,5 @@
 """mt: train, run and score Transformer translation models from one YAML config."""
 
-from mt.runtime.memory import prefer_huge_pages
-
-prefer_huge_pages()  # before torch's first large allocation: mt/runtime/memory.py
-
 __version__ = "0.1.0"
 
 

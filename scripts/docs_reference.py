@@ -1,5 +1,5 @@
 """The documentation's reference pages, generated from the code at every build: the config
-keys from mt/config/schema.py's fields, the commands from the Typer app's own --help, the
+keys from the fields of mt/config's sections, the commands from the Typer app's own --help, the
 environment variables from mt/runtime/env.py and the exit statuses from mt/cli/app.py. A key
 or a flag added to the code appears in the docs without anyone editing them.
 
@@ -119,7 +119,7 @@ def config_reference() -> str:
     lines = [
         "# Config reference",
         "",
-        "Every key of a run config, generated from `mt/config/schema.py` when the docs are "
+        "Every key of a run config, generated from the sections in `mt/config/` when the docs are "
         "built. A config is YAML with these sections; any key can also be set on the command "
         "line by its dotted name (`mt train CONFIG --set train.max_steps=2000 model.dropout=0.2`). "
         "Unknown keys, wrong types and values outside the allowed ones are refused with a "
@@ -226,8 +226,8 @@ def environment_reference() -> str:
         "|---|---|",
         "| `HF_HUB_OFFLINE=1` | `mt download NAME` without `--from-dir` fails at once instead "
         "of after retries when there is no network |",
-        "| `THP_MEM_ALLOC_ENABLE` | `import mt` sets it to 1 (transparent huge pages for large "
-        "CPU tensors, less memory) unless it is set; `0` opts out |",
+        "| `THP_MEM_ALLOC_ENABLE` | `mt train` and `mt pretrain` set it to 1 (transparent huge "
+        "pages for large CPU tensors, less memory) unless it is set; `0` opts out |",
         "| `CUDA_VISIBLE_DEVICES` | which GPUs a process sees; under `torchrun` one process "
         "per GPU |",
     ]

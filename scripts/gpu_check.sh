@@ -101,18 +101,19 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm 
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0))"
 fi
 
+failed=0  # a part that fails leaves the others to run; the status says it failed
 for part in $parts; do case $part in
 mfu)
     step "the base model on packed blocks, compiled, bf16: target tokens/s and MFU"
-    timeout "${MFU_SECONDS:-150}" python3 scripts/bench/gpu_figures.py "$out" mfu $dry
+    timeout "${MFU_SECONDS:-150}" python3 scripts/bench/gpu_figures.py "$out" mfu $dry || failed=1
     ;;
 m30k)
     step "the shipped En->De config, packed and compiled: updates/s and the whole run's forecast"
     timeout "${M30K_SECONDS:-120}" python3 scripts/bench/gpu_figures.py "$out" m30k \
-        --data-dir data/multi30k $dry
+        --data-dir data/multi30k $dry || failed=1
     ;;
 esac; done
-[ -n "$dry" ] && { step done; exit 0; }
+[ -n "$dry" ] && { step done; exit "$failed"; }
 
 for part in $parts; do case $part in
 mfu|m30k) ;;  # above
@@ -210,3 +211,4 @@ EOF
 *) echo "unknown part $part (mfu m30k probe cudatests tests decode gpudecode trainshapes trainpack benchgraphs bench benchbase benchref benchfast train)"; exit 2 ;;
 esac; done
 step done
+exit "$failed"

@@ -542,7 +542,8 @@ def test_gpu_figures_count_the_flops_of_each_packed_pair():
     import numpy as np
     import torch
 
-    from mt.data.packing import collate_packed, pack_blocks, rows_of
+    from mt.data.batching import collate_packed
+    from mt.data.packing import pack_blocks, rows_of
 
     figures, bench_train = _load("gpu_figures"), _load("bench_train")
     data = figures.synthetic_pairs(vocab=50, n=60, longest=20, seed=3)

@@ -206,7 +206,7 @@ def test_compile_and_forced_fast_paths_are_refused_together():
         load_config(ROOT / "configs/tiny.yaml", ["train.compile=true", "train.fast_paths=true"])
     cfg = load_config(ROOT / "configs/tiny.yaml", ["train.compile=true"])  # auto steps aside
     from mt.model import REFERENCE
-    from mt.train.objective import compile_applies, model_parts
+    from mt.train.parts import compile_applies, model_parts
 
     cpu = torch.device("cpu")
     assert model_parts(cfg.train, cpu, compile=compile_applies(cfg, cpu)) is REFERENCE
@@ -238,7 +238,7 @@ def test_compile_and_forced_fast_paths_are_refused_together():
     ],
 )
 def test_compile_auto_is_on_where_it_pays_and_never_a_contradiction(sets, device, compiles):
-    from mt.train.objective import compile_applies
+    from mt.train.parts import compile_applies
 
     cfg = load_config(ROOT / "configs/tiny.yaml", sets)
     assert compile_applies(cfg, torch.device(device)) is compiles

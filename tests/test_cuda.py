@@ -266,12 +266,12 @@ def test_compiled_training_through_cuda_graphs_takes_the_eager_steps(tmp_path, a
     eager, graphed = trainer("e"), trainer("g", "train.compile=true")
     graphed.model.load_state_dict(eager.model.state_dict())
     assert graphed.cuda_graphs and not eager.cuda_graphs
-    walks = eager._batches(), graphed._batches()
+    walks = eager.batches(), graphed.batches()
     for _ in range(6):
         assert eager.train_step([next(walks[0]) for _ in range(accum)])
         assert graphed.train_step([next(walks[1]) for _ in range(accum)])
     torch.testing.assert_close(
-        torch.stack(graphed._window.loss), torch.stack(eager._window.loss), rtol=1e-4, atol=0
+        torch.stack(graphed.window.loss), torch.stack(eager.window.loss), rtol=1e-4, atol=0
     )
     for k, v in graphed.model.state_dict().items():
         torch.testing.assert_close(v, eager.model.state_dict()[k], atol=1e-3, rtol=0)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mt.config.schema import Config, ScheduledSamplingConfig
+from mt.config import Config, ScheduledSamplingConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,7 +1,7 @@
 """Every fast path of mt/fast equals the reference it replaces, in values and gradients, with
-the same dropout mask: the fused loss, the fused feed-forward, add & norm and
-attention nodes, the row packing, and a whole model after `install` (the dropout itself:
-test_fast_dropout.py)."""
+the same dropout mask: the fused loss, the fused feed-forward, add & norm and attention nodes,
+the feed-forward on the real rows alone, and a whole model after `install` (the dropout
+itself: test_fast_dropout.py)."""
 
 import pytest
 import torch
@@ -12,7 +12,7 @@ from mt.errors import MTError
 from mt.fast.modules import FastFeedForward, FastMultiHeadAttention, FastTransformer
 from mt.objectives.loss import label_smoothed_nll
 from mt.tokens import PAD
-from mt.train.objective import model_parts
+from mt.train.parts import model_parts
 from tests.conftest import ROOT, V, make_src
 
 
@@ -238,8 +238,8 @@ def test_feed_forward_on_real_positions_only_trains_the_same(monkeypatch, pre_no
     it), and training sees the same real-position outputs and parameter gradients."""
     import mt.fast.modules as modules
 
-    def run(pack: bool):
-        monkeypatch.setattr(modules, "_MIN_PADDING_TO_PACK", 0.05 if pack else 2.0)
+    def run(skip: bool):
+        monkeypatch.setattr(modules, "_MIN_PADDING_TO_SKIP", 0.05 if skip else 2.0)
         torch.manual_seed(0)
         model = FastTransformer(
             src_vocab=V,
@@ -268,8 +268,8 @@ def test_feed_forward_on_real_positions_only_trains_the_same(monkeypatch, pre_no
         grads = {n: p.grad.clone() for n, p in model.named_parameters()}
         return out, grads, rows
 
-    out, grads, rows = run(pack=True)
-    ref, ref_grads, ref_rows = run(pack=False)
+    out, grads, rows = run(skip=True)
+    ref, ref_grads, ref_rows = run(skip=False)
     assert rows == [9 + 3 + 6 + 4] * 2 + [4 * 8 - 5 - 3 - 6] * 2  # encoder, decoder layers
     assert ref_rows == [4 * 9] * 2 + [4 * 8] * 2
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)

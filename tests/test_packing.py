@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from mt.config import ModelConfig
-from mt.data.batching import collate
+from mt.data.batching import collate, collate_packed
 from mt.data.corpus import ParallelData, Stats, TokenArray
-from mt.data.packing import collate_packed, pack_blocks, rows_of
+from mt.data.packing import pack_blocks, rows_of
 from mt.model import build_model
 from mt.objectives.loss import reference_loss
 from mt.tokens import BOS, EOS, PAD
@@ -166,7 +166,7 @@ def test_a_compiled_step_on_packed_blocks_is_one_graph_with_the_eager_losses(tmp
         batch = [collate_packed(data, block, 64, 8)]
         assert eager.train_step(batch) and comp.train_step(batch)
     torch.testing.assert_close(
-        torch.stack(comp._window.loss), torch.stack(eager._window.loss), rtol=1e-5, atol=0
+        torch.stack(comp.window.loss), torch.stack(eager.window.loss), rtol=1e-5, atol=0
     )
     assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
     torch._dynamo.reset()

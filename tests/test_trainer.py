@@ -52,10 +52,10 @@ def test_nonfinite_update_is_skipped_and_logged(tmp_path):
     t = _trainer(tmp_path, "train.max_steps=4", "train.valid_every=100")
     _poison(t, {2})
     before = {k: v.clone() for k, v in t.model.state_dict().items()}
-    t.train_step([next(t._batches())])
+    t.train_step([next(t.batches())])
     assert t.state.step == 1
     after_one = {k: v.clone() for k, v in t.model.state_dict().items()}
-    assert t.train_step([next(t._batches())]) is False
+    assert t.train_step([next(t.batches())]) is False
     assert t.state.step == 1  # not counted as an update
     assert all(torch.equal(after_one[k], v) for k, v in t.model.state_dict().items())
     assert not all(torch.equal(before[k], v) for k, v in after_one.items())
@@ -132,12 +132,12 @@ def test_compiled_training_takes_the_same_steps(tmp_path):
     eager = _trainer(tmp_path / "e", "model.dropout=0.0")
     compiled = _trainer(tmp_path / "c", "model.dropout=0.0", "train.compile=true")
     compiled.model.load_state_dict(eager.model.state_dict())
-    assert compiled.train_loss is not None and compiled.train_model is compiled.model
+    assert compiled.compiled_loss is not None
     for idx in (range(16), range(16, 40), range(40, 48)):
         batch = [collate(eager.train_data, np.array(list(idx)))]
         assert eager.train_step(batch) and compiled.train_step(batch)
     torch.testing.assert_close(
-        torch.stack(compiled._window.loss), torch.stack(eager._window.loss), rtol=1e-5, atol=0
+        torch.stack(compiled.window.loss), torch.stack(eager.window.loss), rtol=1e-5, atol=0
     )
     # Adam turns float-rounding differences in near-zero gradients into steps of up to lr
     # (about 4e-4 here), so the weights agree to a few lr, not to rounding.
@@ -193,11 +193,11 @@ def test_mixed_precision_training_tracks_fp32(tmp_path, monkeypatch, precision):
     monkeypatch.setattr(modules, "attention_out", no_fused)
     for b in batches:
         assert mixed.train_step(b)
-    full_loss, mixed_loss = torch.stack(full._window.loss), torch.stack(mixed._window.loss)
+    full_loss, mixed_loss = torch.stack(full.window.loss), torch.stack(mixed.window.loss)
     assert not torch.equal(full_loss, mixed_loss)  # really in low precision
     torch.testing.assert_close(mixed_loss, full_loss, rtol=5e-3, atol=0)  # seen: 2e-4
     assert {p.dtype for p in mixed.model.parameters()} == {torch.float32}
-    mixed.save("last.pt")
+    mixed.checkpoints.save("last.pt", mixed.state)
     saved = checkpoint.load(tmp_path / precision / "run/last.pt")
     assert saved["scaler"].get("scale", None) == (65536.0 if precision == "fp16" else None)
 
@@ -296,7 +296,7 @@ def test_bpe_dropout_segments_each_epoch_anew_and_the_same_on_every_rank_and_res
 
     asked, epoch_data = [], t.epoch_data
     t.epoch_data = lambda epoch: asked.append(epoch) or epoch_data(epoch)
-    batches = t._batches()
+    batches = t.batches()
     while (t.state.epoch, t.state.batch_in_epoch) != (1, 2):
         next(batches)
     first = [next(batches) for _ in range(3)]
@@ -304,7 +304,7 @@ def test_bpe_dropout_segments_each_epoch_anew_and_the_same_on_every_rank_and_res
     t.close()
     again = _trainer(tmp_path, "train.bpe_dropout=0.1", "train.max_tokens=256")
     again.state.epoch, again.state.batch_in_epoch = 1, 2  # where a resume would start
-    second = [b for b, _ in zip(again._batches(), range(3), strict=False)]
+    second = [b for b, _ in zip(again.batches(), range(3), strict=False)]
     again.close()
     assert all(
         torch.equal(a.src, b.src) and torch.equal(a.tgt_out, b.tgt_out)
@@ -392,12 +392,12 @@ def test_bidirectional_share_trains_both_directions_early_then_one(tmp_path):
     assert _pairs(both) == forward | backward
 
     per_epoch, kept = {}, []  # epoch -> its pairs; epoch 1's batches from position 2
-    batches = t._batches()
+    batches = t.batches()
     while t.state.epoch < 3:
         batch = next(batches)  # (its epoch is state.epoch once it is handed out)
         per_epoch.setdefault(t.state.epoch, set()).update(_rows(batch))
         if (t.state.epoch, t.state.batch_in_epoch) == (1, 2):
-            t._progress = 0.6  # past the share inside epoch 1
+            t.budget.progress = 0.6  # past the share inside epoch 1
         elif t.state.epoch == 1 and t.state.batch_in_epoch > 2 and len(kept) < 3:
             kept.append(batch)
     t.close()
@@ -406,8 +406,8 @@ def test_bidirectional_share_trains_both_directions_early_then_one(tmp_path):
 
     again = _trainer(tmp_path, "train.bidirectional_share=0.5", "train.max_tokens=256")
     again.state.epoch, again.state.batch_in_epoch = 1, 2  # where a resume would start
-    again.state.both_directions, again._progress = True, 0.6  # as last.pt holds them
-    resumed = [b for b, _ in zip(again._batches(), range(3), strict=False)]
+    again.state.both_directions, again.budget.progress = True, 0.6  # as last.pt holds them
+    resumed = [b for b, _ in zip(again.batches(), range(3), strict=False)]
     again.close()
     assert all(
         torch.equal(a.src, b.src) and torch.equal(a.tgt_out, b.tgt_out)
@@ -449,7 +449,7 @@ def test_word_dropout_turns_source_pieces_into_unk_the_same_on_resume(tmp_path):
     from mt.tokens import EOS, PAD, UNK
 
     def walk(trainer, n):
-        return [b for b, _ in zip(trainer._batches(), range(n), strict=False)]
+        return [b for b, _ in zip(trainer.batches(), range(n), strict=False)]
 
     plain = _trainer(tmp_path, "train.max_tokens=256")
     clean = walk(plain, 40)
@@ -486,7 +486,7 @@ def test_fp16_overflow_skips_are_not_counted_as_steps(tmp_path):
         tmp_path / "run",
         log=lambda *_: None,
     )
-    batches = t._batches()
+    batches = t.batches()
     assert t.train_step([next(batches)])
     assert t.state.step == 1 and t.scheduler.last_epoch == 1
     weight = t.model.tgt_embed.weight
@@ -631,7 +631,7 @@ def test_compiled_training_on_bucketed_batches_compiles_each_shape_once(tmp_path
         batch = [collate(data, b, multiple=8)]
         assert eager.train_step(batch) and comp.train_step(batch)
     torch.testing.assert_close(
-        torch.stack(comp._window.loss), torch.stack(eager._window.loss), rtol=1e-5, atol=0
+        torch.stack(comp.window.loss), torch.stack(eager.window.loss), rtol=1e-5, atol=0
     )
     assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])
     assert not counters["graph_break"], dict(counters["graph_break"])
@@ -643,18 +643,18 @@ def _deferred(trainer):
     every few updates (mt/train/skips.py)."""
     from mt.train.skips import DeferredSkips
 
-    trainer.deferred = DeferredSkips(trainer.device)
+    trainer.skips.deferred = DeferredSkips(trainer.device)
     return trainer
 
 
 def test_an_update_reads_nothing_from_the_device_when_skips_are_deferred(tmp_path):
     from mt.runtime.host_syncs import HostSyncs
 
-    # the reference model, as on a GPU (mt/fast's CPU row packing reads lengths)
+    # the reference model, as on a GPU (mt/fast's feed-forward on real rows reads lengths)
     t = _deferred(
         _trainer(tmp_path, "train.max_steps=4", "train.valid_every=100", "train.fast_paths=false")
     )
-    batches = t._batches()
+    batches = t.batches()
     t.train_step([next(batches)])  # the first update allocates Adam's state
     batch = [next(batches)]
     with HostSyncs() as syncs:
@@ -671,7 +671,7 @@ def test_a_deferred_nonfinite_update_changes_no_weight_and_is_taken_back(tmp_pat
     t = _deferred(_trainer(tmp_path, "train.max_steps=12", "train.valid_every=100",
                            "train.log_every=4", "train.save_every=100"))  # fmt: skip
     _poison(t, {2})
-    batches = t._batches()
+    batches = t.batches()
     t.train_step([next(batches)])
     weights = {k: v.clone() for k, v in t.model.state_dict().items()}
     adam = {k: v.clone() for k, v in t.optimizer.state_dict()["state"][0].items()}
@@ -680,7 +680,7 @@ def test_a_deferred_nonfinite_update_changes_no_weight_and_is_taken_back(tmp_pat
     now = t.optimizer.state_dict()["state"][0]
     assert all(torch.equal(adam[k], now[k]) for k in adam)  # moments and step untouched
     assert t.state.step == 2 and t.scheduler.last_epoch == 2  # not read yet
-    t._settle_skips()
+    t.settle_skips()
     assert t.state.step == 1 and t.scheduler.last_epoch == 1  # taken back
     t.fit()
     assert t.state.step == 12
@@ -731,14 +731,14 @@ def test_a_cuda_graphed_step_keeps_nothing_a_replay_overwrites(tmp_path, accum):
     common = ("model.dropout=0.0", f"train.accum_steps={accum}")
     eager, graphed = _trainer(tmp_path / "e", *common), _trainer(tmp_path / "g", *common)
     graphed.model.load_state_dict(eager.model.state_dict())
-    graphed.cuda_graphs, graphed.train_loss = True, _ReplayOverwrites(graphed.objective.loss)
+    graphed.cuda_graphs, graphed.compiled_loss = True, _ReplayOverwrites(graphed.objective.loss)
     batches = [collate(eager.train_data, np.arange(i, i + 8)) for i in range(0, 48, 8)]
     for i in range(0, len(batches), accum):
         assert eager.train_step(batches[i : i + accum])
         assert graphed.train_step(batches[i : i + accum])
     for a, b in (("loss", "loss"), ("nll", "nll")):
         assert torch.equal(
-            torch.stack(getattr(graphed._window, a)), torch.stack(getattr(eager._window, b))
+            torch.stack(getattr(graphed.window, a)), torch.stack(getattr(eager.window, b))
         )
     for k, v in graphed.model.state_dict().items():
         assert torch.equal(v, eager.model.state_dict()[k]), k
@@ -784,10 +784,70 @@ def test_a_run_resumed_with_compile_on_continues_the_same_schedule(tmp_path, mon
     _trainer(tmp_path / "split", *common, "train.max_steps=6").fit()
     torch._dynamo.reset()
     resumed = _trainer(tmp_path / "split", *common, "train.max_steps=12", "train.compile=true")
-    assert resumed.train_loss is not None and resumed.state.step == 6
+    assert resumed.compiled_loss is not None and resumed.state.step == 6
     resumed.fit()
     whole, split = log(tmp_path / "whole"), log(tmp_path / "split")
     assert [(s, lr) for s, lr, _ in split] == [(s, lr) for s, lr, _ in whole]
     for (_, _, a), (_, _, b) in zip(split, whole, strict=True):
         assert abs(a - b) <= 1e-4 * max(1.0, abs(b)), (a, b)
     torch._dynamo.reset()
+
+
+def _stop_after_update(t, kind: str, at: int) -> None:
+    """Stop `t` after its update `at` (counting forward calls), as Ctrl-C does (the signal
+    handler's flag) or as the time budget does (a clock a minute on from then)."""
+    real, calls = t.model.decode, [0]
+
+    def decode(*a, **k):
+        calls[0] += 1
+        if calls[0] == at and kind == "ctrl-c":
+            t.stop_signal = signal.SIGINT
+        return real(*a, **k)
+
+    t.model.decode = decode
+    if kind == "budget":
+        t.budget.clock = lambda: 60.0 if calls[0] >= at else 0.0
+
+
+@pytest.mark.parametrize("kind", ["ctrl-c", "budget"])
+def test_a_skip_deferred_on_the_device_is_settled_before_a_stop_saves(tmp_path, kind):
+    """Update 3 poisoned and skipped on the device, the run stopped after update 5 (before the
+    host's next read of the skipped count): last.pt holds step 4 with Adam's and the
+    schedule's 4 updates, and the resumed run's counts agree to its end."""
+    common = ("train.max_steps=8", "train.valid_every=100", "train.log_every=100",
+              "train.save_every=100", "train.average_last=0")  # fmt: skip
+
+    def updates(ckpt) -> tuple:
+        adam = {int(s["step"]) for s in ckpt["optimizer"]["state"].values()}
+        return ckpt["train_state"]["step"], adam, ckpt["scheduler"]["last_epoch"]
+
+    first = _deferred(_trainer(tmp_path, *common, "train.max_minutes=1"))
+    _poison(first, {3})
+    _stop_after_update(first, kind, 5)
+    first.fit()
+    first.close()
+    assert first.state.batch_in_epoch == 5  # five batches taken
+    assert updates(checkpoint.load(tmp_path / "run/last.pt")) == (4, {4}, 4)
+    resumed = _deferred(_trainer(tmp_path, *common, "train.max_minutes=0"))
+    assert resumed.state.step == 4
+    resumed.fit()
+    resumed.close()
+    assert resumed.state.batch_in_epoch == 9  # one batch skipped in all
+    assert updates(checkpoint.load(tmp_path / "run/last.pt")) == (8, {8}, 8)
+
+
+def test_import_mt_changes_no_environment_and_training_asks_for_huge_pages(tmp_path, monkeypatch):
+    """`import mt` has no side effects; the allocator's huge-pages setting is made where
+    training starts, and a user's own value is kept."""
+    code = (
+        "import os; before = dict(os.environ); import mt, mt.cli.app; print(before == os.environ)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    proc = subprocess.run(["python", "-c", code], capture_output=True, text=True, env=env)
+    assert proc.stdout.strip() == "True", proc.stderr
+    monkeypatch.delenv("THP_MEM_ALLOC_ENABLE", raising=False)
+    _trainer(tmp_path / "a", "train.max_steps=1").close()
+    assert os.environ["THP_MEM_ALLOC_ENABLE"] == "1"
+    monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", "0")
+    _trainer(tmp_path / "b", "train.max_steps=1").close()
+    assert os.environ["THP_MEM_ALLOC_ENABLE"] == "0"

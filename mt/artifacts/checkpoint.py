@@ -221,12 +221,35 @@ def trained_precision(ckpt: dict[str, Any]) -> str:
     """What the run computed in: the precision its trainer resolved (train.precision "auto"
     is fp32 on a CPU, bf16 on an Ampere or later GPU), else, in checkpoints from before that
     was recorded, the config's train.precision."""
-    resolved = ckpt.get("train_state", {}).get("precision")
+    resolved = train_counters(ckpt).get("precision")
     return str(resolved or ckpt["config"]["train"].get("precision", "auto"))
 
 
 def set_train_state(ckpt: dict[str, Any], train_state: dict[str, Any]) -> None:
     ckpt["train_state"] = train_state
+
+
+def train_counters(ckpt: dict[str, Any]) -> dict[str, Any]:
+    """The training counters a checkpoint was saved with (mt.train.state.TrainState's fields;
+    empty for a file that has none)."""
+    counters: dict[str, Any] = ckpt.get("train_state", {})
+    return counters
+
+
+def trained_steps(ckpt: dict[str, Any]) -> int:
+    return int(train_counters(ckpt).get("step", 0))
+
+
+def trained_objective(ckpt: dict[str, Any]) -> str:
+    """What the run trained: "translation" (mt train) or "masked_lm" (mt pretrain's encoder);
+    a checkpoint written before this was recorded is a translation run's."""
+    return str(train_counters(ckpt).get("objective", "translation"))
+
+
+def config_dict(ckpt: dict[str, Any]) -> dict[str, Any]:
+    """The run's config as the checkpoint stores it (a plain dict; config_of validates it)."""
+    config: dict[str, Any] = ckpt["config"]
+    return config
 
 
 def tokenizer_from(ckpt: dict[str, Any]) -> Tokenizer:

@@ -3,6 +3,8 @@
 Every section rejects unknown keys (naming the nearest valid one) and wrong types, so a typo
 can never silently fall back to a default."""
 
+from mt.config.data import DataConfig, TokenizerConfig
+from mt.config.decode import MAX_BEAM, DecodeConfig
 from mt.config.load import (
     apply_overrides,
     builtin_configs,
@@ -15,16 +17,9 @@ from mt.config.load import (
     save_config,
     validate,
 )
-from mt.config.schema import (
-    MAX_BEAM,
-    Config,
-    DataConfig,
-    DecodeConfig,
-    ModelConfig,
-    ScheduledSamplingConfig,
-    TokenizerConfig,
-    TrainConfig,
-)
+from mt.config.model import ModelConfig
+from mt.config.schema import Config
+from mt.config.train import ScheduledSamplingConfig, TrainConfig
 
 __all__ = [
     "MAX_BEAM",

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from mt.data.corpus import ParallelData, TokenArray
+from mt.data.packing import Packing, pack_tensors
 from mt.tokens import BOS, EOS, PAD, UNK
 
 
@@ -101,10 +101,6 @@ def length_order(src_lens: np.ndarray, tgt_lens: np.ndarray, tie: np.ndarray) ->
     longer = np.maximum(src_lens, tgt_lens)
     skew = src_lens.astype(np.int64) - tgt_lens
     return np.lexsort((tie, np.where(longer % 2 == 0, skew, -skew), longer))
-
-
-if TYPE_CHECKING:
-    from mt.data.packing import Packing
 
 
 @dataclass
@@ -230,3 +226,10 @@ def describe_batches(
         f"shape{'s' * (len(shapes) != 1)}; padding {src_pad:.1%} of source, {tgt_pad:.1%} of "
         f"target positions"
     )
+
+
+def collate_packed(
+    data: ParallelData, block: np.ndarray, width: int, rows: int, pin: bool = False
+) -> Batch:
+    """The Batch of a packed block (train.pack_width; mt/data/packing.py)."""
+    return Batch(*pack_tensors(data, block, width, rows, pin))

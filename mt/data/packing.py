@@ -67,7 +67,7 @@ def pack_blocks(
 ) -> list[np.ndarray]:
     """An epoch's blocks: the pairs shuffled by `seed`, rows filled next-fit (each side's
     lengths + 1 for EOS / BOS must fit `width`), `rows` rows a block, each row ended by -1;
-    the last block may have fewer rows (collate_packed fills it with empty ones)."""
+    the last block may have fewer rows (pack_tensors fills it with empty ones)."""
     order = np.random.default_rng(seed).permutation(len(src_lens))
     s_need, t_need = src_lens[order] + 1, tgt_lens[order] + 1
     breaks = _next_fit(s_need.tolist(), t_need.tolist(), width)
@@ -98,11 +98,12 @@ def rows_of(block: np.ndarray) -> list[np.ndarray]:
     return np.split(block, ends + 1)[:-1]
 
 
-def collate_packed(data: ParallelData, block: np.ndarray, width: int, rows: int, pin: bool = False):
-    """The Batch of a block: (rows, width) source, target-in and target-out ids and its
-    Packing, built by gathers over the token arrays (no loop over tokens)."""
-    from mt.data.batching import Batch
-
+def pack_tensors(
+    data: ParallelData, block: np.ndarray, width: int, rows: int, pin: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, Packing]:
+    """A block's (rows, width) source, target-in and target-out ids, its target tokens and
+    its Packing, built by gathers over the token arrays (no loop over tokens): the fields of
+    its Batch (mt.data.batching.collate_packed)."""
     pair_rows = [r[:-1] for r in rows_of(block)]
     pairs = np.concatenate(pair_rows).astype(np.int64)
     row_of = np.repeat(np.arange(len(pair_rows)), [len(r) for r in pair_rows])
@@ -121,7 +122,7 @@ def collate_packed(data: ParallelData, block: np.ndarray, width: int, rows: int,
     if pin:
         tensors = [t.pin_memory() for t in tensors]
     packing = Packing(tensors[3], tensors[4], tensors[5], tensors[6])
-    return Batch(tensors[0], tensors[1], tensors[2], int((t_len + 1).sum()), packing)
+    return tensors[0], tensors[1], tensors[2], int((t_len + 1).sum()), packing
 
 
 def _side(arr, pairs, row_of, seg_of, lengths, width: int, rows: int, kinds: list[str]):

@@ -6,18 +6,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
+import numpy as np
 import torch
 
 from mt.data.batching import (
     Batch,
     collate,
+    collate_packed,
     describe_batches,
     drop_source_words,
     epoch_batches,
     epoch_seed,
 )
 from mt.data.corpus import ParallelData, both_directions
-from mt.data.packing import collate_packed, describe_packing, pack_blocks
+from mt.data.packing import describe_packing, pack_blocks
 
 
 def training_batches(
@@ -50,30 +52,15 @@ def training_batches(
             choose_directions(state, cfg.bidirectional_share, progress(), say)
         if state.both_directions:
             data = both_directions(data)
-        if cfg.pack_width:  # several pairs per row of fixed blocks (mt/data/packing.py)
-            rows = cfg.max_tokens // (2 * cfg.pack_width)
-            order = pack_blocks(
-                data.src.lengths, data.tgt.lengths, cfg.pack_width, rows,
-                epoch_seed(cfg.seed, state.epoch),
-            )  # fmt: skip
-        else:
-            order = epoch_batches(data, cfg.max_tokens, cfg.seed, state.epoch, cfg.shape_buckets)
+        order = epoch_order(data, cfg, state.epoch)
         if not described:  # the first epoch this run walks: its shapes and padding
-            say(
-                describe_packing(data, order, cfg.pack_width, rows)
-                if cfg.pack_width
-                else describe_batches(data, order, cfg.max_tokens, cfg.shape_buckets)
-            )
+            say(describe_order(data, order, cfg))
             described = True
         usable = len(order) - len(order) % world  # every rank gets as many batches
         while state.batch_in_epoch < usable:
             position = state.batch_in_epoch + rank
             state.batch_in_epoch += world
-            batch = (
-                collate_packed(data, order[position], cfg.pack_width, rows, pin=pin)
-                if cfg.pack_width
-                else collate(data, order[position], pin=pin, multiple=cfg.shape_buckets)
-            )
+            batch = collate_one(data, order[position], cfg, pin)
             if cfg.word_dropout > 0:  # on the CPU batch, before it moves (pinned stays pinned)
                 drop_source_words(
                     batch, cfg.word_dropout, [epoch_seed(cfg.seed, state.epoch), position]
@@ -83,6 +70,32 @@ def training_batches(
             yield batch.to(device)
         state.epoch += 1
         state.batch_in_epoch = 0
+
+
+def epoch_order(data: ParallelData, cfg, epoch: int) -> list[np.ndarray]:
+    """An epoch's batches, as arrays of pair indices: packed blocks of several pairs per row
+    (train.pack_width; mt/data/packing.py), else batches of similar lengths."""
+    if cfg.pack_width:
+        seed = epoch_seed(cfg.seed, epoch)
+        return pack_blocks(data.src.lengths, data.tgt.lengths, cfg.pack_width, _rows(cfg), seed)
+    return epoch_batches(data, cfg.max_tokens, cfg.seed, epoch, cfg.shape_buckets)
+
+
+def describe_order(data: ParallelData, order: list[np.ndarray], cfg) -> str:
+    if cfg.pack_width:
+        return describe_packing(data, order, cfg.pack_width, _rows(cfg))
+    return describe_batches(data, order, cfg.max_tokens, cfg.shape_buckets)
+
+
+def collate_one(data: ParallelData, indices: np.ndarray, cfg, pin: bool) -> Batch:
+    if cfg.pack_width:
+        return collate_packed(data, indices, cfg.pack_width, _rows(cfg), pin=pin)
+    return collate(data, indices, pin=pin, multiple=cfg.shape_buckets)
+
+
+def _rows(cfg) -> int:
+    """The rows of a packed block: train.max_tokens source and target positions in all."""
+    return cfg.max_tokens // (2 * cfg.pack_width)
 
 
 def choose_directions(state, share: float, progress: float, say: Callable[[str], None]) -> None:

@@ -167,7 +167,7 @@ def build_report(
     parts = [
         f"<h1>mt run {html.escape(run_dir.name)}</h1>",
         f"<p class='small'>{html.escape(str(path))}, step "
-        f"{ckpt.get('train_state', {}).get('step', '?')}</p>",
+        f"{checkpoint.train_counters(ckpt).get('step', '?')}</p>",
         "<h2>Training curves</h2>",
         _curves(run_dir),
         "<h2>Validation</h2>",
@@ -183,7 +183,7 @@ def build_report(
         )
     else:
         parts += _test_sections(translator, run_dir, src, ref, baseline, device)
-    config = yaml.safe_dump(ckpt["config"], sort_keys=False)
+    config = yaml.safe_dump(checkpoint.config_dict(ckpt), sort_keys=False)
     parts += ["<h2>Config</h2>", f"<pre>{html.escape(config)}</pre>"]
     return (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>mt run "

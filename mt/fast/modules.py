@@ -18,9 +18,9 @@ from mt.model.layers import FeedForward, Residual
 from mt.model.transformer import Transformer
 from mt.tokens import PAD
 
-# Packing the real positions costs a gather and a scatter of the stream, forward and backward:
-# below this much padding it does not pay (docs/performance.md).
-_MIN_PADDING_TO_PACK = 0.05
+# Gathering the real positions and scattering them back costs two passes over the stream,
+# forward and backward: below this much padding it does not pay (docs/performance.md).
+_MIN_PADDING_TO_SKIP = 0.05
 # (shape (B, T), flat indices of its real positions) of the stream being encoded or decoded
 _REAL_ROWS: ContextVar[tuple[tuple[int, ...], torch.Tensor] | None] = ContextVar(
     "mt_fast_real_rows", default=None
@@ -29,12 +29,12 @@ _REAL_ROWS: ContextVar[tuple[tuple[int, ...], torch.Tensor] | None] = ContextVar
 
 def real_rows(pad_mask: torch.Tensor) -> torch.Tensor | None:
     """Flat indices of the real (not padding) positions of a (B, T) padding mask, or None
-    where packing would not pay: on GPU (the count needs a host sync) or with less than 5%
-    padding."""
+    where skipping the padding would not pay: on GPU (the count needs a host sync) or with
+    less than 5% padding."""
     if pad_mask.is_cuda:
         return None
     flat = pad_mask.reshape(-1)
-    if int(flat.sum()) < _MIN_PADDING_TO_PACK * flat.numel():
+    if int(flat.sum()) < _MIN_PADDING_TO_SKIP * flat.numel():
         return None
     return (~flat).nonzero().squeeze(1)
 
@@ -51,7 +51,7 @@ def position_wise(x: torch.Tensor, rows: torch.Tensor | None, sublayer) -> torch
 
 
 @contextmanager
-def packing(pad_mask: torch.Tensor | None):
+def real_rows_only(pad_mask: torch.Tensor | None):
     """While encoding or decoding a padded stream: its feed-forward sublayers run on the real
     positions only (see FastResidual)."""
     rows = None if pad_mask is None else real_rows(pad_mask)
@@ -84,9 +84,9 @@ class FastResidual(Residual):
         self.dropout = HashDropout(dropout)
 
     def forward(self, x: torch.Tensor, f) -> torch.Tensor:
-        packed = _REAL_ROWS.get()
-        if packed is not None and isinstance(f, FeedForward) and packed[0] == tuple(x.shape[:2]):
-            return position_wise(x, packed[1], lambda h: self._residual(h, f))
+        real = _REAL_ROWS.get()
+        if real is not None and isinstance(f, FeedForward) and real[0] == tuple(x.shape[:2]):
+            return position_wise(x, real[1], lambda h: self._residual(h, f))
         return self._residual(x, f)
 
     def _residual(self, x: torch.Tensor, f) -> torch.Tensor:
@@ -154,13 +154,14 @@ class FastMultiHeadAttention(MultiHeadAttention):
 
 
 class FastTransformer(Transformer):
-    """Teacher-forced encoding and decoding pack the feed-forward sublayers' rows."""
+    """Teacher-forced encoding and decoding run the feed-forward sublayers on the real rows
+    alone."""
 
     def encode(self, src, src_pad_mask):
-        with packing(src_pad_mask):
+        with real_rows_only(src_pad_mask):
             return super().encode(src, src_pad_mask)
 
     def decode(self, tgt_in, memory, src_pad_mask, cache=None, start=0, weights=None):
         # teacher forcing: target padding (right of each sentence) needs no feed-forward
-        with packing(tgt_in == PAD if cache is None else None):
+        with real_rows_only(tgt_in == PAD if cache is None else None):
             return super().decode(tgt_in, memory, src_pad_mask, cache, start, weights)

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from mt.data.batching import Batch
-from mt.objectives.objective import Objective
+from mt.objectives import Objective
 from mt.tokens import BOS, EOS, MASK, PAD
 
 MASK_RATE, REPLACE_MASK, REPLACE_RANDOM = 0.15, 0.8, 0.1

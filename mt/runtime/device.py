@@ -30,11 +30,8 @@ def avoid_cudnn_attention() -> None:
     """Keep scaled_dot_product_attention off cuDNN's kernels (flash and memory-efficient
     attention remain). cuDNN builds an execution plan for every new tensor shape, and NMT
     meets new shapes all the time: variable-length batches, and every step of incremental
-    decoding grows the keys by one. On an H200 (PyTorch 2.11, the shipped Multi30k model's
-    shape, scripts/bench/gpu_shape_probe.py, docs/gpu.md) a training step on a batch shape seen for
-    the first time took 468 ms with cuDNN attention and 61 ms without, while steps on shapes
-    seen before took 40 ms either way: the shipped config ran ~4 updates/s, not ~21, for its
-    first epochs on an H100."""
+    decoding grows the keys by one: each first sight of a shape costs a plan, many times the
+    step itself (scripts/bench/gpu_shape_probe.py; figures in docs/gpu.md)."""
     torch.backends.cuda.enable_cudnn_sdp(False)
 
 
@@ -53,6 +50,11 @@ def amp_dtype(precision: str, device: torch.device) -> torch.dtype | None:
             return None
         return torch.bfloat16 if native_bf16(device) else torch.float16
     return AMP_DTYPES[precision]
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None):
+    """The run's autocast around a forward pass (dtype None: plain fp32, no autocast)."""
+    return torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None)
 
 
 def decode_dtype(requested: str, trained: str, device: torch.device) -> torch.dtype | None:

@@ -16,8 +16,9 @@ import os
 def prefer_huge_pages() -> None:
     """PyTorch's CPU allocator backs tensors of 2 MB and more with transparent huge pages when
     THP_MEM_ALLOC_ENABLE is set (read once, at the first such allocation): a lower peak RSS
-    and fewer page faults in CPU training (docs/performance.md). Called when mt is imported;
-    set the variable to 0 to opt out. No effect once torch has made a large allocation."""
+    and fewer page faults in CPU training (docs/performance.md). Called where training starts
+    (mt.train.build.build_trainer); set the variable to 0 to opt out. No effect once torch
+    has made a large allocation."""
     os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 

@@ -4,8 +4,8 @@ OpenMP threads that wait for each other by spinning (libgomp's default) turn a b
 into a many-fold slowdown on a 2-core machine: a thread that lost its core keeps the others
 spinning at every barrier. So mt uses only the cores that other processes leave free when it
 starts, and says so; `train.num_threads` or MT_THREADS choose. It keeps libgomp's spinning
-wait: sleeping at once (OMP_WAIT_POLICY=PASSIVE) avoids the slowdown too, but made the idle
-machine's small-op training 1.5x slower (scripts/bench/bench_threads.py, docs/performance.md).
+wait: sleeping at once (OMP_WAIT_POLICY=PASSIVE) avoids the slowdown too, but slows small-op
+training on an idle machine (scripts/bench/bench_threads.py; figures in docs/performance.md).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from mt.config.schema import MAX_BEAM
+from mt.config.decode import MAX_BEAM
 from mt.errors import MTError
 from mt.serve.batcher import Batcher, QueueFull
 from mt.serve.decoding import Settings, decode_batch

@@ -94,7 +94,7 @@ def model_info(translator: Any, ckpts: list[dict[str, Any]], paths: list[Path]) 
             )
         },
         "parameters": sum(p.numel() for p in translator.model.parameters()),
-        "training_steps": [int(c.get("train_state", {}).get("step", 0)) for c in ckpts],
+        "training_steps": [checkpoint.trained_steps(c) for c in ckpts],
         "trained_precision": checkpoint.trained_precision(ckpts[0]),
         "device": str(translator.device),
         "decoding": {

@@ -16,8 +16,9 @@ from mt.model import REFERENCE, build_model
 from mt.outputs import write_text
 from mt.runtime.device import PRECISION_NAMES, amp_dtype, pick_device
 from mt.runtime.distributed import setup
+from mt.runtime.memory import prefer_huge_pages
 from mt.runtime.threads import choose_threads
-from mt.train.objective import build_objective, compile_applies, model_parts
+from mt.train.parts import build_objective, compile_applies, model_parts
 from mt.train.pretrained import (
     encoder_parameters,
     init_encoder,
@@ -47,7 +48,7 @@ COMMANDS = {"translation": "mt train", "masked_lm": "mt pretrain"}
 
 
 def _resume(trainer: Trainer, ckpt: dict, path: Path, log) -> None:
-    theirs = ckpt.get("train_state", {}).get("objective", "translation")
+    theirs = checkpoint.trained_objective(ckpt)
     if theirs != trainer.state.objective:
         raise MTError(
             f"{path} was written by `{COMMANDS.get(theirs, theirs)}`, not "
@@ -98,6 +99,7 @@ def build_trainer(
 ) -> Trainer:
     """pretraining: the masked-LM objective over the encoder (`mt pretrain`), which trains
     without validation and ignores the options of translation training (TRAIN_ONLY)."""
+    prefer_huge_pages()  # before torch's first large allocation (mt/runtime/memory.py)
     if pretraining:
         cfg = cfg.model_copy(update={"train": translation_options_off(cfg.train)})
     t = cfg.train
@@ -106,7 +108,12 @@ def build_trainer(
         log = _quiet
     lock = prepare_run_dir(cfg, run_dir, allow_config_change or pretraining, dist.is_main, log)
     try:
-        return _build(cfg, run_dir, dist, device_name, log, lock, pretraining, allow_config_change)
+        trainer = _build(
+            cfg, run_dir, dist, device_name, log, lock, pretraining, allow_config_change
+        )
+        _resume_if_saved(trainer, run_dir, log)
+        trainer.state.precision = PRECISION_NAMES[trainer.amp_dtype]  # as resolved here
+        return trainer
     except BaseException:
         if lock is not None:
             lock.release()
@@ -127,17 +134,9 @@ def _build(
     if t.num_threads or not dist.enabled:  # ranks sharing a machine would count each other
         choose_threads(t.num_threads, log)
     torch.manual_seed(t.seed)
-    inherited = functools.partial(pretrained_tokenizer, cfg.model.init_encoder, log)
-    renew = check_corpus_unchanged(cfg, run_dir, allow_config_change, log)  # every rank
-    data = prepare_data(cfg, run_dir, dist, log, t.bpe_dropout, inherited=inherited)
-    tokenizer, train_data, (vsrc, vtgt, valid_data) = data
-    if dist.is_main:
-        record_corpus(cfg, run_dir, renew)
-        write_run_info(run_dir)
+    tokenizer, train_data, valid = _data(cfg, run_dir, dist, log, allow_config_change)
     device = pick_device(device_name)
     compiles = compile_applies(cfg, device, pretraining)
-    if t.compile == "auto" and compiles:
-        log("train.compile auto: the training step runs through torch.compile on this GPU")
     model, fused = _model(cfg, tokenizer, run_dir, device, pretraining, log, compiles)
     seed = t.seed + dist.rank  # this rank's draws
     objective = build_objective(
@@ -147,9 +146,10 @@ def _build(
     ranks = f" x {dist.world} ranks" if dist.enabled else ""
     log(f"model: {sum(p.numel() for p in model.parameters()):,} parameters on {device}{ranks}")
     optimizer, scheduler, scaler, dtype = _optimization(cfg, model, device, pretraining)
-    beam = t.valid_beam or cfg.decode.beam
+    beam = t.valid_beam or cfg.decode.beam  # (no validation for the encoder's pretraining)
+    vsrc, vtgt, valid_data = valid
     validation = None if pretraining else Validation(vsrc, vtgt, valid_data, beam, cfg.decode)
-    trainer = Trainer(
+    return Trainer(
         model=model,
         optimizer=optimizer,
         scheduler=scheduler,
@@ -163,7 +163,6 @@ def _build(
         run_dir=run_dir,
         device=device,
         amp_dtype=dtype,
-        log=log,
         dist=dist,
         lock=lock,
         tensorboard=t.tensorboard,
@@ -171,9 +170,18 @@ def _build(
         state=TrainState(objective=OBJECTIVE_NAMES[pretraining]),
         compile=compiles,
     )
-    _resume_if_saved(trainer, run_dir, log)
-    trainer.state.precision = PRECISION_NAMES[dtype]
-    return trainer
+
+
+def _data(cfg: Config, run_dir: Path, dist, log, allow_config_change: bool):
+    """(the tokenizer, the training pairs, (valid sources, references, pairs)), the corpus
+    checked against the run's and recorded (mt.data.prepare)."""
+    inherited = functools.partial(pretrained_tokenizer, cfg.model.init_encoder, log)
+    renew = check_corpus_unchanged(cfg, run_dir, allow_config_change, log)  # every rank
+    data = prepare_data(cfg, run_dir, dist, log, cfg.train.bpe_dropout, inherited=inherited)
+    if dist.is_main:
+        record_corpus(cfg, run_dir, renew)
+        write_run_info(run_dir)
+    return data
 
 
 def _optimization(cfg: Config, model, device, pretraining: bool):
@@ -191,6 +199,8 @@ def _model(cfg: Config, tokenizer, run_dir: Path, device, pretraining: bool, log
     """(the model on `device`, whether the loss is mt/fast's fused one): built from mt/fast's
     modules where they apply (not under torch.compile: `compiles`), starting from a pretrained
     encoder where the config names one."""
+    if cfg.train.compile == "auto" and compiles:
+        log("train.compile auto: the training step runs through torch.compile on this GPU")
     parts = model_parts(cfg.train, device, pretraining, compiles)
     model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, parts)
     if cfg.model.init_encoder and not has_checkpoint(run_dir):  # a resumed run has its own

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from mt.objectives import Objective
+
 
 def compiled(loss, static_shapes: bool, cuda_graphs: bool = False):
     """The loss function loss(model, batch) (the objective's: the model's forward and the
@@ -30,3 +32,16 @@ def compiled(loss, static_shapes: bool, cuda_graphs: bool = False):
 
 # the most batch shapes compiled statically (a WMT-like corpus at shape_buckets 16: 36)
 STATIC_SHAPES_LIMIT = 128
+
+
+def compiled_step(objective: Objective, cfg, compile: bool | None, device: torch.device):
+    """(whether the step runs through CUDA graphs, the compiled loss or None): train.compile
+    as resolved for this device and objective (mt.train.parts.compile_applies; None: the
+    config's true alone). Static shapes (shape buckets, packed blocks) compile once per
+    shape, and on a GPU each is replayed as a CUDA graph (`compiled`)."""
+    compile = cfg.compile is True if compile is None else compile
+    if not compile:
+        return False, None
+    static = bool(cfg.shape_buckets or cfg.pack_width)  # a few batch shapes, or one
+    cuda_graphs = static and device.type == "cuda"
+    return cuda_graphs, compiled(objective.loss, static, cuda_graphs)

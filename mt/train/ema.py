@@ -19,6 +19,12 @@ class WeightAverage:
         self.params = list(model.parameters())  # tied parameters once
         self.average = [p.detach().clone() for p in self.params]
 
+    @classmethod
+    def for_run(cls, model: torch.nn.Module, decay: float, is_main: bool) -> WeightAverage | None:
+        """The average of a run with train.ema_decay `decay` (0: none), on rank 0 alone: it
+        alone validates and saves."""
+        return cls(model, decay) if decay > 0 and is_main else None
+
     def update(self) -> None:
         self.updates += 1
         d = min(self.decay, (1 + self.updates) / (10 + self.updates))

@@ -28,7 +28,7 @@ def pretrain(cfg: Config, run_dir: Path, log=print) -> dict:
     try:
         state = trainer.fit()
         if trainer.dist.is_main and not trainer.stop_signal:
-            ckpt = trainer.checkpoint_dict(snapshot=True)
+            ckpt = trainer.checkpoints.checkpoint_dict(state, snapshot=True)
             ckpt["pretrained"] = "masked-lm encoder"
             checkpoint.atomic_save(ckpt, run_dir / "pretrained.pt")
     finally:

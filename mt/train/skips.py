@@ -1,22 +1,80 @@
-"""Non-finite updates found without stopping the host: on a GPU the trainer does not ask after
-every update whether its loss was finite (a host sync that keeps the GPU waiting for Python).
-The update itself is skipped on the device: Adam's fused kernel takes a found-inf flag and
-leaves weights and moments untouched (mt/fast/optim.py), and the logged loss and token sums
-leave it out. The host reads how many updates were skipped at the points where it reads the
-device anyway (every CHECK_EVERY updates, and before logging, validating and saving) and
-takes them back off the step count and the schedule, so a skipped update is still not a step
-and saved states stay consistent (resuming stays exact: the reads come at steps the schedule
-fixes, in the interrupted run as in the uninterrupted one)."""
+"""Updates that did not happen. Three things can stop an update: a batch that runs out of
+memory (every rank drops it), a loss that is not finite (an update from it would poison the
+weights and Adam's moments), and fp16 gradients that overflow (the GradScaler's business).
+Whatever stopped it, a skipped update is not a step: neither the step count nor the schedule
+moves, and `Skips.skip` counts and logs it.
+
+On a GPU (without fp16's GradScaler) the trainer does not ask after every update whether its
+loss was finite, a host sync that keeps the GPU waiting for Python. The update is skipped on
+the device instead: Adam's fused kernel takes a found-inf flag and leaves weights and moments
+untouched (mt/fast/optim.py), and the logged sums leave it out (DeferredSkips). The host reads
+how many were skipped every READ_EVERY updates and before it logs, validates, saves or stops,
+and takes them back off the step count and the schedule, so a saved state never counts an
+update Adam skipped (resuming stays exact: the reads come at steps the schedule fixes)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-CHECK_EVERY = 8  # updates between the host's reads of the skipped count
+from mt.errors import MTError
+from mt.train.state import TrainState
+
+READ_EVERY = 8  # updates between the host's reads of the count skipped on the device
+
+# the reasons, as the log names them
+NONFINITE, OUT_OF_MEMORY, FP16_OVERFLOW = (
+    "non-finite loss",
+    "out of memory",
+    "fp16 gradient overflow",
+)
+
+
+class Skips:
+    """Counts and logs skipped updates, and stops a run of non-finite ones at max_nonfinite in
+    a row. On a GPU without fp16's GradScaler (fp16_scaler: whether the run has one)
+    non-finite updates are found on the device (`deferred`) and settled by the trainer at the
+    host's reads; elsewhere the trainer reads each update's loss."""
+
+    def __init__(
+        self,
+        device: torch.device,
+        fp16_scaler: bool,
+        max_nonfinite: int,
+        write_log: Callable[[dict], None],
+    ):
+        on_device = device.type == "cuda" and not fp16_scaler
+        self.deferred = DeferredSkips(device) if on_device else None
+        self.max_nonfinite, self.write_log = max_nonfinite, write_log
+
+    def skip(self, st: TrainState, reason: str, count: int = 1, **details) -> None:
+        """`count` updates were skipped for `reason` (st.step: the updates made)."""
+        if reason == OUT_OF_MEMORY:
+            st.oom_skipped += count
+        elif reason == FP16_OVERFLOW:
+            st.fp16_skipped += count
+        else:
+            st.nonfinite_in_a_row += count
+            details["in_a_row"] = st.nonfinite_in_a_row
+        self.write_log({"step": st.step, "skipped": reason, "count": count, **details})
+        if reason == NONFINITE and st.nonfinite_in_a_row >= self.max_nonfinite:
+            raise MTError(
+                f"the loss was NaN/inf for {st.nonfinite_in_a_row} updates in a row at step "
+                f"{st.step}; training stopped, the last good checkpoint is kept (last.pt); "
+                f"lower train.lr_factor or raise train.warmup"
+            )
+
+    def due(self, step: int, *intervals: int) -> bool:
+        """Whether the host reads the deferred count after update `step`: every READ_EVERY
+        updates, and at every step where it logs, validates or saves (`intervals`)."""
+        return self.deferred is not None and any(
+            step % every == 0 for every in (READ_EVERY, *intervals)
+        )
 
 
 class DeferredSkips:
-    """The skipped updates since the last read, and their target tokens, on the device."""
+    """The updates skipped on the device since the last read, and their target tokens."""
 
     def __init__(self, device: torch.device):
         self.count = torch.zeros((), dtype=torch.float32, device=device)
@@ -39,17 +97,3 @@ class DeferredSkips:
         self.tokens.zero_()
         updates, self.updates = self.updates, 0
         return int(count), int(tokens), updates
-
-    @staticmethod
-    def due(step: int, *intervals: int) -> bool:
-        """Whether the host reads the count after update `step`: every CHECK_EVERY updates,
-        and at every step where it logs, validates or saves (`intervals`)."""
-        return any(step % every == 0 for every in (CHECK_EVERY, *intervals))
-
-
-def nonfinite_message(in_a_row: int, step: int) -> str:
-    return (
-        f"the loss was NaN/inf for {in_a_row} updates in a row at step {step}; training "
-        f"stopped, the last good checkpoint is kept (last.pt); lower train.lr_factor or raise "
-        f"train.warmup"
-    )

@@ -3,8 +3,11 @@ scores, and the window of updates between two log lines."""
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass, field
+
+import torch
 
 from mt.config import DecodeConfig
 from mt.data.corpus import ParallelData
@@ -45,7 +48,32 @@ class Validation:
 
 @dataclass
 class LogWindow:
+    """The updates since the last log line: their losses and NLLs (on the device) and target
+    tokens."""
+
     loss: list = field(default_factory=list)
     nll: list = field(default_factory=list)
     tokens: int = 0
     start: float = field(default_factory=time.perf_counter)
+
+    def summary(self, dist) -> dict:
+        """Mean loss, NLL and perplexity per target token, and tokens/s, over every rank
+        (dist: mt.runtime.distributed.Dist): the only host sync of the window."""
+        elapsed = time.perf_counter() - self.start
+        device = self.loss[0].device
+        sums = torch.stack(
+            [
+                torch.stack(self.loss).sum(),
+                torch.stack(self.nll).sum(),
+                torch.tensor(float(self.tokens), device=device),
+            ]
+        )
+        loss_sum, nll_sum, tokens = dist.sum(sums).tolist()
+        loss, nll = loss_sum / tokens, nll_sum / tokens
+        return {
+            "loss": round(loss, 4),
+            "nll": round(nll, 4),
+            "ppl": round(math.exp(min(nll, 50)), 2),
+            "tok_s": round(tokens / elapsed, 1),
+            "tokens": int(tokens),
+        }

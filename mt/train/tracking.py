@@ -5,7 +5,10 @@ torch.utils.tensorboard, the optional `tensorboard` extra)."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
+
+from tqdm import tqdm
 
 from mt.errors import MTError
 from mt.outputs import describe_write_error
@@ -70,3 +73,13 @@ def scalars(record: dict) -> list[tuple[str, float]]:
         name = key.removeprefix("valid_") if group == "valid" else key
         out.append((f"{group}/{name}", float(value)))
     return out
+
+
+def say(is_main: bool, msg: str) -> None:
+    """A line for the user, from rank 0 (beside the progress bar)."""
+    if is_main:
+        tqdm.write(msg, file=sys.stderr)
+
+
+def discard(record: dict) -> None:
+    """The log of a rank other than 0: rank 0 alone writes train_log.jsonl."""

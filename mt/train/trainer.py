@@ -1,17 +1,19 @@
-"""The training loop: one optimizer update per `step`, validation and checkpoints around it.
+"""The training loop: one optimizer update per `train_step`, then logging, validation and
+checkpoints on schedule, until the budget is spent.
 
-`Trainer` takes explicit objects; `build_trainer` (in mt.train.build) reads the config and makes
-them.
+The Trainer owns the model, the optimizer and the batches, and composes the objects that do
+the rest, each with one job: Validator (the valid loss and BLEU), Checkpoints (what is saved
+where), RunEnd (averaging, tuning and notes after the last update), Skips (updates that did
+not happen) and TimeBudget (steps and minutes). `build_trainer` (mt.train.build) reads the
+config and makes it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
+import functools
 import signal
-import sys
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -20,29 +22,30 @@ from tqdm import tqdm
 from mt.data.batching import Batch
 from mt.data.corpus import ParallelData
 from mt.data.walk import training_batches
-from mt.errors import MTError
-from mt.objectives.objective import Objective
+from mt.objectives import Objective
+from mt.runtime.device import autocast
 from mt.runtime.distributed import Dist, teardown
-from mt.train.compiled import compiled
+from mt.train.budget import TimeBudget
+from mt.train.compiled import compiled_step
 from mt.train.ema import WeightAverage
-from mt.train.finish import draw_training_picture, finish_run
+from mt.train.finish import RunEnd, draw_training_picture
 from mt.train.progress import Forecast, lost_work_message, show_progress, stop_on_signal
-from mt.train.saving import Saving
-from mt.train.schedule import budget_progress
-from mt.train.skips import DeferredSkips, nonfinite_message
+from mt.train.saving import Checkpoints
+from mt.train.skips import FP16_OVERFLOW, NONFINITE, OUT_OF_MEMORY, Skips
 from mt.train.state import LogWindow, TrainState, Validation
-from mt.train.tracking import RunLog
-from mt.train.validation import Validating
+from mt.train.tracking import RunLog, discard, say
+from mt.train.validation import Validator, describe_validation
 
 
-class Trainer(Validating, Saving):
+class Trainer:
     """cfg: the train section (budgets, schedule of logs, validations and saves); run_config:
     the whole config as a dict, which every checkpoint carries; objective: what is minimised
-    (mt.train.objective.build_objective); validation: None for an objective that does not
+    (mt.train.parts.build_objective); validation: None for an objective that does not
     translate (encoder pretraining). epoch_data(epoch) -> ParallelData: the training data of
     each epoch where it changes from epoch to epoch (BPE-dropout), and then train_data is None:
     the plain segmentation would be a second copy of the split kept for nothing; None:
-    train_data always."""
+    train_data always. compile: train.compile as resolved for this device and objective
+    (mt.train.parts.compile_applies)."""
 
     def __init__(
         self,
@@ -61,51 +64,66 @@ class Trainer(Validating, Saving):
         amp_dtype: torch.dtype | None,
         objective: Objective,
         state: TrainState | None = None,
-        log=print,
         dist: Dist | None = None,
         lock=None,
         tensorboard: bool = False,
-        epoch_data=None,
+        epoch_data: Callable[[int], ParallelData] | None = None,
         compile: bool | None = None,
     ):
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.scaler, self.objective = scaler, objective
         self.dist = dist = dist or Dist()  # (None: one process, no ranks)
-        # Data parallel without a DDP wrapper: every rank starts from rank 0's weights (buffers
-        # are fixed tables), gradients are averaged once all ranks succeeded (train_step).
-        dist.broadcast_parameters(model)
-        self.train_model = model  # the model the updates run (no DDP wrapper)
-        # on a GPU (without fp16's GradScaler) non-finite updates are skipped on the device
-        # and counted every few updates, not read after each one (mt/train/skips.py)
-        self.deferred = (
-            DeferredSkips(device) if device.type == "cuda" and not scaler.is_enabled() else None
-        )
-        # train.compile: the model and the loss in one compiled function (compile: the setting
-        # as resolved for this device and objective, mt.train.objective.compile_applies)
-        compile = cfg.compile is True if compile is None else compile
-        static = bool(cfg.shape_buckets or cfg.pack_width)  # a few batch shapes, or one
-        # and on a GPU each static shape's step replayed as a CUDA graph (compiled.py)
-        self.cuda_graphs = bool(compile) and static and device.type == "cuda"
-        self.train_loss = compiled(objective.loss, static, self.cuda_graphs) if compile else None
-        self.train_data, self.validation, self.tokenizer = train_data, validation, tokenizer
-        self.epoch_data, self.cfg, self.run_config = epoch_data, cfg, run_config
-        self.run_dir, self.device, self.amp_dtype = run_dir, device, amp_dtype
-        self.state, self.log = state or TrainState(), log
-        self.lock = lock  # the run directory's RunLock (rank 0), released by close()
+        dist.broadcast_parameters(model)  # rank 0's weights everywhere (no DDP: train_step)
+        self.train_data, self.epoch_data, self.cfg = train_data, epoch_data, cfg
+        self.tokenizer, self.run_dir = tokenizer, run_dir
+        self.device, self.amp_dtype = device, amp_dtype
+        self.state, self.lock = state or TrainState(), lock
+        self.cuda_graphs, self.compiled_loss = compiled_step(objective, cfg, compile, device)
         self.run_log = RunLog(run_dir, tensorboard) if dist.is_main else None
-        # train.ema_decay: rank 0 alone validates and saves, so it alone keeps the average
-        keep_average = cfg.ema_decay > 0 and dist.is_main
-        self.ema = WeightAverage(model, cfg.ema_decay) if keep_average else None
-        self._window = LogWindow()
-        self._progress = 0.0  # the share of the budget spent (budget_progress)
-        # for the end of the run: the steps of this process's last validation and last.pt (-1:
-        # none yet), and whether a signal asked it to stop
-        self.last_valid_step = self.last_save_step = -1
+        # (the parts get these, not the trainer's methods: a freed trainer frees its lock)
+        self.write_log = self.run_log.write if self.run_log is not None else discard
+        self.say = functools.partial(say, dist.is_main)
+        self.ema = WeightAverage.for_run(model, cfg.ema_decay, dist.is_main)
+        self.skips = Skips(device, scaler.is_enabled(), cfg.max_nonfinite, self.write_log)
+        self.budget = TimeBudget(cfg.max_steps, cfg.max_minutes, dist, device)
+        self.checkpoints, self.validator, self.run_end = self._outputs(run_config, validation)
+        self.window = LogWindow()  # the updates since the last log line
+        self.forecast = Forecast(0, 0.0)  # made again when fit() starts
+        # this rank's losses and target tokens of the last update, for the first steps' display
+        self.last_update: tuple[list[torch.Tensor], int] = ([], 0)
         self.last_record: dict = {}  # the last training log record (loss, nll, ppl, lr, ...)
+        self.last_valid_step = -1  # the step of this process's last validation (-1: none)
         self.stop_signal = 0  # the number of the signal that stopped training (0: none)
 
+    def _outputs(self, run_config: dict, validation: Validation | None) -> tuple:
+        """What the run writes: (Checkpoints, the Validator or None, the RunEnd)."""
+        checkpoints = Checkpoints(
+            self.run_dir, run_config, self.tokenizer,
+            (self.model, self.optimizer, self.scheduler, self.scaler), self.ema, self.dist,
+            keep=self.cfg.keep_checkpoints,
+        )  # fmt: skip
+        validator = None if validation is None else self._validator(validation, checkpoints)
+        run_end = RunEnd(
+            self.run_dir, checkpoints, validator, self.cfg.average_last, self.say, self.write_log
+        )
+        return checkpoints, validator, run_end
+
+    def _validator(self, validation: Validation, checkpoints: Checkpoints) -> Validator:
+        return Validator(
+            model=self.model,
+            validation=validation,
+            tokenizer=self.tokenizer,
+            objective=self.objective,
+            max_tokens=self.cfg.max_tokens,
+            device=self.device,
+            amp_dtype=self.amp_dtype,
+            ema=self.ema,
+            checkpoints=checkpoints,
+            write_log=self.write_log,
+        )
+
     # -- data -----------------------------------------------------------------------------
-    def _batches(self) -> Iterator[Batch]:
+    def batches(self) -> Iterator[Batch]:
         """The training batches from the saved position on (mt.data.walk)."""
         return training_batches(
             self.state,
@@ -114,7 +132,7 @@ class Trainer(Validating, Saving):
             self.device,
             rank=self.dist.rank,
             world=self.dist.world,
-            progress=lambda: self._progress,
+            progress=lambda: self.budget.progress,
             say=self.say,
             prepare=self.objective.prepare,
         )
@@ -128,23 +146,19 @@ class Trainer(Validating, Saving):
     # -- one update -----------------------------------------------------------------------
     def _loss(self, batch: Batch, model=None, loss=None) -> tuple:
         """The objective's loss (or `loss`) of `batch`, under the run's autocast."""
-        with torch.autocast(
-            self.device.type,
-            dtype=self.amp_dtype or torch.float32,
-            enabled=self.amp_dtype is not None,
-        ):
+        with autocast(self.device, self.amp_dtype):
             return (loss or self.objective.loss)(self.model if model is None else model, batch)
 
     def train_step(self, batches: list[Batch]) -> bool:
         """One optimizer update from `batches` (gradient accumulation), normalised by the
         total number of target tokens so accumulation equals one big batch.
-        Returns False, changing nothing, when the loss is not finite."""
+        Returns False, changing nothing, when the update was skipped (Skips)."""
         self.model.train()
         self._clear_gradients()
         if self.objective.on_step is not None:
             self.objective.on_step(self.state.step)
         n_tokens = sum(b.n_tokens for b in batches)
-        # Normalise by the target tokens of all ranks: DDP's gradient mean times world size
+        # Normalise by the target tokens of all ranks: the averaged gradient times world size
         # then equals the gradient of one big batch.
         n_total = (
             int(self.dist.sum(torch.tensor(n_tokens, device=self.device)))  # NCCL: on GPU
@@ -156,37 +170,41 @@ class Trainer(Validating, Saving):
             losses, nlls = self._backward(batches, self.dist.world / n_total)
         # Every rank learns whether any rank ran out of memory before a gradient is exchanged:
         # a rank skipping the batch alone would leave the others waiting in the all-reduce.
+        # (Called after the except block, whose traceback held the failed pass's tensors.)
         if self.dist.any(losses is None, self.device) or losses is None:
-            self._skip_out_of_memory(batches, here=losses is None)
-            return False
+            here = {} if losses is None else {"on": "another rank"}
+            return self._skipped(OUT_OF_MEMORY, src_shape=list(batches[0].src.shape), **here)
         self.dist.average_gradients(self.model.parameters())
         total = self.dist.sum(torch.stack(losses).sum())
         found_inf = None
-        if self.deferred is not None:  # skipped on the device, counted later (skips.py)
+        if self.skips.deferred is not None:  # skipped on the device, settled later
             finite = torch.isfinite(total)
-            found_inf = self.deferred.record(finite, n_tokens)
+            found_inf = self.skips.deferred.record(finite, n_tokens)
             losses = [torch.where(finite, x, torch.zeros_like(x)) for x in losses]
             nlls = [torch.where(finite, x, torch.zeros_like(x)) for x in nlls]
-        # Else the one host sync per update: an update from a NaN/inf loss would poison the
-        # weights and Adam's moments. (fp16 gradient overflow is the GradScaler's business.)
+        # Else the one host sync per update. (fp16 gradient overflow is the GradScaler's.)
         elif not bool(torch.isfinite(total)):
-            self.optimizer.zero_grad(set_to_none=True)
-            self.state.nonfinite_in_a_row += 1
-            self.write_log(
-                {
-                    "step": self.state.step,
-                    "skipped": "non-finite loss",
-                    "in_a_row": self.state.nonfinite_in_a_row,
-                }
-            )
-            return False
+            return self._skipped(NONFINITE)
         else:
             self.state.nonfinite_in_a_row = 0
-        self._window.loss += losses
-        self._window.nll += nlls
-        self._window.tokens += n_tokens
-        self._last_update = (losses, n_tokens)  # this rank's, for the first steps' display
+        self.window.loss += losses
+        self.window.nll += nlls
+        self.window.tokens += n_tokens
+        self.last_update = (losses, n_tokens)
         return self._update(found_inf)
+
+    def _backward(self, batches: list[Batch], scale: float) -> tuple[list, list]:
+        """Gradients of every batch's loss times `scale`, summed, on this rank only (the
+        ranks exchange them afterwards, in `Dist.average_gradients`, so that an out-of-memory
+        batch on any rank can be skipped by all). Returns the losses and NLLs, on device."""
+        losses, nlls = [], []
+        for batch in batches:
+            loss, nll = self._loss(batch, loss=self.compiled_loss)
+            self.scaler.scale(loss * scale).backward()
+            # copies: through CUDA graphs the next call writes its outputs over these
+            losses.append(loss.detach().clone())
+            nlls.append(nll.detach().clone())
+        return losses, nlls
 
     def _update(self, found_inf: torch.Tensor | None = None) -> bool:
         """Clip, step the optimizer (through the GradScaler) and the schedule; False when the
@@ -195,35 +213,35 @@ class Trainer(Validating, Saving):
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_norm)
         scale = self.scaler.get_scale() if self.scaler.is_enabled() else None
-        if found_inf is not None:  # no GradScaler then (see `deferred`)
+        if found_inf is not None:  # no GradScaler then (defer_skips)
             self.optimizer.step(found_inf=found_inf)
         else:
             self.scaler.step(self.optimizer)
         self.scaler.update()
         if scale is not None and self.scaler.get_scale() < scale:
             # fp16: the GradScaler found inf/NaN gradients, skipped the update and lowered its
-            # scale. Not an update, so neither the step count nor the schedule moves (fairseq).
-            self.state.fp16_skipped += 1
-            self.write_log(
-                {
-                    "step": self.state.step,
-                    "skipped": "fp16 gradient overflow",
-                    "loss_scale": self.scaler.get_scale(),
-                }
-            )
-            return False
+            # scale (fairseq too counts no step then)
+            return self._skipped(FP16_OVERFLOW, loss_scale=self.scaler.get_scale())
         self.scheduler.step()
         self.state.step += 1
         if self.ema is not None:
             self.ema.update()
         return True
 
+    def _skipped(self, reason: str, **details) -> bool:
+        """The one way out of an update that did not happen: its gradients dropped, the
+        skip counted and logged (Skips, which stops a run of non-finite ones). False."""
+        self.optimizer.zero_grad(set_to_none=True)
+        if reason == OUT_OF_MEMORY and self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.skips.skip(self.state, reason, **details)
+        return False
+
     def _clear_gradients(self) -> None:
-        """Before an update. Accumulated over several batches through CUDA graphs, gradients
-        live in buffers allocated here, outside the graphs, and zeroed: a gradient the
-        backward graph allocated would be overwritten by the next batch's replay before it is
-        added to. Otherwise they are set to None, and the first backward's gradient is kept
-        as it is (no zeroing, no addition)."""
+        """Before an update: gradients set to None (the first backward's is kept as it is).
+        Accumulated over several batches through CUDA graphs, they live in buffers allocated
+        here, outside the graphs, and are zeroed: a gradient the backward graph allocated
+        would be overwritten by the next batch's replay before it is added to."""
         if not (self.cuda_graphs and self.cfg.accum_steps > 1):
             self.optimizer.zero_grad(set_to_none=True)
             return
@@ -232,86 +250,42 @@ class Trainer(Validating, Saving):
                 p.grad = torch.zeros_like(p)
         self.optimizer.zero_grad(set_to_none=False)
 
-    def _skip_out_of_memory(self, batches: list[Batch], here: bool) -> None:
-        """One unusually large batch should not end a long run: every rank drops this update
-        and goes on (called after the except block, whose traceback held the failed pass's
-        tensors)."""
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-        self.state.oom_skipped += 1
-        self.write_log(
-            {
-                "step": self.state.step,
-                "skipped": "out of memory",
-                "src_shape": list(batches[0].src.shape),
-                **({} if here else {"on": "another rank"}),
-            }
-        )
+    def settle_skips(self) -> None:
+        """Read how many updates since the last read were skipped on the device, and take
+        them back off the step count, the schedule, the weight average and the log window, so
+        that nothing saved or logged counts them (mt/train/skips.py)."""
+        assert self.skips.deferred is not None
+        count, tokens, updates = self.skips.deferred.take()
+        st = self.state
+        if count < updates:  # a good update among them (the order is not known: the
+            st.nonfinite_in_a_row = 0  # skipped ones count as the latest)
+        if not count:
+            return
+        st.step -= count
+        self.scheduler.rewind(count)
+        if self.ema is not None:
+            self.ema.updates -= count
+        self.window.tokens -= tokens
+        self._skipped(NONFINITE, count=count)
 
-    def _backward(self, batches: list[Batch], scale: float) -> tuple[list, list]:
-        """Gradients of every batch's loss times `scale`, summed, on this rank only (the
-        ranks exchange them afterwards, in `Dist.average_gradients`, so that an out-of-memory
-        batch on any rank can be skipped by all). Returns the (summed) losses and NLLs, still
-        on device."""
-        losses, nlls = [], []
-        for batch in batches:
-            loss, nll = self._loss(batch, self.train_model, self.train_loss)
-            self.scaler.scale(loss * scale).backward()
-            # copies: through CUDA graphs the next call writes its outputs over these
-            losses.append(loss.detach().clone())
-            nlls.append(nll.detach().clone())
-        return losses, nlls
-
-    # -- logging, validation, checkpoints -------------------------------------------------
-    def write_log(self, record: dict) -> None:
-        if self.run_log is not None:  # rank 0's
-            self.run_log.write(record)
-
+    # -- logging and validation -----------------------------------------------------------
     def log_train(self) -> dict:
-        w = self._window
-        elapsed = time.perf_counter() - w.start
-        sums = self.dist.sum(
-            torch.stack(
-                [
-                    torch.stack(w.loss).sum(),
-                    torch.stack(w.nll).sum(),
-                    torch.tensor(float(w.tokens), device=w.loss[0].device),
-                ]
-            )
-        )
-        loss_sum, nll_sum, tokens = sums.tolist()  # the only host sync per log window
-        loss, nll = loss_sum / tokens, nll_sum / tokens
-        record = {
-            "step": self.state.step,
-            "loss": round(loss, 4),
-            "nll": round(nll, 4),
-            "ppl": round(math.exp(min(nll, 50)), 2),
-            "lr": self.scheduler.get_last_lr()[0],
-            "tok_s": round(tokens / elapsed, 1),
-            "tokens": int(tokens),
-            "epoch": self.state.epoch,
-        }
+        """The log line of the updates since the last one (all ranks' sums)."""
+        record = {"step": self.state.step, **self.window.summary(self.dist)}
+        record.update(lr=self.scheduler.get_last_lr()[0], epoch=self.state.epoch)
         self.write_log(record)
         self.last_record = record
-        self._window = LogWindow()
+        self.window = LogWindow()
         return record
 
+    def validate(self) -> dict:
+        """The valid loss and BLEU, logged; best.pt when the BLEU is the best so far (rank 0;
+        Validator)."""
+        assert self.validator is not None
+        self.last_valid_step = self.state.step
+        return self.validator.validate(self.state)
+
     # -- the loop -------------------------------------------------------------------------
-    def _agreed_seconds(self) -> float:
-        """The training time on the slowest rank's clock, the same on every rank, so that the
-        time budget stops all ranks together and the cool-down gives them one learning rate;
-        one collective per update, and none without a time budget."""
-        if self.cfg.max_minutes <= 0:
-            return self.state.train_seconds
-        return self.dist.max(self.state.train_seconds, self.device)
-
-    def _should_stop_early(self) -> bool:
-        return self.cfg.patience > 0 and self.state.bad_validations >= self.cfg.patience
-
-    def _lost_work_message(self) -> str:
-        return lost_work_message(self.state.step, getattr(self, "_saved_step", -1))
-
     def fit(self) -> TrainState:
         """Train to the end of the budget, or until a signal stops the run (then
         `stop_signal` says which; the CLI exits 128 + its number)."""
@@ -319,12 +293,15 @@ class Trainer(Validating, Saving):
         def on_signal(signum: int) -> None:
             self.stop_signal = signum
 
-        with stop_on_signal(on_signal, self._lost_work_message):
+        def lost_work() -> str:
+            return lost_work_message(self.state.step, self.checkpoints.last_step)
+
+        with stop_on_signal(on_signal, lost_work):
             return self._fit()
 
     def _fit(self) -> TrainState:
         cfg, st = self.cfg, self.state
-        batches = self._batches()
+        batches = self.batches()
         bar = tqdm(
             total=cfg.max_steps,
             initial=st.step,
@@ -333,63 +310,47 @@ class Trainer(Validating, Saving):
             mininterval=1.0,
             disable=not self.dist.is_main,
         )
-        self._saved_step = st.step if st.step else -1
-        self._forecast = Forecast(st.step, st.train_seconds)
-        t0 = time.perf_counter() - st.train_seconds
-        self._progress = budget_progress(st.step, st.train_seconds, cfg.max_steps, cfg.max_minutes)
+        if st.step:  # resumed: last.pt holds this step
+            self.checkpoints.last_step = st.step
+        self.forecast = Forecast(st.step, st.train_seconds)
+        self.budget.start(st)
         while st.step < cfg.max_steps:
             if not self.train_step([next(batches) for _ in range(cfg.accum_steps)]):
-                if st.nonfinite_in_a_row >= cfg.max_nonfinite:
-                    raise MTError(nonfinite_message(st.nonfinite_in_a_row, st.step))
                 continue
-            st.train_seconds = time.perf_counter() - t0
-            seconds = self._agreed_seconds()
-            # the same on every rank: their agreed clock (or the step count alone)
-            self._progress = budget_progress(st.step, seconds, cfg.max_steps, cfg.max_minutes)
+            self.budget.tick(st)  # the same on every rank: their agreed clock
             if cfg.cooldown > 0:
-                self.scheduler.set_progress(self._progress)
+                self.scheduler.set_progress(self.budget.progress)
             bar.update(1)
-            show_progress(bar, st, cfg, self._forecast, self._last_update, self.say)
-            if self._after_step(bar, seconds):
+            show_progress(bar, st, cfg, self.forecast, self.last_update, self.say)
+            if self._after_step(bar):
                 break
         bar.close()
         self._finish()
         return st
 
-    def _after_step(self, bar, seconds: float) -> bool:
-        """Log, validate and save on schedule; True when training should stop now (`seconds`:
-        the ranks' agreed training time, against train.max_minutes)."""
+    def _after_step(self, bar) -> bool:
+        """Log, validate and save on schedule; True when training should stop now."""
         cfg, st = self.cfg, self.state
-        if self.deferred is not None and (
-            st.step >= cfg.max_steps
-            or self.deferred.due(st.step, cfg.log_every, cfg.valid_every, cfg.save_every)
-        ):
-            self._settle_skips()
-        out_of_time = cfg.max_minutes > 0 and seconds >= 60 * cfg.max_minutes
+        out_of_time = self.budget.out_of_time()
+        if st.step >= cfg.max_steps or out_of_time:
+            self._settle()
+        elif self.skips.due(st.step, cfg.log_every, cfg.valid_every, cfg.save_every):
+            self.settle_skips()
         final = st.step == cfg.max_steps or out_of_time
         if st.step % cfg.log_every == 0 or final:
             rec = self.log_train()
             bar.set_postfix(loss=rec["loss"], lr=f"{rec['lr']:.2e}", tok_s=rec["tok_s"])
-        if self.validation is not None and (st.step % cfg.valid_every == 0 or final):
+        if self.validator is not None and (st.step % cfg.valid_every == 0 or final):
             if self.dist.is_main:  # (the same test on every rank)
-                rec = self.validate()
-                self.last_valid_step = st.step
-                draw_training_picture(self.run_dir, self.say)
-                over = f" (over {rec['valid_loss_over']})" if "valid_loss_over" in rec else ""
-                self.say(
-                    f"step {st.step}: valid loss{over} {rec['valid_loss']} ppl "
-                    f"{rec['valid_ppl']} BLEU {rec['valid_bleu']} chrF {rec['valid_chrf']}"
-                    + (" (best)" if rec.get("best") else "")
-                )
+                self._validate_and_say()
             self.dist.wait_for_main()  # the others wait in the long-timeout group
         if st.step % cfg.save_every == 0:
-            self.save("last.pt", self.rng_states())
-            self.save_snapshot()
-            self.last_save_step = st.step
+            self.checkpoints.save("last.pt", st, self.checkpoints.rng_states())
+            self.checkpoints.save_snapshot(st)
         if final and st.step < cfg.max_steps:
             self.say(f"time budget of {cfg.max_minutes:g} minutes reached at step {st.step}")
             return True
-        early = self.dist.is_main and self._should_stop_early()
+        early = self.dist.is_main and cfg.patience > 0 and st.bad_validations >= cfg.patience
         # all ranks agree, in one collective: early stop, and the signal any rank received
         early_any, signum = self.dist.max_each([float(early), float(self.stop_signal)], self.device)
         if early_any:
@@ -405,44 +366,30 @@ class Trainer(Validating, Saving):
             return True
         return False
 
-    def _settle_skips(self) -> None:
-        """Read how many updates since the last read were skipped on the device, and take
-        them back off the step count, the schedule and the weight average (skips.py)."""
-        assert self.deferred is not None
-        count, tokens, updates = self.deferred.take()
-        st = self.state
-        if not count:
-            st.nonfinite_in_a_row = 0
-            return
-        # in a row: all of them since the last read continue a run of skips; else (the
-        # order is not known) the skipped ones count as the latest
-        st.nonfinite_in_a_row = (st.nonfinite_in_a_row if count == updates else 0) + count
-        st.step -= count
-        self.scheduler.rewind(count)
-        if self.ema is not None:
-            self.ema.updates -= count
-        self._window.tokens -= tokens
-        self.write_log({"step": st.step, "skipped": "non-finite loss", "count": count})
-        if st.nonfinite_in_a_row >= self.cfg.max_nonfinite:
-            raise MTError(nonfinite_message(st.nonfinite_in_a_row, st.step))
+    def _validate_and_say(self) -> None:
+        rec = self.validate()
+        draw_training_picture(self.run_dir, self.say)
+        self.say(describe_validation(rec))
+
+    def _settle(self) -> None:
+        """Before a stop or a save out of schedule: skips deferred on the device settled."""
+        if self.skips.deferred is not None:
+            self.settle_skips()
+
+    def _finish(self) -> None:
+        self._settle()  # whatever stopped the run: last.pt never counts a skipped update
+        if self.window.loss:
+            self.log_train()
+        rank_rng = self.checkpoints.rng_states()  # every rank, for the last.pt rank 0 saves
+        if self.dist.is_main:
+            validated = self.last_valid_step == self.state.step
+            self.run_end.finish(self.state, rank_rng, bool(self.stop_signal), validated)
 
     def close(self) -> None:
         """Leave the process group and free the run directory (every rank calls this, also
         after an error)."""
-        self.train_model = self.model
         if self.run_log is not None:
             self.run_log.close()
         teardown(self.dist)
         if self.lock is not None:
             self.lock.release()
-
-    def _finish(self) -> None:
-        if self._window.loss:
-            self.log_train()
-        rank_rng = self.rng_states()  # every rank, for the last.pt that rank 0 may save
-        if self.dist.is_main:
-            finish_run(self, rank_rng)
-
-    def say(self, msg: str) -> None:
-        if self.dist.is_main:
-            tqdm.write(msg, file=sys.stderr)

@@ -1,75 +1,88 @@
-"""How the Trainer validates: the valid loss, and the BLEU of decoding the valid split with
-the same Translator and metric that `mt translate` and `mt eval` use (so the scores agree);
+"""How a run is validated: the valid loss, and the BLEU of decoding the valid split with the
+same Translator and metric that `mt translate` and `mt eval` use (so the scores agree);
 best.pt when the BLEU is the best so far."""
 
 from __future__ import annotations
 
-import functools
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import torch
 
-from mt.config import TrainConfig
-from mt.data.batching import Batch, collate, epoch_batches
+from mt.data.batching import collate, epoch_batches
 from mt.data.tokenizer import Tokenizer
 from mt.decode.translator import Translator
 from mt.evaluate.metrics import score
 from mt.model import Seq2Seq
-from mt.objectives.objective import Objective
+from mt.objectives import Objective
+from mt.runtime.device import autocast
 from mt.runtime.memory import release_free_memory
 from mt.train.ema import WeightAverage
-from mt.train.finish import with_weights
+from mt.train.saving import Checkpoints
 from mt.train.state import TrainState, Validation
 
 
-class Validating:
-    """The Trainer's validation (a part of the Trainer: it reads the Trainer's model, state,
-    valid split and config)."""
+class Validator:
+    """Scores the model on the valid split and keeps the best (rank 0's). objective: the
+    run's, whose loss (or valid_loss) is the valid loss; max_tokens: the size of the loss's
+    batches; ema: the weight average, which is what is scored when the run keeps one
+    (train.ema_decay); write_log: a record for train_log.jsonl."""
 
-    # what it reads of the Trainer, which sets them
-    model: Seq2Seq
-    ema: WeightAverage | None
-    validation: Validation | None
-    cfg: TrainConfig
-    device: torch.device
-    amp_dtype: torch.dtype | None
-    state: TrainState
-    tokenizer: Tokenizer
-    objective: Objective
-    if TYPE_CHECKING:  # the Trainer's own and Saving's
+    def __init__(
+        self,
+        *,
+        model: Seq2Seq,
+        validation: Validation,
+        tokenizer: Tokenizer,
+        objective: Objective,
+        max_tokens: int,
+        device: torch.device,
+        amp_dtype: torch.dtype | None,
+        ema: WeightAverage | None,
+        checkpoints: Checkpoints,
+        write_log: Callable[[dict], None],
+    ):
+        self.model, self.validation, self.tokenizer = model, validation, tokenizer
+        self.objective, self.max_tokens = objective, max_tokens
+        self.device, self.amp_dtype, self.ema = device, amp_dtype, ema
+        self.checkpoints, self.write_log = checkpoints, write_log
 
-        def _loss(self, batch: Batch, model: torch.nn.Module | None = None, loss=None) -> tuple: ...
-        def save(self, name: str, rank_rng: list[dict] | None = None) -> None: ...
-        def write_log(self, record: dict) -> None: ...
-
-    def validate(self) -> dict:
-        """Valid loss and BLEU (of the weight average with train.ema_decay); best.pt when
-        the BLEU is the best so far."""
+    def validate(self, st: TrainState) -> dict:
+        """The log record of a validation at st.step; best.pt, and st's best_bleu and
+        bad_validations, when its BLEU is the best so far."""
         if self.ema is None:
-            return self._validate()
-        return with_weights(self, self.ema.weights(self.model), self._validate)
+            record, bleu = self._validate(st.step)
+        else:
+            weights = self.ema.weights(self.model)
+            record, bleu = with_weights(self.model, weights, lambda: self._validate(st.step))
+        if bleu > st.best_bleu:
+            st.best_bleu, st.bad_validations = bleu, 0
+            self.checkpoints.save("best.pt", st)
+            record["best"] = True
+        else:
+            st.bad_validations += 1
+        self.write_log(record)
+        return record
 
     @torch.no_grad()
-    def _validate(self) -> dict:
-        """The valid loss, and with a translating objective the BLEU of decoding the split."""
+    def _validate(self, step: int) -> tuple[dict, float]:
         release_free_memory()  # what training freed, before decoding allocates its own
         self.model.eval()
         v = self.validation
-        assert v is not None  # a run that validates: one that translates
         loss_sum = nll_sum = 0.0
         n = 0
         valid_loss = self.objective.valid_loss
-        for i, indices in enumerate(epoch_batches(v.data, self.cfg.max_tokens, 0, 0)):
+        for i, indices in enumerate(epoch_batches(v.data, self.max_tokens, 0, 0)):
             batch = collate(v.data, indices).to(self.device)
-            if valid_loss is None:
-                (loss, nll), count = self._loss(batch), batch.n_tokens
-            else:  # scores some tokens, the same ones every time
-                loss, nll, count = self._loss(batch, loss=functools.partial(valid_loss, index=i))
+            with autocast(self.device, self.amp_dtype):
+                if valid_loss is None:
+                    (loss, nll), count = self.objective.loss(self.model, batch), batch.n_tokens
+                else:  # scores some tokens, the same ones every time
+                    loss, nll, count = valid_loss(self.model, batch, index=i)
             loss_sum, nll_sum, n = loss_sum + float(loss), nll_sum + float(nll), n + count
         s = score(self.translator().translate(v.src, beam=v.beam), v.refs)
         record: dict = {
-            "step": self.state.step,
+            "step": step,
             "valid_loss": round(loss_sum / n, 4),
             "valid_nll": round(nll_sum / n, 4),
             "valid_ppl": round(math.exp(min(nll_sum / n, 50)), 2),
@@ -78,20 +91,43 @@ class Validating:
         }
         if self.objective.valid_loss_over:
             record["valid_loss_over"] = self.objective.valid_loss_over
-        if s.bleu > self.state.best_bleu:
-            self.state.best_bleu, self.state.bad_validations = s.bleu, 0
-            self.save("best.pt")
-            record["best"] = True
-        else:
-            self.state.bad_validations += 1
-        self.write_log(record)
         release_free_memory()
-        return record
+        return record, s.bleu
 
     def translator(self) -> Translator:
         """The model as it decodes the valid split (also for the end of the run's averaging
         and tuning)."""
-        assert self.validation is not None
         return Translator(
             self.model, self.tokenizer, self.validation.decode, self.device, self.amp_dtype
         )
+
+    def bleu_with(self, weights: dict) -> tuple[float, float]:
+        """(BLEU, chrF) of decoding the valid split with `weights` in the model."""
+        v = self.validation
+
+        def decode():
+            s = score(self.translator().translate(v.src, beam=v.beam), v.refs)
+            return s.bleu, s.chrf
+
+        return with_weights(self.model, weights, decode)
+
+
+def describe_validation(rec: dict) -> str:
+    """A validation's log record as the line the user sees."""
+    over = f" (over {rec['valid_loss_over']})" if "valid_loss_over" in rec else ""
+    return (
+        f"step {rec['step']}: valid loss{over} {rec['valid_loss']} ppl {rec['valid_ppl']} "
+        f"BLEU {rec['valid_bleu']} chrF {rec['valid_chrf']}"
+        + (" (best)" if rec.get("best") else "")
+    )
+
+
+def with_weights(model: torch.nn.Module, weights: dict, work):
+    """work() in eval mode with the model holding `weights`, its own weights back afterwards."""
+    current = {k: v.clone() for k, v in model.state_dict().items()}
+    model.load_state_dict(weights)
+    try:
+        model.eval()
+        return work()
+    finally:
+        model.load_state_dict(current)

@@ -14,9 +14,9 @@ this machine's matmul FLOP/s (fp32 on CPU, bf16 on CUDA) and the FLOP utilizatio
 against the datasheet dense bf16 peak. With --json the last line is a JSON object (the small
 size, or the one size asked for).
 
-Every contender's process imports mt (for the batches), so all three run with the allocator
-setting mt makes on import (transparent huge pages for tensors of 2 MB and more; see
-mt/__init__.py): the ratios compare the training steps, not allocator settings.
+Every contender's process starts with the allocator setting `mt train` makes (transparent huge
+pages for tensors of 2 MB and more; mt/runtime/memory.py): the ratios compare the training
+steps, not allocator settings.
 """
 
 from __future__ import annotations
@@ -36,8 +36,10 @@ import torch
 import torch.nn.functional as F
 from harness import autocast, datasheet_peak, marian_config, matmul_peak, sync, take_turns
 
-import mt  # noqa: F401  (its allocator setting, for every contender alike)
 from mt.runtime.device import pick_device
+from mt.runtime.memory import prefer_huge_pages
+
+prefer_huge_pages()  # as mt train sets it, before the first large allocation, for every contender
 
 SIZES = {
     # the shipped Multi30k CPU configs' shape (Wu et al. 2021's transformer_tiny, joint 5k BPE)
@@ -138,15 +140,15 @@ def useful_flops(batch, size: dict) -> float:
 # -- the three contenders: each returns a step(batch) closure --------------------------------
 def ours(size, device, precision="fp32", compile=False, loss_fn=None, dropout=0.1):
     """mt's model and its real training step: Trainer.train_step with the fast paths and the
-    loss that mt.train.objective.build_objective chooses (or `loss_fn`, e.g. an R-Drop loss:
+    loss that mt.train.parts.build_objective chooses (or `loss_fn`, e.g. an R-Drop loss:
     scripts/bench/bench_rdrop.py). Gradient clipping is off here, as the references do none."""
     import functools
 
     from mt.config import Config, ModelConfig, TrainConfig
     from mt.data.batching import Batch
     from mt.model import REFERENCE, build_model
-    from mt.objectives.objective import Objective
-    from mt.train.objective import build_objective, model_parts
+    from mt.objectives import Objective
+    from mt.train.parts import build_objective, model_parts
     from mt.train.schedule import build_optimizer
     from mt.train.trainer import Trainer
 

@@ -112,7 +112,7 @@ def mfu(device: torch.device, size: dict, pack: dict) -> dict:
     )  # fmt: skip
     data = synthetic_pairs(size["vocab"], 40 * pack["max_tokens"] // 50, pack["pack_width"] - 1)
     trainer = base_trainer(model_cfg, train_cfg, size["vocab"], data, device)
-    stream = trainer._batches()
+    stream = trainer.batches()
     batches = [next(stream) for _ in range(pack["warmup"] + pack["steps"])]
     warm, timed = batches[: pack["warmup"]], batches[pack["warmup"] :]
     compile_s = seconds(device, lambda: [trainer.train_step([b]) for b in warm])
@@ -171,7 +171,7 @@ def base_trainer(model_cfg, train_cfg, vocab: int, data, device: torch.device):
     from mt.config import Config
     from mt.model import build_model
     from mt.runtime.device import amp_dtype
-    from mt.train.objective import build_objective, model_parts
+    from mt.train.parts import build_objective, model_parts
     from mt.train.schedule import build_optimizer
     from mt.train.trainer import Trainer
 
@@ -193,7 +193,6 @@ def base_trainer(model_cfg, train_cfg, vocab: int, data, device: torch.device):
         device=device,
         amp_dtype=amp_dtype(train_cfg.precision, device),
         objective=build_objective(Config(model=model_cfg, train=train_cfg), fused=False),
-        log=lambda *_: None,
         compile=True,
     )
 
@@ -242,7 +241,7 @@ def m30k(device: torch.device, data_dir: str, out: Path, dry_run: bool) -> dict:
     cfg = load_config(root / "configs/multi30k_en_de.yaml", overrides)
     trainer = build_trainer(cfg, run_dir / "run", log=lambda m: print(m, file=sys.stderr))
     steps = M30K_DRY if dry_run else M30K
-    stream = trainer._batches()
+    stream = trainer.batches()
 
     def updates(n: int) -> int:
         tokens = 0

@@ -1,6 +1,8 @@
-"""The one factory of the training objective: from the config and the model to the Objective
-the Trainer minimises (label-smoothed cross-entropy, fused where mt/fast applies; R-Drop;
-scheduled sampling; the NAT's masked-target loss; the masked-LM loss of encoder pretraining)."""
+"""What a run trains with, decided from its config and device: the model's parts (mt/fast's
+or the reference modules), whether the step is compiled, and the one factory of the
+objective the Trainer minimises (label-smoothed cross-entropy, fused where mt/fast applies;
+R-Drop; scheduled sampling; the NAT's masked-target loss; the masked-LM loss of encoder
+pretraining)."""
 
 from __future__ import annotations
 
@@ -11,17 +13,17 @@ import torch
 from mt import fast
 from mt.config import Config
 from mt.model import REFERENCE, Parts
+from mt.objectives import Objective
 from mt.objectives.loss import rdrop_loss, reference_loss
 from mt.objectives.mlm import masked_lm_objective
 from mt.objectives.nat import nat_loss, nat_valid_loss
-from mt.objectives.objective import Objective
 from mt.objectives.scheduled_sampling import ScheduledSamplingLoss
 
 
 def fast_paths_apply(setting: str | bool, device: torch.device) -> bool:
     """train.fast_paths "auto" means on a CPU only: mt/fast was built for CPU training, and on
-    an H200 mt trained at 0.82x nn.Transformer's tokens/s with it and 1.13x without it
-    (scripts/bench/bench_train.py, base model, bf16; docs/gpu.md)."""
+    a GPU it makes more, smaller kernels and trains slower (scripts/bench/bench_train.py;
+    figures in docs/gpu.md)."""
     return device.type == "cpu" if setting == "auto" else bool(setting)
 
 
@@ -46,8 +48,8 @@ def model_parts(t, device: torch.device, pretraining: bool = False, compile: boo
     """The module classes to build the model from: mt/fast's where `t.fast_paths`
     (TrainConfig) applies to `device`, else the reference ones. Encoder pretraining keeps the
     reference: the masked-LM loss reads the encoder alone; so does a compiled step (`compile`:
-    compile_applies), which fuses the reference model itself (mt/fast's row packing would
-    break its graph)."""
+    compile_applies), which fuses the reference model itself (mt/fast's feed-forward on real
+    rows would break its graph)."""
     if pretraining or compile or t.pack_width or not fast_paths_apply(t.fast_paths, device):
         return REFERENCE
     return fast.PARTS

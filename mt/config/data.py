@@ -1,0 +1,50 @@
+"""The data and tokenizer sections: where the corpus is and how it becomes subwords."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from mt.config.section import Section, no_number
+
+
+class DataConfig(Section):
+    dir: str = Field("data/multi30k", description="folder with {train,valid,test}.{lang}")
+    src_lang: str = Field("de", description="source language: the suffix of the source files")
+    tgt_lang: str = Field("en", description="target language: the suffix of the target files")
+    dataset: str | None = Field(
+        None,
+        description="corpus to download into dir when it holds none yet (multi30k, wmt14, "
+        "synthetic, or a Hugging Face hub id); unset: the corpus must already be there",
+    )
+    dataset_config: str | None = Field(
+        None, description="the hub dataset's configuration, e.g. de-en for wmt14"
+    )
+    max_len: int = Field(128, ge=1, description="pairs longer than this (subwords) are dropped")
+    token_cache: Literal["auto", True, False] = Field(
+        "auto",
+        description="keep the training split's token ids in a memory-mapped cache "
+        "(MT_CACHE_DIR, else ~/.cache/mt) that later runs and every rank of a machine share; "
+        "auto: for training files of 100 MB or more",
+    )
+
+    @field_validator("token_cache", mode="before")
+    @classmethod
+    def _token_cache_is_not_a_number(cls, v: Any) -> Any:
+        return no_number(v)
+
+
+class TokenizerConfig(Section):
+    vocab_size: int = Field(
+        8000, ge=16, description="BPE pieces (each side's, or both's when joint)"
+    )
+    joint: bool = Field(
+        True,
+        description="one BPE model for source and target (needed by model.tie_embeddings: all "
+        "and train.bidirectional_share)",
+    )
+    character_coverage: float = Field(
+        1.0, gt=0.0, le=1.0, description="share of characters the BPE model covers (sentencepiece)"
+    )
+    max_sentences: int = Field(2_000_000, ge=1, description="sentences sampled to train BPE")

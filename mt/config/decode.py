@@ -1,0 +1,70 @@
+"""The decode section: how a run translates, and the grid tuned on the valid split."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from mt.config.section import Section
+
+MAX_BEAM = 100
+
+
+class DecodeConfig(Section):
+    beam: int = Field(5, ge=1, le=MAX_BEAM, description="beam size; 1 = greedy")
+    length_penalty: float = Field(
+        1.0, ge=0.0, description="scores are log-probability / length ** length_penalty"
+    )
+    max_len_a: float = Field(1.5, ge=0.0, description="max output length = a * src_len + b")
+    max_len_b: int = Field(10, ge=1, description="see max_len_a")
+    nat_iterations: int = Field(
+        10, ge=1, description="model.arch nat: Mask-Predict's refinement passes"
+    )
+    nat_length_beam: int = Field(
+        3, ge=1, description="model.arch nat: candidate lengths decoded in parallel"
+    )
+    max_tokens: int = Field(4000, ge=16, description="source tokens per translation batch")
+    compile_step: Literal["auto", "always", "never"] = Field(
+        "auto",
+        description="the search on the device keeps its self-attention cache in preallocated "
+        "buffers and runs its decoder step through torch.compile, with CUDA graphs on a GPU "
+        "(one per batch shape, replayed at every step): auto = on a GPU; always also on a CPU "
+        "(needs a C compiler); the same hypotheses either way",
+    )
+    device_search: Literal["auto", "always", "never"] = Field(
+        "auto",
+        description="search whose bookkeeping stays on the device, the host looking every 8 "
+        "steps (mt/decode/device_search.py): auto = on a GPU (on a CPU the search that drops "
+        "finished sentences at every step is faster); the same hypotheses either way",
+    )
+    tune_beams: list[int] = Field(
+        default_factory=list,
+        description="at the end of mt train, try these beams x tune_length_penalties on the "
+        "valid split and store the best pair in best.pt; empty: no tuning",
+    )
+    tune_length_penalties: list[float] = Field(
+        default_factory=lambda: [1.0], description="the length penalties tune_beams tries"
+    )
+    tune_nat_length_beams: list[int] = Field(
+        default_factory=list,
+        description="model.arch nat: tune these candidate-length counts x "
+        "tune_nat_iterations instead; empty: no tuning",
+    )
+    tune_nat_iterations: list[int] = Field(
+        default_factory=list,
+        description="model.arch nat: the iteration counts tried; empty: nat_iterations",
+    )
+
+    @model_validator(mode="after")
+    def _grid_is_sane(self) -> DecodeConfig:
+        if any(b < 1 or b > MAX_BEAM for b in self.tune_beams):
+            raise ValueError(
+                f"decode.tune_beams: beams must be 1 to {MAX_BEAM} (got {self.tune_beams})"
+            )
+        if not self.tune_length_penalties or any(p < 0 for p in self.tune_length_penalties):
+            raise ValueError("decode.tune_length_penalties: give at least one penalty >= 0")
+        for key in ("tune_nat_length_beams", "tune_nat_iterations"):
+            if any(x < 1 for x in getattr(self, key)):
+                raise ValueError(f"decode.{key}: give values >= 1 (got {getattr(self, key)})")
+        return self
