@@ -565,3 +565,21 @@ def test_gpu_figures_count_the_flops_of_each_packed_pair():
         tgt_out = torch.full((1, data.tgt.lengths[i] + 1), 5)
         alone += bench_train.useful_flops((src, None, tgt_out, 0), size)
     assert figures.packed_flops(batch, size) == pytest.approx(alone, rel=1e-9)
+
+
+def test_ab_commits_trains_another_commits_mt_beside_the_working_trees(tmp_path):
+    """scripts/bench/ab_commits.py: a commit's mt, extracted under another package name,
+    imports beside the working tree's and takes a step on the same batch (HEAD here; no
+    timing is asserted)."""
+    import torch
+
+    ab = _load("ab_commits")
+    bench, name = ab.extract("HEAD", tmp_path)
+    assert name == "mt_HEAD" and bench.__name__ == "bench_mt_HEAD"
+    here = _load("bench_train")
+    size = here.size_of("tiny", 600)
+    batch = here.device_batches(size, 1, torch.device("cpu"))[0]
+    torch.manual_seed(0)
+    theirs = ab.step_of(bench, size, torch.device("cpu"))
+    assert sys.modules[f"{name}.train.trainer"].__file__.startswith(str(tmp_path))
+    theirs(batch)  # one update of HEAD's trainer

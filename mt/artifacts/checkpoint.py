@@ -229,6 +229,11 @@ def set_train_state(ckpt: dict[str, Any], train_state: dict[str, Any]) -> None:
     ckpt["train_state"] = train_state
 
 
+def mark_pretrained(ckpt: dict[str, Any], what: str) -> None:
+    """Say what a pretraining checkpoint holds (`mt pretrain`'s: "masked-lm encoder")."""
+    ckpt["pretrained"] = what
+
+
 def train_counters(ckpt: dict[str, Any]) -> dict[str, Any]:
     """The training counters a checkpoint was saved with (mt.train.state.TrainState's fields;
     empty for a file that has none)."""

@@ -29,7 +29,7 @@ def pretrain(cfg: Config, run_dir: Path, log=print) -> dict:
         state = trainer.fit()
         if trainer.dist.is_main and not trainer.stop_signal:
             ckpt = trainer.checkpoints.checkpoint_dict(state, snapshot=True)
-            ckpt["pretrained"] = "masked-lm encoder"
+            checkpoint.mark_pretrained(ckpt, "masked-lm encoder")
             checkpoint.atomic_save(ckpt, run_dir / "pretrained.pt")
     finally:
         trainer.close()

@@ -332,10 +332,9 @@ class Trainer:
         """Log, validate and save on schedule; True when training should stop now."""
         cfg, st = self.cfg, self.state
         out_of_time = self.budget.out_of_time()
-        if st.step >= cfg.max_steps or out_of_time:
+        due = self.skips.due(st.step, cfg.log_every, cfg.valid_every, cfg.save_every)
+        if due or st.step >= cfg.max_steps or out_of_time:  # before they log, save or stop
             self._settle()
-        elif self.skips.due(st.step, cfg.log_every, cfg.valid_every, cfg.save_every):
-            self.settle_skips()
         final = st.step == cfg.max_steps or out_of_time
         if st.step % cfg.log_every == 0 or final:
             rec = self.log_train()
@@ -372,7 +371,7 @@ class Trainer:
         self.say(describe_validation(rec))
 
     def _settle(self) -> None:
-        """Before a stop or a save out of schedule: skips deferred on the device settled."""
+        """Skips deferred on the device, if any, settled (settle_skips)."""
         if self.skips.deferred is not None:
             self.settle_skips()
 
