@@ -294,9 +294,9 @@ def test_ab_train_b_precision_trains_b_alone_under_bf16_autocast(ab_train, monke
     seen = []
     original = trainer_module.Trainer._loss
 
-    def recording(self, batch, model=None, loss=None):
+    def recording(self, batch, loss=None):
         seen.append(self.amp_dtype)
-        return original(self, batch, model, loss)
+        return original(self, batch, loss)
 
     monkeypatch.setattr(trainer_module.Trainer, "_loss", recording)
     size = dict(ab_train.bt.SIZES["tiny"], max_tokens=600)

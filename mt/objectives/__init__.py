@@ -1,6 +1,6 @@
 """Training objectives: label-smoothed cross-entropy, R-Drop, scheduled sampling, the NAT and
 masked-LM losses, and `Objective`, what the Trainer minimises, as one value: the loss function
-and what it needs around it (mt.objectives.build makes it from a config)."""
+and what it needs around it (mt.train.parts.build_objective makes it from a config)."""
 
 from __future__ import annotations
 

@@ -144,10 +144,10 @@ class Trainer:
         return self.train_data
 
     # -- one update -----------------------------------------------------------------------
-    def _loss(self, batch: Batch, model=None, loss=None) -> tuple:
+    def _loss(self, batch: Batch, loss=None) -> tuple:
         """The objective's loss (or `loss`) of `batch`, under the run's autocast."""
         with autocast(self.device, self.amp_dtype):
-            return (loss or self.objective.loss)(self.model if model is None else model, batch)
+            return (loss or self.objective.loss)(self.model, batch)
 
     def train_step(self, batches: list[Batch]) -> bool:
         """One optimizer update from `batches` (gradient accumulation), normalised by the
@@ -253,8 +253,10 @@ class Trainer:
     def settle_skips(self) -> None:
         """Read how many updates since the last read were skipped on the device, and take
         them back off the step count, the schedule, the weight average and the log window, so
-        that nothing saved or logged counts them (mt/train/skips.py)."""
-        assert self.skips.deferred is not None
+        that nothing saved or logged counts them (mt/train/skips.py). Nothing to do where
+        skips are not deferred."""
+        if self.skips.deferred is None:
+            return
         count, tokens, updates = self.skips.deferred.take()
         st = self.state
         if count < updates:  # a good update among them (the order is not known: the
@@ -334,7 +336,7 @@ class Trainer:
         out_of_time = self.budget.out_of_time()
         due = self.skips.due(st.step, cfg.log_every, cfg.valid_every, cfg.save_every)
         if due or st.step >= cfg.max_steps or out_of_time:  # before they log, save or stop
-            self._settle()
+            self.settle_skips()
         final = st.step == cfg.max_steps or out_of_time
         if st.step % cfg.log_every == 0 or final:
             rec = self.log_train()
@@ -370,13 +372,8 @@ class Trainer:
         draw_training_picture(self.run_dir, self.say)
         self.say(describe_validation(rec))
 
-    def _settle(self) -> None:
-        """Skips deferred on the device, if any, settled (settle_skips)."""
-        if self.skips.deferred is not None:
-            self.settle_skips()
-
     def _finish(self) -> None:
-        self._settle()  # whatever stopped the run: last.pt never counts a skipped update
+        self.settle_skips()  # whatever stopped the run: last.pt never counts a skipped update
         if self.window.loss:
             self.log_train()
         rank_rng = self.checkpoints.rng_states()  # every rank, for the last.pt rank 0 saves

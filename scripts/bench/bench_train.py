@@ -142,15 +142,8 @@ def ours(size, device, precision="fp32", compile=False, loss_fn=None, dropout=0.
     """mt's model and its real training step: Trainer.train_step with the fast paths and the
     loss that mt.train.parts.build_objective chooses (or `loss_fn`, e.g. an R-Drop loss:
     scripts/bench/bench_rdrop.py). Gradient clipping is off here, as the references do none."""
-    import functools
-
-    from mt.config import Config, ModelConfig, TrainConfig
+    from mt.config import ModelConfig, TrainConfig
     from mt.data.batching import Batch
-    from mt.model import REFERENCE, build_model
-    from mt.objectives import Objective
-    from mt.train.parts import build_objective, model_parts
-    from mt.train.schedule import build_optimizer
-    from mt.train.trainer import Trainer
 
     model_cfg = ModelConfig(
         d_model=size["d_model"],
@@ -172,21 +165,46 @@ def ours(size, device, precision="fp32", compile=False, loss_fn=None, dropout=0.
         # batches in a few shapes: compiled with static shapes, replayed as CUDA graphs on a GPU
         shape_buckets=size.get("shape_buckets", 0),
     )
+    amp = torch.bfloat16 if precision == "bf16" else None
+    trainer = mt_trainer(model_cfg, train_cfg, size["vocab"], device, amp, loss_fn)
+
+    def step(batch):
+        src, tgt_in, tgt_out, n_tokens = batch  # (counted on the host: no sync here)
+        trainer.train_step([Batch(src, tgt_in, tgt_out, n_tokens)])
+
+    return trainer.model, step
+
+
+def mt_trainer(model_cfg, train_cfg, vocab: int, device, amp_dtype, loss_fn=None, data=None):
+    """mt's model and Trainer for these configs as `mt train` chooses them (the fast paths
+    where they apply, the reference model under train.compile; the objective
+    mt.train.parts.build_objective makes, or `loss_fn` label-smoothed by 0.1), with no run
+    directory or validation; data: the training pairs its batches() walks."""
+    import functools
+
+    from mt.config import Config
+    from mt.model import REFERENCE, build_model
+    from mt.objectives import Objective
+    from mt.train.parts import build_objective, model_parts
+    from mt.train.schedule import build_optimizer
+    from mt.train.trainer import Trainer
+
+    compile = train_cfg.compile is True
     parts = model_parts(train_cfg, device, compile=compile)  # as mt train chooses
-    model = build_model(model_cfg, size["vocab"], size["vocab"], parts).to(device)
+    model = build_model(model_cfg, vocab, vocab, parts).to(device)
     fused = parts is not REFERENCE and not compile
     objective = (
         build_objective(Config(model=model_cfg, train=train_cfg), fused=fused)
         if loss_fn is None
         else Objective(loss=functools.partial(loss_fn, eps=0.1))
     )
-    optimizer, scheduler = build_optimizer(model.parameters(), train_cfg, size["d_model"])
-    trainer = Trainer(
+    optimizer, scheduler = build_optimizer(model.parameters(), train_cfg, model_cfg.d_model)
+    return Trainer(
         model=model,
         optimizer=optimizer,
         scheduler=scheduler,
         scaler=torch.amp.GradScaler(device.type, enabled=False),
-        train_data=None,
+        train_data=data,
         validation=None,
         tokenizer=None,
         cfg=train_cfg,
@@ -194,14 +212,8 @@ def ours(size, device, precision="fp32", compile=False, loss_fn=None, dropout=0.
         run_dir=Path("."),
         device=device,
         objective=objective,
-        amp_dtype=torch.bfloat16 if precision == "bf16" else None,
+        amp_dtype=amp_dtype,
     )
-
-    def step(batch):
-        src, tgt_in, tgt_out, n_tokens = batch  # (counted on the host: no sync here)
-        trainer.train_step([Batch(src, tgt_in, tgt_out, n_tokens)])
-
-    return model, step
 
 
 class _TorchRef(torch.nn.Module):

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from bench_train import mt_trainer
 from harness import datasheet_peak, matmul_peak
 
 BASE = {"layers": 6, "d_model": 512, "heads": 8, "d_ff": 2048, "vocab": 32000}
@@ -100,6 +101,7 @@ def write_line(path: Path, record: dict) -> None:
 # -- the base model's MFU ----------------------------------------------------------------------
 def mfu(device: torch.device, size: dict, pack: dict) -> dict:
     from mt.config import ModelConfig, TrainConfig
+    from mt.runtime.device import amp_dtype
 
     model_cfg = ModelConfig(
         d_model=size["d_model"], n_heads=size["heads"], enc_layers=size["layers"],
@@ -111,7 +113,9 @@ def mfu(device: torch.device, size: dict, pack: dict) -> dict:
         label_smoothing=0.1, clip_norm=0.0, precision="bf16", warmup=4000,
     )  # fmt: skip
     data = synthetic_pairs(size["vocab"], 40 * pack["max_tokens"] // 50, pack["pack_width"] - 1)
-    trainer = base_trainer(model_cfg, train_cfg, size["vocab"], data, device)
+    torch.manual_seed(0)
+    dtype = amp_dtype(train_cfg.precision, device)
+    trainer = mt_trainer(model_cfg, train_cfg, size["vocab"], device, dtype, data=data)
     stream = trainer.batches()
     batches = [next(stream) for _ in range(pack["warmup"] + pack["steps"])]
     warm, timed = batches[: pack["warmup"]], batches[pack["warmup"] :]
@@ -163,38 +167,6 @@ def synthetic_pairs(vocab: int, n: int, longest: int, seed: int = 0):
         return TokenArray.from_arrays(ids, lengths, offsets)
 
     return ParallelData(side(s_len), side(t_len), Stats())
-
-
-def base_trainer(model_cfg, train_cfg, vocab: int, data, device: torch.device):
-    """The Trainer as mt.train.build makes it for these configs (the reference model under
-    train.compile), over `data`, without validation."""
-    from mt.config import Config
-    from mt.model import build_model
-    from mt.runtime.device import amp_dtype
-    from mt.train.parts import build_objective, model_parts
-    from mt.train.schedule import build_optimizer
-    from mt.train.trainer import Trainer
-
-    torch.manual_seed(0)
-    parts = model_parts(train_cfg, device, compile=True)
-    model = build_model(model_cfg, vocab, vocab, parts).to(device)
-    optimizer, scheduler = build_optimizer(model.parameters(), train_cfg, model_cfg.d_model)
-    return Trainer(
-        model=model,
-        optimizer=optimizer,
-        scheduler=scheduler,
-        scaler=torch.amp.GradScaler(device.type, enabled=False),
-        train_data=data,
-        validation=None,
-        tokenizer=None,
-        cfg=train_cfg,
-        run_config={},
-        run_dir=Path("."),
-        device=device,
-        amp_dtype=amp_dtype(train_cfg.precision, device),
-        objective=build_objective(Config(model=model_cfg, train=train_cfg), fused=False),
-        compile=True,
-    )
 
 
 def packed_flops(batch, size: dict) -> float:
