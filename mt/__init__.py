@@ -5,7 +5,7 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str) -> object:
     # The Python API, imported on first use so that `import mt` (and `mt --help`) stays light:
-    # from mt import Translator, Sampling
+    # from mt import Translator, Sampling, DecodeOptions
     if name == "Translator":
         from mt.decode.translator import Translator
 
@@ -14,4 +14,8 @@ def __getattr__(name: str) -> object:
         from mt.decode.sampling import Sampling
 
         return Sampling
+    if name == "DecodeOptions":
+        from mt.decode.options import DecodeOptions
+
+        return DecodeOptions
     raise AttributeError(f"module 'mt' has no attribute {name!r}")

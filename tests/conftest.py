@@ -164,6 +164,54 @@ def make_src(lengths, seed=1):
     return src
 
 
+# -- the one search, called as the tests need it -------------------------------------------------
+
+
+def searched(model, src, mask, pace=None, compiled=None, forced=(), generator=None,
+             on_step=None, **options):  # fmt: skip
+    """mt.decode.search.search with DecodeOptions(**options): per sentence [(ids, score)]."""
+    from mt.decode.options import DecodeOptions
+    from mt.decode.search import EVERY_STEP, search
+
+    opts = DecodeOptions(**options)
+    pace = pace or EVERY_STEP
+    return search(model, src, mask, opts, forced, generator, pace, compiled, on_step)
+
+
+@pytest.fixture
+def beam_of_one(monkeypatch):
+    """The search's Beam rule also for beam 1 (which the search otherwise hands to Pick, the
+    greedy rule): for the tests that beam 1 equals greedy search."""
+    import mt.decode.search as s
+
+    def rule(opts, b, steps, dev, generator):
+        if opts.beam == 1 and opts.sampling is None:
+            return s.Beam(b, 1, steps, dev)
+        return real(opts, b, steps, dev, generator)
+
+    real = s._rule
+    monkeypatch.setattr(s, "_rule", rule)
+
+
+def beam_nbest(model, src, mask, beam, nbest=1, length_penalty=1.0, max_len_a=1.5,
+               max_len_b=10, **kw):  # fmt: skip
+    """Each sentence's `nbest` (ids, score), best first."""
+    return searched(model, src, mask, beam=beam, nbest=nbest, length_penalty=length_penalty,
+                    max_len_a=max_len_a, max_len_b=max_len_b, **kw)  # fmt: skip
+
+
+def beam_search(model, src, mask, beam, length_penalty=1.0, max_len_a=1.5, max_len_b=10, **kw):
+    """Each sentence's best hypothesis (ids)."""
+    found = beam_nbest(model, src, mask, beam, 1, length_penalty, max_len_a, max_len_b, **kw)
+    return [f[0][0] if f else [] for f in found]
+
+
+def greedy(model, src, mask, max_len_a=1.5, max_len_b=10, **kw):
+    """Each sentence's greedy output (ids); sampling=Sampling(...) draws instead."""
+    found = searched(model, src, mask, beam=1, max_len_a=max_len_a, max_len_b=max_len_b, **kw)
+    return [f[0][0] for f in found]
+
+
 def free_port() -> int:
     """A free TCP port on localhost, for a process group's rendezvous."""
     with socket.socket() as s:

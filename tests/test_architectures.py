@@ -6,14 +6,16 @@ import pytest
 import torch
 
 from mt.config import ModelConfig
-from mt.decode.search import beam_search, greedy
+from mt.decode.cache import DecodeCache
 from mt.model import build_model
-from mt.model.attention import MultiHeadAttention
+from mt.model.attention import CAUSAL, MultiHeadAttention
 from mt.tokens import PAD
 from tests.conftest import (
     ROOT,
     V,
     assert_user_error,
+    beam_search,
+    greedy,
     make_src,
     run_mt,
 )
@@ -56,7 +58,7 @@ def test_cached_decoding_equals_uncached(variant):
     memory = model.encode(src, mask)
     tgt = torch.randint(4, V, (3, 7))
     full = model.project(model.decode(tgt, memory, mask))
-    cache = model.new_cache()
+    cache = DecodeCache(model.cache_layers)
     steps = [
         model.project(model.decode(tgt[:, t : t + 1], memory, mask, cache=cache, start=t))
         for t in range(tgt.shape[1])
@@ -69,7 +71,7 @@ def test_cached_decoding_equals_uncached(variant):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("seed", range(2))
-def test_beam_one_equals_greedy(variant, seed):
+def test_beam_one_equals_greedy(variant, seed, beam_of_one):
     model = make(variant, seed)
     src = make_src([9, 3, 6, 2], seed=seed)
     mask = src == PAD
@@ -111,16 +113,14 @@ def test_relative_attention_is_invariant_to_shifting_all_positions():
     attn = MultiHeadAttention(32, 4, 0.0, self_attention=True, relative=3).eval()
     x = torch.randn(2, 9, 32)
     pos = torch.arange(9)
-    base = attn(x, q_pos=pos, k_pos=pos, is_causal=True)
+    base = attn(x, mask=CAUSAL, positions=(pos, pos))
     for shift in (1, 17, 500):
-        torch.testing.assert_close(
-            attn(x, q_pos=pos + shift, k_pos=pos + shift, is_causal=True), base
-        )
+        torch.testing.assert_close(attn(x, mask=CAUSAL, positions=(pos + shift, pos + shift)), base)
     # per-sentence positions (as the decoder-only model uses) shift the same way
     rows = torch.stack([pos, pos + 40])
-    torch.testing.assert_close(attn(x, q_pos=rows, k_pos=rows, is_causal=True), base)
+    torch.testing.assert_close(attn(x, mask=CAUSAL, positions=(rows, rows)), base)
     # ... while relative positions do matter: reversing the distances changes the output
-    assert not torch.allclose(attn(x, q_pos=-pos, k_pos=-pos, is_causal=True), base)
+    assert not torch.allclose(attn(x, mask=CAUSAL, positions=(-pos, -pos)), base)
 
 
 def test_decoder_only_reads_one_sequence_and_scores_only_the_target():

@@ -6,11 +6,15 @@ import torch
 from mt import Sampling, Translator
 from mt.artifacts import checkpoint
 from mt.data.synthetic import generate
+from mt.decode.cache import DecodeCache
 from mt.decode.ensemble import Ensemble
-from mt.decode.search import beam_nbest, beam_search, greedy, sampler
+from mt.decode.sampling import sampler
 from tests.conftest import (
     V,
     assert_user_error,
+    beam_nbest,
+    beam_search,
+    greedy,
     make_model,
     make_src,
     run_mt,
@@ -36,9 +40,11 @@ def test_sampling_with_top_k_one_or_a_tiny_nucleus_is_greedy():
     src = make_src([7, 4, 9, 5])
     expected = greedy(model, src, src == 0)
     g = torch.Generator().manual_seed(0)
-    assert greedy(model, src, src == 0, pick=sampler(topk=1, generator=g)) == expected
-    assert greedy(model, src, src == 0, pick=sampler(topp=1e-6, generator=g)) == expected
-    assert greedy(model, src, src == 0, pick=sampler(temperature=1e-4, generator=g)) == expected
+    assert greedy(model, src, src == 0, sampling=Sampling(topk=1), generator=g) == expected
+    assert greedy(model, src, src == 0, sampling=Sampling(topp=1e-6), generator=g) == expected
+    assert (
+        greedy(model, src, src == 0, sampling=Sampling(temperature=1e-4), generator=g) == expected
+    )
 
 
 def test_sampler_draws_from_the_renormalised_top_k_and_nucleus():
@@ -215,7 +221,7 @@ def test_an_ensemble_of_two_real_checkpoints_decodes_with_the_mean_log_probabili
         # each step's distribution, decoded with the cache as the search does, is the mean
         model, memory_mask = ens.model, src == 0
         with torch.no_grad():
-            memory, cache = model.encode(src, memory_mask), model.new_cache()
+            memory, cache = model.encode(src, memory_mask), DecodeCache(model.cache_layers)
             for t in range(len(tgt)):
                 h = model.decode(torch.tensor([tgt[t : t + 1]]), memory, memory_mask, cache, t)
                 mean = sum(

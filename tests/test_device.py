@@ -82,7 +82,7 @@ def test_decoding_auto_follows_the_precision_the_run_really_trained_in(tiny_run,
 
 def test_output_layer_and_log_softmax_are_fp32_under_autocast():
     from mt.config import ModelConfig
-    from mt.decode.search import _step_lprobs
+    from mt.decode.step import decoder_step
     from mt.model import build_model
 
     torch.manual_seed(0)
@@ -93,7 +93,7 @@ def test_output_layer_and_log_softmax_are_fp32_under_autocast():
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         memory = model.encode(src, mask)
         h = model.decode(tokens, memory, mask)
-        lprobs = _step_lprobs(model, tokens, memory, mask, None, 0, tokens)
+        lprobs = decoder_step(model, tokens, memory, mask, None, 0)
     assert lprobs.dtype == torch.float32
     with torch.no_grad():
         exact = torch.log_softmax(model.project(h[:, -1].float()), -1)

@@ -108,10 +108,10 @@ def test_attention_dropout_on_cpu_is_unbiased_and_respects_padding():
     attn = FastMultiHeadAttention(16, 2, 0.25, self_attention=True)
     x = torch.randn(1, 5, 16)
     may_attend = torch.tensor([True, True, True, False, False]).view(1, 1, 1, 5)
-    expected = attn.eval()(x, attn_mask=may_attend)
+    expected = attn.eval()(x, mask=may_attend)
     draws = 4000
     xs = x.expand(draws, 5, 16).clone().requires_grad_()
-    out = attn.train()(xs, attn_mask=may_attend)
+    out = attn.train()(xs, mask=may_attend)
     assert not torch.allclose(out[0], out[1])  # masks differ per row
     draws_out = out.detach()
     spread = draws_out.std(0) / draws**0.5  # standard error of the mean
@@ -120,9 +120,9 @@ def test_attention_dropout_on_cpu_is_unbiased_and_respects_padding():
     assert bool(torch.isfinite(xs.grad).all())
     # what stands at padded key positions cannot change the output at all
     torch.manual_seed(1)
-    a = attn(x, attn_mask=may_attend)
+    a = attn(x, mask=may_attend)
     y = x.clone()
     y[:, 3:] = 100.0
     torch.manual_seed(1)
-    b = attn(y, attn_mask=may_attend)
+    b = attn(y, mask=may_attend)
     torch.testing.assert_close(a[:, :3], b[:, :3])

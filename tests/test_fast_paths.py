@@ -10,6 +10,7 @@ from mt import fast
 from mt.config import load_config
 from mt.errors import MTError
 from mt.fast.modules import FastFeedForward, FastMultiHeadAttention, FastTransformer
+from mt.model.attention import CAUSAL
 from mt.objectives.loss import label_smoothed_nll
 from mt.tokens import PAD
 from mt.train.parts import model_parts
@@ -180,11 +181,11 @@ def test_fused_attention_equals_the_op_by_op_chain(kind, p, monkeypatch):
     may_attend[0, ..., -2:] = False
     upstream = torch.randn(3, 5, 16)
     kwargs = {
-        "padded": {"attn_mask": may_attend},
-        "causal": {"is_causal": True},
-        "padded causal": {"attn_mask": may_attend, "is_causal": True},
-        "cross": {"memory": memory, "attn_mask": may_attend},
-        "relative": {"is_causal": True, "q_pos": torch.arange(5), "k_pos": torch.arange(5)},
+        "padded": {"mask": may_attend},
+        "causal": {"mask": CAUSAL},
+        "padded causal": {"mask": may_attend & torch.ones(s, s, dtype=torch.bool).tril()},
+        "cross": {"memory": memory, "mask": may_attend},
+        "relative": {"mask": CAUSAL, "positions": (torch.arange(5), torch.arange(5))},
     }[kind]
     leaves = [x, memory, *attn.parameters()]
 

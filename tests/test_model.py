@@ -1,10 +1,9 @@
 import pytest
 import torch
 
-from mt.decode.search import beam_search, greedy
-from mt.model import reorder_cache
+from mt.decode.cache import DecodeCache
 from mt.tokens import EOS, PAD
-from tests.conftest import V, make_model, make_src
+from tests.conftest import V, beam_search, greedy, make_model, make_src
 
 
 def test_padding_does_not_change_outputs():
@@ -29,7 +28,7 @@ def test_cached_decoding_equals_uncached(pre_norm, tie):
     memory = model.encode(src, mask)
     tgt = torch.randint(4, V, (3, 7))
     full = model.project(model.decode(tgt, memory, mask))  # (B, T, V)
-    cache = model.new_cache()
+    cache = DecodeCache(model.cache_layers)
     steps = [
         model.project(model.decode(tgt[:, t : t + 1], memory, mask, cache=cache, start=t))
         for t in range(tgt.shape[1])
@@ -49,12 +48,12 @@ def test_reordered_cache_continues_the_selected_rows():
     mask = src == PAD
     memory = model.encode(src, mask)
     tgt = torch.randint(4, V, (4, 4))
-    cache = model.new_cache()
+    cache = DecodeCache(model.cache_layers)
     for t in range(3):
         model.decode(tgt[:, t : t + 1], memory, mask, cache=cache, start=t)
     first, then = torch.tensor([2, 0, 0, 3]), torch.tensor([3, 1, 0])  # beam reorder, then drop
-    reorder_cache(cache, first)
-    reorder_cache(cache, then)
+    cache.keep(first, first)
+    cache.keep(then, then)
     rows = first[then]
     step = model.decode(tgt[rows, 3:4], memory[rows], mask[rows], cache=cache, start=3)
     full = model.decode(tgt[rows], memory[rows], mask[rows])[:, -1:]
@@ -62,7 +61,7 @@ def test_reordered_cache_continues_the_selected_rows():
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_beam_one_equals_greedy(seed):
+def test_beam_one_equals_greedy(seed, beam_of_one):
     model = make_model(seed=seed)
     src = make_src([9, 3, 6, 6, 2], seed=seed)
     mask = src == PAD
@@ -159,10 +158,10 @@ def test_cross_cache_per_sentence_equals_one_copy_per_hypothesis():
     nxt = torch.randint(4, V, (3 * k, 1))
     outs = []
     for per_sentence in (True, False):
-        cache = model.new_cache()
+        cache = DecodeCache(model.cache_layers, per_sentence=per_sentence)
         model.decode(bos, memory, mask, cache=cache, start=0)
-        reorder_cache(cache, rows, cross=not per_sentence)
-        assert cache[0]["cross"]["k"].shape[0] == (3 if per_sentence else 3 * k)
+        cache.keep(rows, None)
+        assert cache[0].cross.values[0].shape[0] == (3 if per_sentence else 3 * k)
         weights = []
         h = model.decode(nxt, memory[rows], mask[rows], cache=cache, start=1, weights=weights)
         outs.append((h, weights))

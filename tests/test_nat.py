@@ -149,8 +149,8 @@ def test_nat_trains_and_translates_from_the_cli(tmp_path):
         out = run_mt("translate", tmp_path / "nat", *flags, input="\n".join(lines) + "\n")
         assert out.returncode == 0, out.stderr
         assert f"mask-predict, {knobs[0]} iterations, {knobs[1]} candidate lengths" in out.stderr
-        expected = t.with_options(nat_iterations=knobs[0], nat_length_beam=knobs[1])
-        assert out.stdout.splitlines() == expected.translate(lines)
+        expected = t.translate(lines, nat_iterations=knobs[0], nat_length_beam=knobs[1])
+        assert out.stdout.splitlines() == expected
     # --print-alignment: one link per output subword (no EOS row to drop: the length was
     # predicted), from the attention of the pass that produced the output
     out = run_mt("translate", tmp_path / "nat", "--print-alignment", input="\n".join(lines) + "\n")

@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mt.decode.search import beam_search, greedy
 from mt.tokens import BOS, EOS
+from tests.conftest import beam_search, greedy
 
 V = 7  # PAD, UNK, BOS, EOS and three words
 WORDS = [4, 5, 6]
@@ -29,8 +29,7 @@ class ScriptedModel(torch.nn.Module):
     def encode(self, src, src_pad_mask):
         return torch.zeros(src.shape[0], src.shape[1], 1)
 
-    def new_cache(self):
-        return [{"self": {}}]
+    cache_layers = 1
 
     def decode(self, tgt_in, memory, src_pad_mask, cache=None, start=0, weights=None):
         return F.one_hot(tgt_in, V).float()  # (B, T, V)
@@ -88,7 +87,7 @@ def test_the_length_penalty_changes_the_winner_as_the_formula_says():
     assert flipped > 0
 
 
-def test_greedy_follows_the_most_likely_token_and_beam_one_agrees():
+def test_greedy_follows_the_most_likely_token_and_beam_one_agrees(beam_of_one):
     src = torch.tensor([[4, 5, EOS], [6, EOS, 0]])
     for seed in range(20):
         table = _table(seed)
@@ -116,9 +115,9 @@ def test_a_sentence_ends_at_its_length_limit_with_eos():
 
 def test_search_never_emits_pad_bos_or_unk():
     from mt.config import ModelConfig
-    from mt.decode.search import beam_search, greedy
     from mt.model import build_model
     from mt.tokens import BOS, EOS, PAD, UNK
+    from tests.conftest import beam_search, greedy
 
     torch.manual_seed(0)
     model = build_model(ModelConfig(d_model=32, enc_layers=1, dec_layers=1, d_ff=64), 40, 40).eval()
@@ -141,8 +140,8 @@ def test_search_records_no_autograd_graph():
     # every decoding step runs without gradients: a search that recorded the graph would
     # keep every step's activations alive and run slower
     from mt.config import ModelConfig
-    from mt.decode.search import beam_nbest
     from mt.model import build_model
+    from tests.conftest import beam_nbest
 
     torch.manual_seed(0)
     model = build_model(ModelConfig(d_model=32, enc_layers=1, dec_layers=1, d_ff=64), 40, 40).eval()
@@ -158,3 +157,63 @@ def test_search_records_no_autograd_graph():
     beam_search(model, src, src == 0, 3, 1.0, 0.0, 4)
     beam_nbest(model, src, src == 0, 3, 2, 1.0, 0.0, 4)
     assert seen and not any(seen)
+
+
+class Stopped(Exception):
+    pass
+
+
+def test_the_per_step_hook_sees_every_step_and_can_stop_the_search():
+    """on_step(step) runs after each decoder step, for greedy, beam and sampling alike; what
+    it raises ends the search (how a server cancels a request)."""
+    from mt.decode.sampling import Sampling
+    from tests.conftest import searched
+
+    src = torch.tensor([[4, 5, EOS], [6, EOS, 0]])
+    table = torch.full((V, V), -1e9)
+    table[:, 4] = 0.0  # never ends before its limit: max_len_b steps
+    model = ScriptedModel(torch.log_softmax(table, -1))
+    for options in ({"beam": 1}, {"beam": 3}, {"beam": 1, "sampling": Sampling(seed=1)}):
+        seen = []
+
+        searched(model, src, src == 0, max_len_a=0.0, max_len_b=6, on_step=seen.append, **options)
+        assert seen == list(range(6)), options
+
+        def stop_at_2(step, seen=seen):
+            seen.append(step)
+            if step == 2:
+                raise Stopped
+
+        seen.clear()
+        with pytest.raises(Stopped):
+            searched(model, src, src == 0, max_len_a=0.0, max_len_b=6, on_step=stop_at_2, **options)
+        assert seen == [0, 1, 2]
+
+
+def test_decoding_options_out_of_bounds_are_refused_naming_the_option():
+    from mt.decode.options import DecodeOptions, OptionError
+    from mt.decode.sampling import Sampling
+
+    for given, field in (
+        ({"beam": 0}, "beam"),
+        ({"beam": 101}, "beam"),
+        ({"beam": 2.5}, "beam"),
+        ({"beam": 2, "nbest": 3}, "nbest"),
+        ({"length_penalty": -1.0}, "length_penalty"),
+        ({"length_penalty": float("nan")}, "length_penalty"),
+        ({"length_penalty": float("inf")}, "length_penalty"),
+        ({"max_len_b": 0}, "max_len_b"),
+        ({"sampling": Sampling(temperature=0.0)}, "temperature"),
+        ({"sampling": Sampling(temperature=float("inf"))}, "temperature"),
+        ({"sampling": Sampling(topp=1.5)}, "topp"),
+        ({"sampling": Sampling(topp=0.0)}, "topp"),
+        ({"sampling": Sampling(topk=-1)}, "topk"),
+        ({"sampling": Sampling(), "nbest": 2}, "nbest"),
+        ({"nat_iterations": 0}, "nat_iterations"),
+    ):
+        with pytest.raises(OptionError) as e:
+            DecodeOptions(**given)
+        assert e.value.field == field and str(e.value).startswith(field), (given, str(e.value))
+        assert e.value.as_flag().args[0].startswith("--" + field.replace("_", "-"))
+    assert DecodeOptions(beam=100, nbest=100).nbest == 100  # the bounds themselves are fine
+    assert DecodeOptions(beam=1, sampling=Sampling(topp=1.0)).greedy

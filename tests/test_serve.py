@@ -279,6 +279,16 @@ INFO = {"architecture": "transformer", "decoding": {"beam": 5},
         "attention": {"available": False, "why_not": "scripted"}}  # fmt: skip
 
 
+class ScriptedTranslator:
+    """What the app asks of a translator before the worker decodes: its options."""
+
+    @staticmethod
+    def options(**given):
+        from mt.decode.options import DecodeOptions
+
+        return DecodeOptions().with_(**given)
+
+
 def test_a_full_queue_answers_429_at_once_and_a_slow_request_times_out_alone():
     release = threading.Event()
 
@@ -288,7 +298,7 @@ def test_a_full_queue_answers_429_at_once_and_a_slow_request_times_out_alone():
         return [{"text": s.upper(), "score": None} for s in sentences]
 
     batcher = Batcher(decode, max_queue=2, max_wait=0.0)
-    app = create_app(None, INFO, batcher, Limits(timeout=1.0))
+    app = create_app(ScriptedTranslator(), INFO, batcher, Limits(timeout=1.0))
     url, thread, server = _serve_in_thread(app)
     try:
         with httpx.Client(base_url=url, timeout=30) as http, ThreadPoolExecutor(4) as pool:

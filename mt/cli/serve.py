@@ -88,7 +88,7 @@ def serve_cmd(
         app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=int(timeout) + 1
     )
     server = uvicorn.Server(config)
-    _err(translator.describe(paths, {}))
+    _err(translator.describe(paths, translator.options()))
     _err(
         f"serving {info['source_language']}->{info['target_language']} on "
         f"http://{host}:{port}/ (batching {'on' if batching else 'off'}"

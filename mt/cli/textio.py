@@ -45,7 +45,7 @@ def write_output(path: Path | None, lines: list[str]) -> None:
         write_text(path, text)
 
 
-def interactive(translator, options: dict) -> None:
+def interactive(translator, opts) -> None:
     """stdin is a terminal: answer each line as it is typed (Ctrl-D ends)."""
     _say("type a sentence and press Enter; Ctrl-D to quit")
     while True:
@@ -61,4 +61,4 @@ def interactive(translator, options: dict) -> None:
         if line is None:
             _say("")
             return
-        print(translator.translate([line.rstrip("\n")], **options)[0], flush=True)
+        print(translator.translate([line.rstrip("\n")], opts)[0], flush=True)

@@ -53,6 +53,7 @@ def translate_cmd(
     """
     from mt.artifacts import checkpoint
     from mt.cli.textio import check_input_output, interactive, read_input, write_output
+    from mt.decode.options import OptionError
     from mt.decode.sampling import Sampling
     from mt.decode.translator import Translator
     from mt.outputs import is_stdio
@@ -66,11 +67,15 @@ def translate_cmd(
     paths = [checkpoint.resolve(m) for m in models]
     check_input_output(input, output, force, paths)
     choose_threads(0, _err)
-    translator = Translator.load(paths, device, precision).with_options(
-        1 if greedy else beam, length_penalty, nat_iterations, nat_length_beam
-    )
-    options = {"beam": 1 if greedy else beam, "length_penalty": length_penalty, "prefix": prefix}
-    _err(translator.describe(paths, options, nbest, sampling))
+    translator = Translator.load(paths, device, precision)
+    given = {"beam": 1 if greedy else beam, "length_penalty": length_penalty,
+             "nat_iterations": nat_iterations, "nat_length_beam": nat_length_beam}  # fmt: skip
+    translator.check_applies(**given)
+    try:
+        opts = translator.options(**given, nbest=nbest, sampling=sampling, prefix=prefix)
+    except OptionError as e:
+        raise e.as_flag() from None
+    _err(translator.describe(paths, opts))
     if (
         is_stdio(input)
         and sys.stdin.isatty()
@@ -78,11 +83,8 @@ def translate_cmd(
         and not print_alignment
         and nbest == 1
     ):
-        return interactive(translator, dict(options, sampling=sampling))
-    write_output(
-        output,
-        translator.translate_lines(read_input(input), options, nbest, sampling, print_alignment),
-    )
+        return interactive(translator, opts)
+    write_output(output, translator.translate_lines(read_input(input), opts, print_alignment))
 
 
 @command("eval")

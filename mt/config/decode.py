@@ -34,9 +34,10 @@ class DecodeConfig(Section):
     )
     device_search: Literal["auto", "always", "never"] = Field(
         "auto",
-        description="search whose bookkeeping stays on the device, the host looking every 8 "
-        "steps (mt/decode/device_search.py): auto = on a GPU (on a CPU the search that drops "
-        "finished sentences at every step is faster); the same hypotheses either way",
+        description="the search's pace: the host looks at it every 8 steps, finished sentences "
+        "leaving the batch in power-of-two steps: auto = on a GPU (on a CPU looking at every "
+        "step, dropping each finished sentence at once, is faster); the same hypotheses either "
+        "way",
     )
     tune_beams: list[int] = Field(
         default_factory=list,

@@ -19,7 +19,7 @@ class Ensemble(Seq2Seq):
         self.members = list(models)  # the same modules, typed
         self.max_positions = min(m.max_positions for m in models)
         self.cross_cache_per_sentence = all(m.cross_cache_per_sentence for m in models)
-        self._layers = [len(m.new_cache()) for m in models]
+        self._layers = [m.cache_layers for m in models]
 
     def encode(self, src: torch.Tensor, src_pad_mask: torch.Tensor) -> torch.Tensor:
         """Each model's memory (B, S, D_i), or its source ids (B, S) for a decoder-only model,
@@ -38,8 +38,9 @@ class Ensemble(Seq2Seq):
             out.append(part[..., 0].to(dtype) if dim == 2 else part.to(dtype))
         return out
 
-    def new_cache(self) -> list[dict]:
-        return [layer for m in self.members for layer in m.new_cache()]
+    @property
+    def cache_layers(self) -> int:
+        return sum(self._layers)
 
     @property
     def static_cache(self) -> bool:

@@ -1,20 +1,56 @@
-"""Batched greedy and beam search over any `Seq2Seq` model with its decoding cache.
+"""The search: one batched loop over decoder steps for beam search, greedy search and sampling
+(Mask-Predict, which fills whole targets at once, keeps its own loop: mask_predict.py).
 
-Both loops drop finished sentences from the batch (and from the cache), so the work per step
-shrinks as sentences end. Beam search with beam 1 returns exactly what greedy returns.
+At each step the decoder gives every live hypothesis its next token's log-probabilities, the
+constraints apply (length limits, a forced prefix), and a rule extends the hypotheses: `Beam`
+keeps the best K of each sentence's K x V extensions and finishes those that end, `Pick` takes
+one token per sentence (the most likely: greedy search, which beam 1 is; or a draw: sampling).
+The rule's bookkeeping stays on the device: finished hypotheses go into preallocated tensors.
+
+The host looks at the search as often as its `Pace` says: at every step on a CPU, where a look
+costs nothing and dropping each finished sentence at once saves work; every few steps on a GPU,
+where each look waits for the device, so a finished sentence stays in the batch, frozen, until
+the next look drops it, down to a power-of-two batch (few shapes for a compiled step).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
-from mt.model import Seq2Seq, reorder_cache
-from mt.tokens import BOS, EOS, PAD, UNK
+from mt.decode.options import DecodeOptions
+from mt.decode.step import CompiledStep, Decoder
+from mt.model import Seq2Seq
+from mt.tokens import BOS, EOS
 
-BANNED = [PAD, BOS, UNK]
+# one line's outputs: [(token ids, score; None from a Pick rule), ...], best first
+Found = list[tuple[list[int], float | None]]
+
+
+@dataclass(frozen=True)
+class Pace:
+    """How often the host looks at the search (one sync each) and how the batch shrinks."""
+
+    check_every: int = 1  # steps between looks
+    buckets: bool = False  # keep frozen sentences to fill a power-of-two batch
+
+    def keep(self, done: list[bool]) -> list[int]:
+        """The sentences kept at a look: every one still searched, and with buckets as many
+        done ones (frozen) as fill the batch up to the next power of two; [] when all are
+        done. In order, so that the kept rows stay sorted."""
+        live = [i for i, d in enumerate(done) if not d]
+        if not live or not self.buckets:
+            return live
+        size = min(len(done), 1 << (len(live) - 1).bit_length())
+        filler = [i for i, d in enumerate(done) if d][: size - len(live)]
+        return sorted(live + filler)
+
+
+EVERY_STEP = Pace()
+ON_DEVICE = Pace(check_every=8, buckets=True)
 
 
 def max_lengths(
@@ -26,121 +62,200 @@ def max_lengths(
     return (src_len.float() * a + b).long().clamp(min=forced + 1).clamp(1, limit)
 
 
-def _force_prefix(lprobs: torch.Tensor, step: int, forced: Sequence[int]) -> None:
-    """While the forced prefix lasts, its token is the only choice (its log-prob kept, so
-    scores stay comparable)."""
+@torch.no_grad()
+def search(
+    model: Seq2Seq,
+    src: torch.Tensor,
+    src_pad_mask: torch.Tensor,
+    opts: DecodeOptions,
+    forced: Sequence[int] = (),
+    generator: torch.Generator | None = None,
+    pace: Pace = EVERY_STEP,
+    compiled: CompiledStep | None = None,
+    on_step: Callable[[int], None] | None = None,
+) -> list[Found]:
+    """src: (B, S) ids. Per sentence its outputs (ids without BOS/EOS, score), best first:
+    `opts.nbest` of a beam, one of a Pick. forced: a target prefix every output starts with;
+    generator: sampling's draws; compiled: a compiled step over a static cache; on_step(step)
+    after each step (it may raise to stop the search)."""
+    memory = model.encode(src, src_pad_mask)  # (B, S, D)
+    limits = max_lengths(
+        src_pad_mask, opts.max_len_a, opts.max_len_b, model.max_positions - 1, len(forced)
+    )
+    steps = int(limits.max())
+    rule = _rule(opts, src.shape[0], steps, src.device, generator)
+    k = rule.k
+    per_sentence = k > 1 and opts.use_cache and model.cross_cache_per_sentence
+    decoder = Decoder(model, steps, opts.use_cache, per_sentence, compiled, src.device)
+    live = Live(memory, src_pad_mask, limits, k, per_sentence)
+    for step in range(steps):
+        if step == 0 and k > 1 and opts.use_cache:
+            lprobs = decoder.first(memory, src_pad_mask, k)
+        else:
+            lprobs = decoder(rule.hyps, live.memory, live.pad_mask, step)
+        lprobs = _constrain(lprobs, step, opts.min_len, live.at_limit(step), forced, pace)
+        rows = rule.advance(step, lprobs, live.alive, live.done)
+        if on_step is not None:
+            on_step(step)
+        live.done = rule.done(live.alive) | live.at_limit(step, per_row=False)
+        if step + 1 == steps:
+            break
+        if rows is not None and decoder.cache is not None:
+            decoder.cache.reorder_beams(rows)
+        if (step + 1) % pace.check_every:
+            continue
+        keep = pace.keep(live.done.tolist())  # the look: one read of the device
+        if not keep:
+            break
+        if len(keep) < live.alive.shape[0]:  # drop done sentences
+            kept = torch.tensor(keep, device=src.device)
+            rule.keep(kept, live.keep(kept, decoder.cache))
+    return rule.results(opts.nbest, opts.length_penalty)
+
+
+class Live:
+    """The rows of the sentences still in the batch: their original index (`alive`), memory,
+    padding mask, and which are done (frozen until the host's next look)."""
+
+    def __init__(self, memory, src_pad_mask, limits, k: int, per_sentence: bool):
+        b, dev = memory.shape[0], memory.device
+        self.k, self.per_sentence, self.limits = k, per_sentence, limits
+        self.memory = memory if per_sentence else memory.repeat_interleave(k, 0)
+        self.pad_mask = src_pad_mask.repeat_interleave(k, 0)
+        self.alive = torch.arange(b, device=dev)  # (n,)
+        self.done = torch.zeros(b, dtype=torch.bool, device=dev)  # (n,)
+
+    def at_limit(self, step: int, per_row: bool = True) -> torch.Tensor:
+        """(n * K,) or (n,) bool: whose next token is the last it may have."""
+        at = step + 1 >= self.limits[self.alive]
+        return at.repeat_interleave(self.k) if per_row else at
+
+    def keep(self, kept: torch.Tensor, cache) -> torch.Tensor:
+        """Keep the sentences `kept` (indices among the live ones), their cache rows too;
+        returns their hypothesis rows."""
+        rows = (kept[:, None] * self.k + torch.arange(self.k, device=kept.device)).view(-1)
+        self.memory = self.memory[kept] if self.per_sentence else self.memory[rows]
+        self.pad_mask, self.alive, self.done = (
+            self.pad_mask[rows],
+            self.alive[kept],
+            self.done[kept],
+        )
+        if cache is not None:
+            cache.keep(rows, kept)
+        return rows
+
+
+def _constrain(lprobs, step: int, min_len: int, at_limit, forced: Sequence[int], pace: Pace):
+    """No EOS before `min_len` tokens, only EOS in the rows at their length limit (at_limit
+    (N,) bool), the forced prefix while it lasts (its token the only choice, its log-prob kept
+    so that scores stay comparable). Returns the constrained (N, V)."""
+    if step < min_len:
+        lprobs[:, EOS] = -float("inf")
+    if pace.check_every == 1:  # the host looks anyway: touch the rows at their limit only
+        idx = at_limit.nonzero().squeeze(1)
+        if len(idx):
+            lprobs[idx] = -float("inf")
+            lprobs[idx, EOS] = 0.0
+    else:  # a select over all rows, without a read of the device
+        eos_only = torch.full_like(lprobs[:1], -float("inf"))
+        eos_only[:, EOS] = 0.0
+        lprobs = torch.where(at_limit[:, None], eos_only, lprobs)
     if step < len(forced):
         keep = lprobs[:, forced[step]].clone()
         lprobs.fill_(-float("inf"))
         lprobs[:, forced[step]] = keep
-
-
-def sampler(
-    temperature: float = 1.0,
-    topk: int = 0,
-    topp: float = 1.0,
-    generator: torch.Generator | None = None,
-):
-    """pick() for `greedy` that draws the next token: from softmax(logits / temperature),
-    restricted to the `topk` most likely tokens (0: all) and to the smallest set whose
-    probability reaches `topp` (nucleus sampling, Holtzman et al. 2020; 1: all)."""
-
-    def pick(lprobs: torch.Tensor) -> torch.Tensor:
-        logits = lprobs / temperature  # (N, V)
-        if topk > 0:
-            kth = logits.topk(min(topk, logits.shape[-1]), dim=-1).values[:, -1:]
-            logits = logits.masked_fill(logits < kth, -float("inf"))
-        if topp < 1.0:
-            sorted_logits, order = logits.sort(dim=-1, descending=True)
-            probs = sorted_logits.softmax(-1)
-            # drop a token when the more likely ones already reach topp (the first never)
-            drop = (probs.cumsum(-1) - probs) >= topp
-            logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, -float("inf")))
-        return torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(1)
-
-    return pick
-
-
-def _step_lprobs(model, tokens, memory, src_pad_mask, cache, step, uncached_prefix):
-    if uncached_prefix is None:
-        h = model.decode(tokens, memory, src_pad_mask, cache=cache, start=step)
-    else:  # reference path: recompute the whole prefix every step
-        h = model.decode(uncached_prefix, memory, src_pad_mask)[:, -1:]
-    # The output layer and log-softmax run in fp32 even under autocast: bf16 logits (8 bits of
-    # mantissa) make close candidates tie or swap, so GPU and CPU would pick different words.
-    with torch.autocast(h.device.type, enabled=False):
-        logits = model.project(h[:, -1].float())  # (N, V), a new tensor
-    lprobs = torch.log_softmax(logits, dim=-1, out=logits)  # in place: no new (N, V)
-    # Never emit padding, BOS or <unk> (fairseq bans pad and bos too): an <unk> detokenizes to
-    # " ⁇ " in the user's output, and the others end a sentence in nonsense.
-    lprobs[:, BANNED] = -float("inf")
     return lprobs
 
 
-@torch.no_grad()
-def greedy(
-    model: Seq2Seq,
-    src: torch.Tensor,
-    src_pad_mask: torch.Tensor,
-    max_len_a: float = 1.5,
-    max_len_b: int = 10,
-    use_cache: bool = True,
-    min_len: int = 0,
-    pick=None,
-    forced: Sequence[int] = (),
-) -> list[list[int]]:
-    """src: (B, S). Returns B token-id lists (without BOS/EOS). EOS is not allowed before
-    `min_len` tokens (benchmarks use it to force equal output lengths). pick(lprobs (N, V))
-    -> (N,) next tokens: the most likely by default (a `sampler` draws instead). forced: a
-    target prefix every output starts with."""
-    b = src.shape[0]
-    pick = pick or (lambda lprobs: lprobs.argmax(-1))
-    memory = model.encode(src, src_pad_mask)
-    limits = max_lengths(src_pad_mask, max_len_a, max_len_b, model.max_positions - 1, len(forced))
-    alive = torch.arange(b, device=src.device)  # original row of each live row
-    out = torch.full((b, int(limits.max())), EOS, dtype=torch.long, device=src.device)
-    tokens = torch.full((b, 1), BOS, dtype=torch.long, device=src.device)
-    prefix = tokens
-    cache = model.new_cache() if use_cache else None
-    for step in range(int(limits.max())):
-        lprobs = _step_lprobs(
-            model, tokens, memory, src_pad_mask, cache, step, None if use_cache else prefix
-        )
-        if step < min_len:
-            lprobs[:, EOS] = -float("inf")
-        _force_eos(lprobs, step + 1 >= limits[alive])  # out of room: must end here
-        _force_prefix(lprobs, step, forced)
-        nxt = pick(lprobs)  # (N,)
-        out[alive, step] = nxt
-        going = nxt != EOS
-        if not going.any():
-            break
-        if not going.all():  # shrink the batch
-            keep = going.nonzero().squeeze(1)
-            alive, nxt, memory = alive[keep], nxt[keep], memory[keep]
-            src_pad_mask, prefix = src_pad_mask[keep], prefix[keep]
-            if cache is not None:
-                reorder_cache(cache, keep)
-        tokens = nxt[:, None]
-        prefix = torch.cat([prefix, tokens], dim=1)
-    return [_until_eos(row) for row in out.tolist()]
+def _rule(opts: DecodeOptions, b: int, steps: int, dev, generator) -> Beam | Pick:
+    if opts.sampling is not None:
+        return Pick(b, steps, dev, opts.sampling.pick(generator))
+    return Pick(b, steps, dev) if opts.beam == 1 else Beam(b, opts.beam, steps, dev)
 
 
-def _force_eos(lprobs: torch.Tensor, rows: torch.Tensor) -> None:
-    """Rows marked in the bool vector `rows` may only end: EOS gets log-prob 0, all else -inf.
-    Touches those rows only (a masked fill over the whole (N, V) matrix costs a full pass)."""
-    idx = rows.nonzero().squeeze(1)
-    if len(idx):
-        lprobs[idx] = -float("inf")
-        lprobs[idx, EOS] = 0.0
+class Pick:
+    """One token per sentence and step: the most likely (greedy search), or `pick(lprobs)`'s
+    (a sampler's draw). A sentence that ended stays frozen until the host drops it: its later
+    tokens are not written (a sampler still draws for it, so the draws depend on the pace)."""
+
+    k = 1
+
+    def __init__(self, b: int, steps: int, dev, pick=None):
+        self.pick = pick or (lambda lprobs: lprobs.argmax(-1))
+        self.out = torch.full((b, steps), EOS, dtype=torch.long, device=dev)
+        self.hyps = torch.full((b, 1), BOS, dtype=torch.long, device=dev)  # (n, t + 1)
+        self.ended = torch.zeros(b, dtype=torch.bool, device=dev)
+
+    def advance(self, step: int, lprobs, alive, frozen) -> None:
+        nxt = torch.where(self.ended, EOS, self.pick(lprobs))  # (n,)
+        self.out[alive, step] = nxt
+        self.ended = self.ended | (nxt == EOS)
+        self.hyps = torch.cat([self.hyps, nxt[:, None]], dim=1)
+
+    def done(self, alive) -> torch.Tensor:
+        return self.ended
+
+    def keep(self, kept, rows) -> None:
+        self.hyps, self.ended = self.hyps[rows], self.ended[kept]
+
+    def results(self, nbest: int, length_penalty: float) -> list[Found]:
+        return [[(_until_eos(row), None)] for row in self.out.tolist()]
+
+
+def _until_eos(ids: list[int]) -> list[int]:
+    return ids[: ids.index(EOS)] if EOS in ids else ids
+
+
+class Beam:
+    """Beam search with K hypotheses per sentence: of each step's top 2K extensions, those
+    ending in EOS among the top K finish (as fairseq does; score logp / len^length_penalty,
+    len counting EOS), the best K others stay live; a sentence is done at K finished or at its
+    length limit."""
+
+    def __init__(self, b: int, k: int, steps: int, dev):
+        self.k = k
+        self.scores = torch.full((b, k), -float("inf"), device=dev)  # (n, K)
+        self.scores[:, 0] = 0.0  # one live hypothesis per sentence at first
+        self.hyps = torch.full((b * k, 1), BOS, dtype=torch.long, device=dev)  # (n * K, t + 1)
+        self.finished = Finished(b, k, steps, dev)
+
+    def advance(self, step: int, lprobs, alive, frozen) -> torch.Tensor:
+        """Returns the rows of hyps the new hypotheses extend (the cache follows them)."""
+        top_scores, top_beam, top_tok = candidates(lprobs, self.scores, self.k)
+        self.finished.add(step, alive, frozen, self.hyps, top_scores, top_beam, top_tok)
+        self.scores, rows, new_tok = _best_live(top_scores, top_beam, top_tok, self.k)
+        self.hyps = torch.cat([self.hyps.index_select(0, rows), new_tok], dim=1)
+        return rows
+
+    def done(self, alive) -> torch.Tensor:
+        return self.finished.count[alive] >= self.k
+
+    def keep(self, kept, rows) -> None:
+        self.scores, self.hyps = self.scores[kept], self.hyps[rows]
+
+    def results(self, nbest: int, length_penalty: float) -> list[Found]:
+        return self.finished.best(nbest, length_penalty)
+
+
+def candidates(
+    lprobs: torch.Tensor, scores: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A beam step's candidates: each of the n sentences' K hypotheses (scores (n, K)) extended
+    by every token (lprobs (n * K, V), added to in place), and of those K * V the best 2K:
+    their scores, the hypothesis each extends (0..K-1) and its token, (n, 2K) each, best
+    first."""
+    v = lprobs.shape[-1]
+    cand = lprobs.view(-1, k, v).add_(scores[:, :, None]).view(-1, k * v)  # (n, KV)
+    top_scores, top_idx = _topk_rows(cand, min(2 * k, k * v))
+    return top_scores, top_idx // v, top_idx % v
 
 
 def _topk_rows(x: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """x.topk(m, dim=1) for long rows (beam search: K * vocabulary candidates per sentence),
-    through block maxima: cut each row into blocks of about sqrt(length), and the m largest
-    values lie in the m blocks with the largest maxima. A max per block and two small top-m
-    make fewer passes than one top-m over the whole row on CPU (docs/performance.md). On GPU
-    one topk kernel is faster than the several small ones this takes."""
+    """x.topk(m, dim=1) for long rows (K * vocabulary candidates per sentence), through block
+    maxima: cut each row into blocks of about sqrt(length), and the m largest values lie in the
+    m blocks with the largest maxima. A max per block and two small top-m make fewer passes
+    than one top-m over the whole row on CPU (docs/performance.md). On GPU one topk kernel is
+    faster than the several small ones this takes."""
     n, length = x.shape
     size = math.isqrt(length)
     blocks = length // size
@@ -159,64 +274,6 @@ def _topk_rows(x: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
     return values, index
 
 
-def _until_eos(ids: list[int]) -> list[int]:
-    return ids[: ids.index(EOS)] if EOS in ids else ids
-
-
-def _drop_done(done, k: int, per_sentence: bool, cache, alive, scores, hyps, pad_mask, memory):
-    """The live sentences' rows of the search state (and cache), the done ones dropped."""
-    keep_sent = (~done).nonzero().squeeze(1)
-    return keep_sentences(keep_sent, k, per_sentence, cache, alive, scores, hyps, pad_mask, memory)
-
-
-def keep_sentences(
-    keep_sent, k: int, per_sentence: bool, cache, alive, scores, hyps, pad_mask, memory
-):
-    """The search state (and cache) of the sentences `keep_sent` (indices among the live ones):
-    (alive, scores, hyps, pad_mask, memory)."""
-    keep_rows = (keep_sent[:, None] * k + torch.arange(k, device=keep_sent.device)).view(-1)
-    memory = memory[keep_sent] if per_sentence else memory[keep_rows]
-    if cache is not None:
-        reorder_cache(cache, keep_rows, cross=keep_sent if per_sentence else True)
-    return alive[keep_sent], scores[keep_sent], hyps[keep_rows], pad_mask[keep_rows], memory
-
-
-def _finish(
-    finished: list[list[tuple[float, list[int]]]],
-    alive: torch.Tensor,
-    hyps: torch.Tensor,
-    top_scores: torch.Tensor,
-    top_beam: torch.Tensor,
-    top_tok: torch.Tensor,
-    k: int,
-    length_penalty: float,
-) -> None:
-    """Finish the EOS candidates among each sentence's top K (as fairseq does): append
-    (logp / len^length_penalty, ids) to `finished` of its sentence, up to K per sentence.
-    top_*: (n, 2K) candidates of the n live sentences, best first; hyps: (n * K, t) with BOS."""
-    is_eos = (top_tok[:, :k] == EOS) & (top_scores[:, :k] > -float("inf"))
-    rows, cols = is_eos.nonzero(as_tuple=True)
-    for r, c in zip(rows.tolist(), cols.tolist(), strict=True):
-        sent = int(alive[r])
-        if len(finished[sent]) < k:
-            ids = hyps[int(r * k + top_beam[r, c]), 1:].tolist()
-            score = float(top_scores[r, c]) / (len(ids) + 1) ** length_penalty
-            finished[sent].append((score, ids))
-
-
-def candidates(
-    lprobs: torch.Tensor, scores: torch.Tensor, k: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A beam step's candidates: each of the n sentences' K hypotheses (scores (n, K)) extended
-    by every token (lprobs (n * K, V), added to in place), and of those K * V the best 2K:
-    their scores, the hypothesis each extends (0..K-1) and its token, (n, 2K) each, best
-    first. The same step for both searches (this module's and mt/decode/device_search.py)."""
-    v = lprobs.shape[-1]
-    cand = lprobs.view(-1, k, v).add_(scores[:, :, None]).view(-1, k * v)  # (n, KV)
-    top_scores, top_idx = _topk_rows(cand, min(2 * k, k * v))
-    return top_scores, top_idx // v, top_idx % v
-
-
 def _best_live(
     top_scores: torch.Tensor, top_beam: torch.Tensor, top_tok: torch.Tensor, k: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -231,123 +288,46 @@ def _best_live(
     return top_scores.gather(1, sel), src_rows, top_tok.gather(1, sel).view(-1, 1)
 
 
-def _first_step_lprobs(
-    model, memory: torch.Tensor, src_pad_mask: torch.Tensor, cache, k: int, per_sentence: bool
-) -> torch.Tensor:
-    """Step 0 of a cached beam search: the K hypotheses of a sentence are all BOS, so each
-    sentence is decoded once (its cross-attention keys/values computed here too) and its
-    log-probabilities and self-attention cache copied to K rows; the cross-attention cache
-    stays one row per sentence where the model allows (`per_sentence`). (B * K, V)"""
-    b, dev = memory.shape[0], memory.device
-    bos = torch.full((b, 1), BOS, dtype=torch.long, device=dev)
-    lprobs = _step_lprobs(model, bos, memory, src_pad_mask, cache, 0, None)
-    reorder_cache(cache, torch.arange(b, device=dev).repeat_interleave(k), cross=not per_sentence)
-    return lprobs.repeat_interleave(k, 0)
+class Finished:
+    """Each sentence's finished hypotheses, on the device: raw scores (B, K), lengths (B, K)
+    and tokens (B, K, max_len), filled best candidate first; slot K of each sentence takes the
+    writes that are not kept (so no write needs a host-side index)."""
 
+    def __init__(self, b: int, k: int, max_len: int, dev: torch.device):
+        self.k = k
+        self.raw = torch.full((b, k + 1), -float("inf"), device=dev)
+        self.length = torch.zeros((b, k + 1), dtype=torch.long, device=dev)
+        self.tokens = torch.zeros((b, k + 1, max(max_len, 1)), dtype=torch.long, device=dev)
+        self.count = torch.zeros(b, dtype=torch.long, device=dev)
 
-def _sentences_done(finished: list[list], alive: torch.Tensor, k: int) -> torch.Tensor:
-    """(n,) bool: which live sentences have K finished hypotheses."""
-    return torch.tensor([len(finished[s]) >= k for s in alive.tolist()], device=alive.device)
+    def add(self, step, alive, frozen, hyps, top_scores, top_beam, top_tok) -> None:
+        """The EOS candidates among each live sentence's top K (best first), up to K per
+        sentence; `frozen` (n,) sentences add nothing. hyps: (n * K, step + 1), BOS first."""
+        k = self.k
+        n = alive.shape[0]
+        is_eos = (top_tok[:, :k] == EOS) & (top_scores[:, :k] > -float("inf")) & ~frozen[:, None]
+        slot = self.count[alive][:, None] + is_eos.long().cumsum(1) - 1  # (n, K)
+        keep = is_eos & (slot < k)
+        slot = torch.where(keep, slot, k)  # the spare slot
+        sent = alive[:, None].expand(n, k)
+        self.raw[sent, slot] = top_scores[:, :k]
+        self.length[sent, slot] = step
+        if step:
+            rows = torch.arange(n, device=alive.device)[:, None] * k + top_beam[:, :k]
+            self.tokens[sent, slot, :step] = hyps[rows.reshape(-1), 1:].view(n, k, step)
+        self.count.index_add_(0, alive, keep.sum(1))
 
-
-@torch.no_grad()
-def beam_search(
-    model: Seq2Seq,
-    src: torch.Tensor,
-    src_pad_mask: torch.Tensor,
-    beam: int,
-    length_penalty: float = 1.0,
-    max_len_a: float = 1.5,
-    max_len_b: int = 10,
-    use_cache: bool = True,
-    min_len: int = 0,
-    forced: Sequence[int] = (),
-) -> list[list[int]]:
-    """The best hypothesis of each sentence (token ids without BOS/EOS); see beam_nbest."""
-    return [
-        hyps[0][0] if hyps else []
-        for hyps in beam_nbest(
-            model,
-            src,
-            src_pad_mask,
-            beam,
-            1,
-            length_penalty,
-            max_len_a,
-            max_len_b,
-            use_cache,
-            min_len,
-            forced,
-        )
-    ]
-
-
-@torch.no_grad()
-def _constrain(
-    lprobs: torch.Tensor, step: int, min_len: int, at_limit: torch.Tensor, forced: Sequence[int]
-) -> None:
-    """In place: no EOS before `min_len` tokens, EOS only in the rows at their length limit,
-    and the forced prefix while it lasts."""
-    if step < min_len:
-        lprobs[:, EOS] = -float("inf")
-    _force_eos(lprobs, at_limit)
-    _force_prefix(lprobs, step, forced)
-
-
-def _beam_start(b: int, k: int, dev: torch.device):
-    """(scores (B, K): one live hypothesis per sentence at first, hyps (B*K, 1): BOS, the
-    rows of the sentences still searched)."""
-    scores = torch.full((b, k), -float("inf"), device=dev)
-    scores[:, 0] = 0.0
-    hyps = torch.full((b * k, 1), BOS, dtype=torch.long, device=dev)
-    return scores, hyps, torch.arange(b, device=dev)
-
-
-@torch.no_grad()
-def beam_nbest(
-    model: Seq2Seq,
-    src: torch.Tensor,
-    src_pad_mask: torch.Tensor,
-    beam: int,
-    nbest: int,
-    length_penalty: float = 1.0,
-    max_len_a: float = 1.5,
-    max_len_b: int = 10,
-    use_cache: bool = True,
-    min_len: int = 0,
-    forced: Sequence[int] = (),
-) -> list[list[tuple[list[int], float]]]:
-    """Of each step's top 2*beam extensions, those ending in EOS among the top `beam` finish
-    (score logp / len^length_penalty, len counting EOS), the best `beam` others stay live; a
-    sentence leaves at `beam` finished or its limit. Each: `nbest` (ids, score), best first."""
-    b, k, dev = src.shape[0], beam, src.device
-    memory_once = model.encode(src, src_pad_mask)  # (B, S, D)
-    # a cross-attention cache of one row per sentence, shared by its K hypotheses' queries
-    per_sentence = use_cache and model.cross_cache_per_sentence
-    memory = memory_once if per_sentence else memory_once.repeat_interleave(k, 0)
-    pad_mask = src_pad_mask.repeat_interleave(k, 0)
-    limits = max_lengths(src_pad_mask, max_len_a, max_len_b, model.max_positions - 1, len(forced))
-    scores, hyps, alive = _beam_start(b, k, dev)
-    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(b)]  # (score, ids)
-    cache = model.new_cache() if use_cache else None
-    for step in range(int(limits.max())):
-        if step == 0 and use_cache:
-            lprobs = _first_step_lprobs(model, memory_once, src_pad_mask, cache, k, per_sentence)
-        else:
-            prefix = None if use_cache else hyps
-            lprobs = _step_lprobs(model, hyps[:, -1:], memory, pad_mask, cache, step, prefix)
-        _constrain(lprobs, step, min_len, (step + 1 >= limits[alive]).repeat_interleave(k), forced)
-        top_scores, top_beam, top_tok = candidates(lprobs, scores, k)
-        _finish(finished, alive, hyps, top_scores, top_beam, top_tok, k, length_penalty)
-        scores, src_rows, new_tok = _best_live(top_scores, top_beam, top_tok, k)
-        hyps = torch.cat([hyps.index_select(0, src_rows), new_tok], dim=1)
-        done = _sentences_done(finished, alive, k) | (step + 1 >= limits[alive])
-        if done.all():
-            break
-        if cache is not None:
-            reorder_cache(cache, src_rows, cross=False)
-        if done.any():  # shrink the batch
-            alive, scores, hyps, pad_mask, memory = _drop_done(
-                done, k, per_sentence, cache, alive, scores, hyps, pad_mask, memory
-            )
-    return [[(ids, s) for s, ids in sorted(f, key=lambda x: -x[0])[:nbest]] for f in finished]
+    def best(self, nbest: int, length_penalty: float) -> list[Found]:
+        """Per sentence its `nbest` (ids, score), best first: four reads of the device. The
+        scores are length-normalised here, on the host."""
+        raw, length = self.raw.tolist(), self.length.tolist()
+        tokens, count = self.tokens.tolist(), self.count.tolist()
+        out: list[Found] = []
+        for s, n in enumerate(count):
+            found = [
+                (raw[s][j] / (length[s][j] + 1) ** length_penalty, tokens[s][j][: length[s][j]])
+                for j in range(n)
+            ]
+            found.sort(key=lambda x: -x[0])  # stable: equal scores keep their order
+            out.append([(ids, score) for score, ids in found[:nbest]])
+        return out

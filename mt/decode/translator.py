@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import secrets
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch
@@ -17,13 +17,14 @@ from mt.artifacts import checkpoint
 from mt.config import DecodeConfig
 from mt.data.batching import pad_sources, token_batches
 from mt.data.tokenizer import Tokenizer
-from mt.decode.device_search import beam_nbest_on_device, greedy_on_device
 from mt.decode.mask_predict import mask_predict
+from mt.decode.options import DecodeOptions
 from mt.decode.sampling import Sampling
-from mt.decode.search import beam_nbest, greedy, max_lengths, sampler
+from mt.decode.search import EVERY_STEP, ON_DEVICE, max_lengths, search
+from mt.decode.step import CompiledStep
 from mt.errors import MTError
 from mt.model import Seq2Seq
-from mt.runtime.device import decode_dtype, pick_device
+from mt.runtime.device import autocast, decode_dtype, pick_device
 from mt.tokens import EOS, PAD
 
 # one line's search result: (its source ids, [(output ids, score or None), ...] best first)
@@ -53,10 +54,7 @@ class Translator:
         layer and log-softmax are fp32 either way (mt.decode.search)."""
         self.model, self.tokenizer, self.cfg, self.device = model, tokenizer, decode_cfg, device
         self.amp_dtype = amp_dtype
-        # decode.compile_step: the compiled decoder step and the static caches' buffers, made
-        # at the first batch that uses them and kept for the next (their CUDA graphs too)
-        self._step_fn: Any = None
-        self._pool: Any = None
+        self._compiled: CompiledStep | None = None  # see compiled()
 
     @classmethod
     def load(
@@ -115,7 +113,8 @@ class Translator:
 
     @property
     def searches_on_device(self) -> bool:
-        """decode.device_search: the search of mt/decode/device_search.py (auto: on a GPU)."""
+        """decode.device_search: the host looks at the search every few steps (auto: on a
+        GPU; on a CPU a look costs nothing and the batch shrinks at every step)."""
         choice = self.cfg.device_search
         return choice == "always" or (choice == "auto" and self.device.type == "cuda")
 
@@ -127,127 +126,78 @@ class Translator:
         on = choice == "always" or (choice == "auto" and self.device.type == "cuda")
         return on and self.searches_on_device and bool(getattr(self.model, "static_cache", False))
 
-    def _static_options(self) -> dict[str, Any]:
-        """The search on the device's static cache and compiled step (decode.compile_step),
-        one of each per translator, reused by every batch; {} where it does not apply."""
-        if not self.compiles_step:
-            return {}
-        from mt.decode.device_search import compiled_step, with_fallback
-        from mt.model.cache import BufferPool
-
-        if self._step_fn is None:
-            warn = lambda message: print(message, file=sys.stderr)  # noqa: E731
-            self._step_fn = with_fallback(compiled_step(self.device), warn)
-        if self._pool is None:
-            self._pool = BufferPool()
-        return {"static": self._pool, "step_fn": self._step_fn}
+    def compiled(self) -> CompiledStep | None:
+        """The compiled step and its static buffers (decode.compile_step), made at the first
+        batch that uses them and kept for the next (their CUDA graphs too); None if off."""
+        if self._compiled is None and self.compiles_step:
+            self._compiled = CompiledStep(self.device)
+        return self._compiled
 
     @property
     def non_autoregressive(self) -> bool:
         return bool(getattr(self.model, "non_autoregressive", False))
 
-    def with_options(
-        self,
-        beam: int | None = None,
-        length_penalty: float | None = None,
-        nat_iterations: int | None = None,
-        nat_length_beam: int | None = None,
-    ) -> Translator:
-        """This translator with decoding options a user asked for, refused where the model
-        does not use them (a beam for mask-predict, mask-predict's knobs for a search): an
-        option is never silently ignored. beam and length_penalty only checked here (they are
-        passed to translate); the NAT's knobs replace the config's."""
-        if self.non_autoregressive and (beam is not None or length_penalty is not None):
+    def options(self, **given: Any) -> DecodeOptions:
+        """The run's decoding options (its decode section, as tuned on valid) with those given
+        (beam, length_penalty, nbest, sampling, prefix, use_cache, nat_iterations, ...; None:
+        the run's), every bound checked (mt.decode.options)."""
+        return DecodeOptions.from_config(self.cfg, **given)
+
+    def check_applies(self, **given: Any) -> None:
+        """Refuse options a user gave that this model does not use (a beam for mask-predict,
+        mask-predict's knobs for a search): an option is never silently ignored."""
+        given = {k: v for k, v in given.items() if v is not None and v is not False}
+        search_only = sorted(set(given) - {"nat_iterations", "nat_length_beam"})
+        if self.non_autoregressive and search_only:
             raise MTError(
-                "--beam, --greedy and --length-penalty: this model (model.arch nat) decodes by "
-                "mask-predict; set --nat-length-beam (candidate lengths) and --nat-iterations"
+                f"{', '.join(search_only)}: this model (model.arch nat) decodes by mask-predict; "
+                "set its candidate lengths (--nat-length-beam) and passes (--nat-iterations)"
             )
-        nat = {"nat_iterations": nat_iterations, "nat_length_beam": nat_length_beam}
-        nat = {k: v for k, v in nat.items() if v is not None}
-        if nat and not self.non_autoregressive:
+        if not self.non_autoregressive and len(search_only) < len(given):
             raise MTError(
                 "--nat-iterations and --nat-length-beam apply to model.arch nat runs; this model "
                 "searches autoregressively: use --beam and --length-penalty"
             )
-        if not nat:
-            return self
-        cfg = self.cfg.model_copy(update=nat)
-        return Translator(self.model, self.tokenizer, cfg, self.device, self.amp_dtype)
 
-    def describe(
-        self,
-        paths: list[Path],
-        options: dict[str, Any],
-        nbest: int = 1,
-        sampling: Sampling | None = None,
-    ) -> str:
+    def describe(self, paths: list[Path], opts: DecodeOptions) -> str:
         """One line: which model(s) and which decoding settings a translation uses."""
         what = f"an ensemble of {len(paths)} models" if len(paths) > 1 else str(paths[0])
-        b = options.get("beam") or self.cfg.beam
-        lp = options.get("length_penalty")
-        lp = self.cfg.length_penalty if lp is None else lp
         if self.non_autoregressive:
             how = (
-                f"mask-predict, {self.cfg.nat_iterations} iterations, "
-                f"{self.cfg.nat_length_beam} candidate lengths"
-            )
-        elif sampling:
-            how = (
-                f"sampling (temperature {sampling.temperature}, top-k "
-                f"{sampling.topk or 'all'}, top-p {sampling.topp}, seed {sampling.seed})"
+                f"mask-predict, {opts.nat_iterations} iterations, "
+                f"{opts.nat_length_beam} candidate lengths"
             )
         else:
-            how = "greedy search" if b == 1 else f"beam {b}, length penalty {lp}"
-        return (
-            f"translating with {what} on {self.device}: {how}"
-            + (f", {nbest}-best" if nbest > 1 else "")
-            + (f", prefix {options['prefix']!r}" if options.get("prefix") else "")
-        )
+            how = opts.describe()
+        return f"translating with {what} on {self.device}: {how}"
 
     def search(
         self,
         lines: list[str],
-        beam: int | None = None,
-        length_penalty: float | None = None,
-        use_cache: bool = True,
+        opts: DecodeOptions | None = None,
         progress: bool = False,
-        nbest: int = 1,
-        sampling: Sampling | None = None,
-        prefix: str | None = None,
+        on_step: Callable[[int], None] | None = None,
+        **given: Any,
     ) -> list[Found | None]:
         """Per input line: (source ids, [(output ids, score), ...] best first: one, or
-        `nbest` from beam search; the score is None for greedy search and sampling), or None
-        for an empty line; input order. progress: a bar on stderr when it is a terminal."""
-        beam = beam or self.cfg.beam
-        if nbest > beam and sampling is None:
-            raise MTError(f"--nbest {nbest} needs a beam of at least {nbest} (it is {beam})")
+        `opts.nbest` from beam search; the score is None for greedy search, sampling and
+        mask-predict), or None for an empty line; input order. opts: the options (else the
+        run's with those `given`); progress: a bar on stderr when it is a terminal;
+        on_step(step): after every decoder step (it may raise to stop)."""
+        opts = opts or self.options(**given)
         texts = [" ".join(line.split()) for line in lines]
         todo = [i for i, t in enumerate(texts) if t]
         ids = self._source_ids([texts[i] for i in todo])
-        forced = self.tokenizer.encode_tgt([prefix])[0] if prefix else []
-        generator = self._generator(sampling)
+        forced = self.tokenizer.encode_tgt([opts.prefix])[0] if opts.prefix else []
+        generator = self._generator(opts.sampling)
         out: list[Found | None] = [None] * len(lines)
         lens = np.array([len(x) + 1 for x in ids], dtype=np.int64)
         bar = _progress_bar(len(ids), progress)
         # Sorted by length (no shuffling) so each batch has little padding.
         for batch in token_batches(lens, np.zeros_like(lens), self.cfg.max_tokens, seed=None):
             src = pad_sources([np.asarray(ids[i], dtype=np.int64) for i in batch]).to(self.device)
-            with torch.autocast(
-                self.device.type,
-                dtype=self.amp_dtype or torch.float32,
-                enabled=self.amp_dtype is not None,
-            ):
-                hyps = self._decode(
-                    src,
-                    src == PAD,
-                    beam,
-                    length_penalty,
-                    nbest,
-                    sampling,
-                    generator,
-                    forced,
-                    use_cache,
-                )
+            with autocast(self.device, self.amp_dtype):
+                hyps = self._decode(src, opts, forced, generator, on_step)
             for i, hyp in zip(batch, hyps, strict=True):
                 out[todo[i]] = (ids[i], hyp)
             bar.update(len(batch))
@@ -277,91 +227,57 @@ class Translator:
     def _decode(
         self,
         src: torch.Tensor,
-        mask: torch.Tensor,
-        beam: int,
-        length_penalty: float | None,
-        nbest: int,
-        sampling: Sampling | None,
-        generator: torch.Generator | None,
+        opts: DecodeOptions,
         forced: list[int],
-        use_cache: bool,
+        generator: torch.Generator | None,
+        on_step: Callable[[int], None] | None,
     ) -> list[list[tuple[list[int], float | None]]]:
-        c = self.cfg
-        if getattr(self.model, "non_autoregressive", False):
-            if nbest > 1 or sampling is not None or forced:
+        if self.non_autoregressive:
+            if opts.nbest > 1 or opts.sampling is not None or forced:
                 raise MTError(
                     "model.arch nat decodes by mask-predict: --nbest, --sample and "
                     "--prefix apply to the autoregressive models only"
                 )
-            return self._mask_predict(src, mask)
-        lp = c.length_penalty if length_penalty is None else length_penalty
-        lengths = (c.max_len_a, c.max_len_b)
-        static = self._static_options()
-        if self.searches_on_device and sampling is not None:
-            draw = sampler(sampling.temperature, sampling.topk, sampling.topp, generator)
-            hyps = greedy_on_device(self.model, src, mask, *lengths, use_cache, pick=draw,
-                                    forced=forced, **static)  # fmt: skip
-            return [[(h, None)] for h in hyps]
-        if self.searches_on_device:  # greedy too: beam 1 is greedy
-            found = beam_nbest_on_device(
-                self.model, src, mask, beam, nbest, lp, *lengths, use_cache, forced=forced,
-                **static,
-            )  # fmt: skip
-            if beam == 1:  # greedy's outputs carry no score
-                return [[(h, None) for h, _ in hyps] for hyps in found]
-            return cast(list[list[tuple[list[int], float | None]]], found)
-        if sampling is not None or (beam == 1 and nbest == 1):
-            s = sampling
-            pick = None if s is None else sampler(s.temperature, s.topk, s.topp, generator)
-            hyps = greedy(self.model, src, mask, *lengths, use_cache, pick=pick, forced=forced)
-            return [[(h, None)] for h in hyps]
-        found = beam_nbest(
-            self.model, src, mask, beam, nbest, lp, *lengths, use_cache, forced=forced
+            return self._mask_predict(src, src == PAD, opts)
+        pace = ON_DEVICE if self.searches_on_device else EVERY_STEP
+        return search(
+            self.model, src, src == PAD, opts, forced, generator, pace, self.compiled(), on_step
         )
-        return cast(list[list[tuple[list[int], float | None]]], found)  # (never None in beams)
 
     def _mask_predict(
-        self, src: torch.Tensor, mask: torch.Tensor, inputs_out: list[list[int]] | None = None
+        self,
+        src: torch.Tensor,
+        mask: torch.Tensor,
+        opts: DecodeOptions,
+        inputs_out: list[list[int]] | None = None,
     ) -> list[list[tuple[list[int], float | None]]]:
-        """The non-autoregressive model's decoding (decode.nat_iterations and
-        nat_length_beam); inputs_out: see mask_predict."""
-        c = self.cfg
-        limit = int(max_lengths(mask, c.max_len_a, c.max_len_b, self.model.max_positions - 1).max())
+        """The non-autoregressive model's decoding (opts.nat_iterations and nat_length_beam);
+        inputs_out: see mask_predict."""
+        limit = self.model.max_positions - 1
+        limit = int(max_lengths(mask, opts.max_len_a, opts.max_len_b, limit).max())
         found = mask_predict(
-            self.model, src, mask, c.nat_iterations, c.nat_length_beam, limit, inputs_out=inputs_out
-        )
+            self.model, src, mask, opts.nat_iterations, opts.nat_length_beam, limit,
+            inputs_out=inputs_out,
+        )  # fmt: skip
         return [[(h, None)] for h in found]
 
     def translate(
-        self,
-        lines: list[str],
-        beam: int | None = None,
-        length_penalty: float | None = None,
-        use_cache: bool = True,
-        progress: bool = False,
-        sampling: Sampling | None = None,
-        prefix: str | None = None,
-    ) -> list[str]:
-        """One output per input line, in input order; empty lines give empty outputs."""
-        found = self.search(
-            lines, beam, length_penalty, use_cache, progress, sampling=sampling, prefix=prefix
-        )
+        self, lines: list[str], opts: DecodeOptions | None = None, progress: bool = False,
+        **given: Any,
+    ) -> list[str]:  # fmt: skip
+        """One output per input line, in input order; empty lines give empty outputs. opts:
+        the options, else the run's with those given (beam=5, sampling=Sampling(...), ...)."""
+        found = self.search(lines, opts, progress, **given)
         return [text[0][0] for text in self.texts_of(found)]
 
     def translate_nbest(
-        self,
-        lines: list[str],
-        nbest: int,
-        beam: int | None = None,
-        length_penalty: float | None = None,
-        progress: bool = False,
-        prefix: str | None = None,
-    ) -> list[list[tuple[str, float | None]]]:
+        self, lines: list[str], nbest: int, opts: DecodeOptions | None = None,
+        progress: bool = False, **given: Any,
+    ) -> list[list[tuple[str, float | None]]]:  # fmt: skip
         """Per input line, its `nbest` translations with their scores (log-probability over
         length^length_penalty, the beam's ranking), best first; [] for an empty line."""
-        found = self.search(
-            lines, beam, length_penalty, progress=progress, nbest=nbest, prefix=prefix
-        )
+        opts = (opts or self.options(**given)).with_(nbest=nbest)
+        found = self.search(lines, opts, progress)
         return [
             [] if f is None else texts for f, texts in zip(found, self.texts_of(found), strict=True)
         ]
@@ -375,46 +291,35 @@ class Translator:
         ]
 
     def translate_lines(
-        self,
-        lines: list[str],
-        options: dict[str, Any],
-        nbest: int = 1,
-        sampling: Sampling | None = None,
-        alignment: bool = False,
+        self, lines: list[str], opts: DecodeOptions, alignment: bool = False
     ) -> list[str]:
         """The output lines of `mt translate`: translations, n-best rows
         (LINE TAB SCORE TAB TEXT) or translations with their alignment."""
         if alignment:
-            return self.translate_with_alignment(lines, options["beam"], options["length_penalty"])
-        if nbest > 1:
+            return [
+                "\t" if f is None else "\t".join(self.alignment_of(f, opts))
+                for f in self.search(lines, opts)
+            ]
+        if opts.nbest > 1:
             return [
                 f"{i}\t{score:.4f}\t{text}"
-                for i, hyps in enumerate(
-                    self.translate_nbest(lines, nbest, progress=True, **options)
-                )
+                for i, hyps in enumerate(self.translate_nbest(lines, opts.nbest, opts, True))
                 for text, score in hyps
             ]
-        return self.translate(lines, **options, sampling=sampling, progress=True)
+        return self.translate(lines, opts, progress=True)
 
-    def translate_with_alignment(
-        self, lines: list[str], beam: int | None = None, length_penalty: float | None = None
-    ) -> list[str]:
-        """ "translation<TAB>s-t s-t ...": 0-based source-subword to output-subword links."""
-        out = []
-        for found in self.search(lines, beam, length_penalty):
-            out.append("\t" if found is None else "\t".join(self.alignment_of(found)))
-        return out
-
-    def alignment_of(self, found: Found) -> tuple[str, str]:
-        """(the best translation of a line `search` translated, its alignment "s-t s-t ...":
-        0-based source subword to output subword links)."""
+    def alignment_of(self, found: Found, opts: DecodeOptions | None = None) -> tuple[str, str]:
+        """(the best translation of a line `search` translated with `opts`, its alignment
+        "s-t s-t ...": 0-based source subword to output subword links)."""
         from mt.decode.alignment import format_alignment, hard_alignment
 
-        hyp, weights, eos_row = self._attention_of(found[0], found[1][0][0])
+        hyp, weights, eos_row = self._attention_of(found[0], found[1][0][0], opts)
         text = self.tokenizer.decode_tgt([hyp])[0]
         return text, format_alignment(hard_alignment(weights, eos_row))
 
-    def _attention_of(self, src_ids: list[int], hyp: list[int]) -> tuple[list[int], Any, bool]:
+    def _attention_of(
+        self, src_ids: list[int], hyp: list[int], opts: DecodeOptions | None
+    ) -> tuple[list[int], Any, bool]:
         """(output, its cross-attention (L, H, T, S), whether the last row is EOS's). A
         search's output is teacher-forced; a NAT's is decoded again alone, keeping the input
         of the pass that produced it (mask_predict's inputs_out), and that output is used."""
@@ -424,22 +329,25 @@ class Translator:
             return hyp, cross_attention(self.model, src_ids, hyp, self.device), True
         src = torch.tensor([[*src_ids, EOS]], device=self.device)
         inputs: list[list[int]] = []
-        (((hyp, _),),) = self._mask_predict(src, src == PAD, inputs_out=inputs)
+        opts = opts or self.options()
+        (((hyp, _),),) = self._mask_predict(src, src == PAD, opts, inputs_out=inputs)
         return hyp, nat_cross_attention(self.model, src_ids, inputs[0], self.device), False
 
     def attention(
         self, line: str, beam: int | None = None
     ) -> tuple[str, np.ndarray, list[str], list[str]]:
         """(translation, weights (L, H, T, S), source labels, output labels) for one sentence."""
-        found = self.search([line], beam)[0]
+        found = self.search([line], beam=beam)[0]
         if found is None:
             raise MTError("the sentence is empty: give some text to translate")
         return self.attention_of(found)
 
-    def attention_of(self, found: Found) -> tuple[str, np.ndarray, list[str], list[str]]:
-        """The same for a line `search` translated: (its best translation, the cross-attention
-        (L, H, T, S) that produced it, source and output subword labels)."""
-        hyp, weights, eos_row = self._attention_of(found[0], found[1][0][0])
+    def attention_of(
+        self, found: Found, opts: DecodeOptions | None = None
+    ) -> tuple[str, np.ndarray, list[str], list[str]]:
+        """The same for a line `search` translated with `opts`: (its best translation, the
+        cross-attention (L, H, T, S) that produced it, source and output subword labels)."""
+        hyp, weights, eos_row = self._attention_of(found[0], found[1][0][0], opts)
         src_labels = [self.tokenizer.src.IdToPiece(i) for i in found[0]] + ["</s>"]
         tgt_labels = [*self.tokenizer.tgt_pieces_of(hyp), *(["</s>"] if eos_row else [])]
         return self.tokenizer.decode_tgt([hyp])[0], weights, src_labels, tgt_labels

@@ -24,11 +24,10 @@ def systems(models: list[Path], hyps: list[Path], src: Path | None, **decode) ->
 
     lines = read_lines(src)
     device, precision = decode.pop("device"), decode.pop("precision")
-    nat = {k: decode.pop(k, None) for k in ("nat_iterations", "nat_length_beam")}
     out = []
     for m in models:
         t = Translator.from_checkpoint(m, device, precision)
-        t = t.with_options(decode.get("beam"), decode.get("length_penalty"), **nat)
+        t.check_applies(**decode)
         out.append((str(m), t.translate(lines, **decode)))
     return out
 

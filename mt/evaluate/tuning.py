@@ -43,11 +43,7 @@ def _cost(settings: dict) -> tuple:
 
 
 def translate_with(translator: Translator, src: list[str], settings: dict) -> list[str]:
-    if "beam" in settings:
-        return translator.translate(
-            src, beam=settings["beam"], length_penalty=settings["length_penalty"]
-        )
-    return translator.with_options(**settings).translate(src)
+    return translator.translate(src, **settings)
 
 
 def tune_decoding(

@@ -5,15 +5,12 @@ cache, attention weights wanted) it hands over to the reference."""
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from contextvars import ContextVar
-
 import torch
 from torch import nn
 
 from mt.fast.dropout import HashDropout, dropout
 from mt.fast.nodes import add_norm, attention_out, cpu_fused, feed_forward
-from mt.model.attention import MultiHeadAttention, with_causal
+from mt.model.attention import MultiHeadAttention, as_bool, with_bias
 from mt.model.layers import FeedForward, Residual
 from mt.model.transformer import Transformer
 from mt.tokens import PAD
@@ -21,10 +18,6 @@ from mt.tokens import PAD
 # Gathering the real positions and scattering them back costs two passes over the stream,
 # forward and backward: below this much padding it does not pay (docs/performance.md).
 _MIN_PADDING_TO_SKIP = 0.05
-# (shape (B, T), flat indices of its real positions) of the stream being encoded or decoded
-_REAL_ROWS: ContextVar[tuple[tuple[int, ...], torch.Tensor] | None] = ContextVar(
-    "mt_fast_real_rows", default=None
-)
 
 
 def real_rows(pad_mask: torch.Tensor) -> torch.Tensor | None:
@@ -50,20 +43,6 @@ def position_wise(x: torch.Tensor, rows: torch.Tensor | None, sublayer) -> torch
     return flat.index_copy(0, rows, sublayer(flat.index_select(0, rows))).view_as(x)
 
 
-@contextmanager
-def real_rows_only(pad_mask: torch.Tensor | None):
-    """While encoding or decoding a padded stream: its feed-forward sublayers run on the real
-    positions only (see FastResidual)."""
-    rows = None if pad_mask is None else real_rows(pad_mask)
-    token = _REAL_ROWS.set(
-        None if pad_mask is None or rows is None else (tuple(pad_mask.shape), rows)
-    )
-    try:
-        yield
-    finally:
-        _REAL_ROWS.reset(token)
-
-
 class FastFeedForward(FeedForward):
     def __init__(self, d_model: int, d_ff: int, dropout: float):
         super().__init__(d_model, d_ff, dropout)
@@ -84,12 +63,6 @@ class FastResidual(Residual):
         self.dropout = HashDropout(dropout)
 
     def forward(self, x: torch.Tensor, f) -> torch.Tensor:
-        real = _REAL_ROWS.get()
-        if real is not None and isinstance(f, FeedForward) and real[0] == tuple(x.shape[:2]):
-            return position_wise(x, real[1], lambda h: self._residual(h, f))
-        return self._residual(x, f)
-
-    def _residual(self, x: torch.Tensor, f) -> torch.Tensor:
         if not self.pre_norm and cpu_fused(x, self.norm.weight, self.training):
             return add_norm(
                 x, f(x), self.norm.weight, self.norm.bias, self.dropout.p, self.norm.eps
@@ -98,42 +71,25 @@ class FastResidual(Residual):
 
 
 class FastMultiHeadAttention(MultiHeadAttention):
-    def forward(
-        self,
-        x,
-        memory=None,
-        attn_mask=None,
-        is_causal=False,
-        cache=None,
-        need_weights=False,
-        q_pos=None,
-        k_pos=None,
-    ):
+    def forward(self, x, memory=None, mask=None, cache=None, positions=None, need_weights=False):
         plain = cache is not None or need_weights
         if plain or not cpu_fused(x, self.out.weight, self.training):
             if not plain and self.training and self.dropout > 0.0 and not x.is_cuda:
                 # SDPA's CPU dropout takes its math path and draws the mask with bernoulli_
                 # (slow): the explicit path, with the hash dropout of weights_dropout
-                return super().forward(x, memory, attn_mask, is_causal, cache, True, q_pos, k_pos)[
-                    0
-                ]
-            return super().forward(
-                x, memory, attn_mask, is_causal, cache, need_weights, q_pos, k_pos
-            )
+                return super().forward(x, memory, mask, cache, positions, True)[0]
+            return super().forward(x, memory, mask, cache, positions, need_weights)
         # one node from the input projections to the output projection (mt.fast.nodes), which
         # reads the projections in the layouts their matmuls give: (B, T, 3D) for
         # self-attention, (B, T, D) and the memory's (B, S, 2D) for cross-attention
         proj, kv_proj, q, k = self._fused_projections(x, memory)
-        attn_mask, is_causal = self.scores_mask(
-            q, k, x.shape[0], attn_mask, is_causal, q_pos, k_pos
-        )
-        if is_causal:
-            attn_mask = with_causal(attn_mask, q.shape[-2], k.shape[-2], q.device)
+        if self.rel is not None:
+            mask = with_bias(self.rel(q, *positions), mask)
         return attention_out(
             proj,
             kv_proj,
             self.n_heads,
-            attn_mask,
+            as_bool(mask, q.shape[-2], k.shape[-2], q.device),
             self.out.weight,
             self.out.bias,
             self.dropout if self.training else 0.0,
@@ -155,13 +111,23 @@ class FastMultiHeadAttention(MultiHeadAttention):
 
 class FastTransformer(Transformer):
     """Teacher-forced encoding and decoding run the feed-forward sublayers on the real rows
-    alone."""
+    alone (see position_wise)."""
 
-    def encode(self, src, src_pad_mask):
-        with real_rows_only(src_pad_mask):
-            return super().encode(src, src_pad_mask)
+    def encode(self, src, src_pad_mask, packing=None):
+        rows = real_rows(src_pad_mask) if packing is None else None
+        x, mask, positions = self.encoder_inputs(src, src_pad_mask, packing)
+        for layer in self.encoder:
+            x = position_wise(layer.mix(x, mask, positions=positions), rows, layer.feed_forward)
+        return self.enc_norm(x)
 
-    def decode(self, tgt_in, memory, src_pad_mask, cache=None, start=0, weights=None):
+    def decode(self, tgt_in, memory, src_pad_mask, cache=None, start=0, weights=None, packing=None):
         # teacher forcing: target padding (right of each sentence) needs no feed-forward
-        with real_rows_only(tgt_in == PAD if cache is None else None):
-            return super().decode(tgt_in, memory, src_pad_mask, cache, start, weights)
+        rows = real_rows(tgt_in == PAD) if cache is None and packing is None else None
+        x, self_mask, cross_mask, positions = self.decoder_inputs(
+            tgt_in, src_pad_mask, cache, start, packing
+        )
+        for i, layer in enumerate(self.decoder):
+            part = None if cache is None else cache[i]
+            x = layer.mix(x, memory, cross_mask, self_mask, part, positions, weights)
+            x = position_wise(x, rows, layer.feed_forward)
+        return self.dec_norm(x)

@@ -2,7 +2,6 @@
 with or without attention, and the decoder-only Transformer. All speak `Seq2Seq`."""
 
 from mt.model.base import Seq2Seq
-from mt.model.cache import reorder_cache
 from mt.model.decoder_only import DecoderOnly
 from mt.model.layers import REFERENCE, Parts
 from mt.model.nat import NATransformer
@@ -18,7 +17,6 @@ __all__ = [
     "Seq2Seq",
     "Transformer",
     "build_model",
-    "reorder_cache",
 ]
 
 

@@ -1,27 +1,25 @@
-"""Multi-head scaled dot-product attention (Vaswani et al. 2017, sec. 3.2.2):
+"""Multi-head scaled dot-product attention (Vaswani et al. 2017, sec. 3.2):
 
+    Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V                          (eq. 1)
     MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O,
-    head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V),
-    Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V
+    head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)
 
-on top of `F.scaled_dot_product_attention`, with a key/value cache for incremental decoding.
-(The fused CPU training node that can replace `forward` lives in mt/fast.)"""
+on top of `F.scaled_dot_product_attention`. Incremental decoding hands in a cache (the search's,
+mt/decode/cache.py), which adds the past keys and values. (The fused CPU training node that can
+replace `forward` lives in mt/fast.)"""
 
 from __future__ import annotations
+
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mt.model.cache import (
-    extend_self_cache,
-    group_queries,
-    is_static,
-    memory_keys_values,
-    static_key_mask,
-    ungroup_weights,
-)
 from mt.model.positions import RelativeKeys
+
+CAUSAL: Literal["causal"] = "causal"  # the mask that bars each query from the later keys
+Mask = torch.Tensor | Literal["causal"] | None
 
 
 class MultiHeadAttention(nn.Module):
@@ -42,76 +40,51 @@ class MultiHeadAttention(nn.Module):
         self.rel = RelativeKeys(relative, self.d_head) if relative else None
 
     def forward(
-        self,
-        x: torch.Tensor,
-        memory: torch.Tensor | None = None,
-        attn_mask: torch.Tensor | None = None,
-        is_causal: bool = False,
-        cache: dict | None = None,
-        need_weights: bool = False,
-        q_pos: torch.Tensor | None = None,
-        k_pos: torch.Tensor | None = None,
+        self, x, memory=None, mask: Mask = None, cache=None, positions=None, need_weights=False
     ):
-        """x: (B, T, D) queries. memory: (B, S, D) for cross-attention.
-        attn_mask: bool, broadcastable to (B, H, T, S), True = may attend.
-        cache: dict updated in place; self-attention appends this step's keys/values,
-        cross-attention computes the memory's keys/values once and reuses them.
-        q_pos, k_pos: positions of the queries and of all keys (cached ones included), needed
-        with relative positions only. Returns (B, T, D), and the weights (B, H, T, S) when
-        need_weights.
-        """
+        """x: (B, T, D) queries; memory: (B, S, D), the keys and values of cross-attention.
+        mask: bool, broadcastable to (B, H, T, S), True = may attend; or CAUSAL. cache: the
+        search's part for this layer. positions: (query positions, key positions) for relative
+        positions. Returns (B, T, D), and the weights (B, H, T, S) when need_weights."""
         b, t, d = x.shape
         q, k, v = self.project(x, memory, cache)
-        if self.self_attention and cache is not None and is_static(cache):
-            attn_mask = static_key_mask(cache)  # the keys beyond this step are not written yet
-        attn_mask, is_causal = self.scores_mask(q, k, b, attn_mask, is_causal, q_pos, k_pos)
+        if cache is not None:  # the past keys and values (and their mask) come from the cache
+            q, k, v, mask = cache.attend(q, k, v, mask)
         dropout_p = self.dropout if self.training else 0.0
-        if need_weights:
-            ctx, weights = self.attend_explicit(q, k, v, attn_mask, is_causal, dropout_p)
-        else:
-            ctx = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout_p
-            )
-        out = self.out(ctx.transpose(1, 2).reshape(b, t, d))  # concat heads, W^O: (B, T, D)
-        if not need_weights:
-            return out
-        return out, ungroup_weights(weights, b, t)
-
-    def project(self, x: torch.Tensor, memory: torch.Tensor | None, cache: dict | None):
-        """The heads (B, H, T, Dh) of the queries Q W^Q, and of the keys K W^K and values V W^V
-        (of x itself, or of the memory), with a cache's past keys and values included."""
-        if self.self_attention:
-            q, k, v = self._heads_split(self.qkv(x), 3)
-            if cache is not None:  # the past steps' keys and values come first
-                k, v = extend_self_cache(cache, k, v)
-            return q, k, v
-        # the memory's keys and values: once per sentence, then from the cache
-        k, v = memory_keys_values(cache, lambda: self._heads_split(self.kv(memory), 2))
-        q = self.q(x).view(x.shape[0], x.shape[1], self.n_heads, self.d_head).transpose(1, 2)
-        return group_queries(q, k.shape[0]), k, v
-
-    def scores_mask(self, q, k, b: int, attn_mask, is_causal: bool, q_pos, k_pos):
-        """The (attn_mask, is_causal) pair for SDPA: grouped queries take one mask row per
-        sentence; relative positions become an additive bias (with -inf where barred); a bool
-        mask and is_causal together become one mask (SDPA takes one or the other)."""
-        if b != k.shape[0] and attn_mask is not None:  # grouped queries: one mask row each
-            attn_mask = attn_mask[:: b // k.shape[0]]
         if self.rel is not None:
-            return _as_bias(self.rel(q, q_pos, k_pos), attn_mask, is_causal), False
-        if is_causal and attn_mask is not None:
-            return with_causal(attn_mask, q.shape[-2], k.shape[-2], q.device), False
-        return attn_mask, is_causal
+            mask = with_bias(self.rel(q, *positions), mask)
+        if need_weights:
+            ctx, weights = self.attend_explicit(q, k, v, mask, dropout_p)
+            weights = weights if cache is None else cache.ungroup(weights, b)
+        elif isinstance(mask, str):  # CAUSAL: SDPA builds the causal mask itself
+            ctx = F.scaled_dot_product_attention(q, k, v, None, dropout_p, is_causal=True)
+        else:
+            ctx = F.scaled_dot_product_attention(q, k, v, mask, dropout_p)
+        out = self.out(ctx.transpose(1, 2).reshape(b, t, d))  # concat heads, W^O: (B, T, D)
+        return (out, weights) if need_weights else out
 
-    def attend_explicit(self, q, k, v, attn_mask, is_causal, dropout_p: float = 0.0):
-        """dropout(softmax(Q K^T / sqrt(d_k))) V written out, and the weights (before
+    def project(self, x: torch.Tensor, memory: torch.Tensor | None, cache):
+        """The heads (B, H, T, Dh) of the queries Q W^Q, and of the keys K W^K and values V W^V
+        of x itself or of the memory (once per sentence with a cache)."""
+        if self.self_attention:
+            return self._heads_split(self.qkv(x), 3)
+        (q,) = self._heads_split(self.q(x), 1)
+
+        def memory_heads():
+            return self._heads_split(self.kv(memory), 2)
+
+        k, v = memory_heads() if cache is None else cache.memory(memory_heads)
+        return q, k, v
+
+    def attend_explicit(self, q, k, v, mask: Mask, dropout_p: float = 0.0):
+        """dropout(softmax(Q K^T / sqrt(d_k))) V written out (eq. 1), and the weights (before
         dropout): for when the weights themselves are wanted."""
         scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5  # (B, H, T, S)
-        if is_causal:
-            attn_mask = with_causal(attn_mask, scores.shape[-2], scores.shape[-1], q.device)
-        if attn_mask is not None and attn_mask.dtype == torch.bool:
-            scores = scores.masked_fill(~attn_mask, float("-inf"))
-        elif attn_mask is not None:
-            scores = scores + attn_mask
+        mask = as_bool(mask, scores.shape[-2], scores.shape[-1], q.device)
+        if mask is not None and mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        elif mask is not None:
+            scores = scores + mask
         weights = scores.softmax(-1)
         return self.weights_dropout(weights, dropout_p) @ v, weights
 
@@ -124,16 +97,15 @@ class MultiHeadAttention(nn.Module):
         return x.view(b, t, n, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4).unbind(0)
 
 
-def _as_bias(bias: torch.Tensor, attn_mask: torch.Tensor | None, is_causal: bool) -> torch.Tensor:
+def as_bool(mask: Mask, t: int, s: int, device) -> torch.Tensor | None:
+    """A tensor mask as it is; CAUSAL as the bool (T, S) mask barring query i from the keys
+    after i."""
+    if not isinstance(mask, str):
+        return mask
+    return torch.ones(t, s, dtype=torch.bool, device=device).tril()
+
+
+def with_bias(bias: torch.Tensor, mask: Mask) -> torch.Tensor:
     """One float mask for SDPA: the relative-position bias with -inf where attention is barred."""
-    if is_causal:
-        attn_mask = with_causal(attn_mask, bias.shape[-2], bias.shape[-1], bias.device)
-    if attn_mask is not None:
-        bias = bias.masked_fill(~attn_mask, float("-inf"))
-    return bias
-
-
-def with_causal(attn_mask: torch.Tensor | None, t: int, s: int, device) -> torch.Tensor:
-    """The bool may-attend mask (True = may attend) with query i barred from the keys after i."""
-    causal = torch.ones(t, s, dtype=torch.bool, device=device).tril()
-    return causal if attn_mask is None else attn_mask & causal
+    mask = as_bool(mask, bias.shape[-2], bias.shape[-1], bias.device)
+    return bias if mask is None else bias.masked_fill(~mask, float("-inf"))

@@ -14,8 +14,9 @@ from mt.tokens import PAD
 class Seq2Seq(nn.Module):
     """Subclasses define encode(src, src_pad_mask) -> memory (batch first),
     decode(tgt_in, memory, src_pad_mask, cache=None, start=0, weights=None) -> states (B, T, D),
-    new_cache() -> list of {"self": {...}, "cross": {...}}, and have src_embed, tgt_embed,
-    output and max_positions (the longest source or target they take)."""
+    and have src_embed, tgt_embed, output, max_positions (the longest source or target they
+    take) and cache_layers: how many layers the search's cache (mt.decode.cache.DecodeCache,
+    one LayerCache per layer, batch first) holds for decode(cache=)."""
 
     max_positions: int
     d_model: int
@@ -28,8 +29,8 @@ class Seq2Seq(nn.Module):
 
     @property
     def static_cache(self) -> bool:
-        """Whether decode() takes a static self-attention cache (mt.model.cache.make_static)
-        and a tensor `start`: what a compiled or CUDA-graphed decoder step needs."""
+        """Whether decode() takes a static self-attention cache (mt.decode.cache.Static) and
+        a tensor `start`: what a compiled or CUDA-graphed decoder step needs."""
         return False
 
     def encode(self, src: torch.Tensor, src_pad_mask: torch.Tensor) -> torch.Tensor:
@@ -40,13 +41,14 @@ class Seq2Seq(nn.Module):
         tgt_in: torch.Tensor,
         memory: torch.Tensor,
         src_pad_mask: torch.Tensor,
-        cache: list[dict] | None = None,
+        cache: list | None = None,
         start: int = 0,
         weights: list | None = None,
     ) -> torch.Tensor:
         raise NotImplementedError
 
-    def new_cache(self) -> list[dict]:
+    @property
+    def cache_layers(self) -> int:
         raise NotImplementedError
 
     def project(self, h: torch.Tensor) -> torch.Tensor:

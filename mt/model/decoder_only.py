@@ -79,7 +79,7 @@ class DecoderOnly(Seq2Seq):
         tgt_in: torch.Tensor,
         memory: torch.Tensor,
         src_pad_mask: torch.Tensor,
-        cache: list[dict] | None = None,
+        cache: list | None = None,
         start: int = 0,
         weights: list | None = None,
     ) -> torch.Tensor:
@@ -110,15 +110,10 @@ class DecoderOnly(Seq2Seq):
         k_pos = torch.cat([src_pos, src_len + torch.arange(start + t, device=dev)], 1)
         mask = self._mask(src_pad_mask, x.shape[1], start + t)  # (B, 1, Q, K)
         layer_weights: list[torch.Tensor] = []
+        positions = (q_pos, k_pos) if self.relative else None
         for i, layer in enumerate(self.layers):
-            x = layer(
-                x,
-                mask,
-                cache=None if cache is None else cache[i]["self"],
-                q_pos=q_pos if self.relative else None,
-                k_pos=k_pos if self.relative else None,
-                weights=None if weights is None else layer_weights,
-            )
+            part = None if cache is None else cache[i].self
+            x = layer(x, mask, part, positions, None if weights is None else layer_weights)
         if weights is not None:  # target queries over source keys: the "cross" attention
             weights += [w[:, :, -t:, :s] for w in layer_weights]
         return self.final_norm(x[:, -t:])
@@ -133,5 +128,6 @@ class DecoderOnly(Seq2Seq):
         causal = torch.ones(n_q, n_k, dtype=torch.bool, device=dev).tril(n_k - n_q)
         return causal[None, None] & key_ok[:, None, None, :]
 
-    def new_cache(self) -> list[dict]:
-        return [{"self": {}} for _ in self.layers]
+    @property
+    def cache_layers(self) -> int:
+        return len(self.layers)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from mt.model.attention import MultiHeadAttention
+from mt.model.attention import CAUSAL, Mask, MultiHeadAttention
 
 
 class FeedForward(nn.Module):
@@ -83,25 +83,17 @@ class EncoderLayer(nn.Module):
         self.res1 = parts.residual(d_model, dropout, pre_norm)
         self.res2 = parts.residual(d_model, dropout, pre_norm)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        attn_mask: torch.Tensor,
-        cache: dict | None = None,
-        q_pos=None,
-        k_pos=None,
-        weights: list | None = None,
-    ) -> torch.Tensor:
-        def attend(h):
-            if weights is None:
-                return self.self_attn(h, attn_mask=attn_mask, cache=cache, q_pos=q_pos, k_pos=k_pos)
-            out, w = self.self_attn(
-                h, attn_mask=attn_mask, cache=cache, q_pos=q_pos, k_pos=k_pos, need_weights=True
-            )
-            weights.append(w)
-            return out
+    def forward(self, x, mask: Mask, cache=None, positions=None, weights: list | None = None):
+        return self.feed_forward(self.mix(x, mask, cache, positions, weights))
 
-        x = self.res1(x, attend)
+    def mix(self, x, mask: Mask, cache=None, positions=None, weights: list | None = None):
+        """The self-attention sublayer; its weights (B, H, T, T) go into `weights` if a list."""
+        return self.res1(
+            x, lambda h: _attend(self.self_attn, h, None, mask, cache, positions, weights)
+        )
+
+    def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The position-wise sublayer (each position alone)."""
         return self.res2(x, self.ffn)
 
 
@@ -130,43 +122,34 @@ class DecoderLayer(nn.Module):
         self.res2 = parts.residual(d_model, dropout, pre_norm)
         self.res3 = parts.residual(d_model, dropout, pre_norm)
 
-    def forward(
-        self,
-        x,
-        memory,
-        memory_mask,
-        cache: dict | None = None,
-        weights: list | None = None,
-        q_pos=None,
-        k_pos=None,
-        self_mask: torch.Tensor | None = None,
-    ):
-        """x: (B, T, D); memory: (B, S, D); memory_mask: (B, 1, 1, S) True = may attend.
-        With a cache, x holds only the newest position and the past comes from the cache.
-        If `weights` is a list, this layer's cross-attention weights (B, H, T, S) go into it.
-        self_mask: (B, 1, 1, T) may-attend over the target, given by the non-autoregressive
-        decoder (mt/model/nat.py), which sees the whole target without the causal mask.
-        """
-        self_cache = cache.setdefault("self", {}) if cache is not None else None
-        cross_cache = cache.setdefault("cross", {}) if cache is not None else None
-        # Training sees the whole target at once and needs the causal mask; a cached step
-        # holds one query that may see every cached key.
-        causal = cache is None and self_mask is None
-        x = self.res1(
-            x,
-            lambda h: self.self_attn(
-                h, attn_mask=self_mask, is_causal=causal, cache=self_cache, q_pos=q_pos, k_pos=k_pos
-            ),
+    def forward(self, x, memory, memory_mask, self_mask: Mask = CAUSAL, cache=None, positions=None,
+                weights: list | None = None):  # fmt: skip
+        return self.feed_forward(
+            self.mix(x, memory, memory_mask, self_mask, cache, positions, weights)
         )
 
-        def cross(h):
-            if weights is None:
-                return self.cross_attn(h, memory, attn_mask=memory_mask, cache=cross_cache)
-            out, w = self.cross_attn(
-                h, memory, attn_mask=memory_mask, cache=cross_cache, need_weights=True
-            )
-            weights.append(w)
-            return out
+    def mix(self, x, memory, memory_mask, self_mask: Mask = CAUSAL, cache=None, positions=None,
+            weights: list | None = None):  # fmt: skip
+        """Self-attention over the target, then cross-attention over the memory. x: (B, T, D);
+        memory: (B, S, D); memory_mask: (B, 1, 1, S) True = may attend; self_mask: CAUSAL in
+        training, None for a cached step (its one query may see every cached key), the
+        non-autoregressive decoder's padding mask, or a packed block's. cache: the search's
+        LayerCache. If `weights` is a list, the cross-attention weights (B, H, T, S) go in."""
+        self_part = None if cache is None else cache.self
+        cross_part = None if cache is None else cache.cross
+        x = self.res1(x, lambda h: self.self_attn(h, None, self_mask, self_part, positions))
+        return self.res2(
+            x, lambda h: _attend(self.cross_attn, h, memory, memory_mask, cross_part, None, weights)
+        )
 
-        x = self.res2(x, cross)
+    def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.res3(x, self.ffn)
+
+
+def _attend(attention, h, memory, mask: Mask, cache, positions, weights: list | None):
+    """attention(h, ...), its weights appended to `weights` when that is a list."""
+    if weights is None:
+        return attention(h, memory, mask, cache, positions)
+    out, w = attention(h, memory, mask, cache, positions, need_weights=True)
+    weights.append(w)
+    return out

@@ -46,8 +46,7 @@ class NATransformer(Transformer):
         memory_mask = self.memory_mask(src_pad_mask)
         self_mask = (tgt_in != PAD)[:, None, None, :]  # (B, 1, 1, T)
         pos = torch.arange(tgt_in.shape[1], device=tgt_in.device) if self.relative else None
+        positions = None if pos is None else (pos, pos)
         for layer in self.decoder:
-            x = layer(
-                x, memory, memory_mask, weights=weights, q_pos=pos, k_pos=pos, self_mask=self_mask
-            )
+            x = layer(x, memory, memory_mask, self_mask, positions=positions, weights=weights)
         return self.dec_norm(x)

@@ -118,16 +118,17 @@ class RNNSeq2Seq(Seq2Seq):
 
     # -- decoder --------------------------------------------------------------------------
     def _start(self, memory, src_pad_mask, cache):
-        """(decoder state (L, B, D), cross entries) from the cache or computed afresh."""
-        if cache is not None and cache[0].get("self"):
-            return cache[0]["self"]["h"].transpose(0, 1).contiguous(), cache[0]["cross"]
-        summary = self._summary(memory, src_pad_mask)
-        h0 = torch.tanh(self.init_state(summary)).view(-1, self.dec_layers, self.d_model)
-        cross = {"summary": summary}
-        if self.attn is not None:
-            cross["keys"] = self.attn.keys(memory)
-        if cache is not None:
-            cache[0]["cross"] = cross
+        """(decoder state (L, B, D), (the source summary (B, D), attention keys (B, S, D) if
+        any)): the state from the cache or computed afresh; the rest once per sentence."""
+
+        def from_memory():
+            summary = self._summary(memory, src_pad_mask)
+            return (summary,) if self.attn is None else (summary, self.attn.keys(memory))
+
+        cross = from_memory() if cache is None else cache[0].cross.memory(from_memory)
+        if cache is not None and "h" in cache[0].state:
+            return cache[0].state["h"].transpose(0, 1).contiguous(), cross
+        h0 = torch.tanh(self.init_state(cross[0])).view(-1, self.dec_layers, self.d_model)
         return h0.transpose(0, 1).contiguous(), cross
 
     def _attend(self, query, keys, memory, src_pad_mask):
@@ -142,7 +143,7 @@ class RNNSeq2Seq(Seq2Seq):
         tgt_in: torch.Tensor,
         memory: torch.Tensor,
         src_pad_mask: torch.Tensor,
-        cache: list[dict] | None = None,
+        cache: list | None = None,
         start: int = 0,
         weights: list | None = None,
     ) -> torch.Tensor:
@@ -151,17 +152,17 @@ class RNNSeq2Seq(Seq2Seq):
         y = self.dropout(self.tgt_embed(tgt_in) * math.sqrt(self.d_model))
         h, cross = self._start(memory, src_pad_mask, cache)
         if self.attention == "bahdanau":
-            out, h, w = self._bahdanau(y, h, cross["keys"], memory, src_pad_mask)
+            out, h, w = self._bahdanau(y, h, cross[1], memory, src_pad_mask)
         elif self.attention == "luong":
             s, h = recur(self.decoder, y, h)
-            ctx, w = self._attend(s, cross["keys"], memory, src_pad_mask)
+            ctx, w = self._attend(s, cross[1], memory, src_pad_mask)
             out = torch.tanh(self.combine(torch.cat([ctx, s], -1)))
         else:
-            ctx = cross["summary"][:, None].expand(-1, y.shape[1], -1)
+            ctx = cross[0][:, None].expand(-1, y.shape[1], -1)
             s, h = recur(self.decoder, torch.cat([y, ctx], -1), h)
             out, w = torch.tanh(self.combine(torch.cat([s, ctx, y], -1))), None
         if cache is not None:
-            cache[0]["self"] = {"h": h.transpose(0, 1)}  # batch first, for reordering
+            cache[0].state["h"] = h.transpose(0, 1)  # batch first, for reordering
         if weights is not None and w is not None:
             weights.append(w[:, None])
         return self.dropout(out)
@@ -176,8 +177,9 @@ class RNNSeq2Seq(Seq2Seq):
             ws.append(w)
         return torch.cat(outs, 1), h, torch.cat(ws, 1)
 
-    def new_cache(self) -> list[dict]:
-        return [{}]
+    @property
+    def cache_layers(self) -> int:
+        return 1
 
 
 def recur(gru: nn.GRU, x, h: torch.Tensor | None = None):

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from mt.model.attention import CAUSAL
 from mt.model.base import Seq2Seq, init_weights, make_embeddings
-from mt.model.cache import reorder_cache  # noqa: F401  (re-exported)
 from mt.model.layers import REFERENCE, DecoderLayer, EncoderLayer, Parts
 from mt.model.positions import AbsolutePositions
 
@@ -95,57 +95,55 @@ class Transformer(Seq2Seq):
     ) -> torch.Tensor:
         """src: (B, S) ids; src_pad_mask: (B, S) True = padding; packing: several pairs per
         row (mt/data/packing.py), each attending to itself alone. Returns (B, S, D)."""
+        x, mask, positions = self.encoder_inputs(src, src_pad_mask, packing)
+        for layer in self.encoder:
+            x = layer(x, mask, positions=positions)
+        return self.enc_norm(x)
+
+    def encoder_inputs(self, src, src_pad_mask, packing: Packing | None):
+        """(the embedded source (B, S, D), its attention mask, relative positions or None)."""
         if packing is not None:
             x = self._embed(self.src_embed, src, positions=packing.src_positions)
-            mask = packing.encoder_mask()  # built once, shared by every layer
-            for layer in self.encoder:
-                x = layer(x, mask)
-            return self.enc_norm(x)
-        x = self._embed(self.src_embed, src)
-        mask = self.memory_mask(src_pad_mask)
+            return x, packing.encoder_mask(), None  # one mask, shared by every layer
         pos = torch.arange(src.shape[1], device=src.device) if self.relative else None
-        for layer in self.encoder:
-            x = layer(x, mask, q_pos=pos, k_pos=pos)
-        return self.enc_norm(x)
+        positions = None if pos is None else (pos, pos)
+        return self._embed(self.src_embed, src), self.memory_mask(src_pad_mask), positions
 
     def decode(
         self,
         tgt_in: torch.Tensor,
         memory: torch.Tensor,
         src_pad_mask: torch.Tensor,
-        cache: list[dict] | None = None,
+        cache: list | None = None,
         start: int | torch.Tensor = 0,
         weights: list | None = None,
         packing: Packing | None = None,
     ) -> torch.Tensor:
-        """tgt_in: (B, T) ids starting at position `start` (T = 1 with a cache; a (1,) tensor
-        with a static cache, see mt.model.cache.make_static); packing: several pairs per row,
-        as in encode (training only).
+        """tgt_in: (B, T) ids starting at position `start` (T = 1 with a cache, the search's
+        mt.decode.cache.DecodeCache; a (1,) tensor with a static cache); packing: several
+        pairs per row, as in encode (training only).
         Returns decoder states (B, T, D); `project` turns them into logits."""
+        x, self_mask, cross_mask, positions = self.decoder_inputs(
+            tgt_in, src_pad_mask, cache, start, packing
+        )
+        for i, layer in enumerate(self.decoder):
+            part = None if cache is None else cache[i]
+            x = layer(x, memory, cross_mask, self_mask, part, positions, weights)
+        return self.dec_norm(x)
+
+    def decoder_inputs(self, tgt_in, src_pad_mask, cache, start, packing: Packing | None):
+        """(the embedded target (B, T, D), its self-attention mask, the memory's mask,
+        relative positions or None). A cached step's one query may see every cached key."""
         if packing is not None:
             x = self._embed(self.tgt_embed, tgt_in, positions=packing.tgt_positions)
-            self_mask, cross_mask = packing.decoder_mask(), packing.cross_mask()
-            for layer in self.decoder:
-                x = layer(x, memory, cross_mask, self_mask=self_mask)
-            return self.dec_norm(x)
+            return x, packing.decoder_mask(), packing.cross_mask(), None
         x = self._embed(self.tgt_embed, tgt_in, start)
-        mask = self.memory_mask(src_pad_mask)
-        q_pos = k_pos = None
+        positions = None
         if self.relative:  # (never with a static cache: see static_cache)
             assert isinstance(start, int)
             k_pos = torch.arange(start + tgt_in.shape[1], device=tgt_in.device)
-            q_pos = k_pos[start:]
-        for i, layer in enumerate(self.decoder):
-            x = layer(
-                x,
-                memory,
-                mask,
-                cache=None if cache is None else cache[i],
-                weights=weights,
-                q_pos=q_pos,
-                k_pos=k_pos,
-            )
-        return self.dec_norm(x)
+            positions = (k_pos[start:], k_pos)
+        return x, CAUSAL if cache is None else None, self.memory_mask(src_pad_mask), positions
 
     def forward(
         self,
@@ -156,13 +154,12 @@ class Transformer(Seq2Seq):
     ) -> torch.Tensor:
         """Teacher-forced logits (B, T, V); packing: a packed batch's segments and positions
         (train.pack_width), which encode and decode take."""
-        if packing is None:  # mt/fast's subclass overrides encode and decode without it
-            return super().forward(src, tgt_in, src_pad_mask)
         memory = self.encode(src, src_pad_mask, packing=packing)
         return self.project(self.decode(tgt_in, memory, src_pad_mask, packing=packing))
 
-    def new_cache(self) -> list[dict]:
-        return [{} for _ in self.decoder]
+    @property
+    def cache_layers(self) -> int:
+        return len(self.decoder)
 
     @property
     def static_cache(self) -> bool:

@@ -18,6 +18,7 @@ import math
 import torch
 
 from mt.data.batching import Batch
+from mt.decode.cache import DecodeCache
 from mt.objectives.loss import logits_loss
 from mt.tokens import PAD
 
@@ -108,7 +109,7 @@ class ScheduledSamplingLoss:
 
     def _step_by_step(self, model, batch: Batch, eps: float, p: float):
         memory = model.encode(batch.src, batch.src_pad_mask)
-        cache = model.new_cache()
+        cache = DecodeCache(model.cache_layers)
         token, states = batch.tgt_in[:, :1], []  # BOS
         for t in range(batch.tgt_in.shape[1]):
             h = model.decode(token, memory, batch.src_pad_mask, cache=cache, start=t)

@@ -18,6 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mt.config.decode import MAX_BEAM
+from mt.decode.options import OptionError
+from mt.decode.sampling import Sampling
 from mt.errors import MTError
 from mt.serve.batcher import Batcher, QueueFull
 from mt.serve.decoding import Settings, decode_batch
@@ -255,10 +257,6 @@ def _check(
     if req.sample and (req.beam is not None or req.nbest > 1):
         raise BadRequest(422, "sample draws one translation per sentence: leave out beam and nbest",
                          "sample")  # fmt: skip
-    beam = req.beam or info["decoding"]["beam"]
-    if not req.sample and req.nbest > beam:
-        raise BadRequest(422, f"nbest: {req.nbest} needs a beam of at least {req.nbest} (it is "
-                         f"{beam})", "nbest")  # fmt: skip
     if (req.alignment or req.attention) and not info["attention"]["available"]:
         raise BadRequest(422, f"{'attention' if req.attention else 'alignment'}: "
                          f"{info['attention']['why_not']}", "attention")  # fmt: skip
@@ -278,15 +276,18 @@ def _check(
             "sample and prefix do not apply",
             "beam",
         )
-    return Settings(
-        beam=req.beam,
-        length_penalty=req.length_penalty,
-        nbest=req.nbest,
-        sampling=(req.temperature, req.topk, req.topp, req.seed) if req.sample else None,
-        prefix=req.prefix or None,
-        alignment=req.alignment,
-        attention=req.attention,
-    )
+    sampling = Sampling(req.temperature, req.topk, req.topp, req.seed) if req.sample else None
+    try:
+        opts = translator.options(
+            beam=req.beam,
+            length_penalty=req.length_penalty,
+            nbest=req.nbest,
+            sampling=sampling,
+            prefix=req.prefix or None,
+        )
+    except OptionError as e:
+        raise BadRequest(422, str(e), e.field) from None
+    return Settings(opts, alignment=req.alignment, attention=req.attention)
 
 
 __all__ = ["Limits", "TranslateRequest", "create_app", "decode_batch"]

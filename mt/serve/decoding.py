@@ -8,19 +8,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mt.decode.sampling import Sampling
+from mt.decode.options import DecodeOptions
 from mt.errors import MTError
 
 
 @dataclass(frozen=True)
 class Settings:
-    """A request's decoding settings (hashable: requests with equal settings share a batch)."""
+    """A request's decoding options and what it asks to see (hashable: requests with equal
+    settings share a batch)."""
 
-    beam: int | None = None
-    length_penalty: float | None = None
-    nbest: int = 1
-    sampling: tuple[float, int, float, int | None] | None = None  # temperature, topk, topp, seed
-    prefix: str | None = None
+    options: DecodeOptions
     alignment: bool = False
     attention: bool = False
 
@@ -28,33 +25,26 @@ class Settings:
 def decode_batch(translator: Any, sentences: list[str], settings: Settings) -> list[dict[str, Any]]:
     """One result per sentence: {"text", "score"}, with "nbest" (a list of {"text", "score"}),
     "alignment" and "attention" ({"source", "target", "weights": (L, H, T, S)}) when asked."""
-    sampling = Sampling(*settings.sampling) if settings.sampling else None
-    found = translator.search(
-        sentences,
-        settings.beam,
-        settings.length_penalty,
-        nbest=settings.nbest,
-        sampling=sampling,
-        prefix=settings.prefix,
-    )
+    opts = settings.options
+    found = translator.search(sentences, opts)
     results = []
     for f, hyps in zip(found, translator.texts_of(found), strict=True):
         text, score = hyps[0]
         result: dict[str, Any] = {"text": text, "score": score}
-        if settings.nbest > 1:
+        if opts.nbest > 1:
             result["nbest"] = [] if f is None else [{"text": t, "score": s} for t, s in hyps]
         if settings.alignment:
-            result["alignment"] = "" if f is None else translator.alignment_of(f)[1]
+            result["alignment"] = "" if f is None else translator.alignment_of(f, opts)[1]
         if settings.attention:
-            result["attention"] = None if f is None else _attention(translator, f)
+            result["attention"] = None if f is None else _attention(translator, f, opts)
         results.append(result)
     return results
 
 
-def _attention(translator: Any, found: Any) -> dict[str, Any]:
+def _attention(translator: Any, found: Any, opts: DecodeOptions) -> dict[str, Any]:
     from mt.decode.alignment import readable_pieces
 
-    _, weights, source, target = translator.attention_of(found)
+    _, weights, source, target = translator.attention_of(found, opts)
     return {  # subwords as `mt attention` labels them: "##piece" inside a word
         "source": readable_pieces(source),
         "target": readable_pieces(target),

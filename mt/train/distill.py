@@ -50,7 +50,7 @@ def distill(
     sources = read_lines(src_path)
     translator = Translator.from_trained(run, device)
     log(
-        translator.describe([run.path or teacher], {"beam": beam})
+        translator.describe([run.path or teacher], translator.options(beam=beam))
         + f" ({len(sources):,} training sources)"
     )
     hyps = translator.translate(sources, beam=beam, progress=True)

@@ -1,6 +1,6 @@
 """Beam-5 decoding speed: mt's batched beam search with its key/value cache against (a) the
-same model and search without the cache, (b) the search with its bookkeeping on the device
-(mt/decode/device_search.py, what `mt translate` uses on a GPU) and (c) Hugging Face
+same model and search without the cache, (b) the same search at a GPU's pace
+(the host looking every 8 steps, what `mt translate` uses on a GPU) and (c) Hugging Face
 `generate` on a MarianMTModel of the same size (and CTranslate2 with --ctranslate2, on the
 CPU: CTranslate2 4.8's GPU build needs CUDA 12's cuBLAS, which a CUDA 13 machine lacks). All
 decode exactly --steps output tokens per sentence (EOS is suppressed until then), so every
@@ -17,7 +17,6 @@ for the GPU (harness.sync) so that queued kernels are counted. Target tokens/s =
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import statistics
 import time
@@ -30,8 +29,9 @@ from harness import autocast, marian_config, sync, take_turns
 from mt.data.batching import pad_sources
 from mt.data.corpus import read_lines
 from mt.data.tokenizer import Tokenizer
-from mt.decode.device_search import beam_nbest_on_device, compiled_step
-from mt.decode.search import beam_search
+from mt.decode.options import DecodeOptions
+from mt.decode.search import EVERY_STEP, ON_DEVICE, search
+from mt.decode.step import CompiledStep
 from mt.model import Transformer
 from mt.tokens import EOS, PAD
 
@@ -70,27 +70,23 @@ def taking_turns(decoders: dict, ids, args) -> dict:
     return take_turns(decoders, batches[:1] + batches, 1, args.device)
 
 
-def on_device(model, src, mask, beam, **kw):
-    """beam_search's output from the search with its bookkeeping on the device."""
-    return [found[0][0] for found in beam_nbest_on_device(model, src, mask, beam, 1, **kw)]
+def ours_decoder(model, args, use_cache: bool, pace=EVERY_STEP, compiled=None):
+    """mt's search (beam --beam; 1: greedy) at `pace`, over a static cache through `compiled`
+    where given."""
+    opts = DecodeOptions(
+        beam=args.beam,
+        max_len_a=0,
+        max_len_b=args.steps,
+        min_len=args.steps - 1,
+        use_cache=use_cache,
+    )
 
-
-def ours_decoder(model, args, use_cache: bool, search=beam_search):
     @torch.no_grad()
     def decode(src):
         src = src.to(args.device)
         with autocast(args.device, args.precision):
-            out = search(
-                model,
-                src,
-                src == PAD,
-                args.beam,
-                max_len_a=0,
-                max_len_b=args.steps,
-                min_len=args.steps - 1,
-                use_cache=use_cache,
-            )
-        assert all(len(h) == args.steps - 1 for h in out)
+            out = search(model, src, src == PAD, opts, pace=pace, compiled=compiled)
+        assert all(len(found[0][0]) == args.steps - 1 for found in out)
 
     return decode
 
@@ -235,7 +231,7 @@ def main() -> None:
         "--compile-step",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="also the search on the device with its static cache and compiled decoder step "
+        help="also the search at a GPU's pace with its static cache and compiled decoder step "
         "(CUDA graphs on a GPU; default: on a GPU only)",
     )
     ap.add_argument(
@@ -264,13 +260,13 @@ def main() -> None:
     if "ratio_nocache" in result:
         print(f"speed-up over no cache: {result['ratio_nocache']:.2f}x")
     print(
-        f"search on the device: {result['ratio_device_turns']:.2f}x the batch-shrinking "
-        f"search's speed, {result['ratio_hf_device_turns']:.2f}x HF generate's (taking turns)"
+        f"at a GPU's pace: {result['ratio_device_turns']:.2f}x the speed at a CPU's pace, "
+        f"{result['ratio_hf_device_turns']:.2f}x HF generate's (taking turns)"
     )
     if "ratio_graph_turns" in result:
         print(
-            f"with the compiled step: {result['ratio_graph_turns']:.2f}x the batch-shrinking "
-            f"search's speed, {result['ratio_hf_graph_turns']:.2f}x HF generate's (taking turns)"
+            f"with the compiled step: {result['ratio_graph_turns']:.2f}x the speed at a CPU's "
+            f"pace, {result['ratio_hf_graph_turns']:.2f}x HF generate's (taking turns)"
         )
     print(
         f"speed-up over HF generate: {result['ratio_hf']:.2f}x ({result['ratio_hf_turns']:.2f}x "
@@ -304,13 +300,12 @@ def measure(args, tok, ids, model) -> dict:
     print(f"HF Marian generate {hf:7.2f} s  {n / hf:7.1f} sent/s  {tok_s / hf:9.0f} tgt tok/s")
     contenders = {
         "ours": ours_dec,
-        "ours_device": ours_decoder(model, args, use_cache=True, search=on_device),
+        "ours_device": ours_decoder(model, args, use_cache=True, pace=ON_DEVICE),
         "hf": hf_dec,
     }
     if args.compile_step:  # the static cache and the compiled step (CUDA graphs on a GPU)
-        step_fn = compiled_step(args.device, backend=args.compile_backend)
-        graphed = functools.partial(on_device, static=True, step_fn=step_fn)
-        contenders["ours_graph"] = ours_decoder(model, args, use_cache=True, search=graphed)
+        compiled = CompiledStep(args.device, backend=args.compile_backend)
+        contenders["ours_graph"] = ours_decoder(model, args, True, ON_DEVICE, compiled)
     if args.ctranslate2:
         import tempfile
 

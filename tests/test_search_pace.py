@@ -1,6 +1,7 @@
-"""The search that keeps its bookkeeping on the device (mt/decode/device_search.py) gives the
-hypotheses and scores of the search that drops finished sentences at every step
-(mt/decode/search.py), and reads the device at most once per 8 steps."""
+"""The one search at the pace of a GPU (ON_DEVICE: the host looks every 8 steps, finished
+sentences stay frozen in the batch until then and leave it in power-of-two steps) gives the
+hypotheses and scores it gives at the pace of a CPU (EVERY_STEP: finished sentences leave at
+once), and reads the device at most once per look; its static cache and compiled step too."""
 
 import math
 
@@ -10,12 +11,32 @@ import torch
 
 from mt.data.batching import pad_sources
 from mt.data.synthetic import generate
-from mt.decode.device_search import CHECK_EVERY, beam_nbest_on_device
-from mt.decode.search import beam_nbest, max_lengths
+from mt.decode.cache import BufferPool
+from mt.decode.sampling import Sampling
+from mt.decode.search import ON_DEVICE, max_lengths
+from mt.decode.step import CompiledStep, decoder_step
 from mt.decode.translator import Translator
 from mt.runtime.host_syncs import HostSyncs
 from mt.tokens import EOS, PAD
+from tests.conftest import beam_nbest, greedy
 from tests.test_search import ScriptedModel, _table
+
+CHECK_EVERY = ON_DEVICE.check_every
+
+
+def beam_nbest_on_device(*args, **kw):
+    return beam_nbest(*args, pace=ON_DEVICE, **kw)
+
+
+class _Static:
+    """A stand-in for CompiledStep that runs `step_fn` (default: the eager step) over a
+    static cache whose buffers come from `pool`."""
+
+    def __init__(self, step_fn=decoder_step, pool=None):
+        self.step_fn, self.pool = step_fn, pool or BufferPool()
+
+    def __call__(self, *args):
+        return self.step_fn(*args)
 
 
 def _same(a, b, tol=1e-5):
@@ -24,7 +45,7 @@ def _same(a, b, tol=1e-5):
     assert [[ids for ids, _ in s] for s in a] == [[ids for ids, _ in s] for s in b]
     for sa, sb in zip(a, b, strict=True):
         for (_, x), (_, y) in zip(sa, sb, strict=True):
-            assert abs(x - y) <= tol * max(1.0, abs(x)), (x, y)
+            assert x is y is None or abs(x - y) <= tol * max(1.0, abs(x)), (x, y)
 
 
 @pytest.mark.parametrize("beam", [1, 2, 3, 5, 10])
@@ -61,7 +82,7 @@ def test_an_ensemble_gets_the_same_hypotheses(tiny_run):
     args = (t.model, src, mask, 4, 2, 1.0, 1.5, 5)
     _same(beam_nbest_on_device(*args), beam_nbest(*args))
     assert t.model.static_cache  # its members' caches, side by side, static too
-    _same(beam_nbest_on_device(*args, static=True), beam_nbest(*args))
+    _same(beam_nbest_on_device(*args, compiled=_Static()), beam_nbest(*args))
 
 
 def test_the_host_reads_the_search_at_most_once_per_8_steps(tiny_run):
@@ -96,7 +117,7 @@ def test_translate_gives_the_same_translations_with_either_search(tiny_run):
 
 
 def test_done_sentences_leave_the_batch_in_power_of_two_steps():
-    from mt.decode.device_search import bucketed_keep
+    bucketed_keep = ON_DEVICE.keep
 
     assert bucketed_keep([True] * 5) == []
     assert bucketed_keep([False] * 6) == list(range(6))  # nothing to drop below 8
@@ -161,24 +182,22 @@ def test_models_with_a_cross_cache_per_hypothesis_get_the_same_hypotheses(arch):
 
 
 def test_greedy_on_the_device_is_greedy_and_samples_by_its_seed(tiny_run):
-    from mt.decode.device_search import greedy_on_device
-    from mt.decode.sampling import Sampling
-    from mt.decode.search import greedy, sampler
-
     t = Translator.load(tiny_run, "cpu")
     src, mask = _batch(t, 50, seed=8)
     for kw in ({}, {"forced": [5]}, {"use_cache": False}, {"min_len": 6}):
-        assert greedy_on_device(t.model, src, mask, 1.5, 5, **kw) == greedy(
+        assert greedy(t.model, src, mask, 1.5, 5, pace=ON_DEVICE, **kw) == greedy(
             t.model, src, mask, 1.5, 5, **kw
         )
     with HostSyncs() as syncs:
-        greedy_on_device(t.model, src, mask, 1.5, 5)
+        greedy(t.model, src, mask, 1.5, 5, pace=ON_DEVICE)
     steps = int(max_lengths(mask, 1.5, 5, t.model.max_positions - 1).max())
     assert syncs.count <= 1 + math.ceil(steps / CHECK_EVERY) + 1, syncs.where
 
     def sampled(seed):
         g = torch.Generator().manual_seed(seed)
-        return greedy_on_device(t.model, src, mask, 1.5, 5, pick=sampler(2.0, 0, 1.0, g))
+        return greedy(
+            t.model, src, mask, 1.5, 5, pace=ON_DEVICE, sampling=Sampling(2.0), generator=g
+        )
 
     assert sampled(3) == sampled(3) and sampled(3) != sampled(4)
     device = Translator(
@@ -203,11 +222,9 @@ def test_a_static_cache_gets_the_same_hypotheses(tiny_run, beam):
     src, mask = _batch(t, 30, seed=7)
     for nbest, kw in ((1, {}), (beam, {}), (1, {"forced": [5]}), (1, {"min_len": 4})):
         args = (t.model, src, mask, beam, nbest, 1.0, 1.5, 5)
-        _same(beam_nbest_on_device(*args, static=True, **kw), beam_nbest(*args, **kw))
-    from mt.decode.device_search import greedy_on_device
-    from mt.decode.search import greedy
-
-    assert greedy_on_device(t.model, src, mask, static=True) == greedy(t.model, src, mask)
+        _same(beam_nbest_on_device(*args, compiled=_Static(), **kw), beam_nbest(*args, **kw))
+    static_greedy = greedy(t.model, src, mask, pace=ON_DEVICE, compiled=_Static())
+    assert static_greedy == greedy(t.model, src, mask)
 
 
 class _Recorder:
@@ -218,7 +235,7 @@ class _Recorder:
         self.step_fn, self.calls = step_fn, []
 
     def __call__(self, model, tokens, memory, pad_mask, cache, position):
-        where = tuple(layer["self"]["k"].data_ptr() for layer in cache)
+        where = tuple(layer.self.k.data_ptr() for layer in cache)
         self.calls.append((tokens.shape[0], where, int(position)))
         return self.step_fn(model, tokens, memory, pad_mask, cache, position)
 
@@ -226,18 +243,20 @@ class _Recorder:
 def test_the_static_buffers_stay_in_place_while_the_batch_keeps_its_shape(tiny_run):
     """What a CUDA graph needs: at every step of one batch shape the same buffers, the step's
     position a tensor that advances (so one graph serves every step)."""
-    from mt.decode.device_search import decoder_step
-
     t = Translator.load(tiny_run, "cpu")
     src, mask = _batch(t, 37, seed=5)
     rec = _Recorder(decoder_step)
-    beam_nbest_on_device(t.model, src, mask, 4, 1, 1.0, 1.5, 5, static=True, step_fn=rec)
+    beam_nbest_on_device(t.model, src, mask, 4, 1, 1.0, 1.5, 5, compiled=_Static(rec))
     assert [p for _, _, p in rec.calls] == list(range(1, len(rec.calls) + 1))
     by_rows: dict = {}
     for rows, where, _ in rec.calls:
         by_rows.setdefault(rows, set()).add(where)
     assert len(by_rows) >= 2  # sentences left the batch: more than one shape
     assert all(len(places) == 1 for places in by_rows.values()), by_rows
+    # greedy too: its step 0 runs eagerly and takes the buffers (no allocation in a graph)
+    rec.calls.clear()
+    greedy(t.model, src, mask, pace=ON_DEVICE, compiled=_Static(rec))
+    assert [p for _, _, p in rec.calls] == list(range(1, len(rec.calls) + 1))
 
 
 def test_the_compiled_step_is_one_graph_for_every_step_and_gives_the_same_hypotheses(tiny_run):
@@ -246,15 +265,13 @@ def test_the_compiled_step_is_one_graph_for_every_step_and_gives_the_same_hypoth
     import torch._dynamo
     from torch._dynamo.utils import counters
 
-    from mt.decode.device_search import compiled_step
-
     t = Translator.load(tiny_run, "cpu")
     src, mask = _batch(t, 37, seed=5)
     torch._dynamo.reset()
     counters.clear()
-    rec = _Recorder(compiled_step(t.device, backend="aot_eager"))
+    rec = _Recorder(CompiledStep(t.device, backend="aot_eager"))
     args = (t.model, src, mask, 4, 2, 1.0, 1.5, 5)
-    _same(beam_nbest_on_device(*args, static=True, step_fn=rec), beam_nbest(*args))
+    _same(beam_nbest_on_device(*args, compiled=_Static(rec)), beam_nbest(*args))
     shapes = {rows for rows, _, _ in rec.calls}
     steps = len(rec.calls)
     graphs = counters["stats"]["unique_graphs"]
@@ -263,14 +280,12 @@ def test_the_compiled_step_is_one_graph_for_every_step_and_gives_the_same_hypoth
 
 
 def test_translate_with_the_compiled_step_gives_the_same_translations(tiny_run):
-    from mt.decode.device_search import compiled_step
-
     lines, _ = generate(25, seed=8)
     host = Translator.load(tiny_run, "cpu")
     update = {"device_search": "always", "compile_step": "always"}
     device = Translator(host.model, host.tokenizer, host.cfg.model_copy(update=update), host.device)
     assert device.compiles_step
-    device._step_fn = compiled_step(device.device, backend="aot_eager")  # inductor: slow here
+    device._compiled = CompiledStep(device.device, backend="aot_eager")  # inductor: slow here
     for beam in (1, 4):
         assert device.translate(lines, beam=beam) == host.translate(lines, beam=beam)
     auto = host.cfg.model_copy(update={"device_search": "always"})
@@ -282,7 +297,7 @@ def test_the_host_reads_a_static_search_no_more_often(tiny_run):
     src, mask = _batch(t, 60, seed=3)
     steps = int(max_lengths(mask, 1.5, 5, t.model.max_positions - 1).max())
     with HostSyncs() as syncs:
-        beam_nbest_on_device(t.model, src, mask, 5, 1, 1.0, 1.5, 5, static=True)
+        beam_nbest_on_device(t.model, src, mask, 5, 1, 1.0, 1.5, 5, compiled=_Static())
     assert syncs.count <= 1 + math.ceil(steps / CHECK_EVERY) + 4, syncs.where
 
 
@@ -293,20 +308,17 @@ def test_batches_of_one_shape_share_their_buffers_and_graphs(tiny_run):
     import torch._dynamo
     from torch._dynamo.utils import counters
 
-    from mt.decode.device_search import compiled_step
-    from mt.model.cache import BufferPool
-
     t = Translator.load(tiny_run, "cpu")
     pool = BufferPool()
     torch._dynamo.reset()
     counters.clear()
-    rec = _Recorder(compiled_step(t.device, backend="aot_eager"))
+    rec = _Recorder(CompiledStep(t.device, backend="aot_eager"))
     places, graphs = [], []
     for seed in (11, 12):
         src, mask = _batch(t, 16, seed=seed)
         args = (t.model, src, mask, 3, 1, 1.0, 1.5, 5)
         rec.calls.clear()
-        _same(beam_nbest_on_device(*args, static=pool, step_fn=rec), beam_nbest(*args))
+        _same(beam_nbest_on_device(*args, compiled=_Static(rec, pool)), beam_nbest(*args))
         places.append({(rows, where) for rows, where, _ in rec.calls})
         graphs.append(counters["stats"]["unique_graphs"])
     shared = {rows for rows, _ in places[0]} & {rows for rows, _ in places[1]}
@@ -317,21 +329,20 @@ def test_batches_of_one_shape_share_their_buffers_and_graphs(tiny_run):
 
 
 def test_a_compiled_step_that_fails_falls_back_to_the_eager_step_once(tiny_run):
-    from mt.decode.device_search import with_fallback
-
     calls, said = [], []
 
     def broken(*args):
         calls.append(1)
         raise RuntimeError("no graph for you\nsecond line")
 
-    step = with_fallback(broken, said.append)
     t = Translator.load(tiny_run, "cpu")
+    step = CompiledStep(t.device, backend="aot_eager", warn=said.append)
+    step.fn = broken
     src, mask = _batch(t, 12, seed=9)
     args = (t.model, src, mask, 3, 1, 1.0, 1.5, 5)
-    _same(beam_nbest_on_device(*args, static=True, step_fn=step), beam_nbest(*args))
+    _same(beam_nbest_on_device(*args, compiled=step), beam_nbest(*args))
     assert len(calls) == 1 and len(said) == 1 and "no graph for you" in said[0]
     assert "second line" not in said[0]
 
     with pytest.raises(AttributeError):  # the eager step's own errors are not swallowed
-        with_fallback(broken, said.append)(t.model, None, None, None, None, None)
+        step(t.model, None, None, None, None, None)

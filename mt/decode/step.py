@@ -1,0 +1,113 @@
+"""One decoder step of the search: the next token's log-probabilities after the tokens so far,
+over the search's cache (mt/decode/cache.py), or without one (the whole prefix again: the
+reference). With a static cache every call of a search sees the same shapes and addresses, so
+the step can run compiled, with CUDA graphs on a GPU (`CompiledStep`)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+import torch
+
+from mt.decode.cache import BufferPool, DecodeCache, Static
+from mt.tokens import BOS, PAD, UNK
+
+# Never emitted: padding, BOS or <unk> (fairseq bans pad and bos too): an <unk> detokenizes to
+# " ⁇ " in the user's output, and the others end a sentence in nonsense.
+BANNED = [PAD, BOS, UNK]
+ROOM = 32  # a static cache's positions: the longest output rounded up to a multiple of this
+
+
+def decoder_step(model, tokens, memory, pad_mask, cache, step):
+    """log-probabilities (N, V) of the token after `tokens`: (N, 1) at position `step` (a
+    (1,) tensor with a static cache) with a cache; the whole prefix (N, step + 1) without."""
+    if cache is None:
+        h = model.decode(tokens, memory, pad_mask)[:, -1:]
+    else:
+        h = model.decode(tokens, memory, pad_mask, cache=cache, start=step)
+    # The output layer and log-softmax run in fp32 even under autocast: bf16 logits (8 bits of
+    # mantissa) make close candidates tie or swap, so GPU and CPU would pick different words.
+    with torch.autocast(h.device.type, enabled=False):
+        logits = model.project(h[:, -1].float())  # (N, V), a new tensor
+    lprobs = torch.log_softmax(logits, dim=-1, out=logits)  # in place: no new (N, V)
+    lprobs[:, BANNED] = -float("inf")
+    return lprobs
+
+
+class CompiledStep:
+    """decoder_step under torch.compile, one graph without breaks, and the static caches'
+    buffers, kept by a translator from one search to the next. On a GPU with CUDA graphs (mode
+    reduce-overhead): a step is one replay instead of a few hundred launches; each batch shape
+    records its graph once. A compiler or GPU that cannot take the graph makes decoding
+    slower, never impossible: the step falls back to decoder_step, said once on stderr.
+    backend: another backend (tests use aot_eager on the CPU)."""
+
+    def __init__(self, device: torch.device, backend: str | None = None, warn=None):
+        if backend is None and device.type == "cuda":
+            self.fn = torch.compile(decoder_step, fullgraph=True, mode="reduce-overhead")
+        else:
+            self.fn = torch.compile(decoder_step, fullgraph=True, backend=backend or "inductor")
+        self.pool = BufferPool()
+        self.warn = warn or (lambda message: print(message, file=sys.stderr))
+
+    def __call__(self, *args) -> torch.Tensor:
+        try:
+            return self.fn(*args)
+        except Exception as e:  # Dynamo's, Inductor's and CUDA graphs' errors alike
+            if self.fn is decoder_step:
+                raise
+            first = str(e).splitlines()[0] if str(e) else ""
+            self.warn(
+                f"warning: the compiled decoder step failed ({type(e).__name__}: {first}); "
+                f"decoding without it (decode.compile_step: never skips the attempt)"
+            )
+            self.fn = decoder_step
+            return decoder_step(*args)  # the same cache write at the same position
+
+
+class Decoder:
+    """The search's decoder steps over its cache: growing (`DecodeCache`), none (use_cache
+    False), or static through a compiled step (`compiled`, where the model takes one: room for
+    `steps` positions, rounded up so that batches of similar lengths share their buffers'
+    shapes and CUDA graphs)."""
+
+    def __init__(self, model, steps: int, use_cache: bool, per_sentence: bool,
+                 compiled: CompiledStep | None, device: torch.device):  # fmt: skip
+        self.model = model
+        self.static: Static | None = None
+        self.step_fn: Callable[..., torch.Tensor] = decoder_step
+        if use_cache and compiled is not None and model.static_cache:
+            room = min(-(-steps // ROOM) * ROOM, model.max_positions)
+            self.static, self.step_fn = Static(room, device, compiled.pool), compiled
+        self.cache = (
+            DecodeCache(model.cache_layers, per_sentence, self.static) if use_cache else None
+        )
+
+    def __call__(self, hyps: torch.Tensor, memory, pad_mask, step: int) -> torch.Tensor:
+        """(N, V) after the hypotheses `hyps` (N, step + 1), BOS first."""
+        if self.cache is None:
+            return decoder_step(self.model, hyps, memory, pad_mask, None, step)
+        if self.static is None:
+            return decoder_step(self.model, hyps[:, -1:], memory, pad_mask, self.cache, step)
+        self.static.position.fill_(step)
+        # a contiguous (N, 1): the last column of a growing tensor changes its strides every
+        # step, and a compiled graph would be specialised to each
+        tokens = hyps[:, -1:].contiguous()
+        # step 0 eagerly: it takes the static buffers from the pool (no allocation in a graph)
+        fn = decoder_step if step == 0 else self.step_fn
+        return fn(self.model, tokens, memory, pad_mask, self.cache, self.static.position)
+
+    def first(self, memory, pad_mask, k: int) -> torch.Tensor:
+        """Step 0 of a beam of k > 1 with a cache: a sentence's k hypotheses are all BOS, so
+        each sentence is decoded once (eagerly: its cross keys computed here too) and its
+        log-probabilities and self-attention cache copied to k rows; the cross parts stay one
+        row per sentence where the cache keeps them so. (B * k, V)"""
+        b, dev = memory.shape[0], memory.device
+        bos = torch.full((b, 1), BOS, dtype=torch.long, device=dev)
+        assert self.cache is not None
+        if self.static is not None:
+            self.static.position.fill_(0)
+        lprobs = decoder_step(self.model, bos, memory, pad_mask, self.cache, 0)
+        self.cache.keep(torch.arange(b, device=dev).repeat_interleave(k), None)
+        return lprobs.repeat_interleave(k, 0)
