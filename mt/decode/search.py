@@ -93,11 +93,13 @@ def search(
             lprobs = decoder.first(memory, src_pad_mask, k)
         else:
             lprobs = decoder(rule.hyps, live.memory, live.pad_mask, step)
-        lprobs = _constrain(lprobs, step, opts.min_len, live.at_limit(step), forced, pace)
+        at_limit = live.at_limit(step)  # (n,)
+        rows_at_limit = at_limit.repeat_interleave(k) if k > 1 else at_limit
+        lprobs = _constrain(lprobs, step, opts.min_len, rows_at_limit, forced, pace)
         rows = rule.advance(step, lprobs, live.alive, live.done)
         if on_step is not None:
             on_step(step)
-        live.done = rule.done(live.alive) | live.at_limit(step, per_row=False)
+        live.done = rule.done(live.alive) | at_limit
         if step + 1 == steps:
             break
         if rows is not None and decoder.cache is not None:
@@ -120,15 +122,14 @@ class Live:
     def __init__(self, memory, src_pad_mask, limits, k: int, per_sentence: bool):
         b, dev = memory.shape[0], memory.device
         self.k, self.per_sentence, self.limits = k, per_sentence, limits
-        self.memory = memory if per_sentence else memory.repeat_interleave(k, 0)
-        self.pad_mask = src_pad_mask.repeat_interleave(k, 0)
+        self.memory = memory if per_sentence or k == 1 else memory.repeat_interleave(k, 0)
+        self.pad_mask = src_pad_mask if k == 1 else src_pad_mask.repeat_interleave(k, 0)
         self.alive = torch.arange(b, device=dev)  # (n,)
         self.done = torch.zeros(b, dtype=torch.bool, device=dev)  # (n,)
 
-    def at_limit(self, step: int, per_row: bool = True) -> torch.Tensor:
-        """(n * K,) or (n,) bool: whose next token is the last it may have."""
-        at = step + 1 >= self.limits[self.alive]
-        return at.repeat_interleave(self.k) if per_row else at
+    def at_limit(self, step: int) -> torch.Tensor:
+        """(n,) bool: the sentences whose next token is the last they may have."""
+        return step + 1 >= self.limits[self.alive]
 
     def keep(self, kept: torch.Tensor, cache) -> torch.Tensor:
         """Keep the sentences `kept` (indices among the live ones), their cache rows too;
