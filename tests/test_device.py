@@ -99,3 +99,30 @@ def test_output_layer_and_log_softmax_are_fp32_under_autocast():
         exact = torch.log_softmax(model.project(h[:, -1].float()), -1)
     ok = torch.isfinite(lprobs)
     torch.testing.assert_close(lprobs[ok], exact[ok], rtol=0, atol=1e-5)
+
+
+def test_host_syncs_count_every_read_of_a_tensors_values():
+    from mt.runtime.host_syncs import HostSyncs
+
+    x = torch.arange(6.0)
+    reads = [
+        lambda: x.item() if x.numel() == 1 else x[0].item(),
+        lambda: x.tolist(),
+        lambda: bool(x[0]),
+        lambda: int(x[1]),
+        lambda: float(x[2]),
+        lambda: x.nonzero(),
+        lambda: x[x > 2],
+        lambda: x.masked_select(x > 2),
+        lambda: x.cpu(),
+        lambda: x.numpy(),
+        lambda: x.to("cpu"),
+        lambda: x.to(device="cpu"),
+    ]
+    for i, read in enumerate(reads):
+        with HostSyncs() as syncs:
+            read()
+        assert syncs.count == 1, (i, syncs.count)
+    with HostSyncs() as syncs:  # none of these waits for a device
+        x.to(torch.float64), x + 1, x.sum(), x[1:3], x.to(x.device)
+    assert syncs.count == 0, syncs.where

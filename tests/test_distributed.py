@@ -286,3 +286,57 @@ def test_more_ranks_on_a_machine_than_it_has_gpus_is_a_one_line_error(monkeypatc
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)  # enough GPUs: it goes on
     with pytest.raises(pytest.fail.Exception, match="joined the group"):
         distributed.setup("auto")
+
+
+def _torchrun(tmp_path, run, cache, *how, steps=6):
+    """`mt train` of configs/tiny.yaml under torchrun with `how` (its own flags), the token
+    cache on and in `cache`: the started process."""
+    import subprocess
+    import sys
+
+    env = cli_env(OMP_NUM_THREADS="1", MT_CACHE_DIR=str(cache))
+    cmd = [sys.executable, "-m", "torch.distributed.run", *how, "-m", "mt", "train",
+           str(ROOT / "configs/tiny.yaml"), "--run-dir", str(tmp_path / run), "--set",
+           f"data.dir={tmp_path / 'd'}", "data.token_cache=true", "train.device=cpu",
+           "train.valid_every=1000", f"train.max_steps={steps}"]  # fmt: skip
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+@pytest.mark.slow
+def test_two_machines_each_write_their_own_token_cache_and_train_as_one(tmp_path):
+    """Two torchrun invocations joined through one rendezvous, as on two machines, each with
+    its own cache folder (MT_CACHE_DIR): the first rank of each machine writes that machine's
+    token cache, and the two ranks train exactly as two ranks of one machine do."""
+    download("synthetic", tmp_path / "d")
+    port = free_port()
+    machines = [
+        _torchrun(
+            tmp_path,
+            "two",
+            tmp_path / f"cache{node}",
+            "--nnodes",
+            "2",
+            "--nproc-per-node",
+            "1",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            f"127.0.0.1:{port}",
+            "--rdzv-id",
+            "two-machines",
+        )
+        for node in (0, 1)
+    ]
+    for proc in machines:
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, _why_it_failed(err)
+    one = _torchrun(tmp_path, "one", tmp_path / "cache_one", "--nproc-per-node", "2",
+                    "--master-port", str(free_port()))  # fmt: skip
+    _, err = one.communicate(timeout=600)
+    assert one.returncode == 0, _why_it_failed(err)
+    for node in (0, 1):  # each machine's cache folder holds the ids
+        assert list((tmp_path / f"cache{node}").glob("tokens/*/stats.json")), node
+    a, b = (checkpoint.load(tmp_path / run / "last.pt") for run in ("two", "one"))
+    assert a["train_state"]["step"] == b["train_state"]["step"] == 6
+    for k in a["model"]:
+        torch.testing.assert_close(a["model"][k], b["model"][k], rtol=0, atol=0)

@@ -93,11 +93,13 @@ def encode_train(
 
 
 def cached_train(cfg: Config, tokenizer: Tokenizer, paths, dist, log) -> ParallelData:
-    """The training split's ids from the token cache (mt.data.token_cache): rank 0 encodes and
-    writes them the first time, then every rank memory-maps the same files."""
+    """The training split's ids from the token cache (mt.data.token_cache): the first rank of
+    each machine (local rank 0) encodes and writes them into that machine's cache folder the
+    first time (into a shared MT_CACHE_DIR, a second machine's copy of the same key loses the
+    race harmlessly), then every rank memory-maps its machine's files."""
     models = [tokenizer.src_model] + ([] if tokenizer.joint else [tokenizer.tgt_model])
     folder = token_cache.folder_for(token_cache.cache_key(paths, models, cfg.data.max_len))
-    if dist.is_main and token_cache.load(folder) is None:
+    if dist.local_rank == 0 and token_cache.load(folder) is None:
         log(f"writing the training split's token ids to the cache {folder}")
         token_cache.save(folder, encode_train(cfg, tokenizer, Stats(), 0.0, epoch=0))
     dist.wait_for_main()

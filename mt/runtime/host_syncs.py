@@ -1,12 +1,12 @@
 """Counting the places where Python waits for a tensor's values (a host sync on a GPU): every
-`.item()`, `.tolist()`, `bool()`/`int()`/`float()` of a tensor, `nonzero()`, and indexing with
-a boolean mask (whose result's size depends on the values). On a GPU each one stalls the host
-until the device has caught up, so a decoding or training step written to stay on the device
-keeps them out of its loop. They are counted the same way on the CPU, where a test can see
-them without a GPU:
+`.item()`, `.tolist()`, `bool()`/`int()`/`float()` of a tensor, `nonzero()`, `.cpu()`,
+`.numpy()`, `.to("cpu")`, and indexing with a boolean mask (whose result's size depends on the
+values). On a GPU each one stalls the host until the device has caught up, so a decoding or
+training step written to stay on the device keeps them out of its loop. They are counted the
+same way on the CPU, where a test can see them without a GPU:
 
     with HostSyncs() as syncs:
-        beam_nbest(model, src, mask, 5, 1)
+        search(model, src, mask, DecodeOptions(beam=5))
     print(syncs.count, syncs.where)
 """
 
@@ -29,7 +29,15 @@ _READS = {
     torch.nonzero,
     torch.Tensor.masked_select,
     torch.masked_select,
+    torch.Tensor.cpu,
+    torch.Tensor.numpy,
 }
+
+
+def _to_host(args, kwargs) -> bool:
+    """Tensor.to("cpu"): a copy to the host, which waits for the device. (Only the string is
+    told apart: a torch.device("cpu") is what a CPU run passes for its device too.)"""
+    return "cpu" in (*args[1:2], kwargs.get("device"))
 
 
 def _bool_index(args) -> bool:
@@ -49,8 +57,10 @@ class HostSyncs(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        reads = func in _READS or (
-            func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__) and _bool_index(args)
+        reads = (
+            func in _READS
+            or (func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__) and _bool_index(args))
+            or (func is torch.Tensor.to and _to_host(args, kwargs))
         )
         if reads and not (func in (torch.Tensor.nonzero, torch.nonzero) and _sized(kwargs)):
             self.count += 1
