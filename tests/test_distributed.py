@@ -1,5 +1,6 @@
 """Data-parallel training on CPU with the gloo backend."""
 
+import os
 import re
 import shutil
 import time
@@ -289,16 +290,18 @@ def test_more_ranks_on_a_machine_than_it_has_gpus_is_a_one_line_error(monkeypatc
 
 
 def _torchrun(tmp_path, run, cache, *how, steps=6):
-    """`mt train` of configs/tiny.yaml under torchrun with `how` (its own flags), the token
-    cache on and in `cache`: the started process."""
+    """`mt train` of configs/tiny.yaml under torchrun with `how` (its own flags, then more
+    KEY=VALUE settings), the token cache on and in `cache`: the started process."""
     import subprocess
     import sys
 
     env = cli_env(OMP_NUM_THREADS="1", MT_CACHE_DIR=str(cache))
-    cmd = [sys.executable, "-m", "torch.distributed.run", *how, "-m", "mt", "train",
+    flags = [x for x in how if "=" not in x or x.startswith("--")]
+    sets = [x for x in how if "=" in x and not x.startswith("--")]
+    cmd = [sys.executable, "-m", "torch.distributed.run", *flags, "-m", "mt", "train",
            str(ROOT / "configs/tiny.yaml"), "--run-dir", str(tmp_path / run), "--set",
            f"data.dir={tmp_path / 'd'}", "data.token_cache=true", "train.device=cpu",
-           "train.valid_every=1000", f"train.max_steps={steps}"]  # fmt: skip
+           "train.valid_every=1000", f"train.max_steps={steps}", *sets]  # fmt: skip
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
@@ -340,3 +343,59 @@ def test_two_machines_each_write_their_own_token_cache_and_train_as_one(tmp_path
     assert a["train_state"]["step"] == b["train_state"]["step"] == 6
     for k in a["model"]:
         torch.testing.assert_close(a["model"][k], b["model"][k], rtol=0, atol=0)
+
+
+def _rank_pid(run_dir, rank: int, wait: float = 120.0) -> int:
+    """The pid of the `mt train` worker of `rank` training into `run_dir` (read from /proc)."""
+    from pathlib import Path
+
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        for proc in Path("/proc").iterdir():
+            try:
+                cmd = (proc / "cmdline").read_bytes().decode(errors="replace")
+                env = (proc / "environ").read_bytes().decode(errors="replace").split("\0")
+            except (OSError, ValueError):
+                continue
+            if f"--run-dir\0{run_dir}\0" in cmd and f"RANK={rank}" in env:
+                return int(proc.name)
+        time.sleep(0.2)
+    raise AssertionError(f"no rank {rank} training into {run_dir}")
+
+
+def _wait_for(path, wait: float = 120.0) -> None:
+    deadline = time.monotonic() + wait
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_a_hung_rank_ends_the_job_with_one_line_from_a_live_rank(tmp_path):
+    """Rank 1 stopped (SIGSTOP) mid-run: rank 0 gives up after train.dist_timeout_minutes
+    (12 s here) with one line saying so, no traceback; torchrun ends the job non-zero and no
+    worker is left behind."""
+    import signal
+
+    download("synthetic", tmp_path / "d")
+    how = ("--nproc-per-node", "2", "--master-port", str(free_port()))
+    sets = ("train.dist_timeout_minutes=0.2", "train.log_every=5")
+    proc = _torchrun(tmp_path, "hung", tmp_path / "cache", *how, *sets, steps=100000)
+    _wait_for(tmp_path / "hung" / "train_log.jsonl")
+    first, second = _rank_pid(tmp_path / "hung", 0), _rank_pid(tmp_path / "hung", 1)
+    os.kill(second, signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        while os.path.exists(f"/proc/{first}") and time.monotonic() - stopped < 60:
+            time.sleep(0.2)
+        alive_for = time.monotonic() - stopped
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert 10 < alive_for < 40, alive_for  # the timeout, not sooner and not much later
+    assert proc.returncode != 0
+    said = [x for x in err.replace("\r", "\n").splitlines() if "error: rank 0:" in x]
+    assert len(said) == 1 and "train.dist_timeout_minutes" in said[0], _why_it_failed(err)
+    assert "[rank0]: Traceback" not in err
+    assert not os.path.exists(f"/proc/{second}")  # torchrun took the stopped rank down too

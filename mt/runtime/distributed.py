@@ -5,6 +5,8 @@ no-op for a single process."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -33,26 +35,44 @@ class Dist:
     def enabled(self) -> bool:
         return self.world > 1
 
+    @contextmanager
+    def _together(self, what: str) -> Iterator[None]:
+        """A collective of all ranks, whose failure (a rank died, or hung for longer than
+        train.dist_timeout_minutes) ends this rank with one line instead of a traceback."""
+        try:
+            yield
+        except RuntimeError as e:  # gloo's and NCCL's errors alike (DistBackendError too)
+            why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise MTError(
+                f"rank {self.rank}: {what} with the other ranks failed ({why.split('] ')[-1]}): "
+                f"another rank died, or hung for longer than train.dist_timeout_minutes; the same "
+                f"command started again resumes from the run's last saved step (last.pt)"
+            ) from None
+
     def barrier(self) -> None:
         if self.enabled:
-            dist.barrier()
+            with self._together("a barrier"):
+                dist.barrier()
 
     def wait_for_main(self) -> None:
         """All ranks meet here after work that rank 0 does alone; the others may wait up to
         train.dist_wait_minutes instead of the collective timeout."""
         if self.enabled:
-            dist.barrier(group=self.wait_group)
+            with self._together("waiting for rank 0"):
+                dist.barrier(group=self.wait_group)
 
     def sum(self, t: torch.Tensor) -> torch.Tensor:
         if self.enabled:
-            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+            with self._together("a sum"):
+                dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return t
 
     def broadcast_parameters(self, model) -> None:
         """Every rank takes rank 0's weights (and buffers)."""
         if self.enabled:
-            for t in model.state_dict().values():
-                dist.broadcast(t, src=0)
+            with self._together("taking rank 0's weights"):
+                for t in model.state_dict().values():
+                    dist.broadcast(t, src=0)
 
     def average_gradients(self, params) -> None:
         """The mean of every gradient over the ranks (what DDP computes), as one collective per
@@ -66,7 +86,8 @@ class Dist:
         for dtype in sorted({p.grad.dtype for p in params}, key=str):
             grads = [p.grad for p in params if p.grad.dtype == dtype]
             flat = torch.cat([g.reshape(-1) for g in grads])
-            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+            with self._together("the exchange of gradients"):
+                dist.all_reduce(flat, op=dist.ReduceOp.SUM)
             flat.div_(self.world)
             offset = 0
             for g in grads:
@@ -78,7 +99,8 @@ class Dist:
         if not self.enabled:
             return [obj]
         out = [None] * self.world
-        dist.all_gather_object(out, obj)
+        with self._together("a gather"):
+            dist.all_gather_object(out, obj)
         return out
 
     def max(self, value: float, device: torch.device) -> float:
@@ -86,7 +108,8 @@ class Dist:
         if not self.enabled:
             return value
         t = torch.tensor([value], dtype=torch.float64, device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        with self._together("a maximum"):
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return float(t.item())
 
     def max_each(self, values: list[float], device: torch.device) -> list[float]:
@@ -94,7 +117,8 @@ class Dist:
         if not self.enabled:
             return list(values)
         t = torch.tensor(values, dtype=torch.float64, device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        with self._together("a maximum"):
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t.tolist()
 
     def any(self, flag: bool, device: torch.device) -> bool:
@@ -102,7 +126,8 @@ class Dist:
         if not self.enabled:
             return flag
         t = torch.tensor([1.0 if flag else 0.0], device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        with self._together("agreeing on a flag"):
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return bool(t.item())
 
 
