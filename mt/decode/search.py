@@ -169,9 +169,9 @@ def _constrain(lprobs, step: int, min_len: int, at_limit, forced: Sequence[int],
 
 
 def _rule(opts: DecodeOptions, b: int, steps: int, dev, generator) -> Beam | Pick:
-    if opts.sampling is not None:
-        return Pick(b, steps, dev, opts.sampling.pick(generator))
-    return Pick(b, steps, dev) if opts.beam == 1 else Beam(b, opts.beam, steps, dev)
+    if not opts.greedy:
+        return Beam(b, opts.beam, steps, dev)
+    return Pick(b, steps, dev, None if opts.sampling is None else opts.sampling.pick(generator))
 
 
 class Pick:

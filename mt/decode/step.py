@@ -105,9 +105,7 @@ class Decoder:
         row per sentence where the cache keeps them so. (B * k, V)"""
         b, dev = memory.shape[0], memory.device
         bos = torch.full((b, 1), BOS, dtype=torch.long, device=dev)
-        assert self.cache is not None
-        if self.static is not None:
-            self.static.position.fill_(0)
+        assert self.cache is not None  # a static cache's position starts at 0
         lprobs = decoder_step(self.model, bos, memory, pad_mask, self.cache, 0)
         self.cache.keep(torch.arange(b, device=dev).repeat_interleave(k), None)
         return lprobs.repeat_interleave(k, 0)
