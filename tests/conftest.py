@@ -240,3 +240,8 @@ def pytest_runtest_logreport(report):
     if path and report.failed and "PYTEST_XDIST_WORKER" not in os.environ:
         with open(path, "a", encoding="utf-8") as f:
             f.write(f"=== {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")
+
+
+def window_losses(trainer) -> torch.Tensor:
+    """Each update's loss sum since the trainer's last log line (on the device)."""
+    return torch.stack(trainer.window.sums)[:, 0]

@@ -10,7 +10,7 @@ import torch
 from mt import fast
 from mt.objectives.loss import label_smoothed_nll, reference_loss
 from mt.tokens import PAD
-from tests.conftest import ROOT, run_mt
+from tests.conftest import ROOT, run_mt, window_losses
 from tests.test_fast_paths import _padded_batch, _small_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -270,9 +270,47 @@ def test_compiled_training_through_cuda_graphs_takes_the_eager_steps(tmp_path, a
     for _ in range(6):
         assert eager.train_step([next(walks[0]) for _ in range(accum)])
         assert graphed.train_step([next(walks[1]) for _ in range(accum)])
-    torch.testing.assert_close(
-        torch.stack(graphed.window.loss), torch.stack(eager.window.loss), rtol=1e-4, atol=0
-    )
+    torch.testing.assert_close(window_losses(graphed), window_losses(eager), rtol=1e-4, atol=0)
     for k, v in graphed.model.state_dict().items():
         torch.testing.assert_close(v, eager.model.state_dict()[k], atol=1e-3, rtol=0)
     torch._dynamo.reset()
+
+
+def test_a_ranked_update_on_cuda_makes_no_host_sync(tmp_path):
+    """An update of the flat exchange as a rank runs it, with the time budget on (its
+    all-reduce through NCCL, in a group of one here), under CUDA's sync debug mode "error":
+    any host sync in the update or in what follows it outside a check step raises."""
+    import torch.distributed as tdist
+    from tqdm import tqdm
+
+    from mt.config import load_config
+    from mt.runtime.distributed import Dist
+    from mt.train.build import build_trainer
+    from mt.train.exchange import Flat
+
+    cfg = load_config(
+        ROOT / "configs/tiny.yaml",
+        [f"data.dir={tmp_path / 'd'}", "train.device=cuda", "train.max_minutes=10",
+         "train.log_every=100"],
+    )  # fmt: skip
+    t = build_trainer(cfg, tmp_path / "run", log=lambda *_: None)
+    tdist.init_process_group("nccl", store=tdist.HashStore(), rank=0, world_size=1)
+    try:
+        ranked = Dist(rank=0, world=2)  # (a rank's exchange; its group has one rank here)
+        t.dist = t.budget.dist = ranked
+        t.exchange = Flat(t.optimizer.param_groups[0]["params"], ranked, t.device, 4096)
+        t.budget.start(t.state)
+        batches, bar = t.batches(), tqdm(disable=True)
+        for update in range(3):  # (the first allocates Adam's state)
+            batch = [next(batches)]
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error" if update else "default")
+            try:
+                assert t.train_step(batch)
+                assert not t._after_update(bar)  # steps 2 and 3: no check step
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        assert t.state.step == 3
+    finally:
+        tdist.destroy_process_group()
+        t.close()

@@ -28,39 +28,63 @@ from tests.conftest import (
 )
 
 HALVES = (list(range(24)), list(range(24, 48)))
+# the reference model, as on a GPU (mt/fast's CPU paths read lengths from the device), and no
+# clipping (which would hide a wrong scale of the gradients)
+REFERENCE = (*EXACT_ADAM, "train.fast_paths=false", "train.clip_norm=0")
 
 
-def _worker(rank, world, port, data_dir, run_dir, out):
+def _worker(rank, world, port, data_dir, run_dir, out, mode):
+    """Three updates of rank `rank`'s half of the batch; the weights, and the host's reads of
+    the device in the second and third updates with the time budget on."""
+    from tqdm import tqdm
+
+    from mt.runtime.host_syncs import HostSyncs
+
     join_ranks(rank, world, port)
-    t = build_trainer(tiny_config(data_dir, *EXACT_ADAM), run_dir, log=lambda *_: None)
-    for _ in range(3):
-        t.train_step([collate(t.train_data, np.array(HALVES[rank]))])
+    t = build_trainer(
+        tiny_config(data_dir, *REFERENCE, f"train.data_parallel={mode}", "train.max_minutes=10",
+                    "train.log_every=100"),
+        run_dir, log=lambda *_: None,
+    )  # fmt: skip
+    t.budget.start(t.state)
+    bar, reads = tqdm(disable=True), []
+    for update in range(3):
+        with HostSyncs() as syncs:
+            assert t.train_step([collate(t.train_data, np.array(HALVES[rank]))])
+            assert not t._after_update(bar)
+        reads += [syncs.where] if update else []  # (the first allocates Adam's state)
     if rank == 0:
-        torch.save(t.model.state_dict(), out)
+        torch.save({"model": t.model.state_dict(), "reads": reads}, out)
     t.close()
     assert not torch.distributed.is_initialized()
 
 
-def test_two_ranks_with_batch_b_equal_one_rank_with_2b(tmp_path):
+@pytest.mark.parametrize("mode", ["flat", pytest.param("ddp", marks=pytest.mark.slow)])
+def test_two_ranks_with_batch_b_equal_one_rank_with_2b(tmp_path, mode):
+    """Both exchanges give one process's weights with the ranks' batches together; the flat
+    one reads nothing from the device in an update (ranks and time budget on) outside the
+    check steps (mt/train/trainer.py)."""
     data = tmp_path / "data"
     download("synthetic", data)
-    single = build_trainer(tiny_config(data, *EXACT_ADAM), tmp_path / "single", log=lambda *_: None)
+    single = build_trainer(tiny_config(data, *REFERENCE), tmp_path / "single", log=lambda *_: None)
     (tmp_path / "ddp").mkdir()
     shutil.copy(tmp_path / "single/spm.model", tmp_path / "ddp/spm.model")  # same BPE
     mp.spawn(
         _worker,
-        args=(2, free_port(), data, tmp_path / "ddp", tmp_path / "ddp.pt"),
+        args=(2, free_port(), data, tmp_path / "ddp", tmp_path / "ddp.pt", mode),
         nprocs=2,
         join=True,
     )
     before = {k: v.clone() for k, v in single.model.state_dict().items()}
     for _ in range(3):
         single.train_step([collate(single.train_data, np.array(HALVES[0] + HALVES[1]))])
-    ddp = torch.load(tmp_path / "ddp.pt")
+    ranked = torch.load(tmp_path / "ddp.pt")
     moved = max(float((v - before[k]).abs().max()) for k, v in single.model.state_dict().items())
     assert moved > 1e-3
     for k, v in single.model.state_dict().items():
-        torch.testing.assert_close(ddp[k], v, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(ranked["model"][k], v, atol=1e-6, rtol=1e-5)
+    if mode == "flat":
+        assert ranked["reads"] == [{}, {}]
 
 
 def _why_it_failed(stderr: str) -> str:
@@ -147,10 +171,16 @@ def _clock_worker(rank, world, port, data_dir, run_dir, out):
     )
     t = build_trainer(cfg, run_dir, log=lambda *_: None)
     t.state.train_seconds = 6.0 + 24.0 * rank  # the ranks' clocks disagree
-    seconds = t.budget.agreed_seconds(t.state)
+    signum = t.budget.agree(t.state, 15 * rank)  # and rank 1 was sent SIGTERM
+    seconds = t.budget.seconds
     t.scheduler.set_progress(budget_progress(t.state.step, seconds, 1000, 1.0))
     torch.save(
-        {"seconds": seconds, "lr": t.scheduler.get_last_lr()[0], "scale": t.scheduler.scale},
+        {
+            "seconds": seconds,
+            "lr": t.scheduler.get_last_lr()[0],
+            "scale": t.scheduler.scale,
+            "signal": signum,
+        },
         f"{out}.{rank}",
     )
     t.close()
@@ -174,6 +204,7 @@ def test_ranks_agree_on_the_clock_that_ends_the_budget_and_cools_the_rate(tmp_pa
     )
     seen = [torch.load(f"{tmp_path / 'clock'}.{rank}") for rank in (0, 1)]
     assert seen[0]["seconds"] == seen[1]["seconds"] == 30.0
+    assert seen[0]["signal"] == seen[1]["signal"] == 15
     assert seen[0]["lr"] == seen[1]["lr"] > 0
     assert seen[0]["scale"] == seen[1]["scale"] == 0.5
 
@@ -235,6 +266,7 @@ def _oom_worker(rank, world, port, data_dir, run_dir, out):
         t.train_step([collate(t.train_data, np.arange(rank * 24, rank * 24 + 24))])
         for _ in range(3)
     ]
+    t.settle_skips()  # (skipped on the device, found at the host's next read)
     torch.save(
         {"done": done, "state": t.state.state_dict(), "model": t.model.state_dict()},
         out / f"rank{rank}.pt",
@@ -252,7 +284,7 @@ def test_out_of_memory_on_one_rank_is_skipped_by_all_ranks(tmp_path):
         join=True,
     )
     r0, r1 = (torch.load(tmp_path / "out" / f"rank{r}.pt") for r in (0, 1))
-    assert r0["done"] == r1["done"] == [True, False, True]
+    assert r0["done"] == r1["done"] == [True, True, True]
     assert r0["state"]["step"] == r1["state"]["step"] == 2
     assert r0["state"]["oom_skipped"] == r1["state"]["oom_skipped"] == 1
     for k, v in r0["model"].items():  # still one model
@@ -399,3 +431,86 @@ def test_a_hung_rank_ends_the_job_with_one_line_from_a_live_rank(tmp_path):
     assert len(said) == 1 and "train.dist_timeout_minutes" in said[0], _why_it_failed(err)
     assert "[rank0]: Traceback" not in err
     assert not os.path.exists(f"/proc/{second}")  # torchrun took the stopped rank down too
+
+
+DDP_OBJECTIVES = {
+    "cross-entropy, mt/fast's fused loss": [],
+    "cross-entropy, the reference": ["train.fast_paths=false"],
+    "R-Drop": ["train.rdrop_alpha=1.0", "model.dropout=0.1"],
+    "scheduled sampling": [
+        "train.scheduled_sampling.schedule=exponential",
+        "train.scheduled_sampling.k=0.9",
+    ],
+    "Mask-Predict": ["model.arch=nat"],
+    "RNN with attention": ["model.arch=rnn"],
+    "decoder-only": ["model.arch=decoder_only"],
+    "masked LM": [],  # (pretraining the encoder: the decoder has no gradient)
+}
+
+
+def _ddp_worker(rank, world, ports, data_dir, tmp, out):
+    """Two updates of two micro-batches of every objective under DDP, then an out-of-memory
+    batch on rank 1: what each rank saw."""
+    seen = {}
+    for (name, sets), port in zip(DDP_OBJECTIVES.items(), ports, strict=False):
+        join_ranks(rank, world, port)
+        cfg = tiny_config(data_dir, "train.data_parallel=ddp", "train.accum_steps=2", *sets)
+        t = build_trainer(cfg, tmp / name, log=lambda *_: None, pretraining=name == "masked LM")
+        before = {k: v.clone() for k, v in t.model.state_dict().items()}
+        batches = t.batches()
+        for _ in range(2):
+            assert t.train_step([next(batches), next(batches)])
+        t.settle_skips()
+        seen[name] = {
+            "exchange": type(t.exchange).__name__,
+            "step": t.state.step,
+            "moved": [k for k, v in t.model.state_dict().items() if not torch.equal(v, before[k])],
+            "model": t.model.state_dict(),
+        }
+        t.close()
+    join_ranks(rank, world, ports[-1])
+    t = build_trainer(
+        tiny_config(data_dir, "train.data_parallel=ddp", "train.dist_timeout_minutes=0.05"),
+        tmp / "oom", log=lambda *_: None,
+    )  # fmt: skip
+    if rank == 1:
+        out_of_memory_on_call(t.model, 1)
+    try:
+        t.train_step([collate(t.train_data, np.arange(rank * 24, rank * 24 + 24))])
+        seen["out of memory"] = "no error"
+    except MTError as e:
+        seen["out of memory"] = str(e)
+    except RuntimeError:  # rank 0: DDP's all-reduce, left alone, times out
+        seen["out of memory"] = "timed out"
+    t.close()
+    torch.save(seen, out / f"rank{rank}.pt")
+
+
+@pytest.mark.slow
+def test_every_objective_trains_under_ddp_and_out_of_memory_ends_the_run(tmp_path):
+    """train.data_parallel: ddp with each objective (accumulation through no_sync; unused
+    parameters where the masked LM leaves the decoder): the ranks' weights move and stay one
+    model. An out-of-memory batch ends the run on the rank that had it, with one line."""
+    download("synthetic", tmp_path / "data")
+    (tmp_path / "out").mkdir()
+    ports = [free_port() for _ in range(len(DDP_OBJECTIVES) + 1)]
+    mp.spawn(
+        _ddp_worker,
+        args=(2, ports, tmp_path / "data", tmp_path, tmp_path / "out"),
+        nprocs=2,
+        join=True,
+    )
+    r0, r1 = (torch.load(tmp_path / "out" / f"rank{r}.pt") for r in (0, 1))
+    for name in DDP_OBJECTIVES:
+        assert r0[name]["exchange"] == "DDP" and r0[name]["step"] == 2, name
+        trained = [k for k in r0[name]["model"] if "decoder" not in k or name != "masked LM"]
+        assert r0[name]["moved"] and set(r0[name]["moved"]) <= set(trained), name
+        for k, v in r0[name]["model"].items():  # one model
+            assert torch.equal(v, r1[name]["model"][k]), (name, k)
+    assert re.fullmatch(
+        r"rank 1 ran out of memory at step 0 on batches of \d+ target tokens \(source \d+x\d+\); "
+        r"under train.data_parallel: ddp that ends the run .*lower train.max_tokens, or use "
+        r"train.data_parallel: flat, which skips such a batch on every rank",
+        r1["out of memory"],
+    )
+    assert r0["out of memory"] == "timed out"  # (torchrun would have stopped it at once)

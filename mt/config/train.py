@@ -209,6 +209,17 @@ class TrainConfig(Section):
     dist_timeout_minutes: float = Field(
         30.0, gt=0.0, description="multi-rank runs: a collective that takes longer ends the run"
     )
+    data_parallel: Literal["flat", "ddp"] = Field(
+        "flat",
+        description="multi-rank runs: how the ranks exchange gradients. flat: one all-reduce "
+        "of flat gradient buffers after the backward pass, a batch that runs out of memory "
+        "on one rank skipped by all; ddp: torch's DistributedDataParallel, its all-reduces "
+        "overlapping the backward pass (faster across machines), a batch that runs out of "
+        "memory ending the run (docs/distributed.md)",
+    )
+    ddp_bucket_mb: float = Field(
+        25.0, gt=0.0, description="data_parallel ddp: the size of a gradient bucket, in MB"
+    )
     dist_wait_minutes: float = Field(
         240.0,
         gt=0.0,
@@ -251,6 +262,16 @@ class TrainConfig(Section):
                 "train.compile and train.fast_paths: true are two ways to a fast step: "
                 "torch.compile fuses the reference model itself, and mt/fast's hand-written "
                 "nodes break its graph; set fast_paths: auto (or false), or compile: false"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _ddp_runs_eager(self) -> TrainConfig:
+        if self.compile is True and self.data_parallel == "ddp":
+            raise ValueError(
+                "train.compile: true does not apply with train.data_parallel: ddp (the "
+                "compiled step would be split at every gradient bucket); use data_parallel: "
+                "flat, which exchanges outside the compiled step, or compile: false"
             )
         return self
 

@@ -36,7 +36,7 @@ class Dist:
         return self.world > 1
 
     @contextmanager
-    def _together(self, what: str) -> Iterator[None]:
+    def together(self, what: str) -> Iterator[None]:
         """A collective of all ranks, whose failure (a rank died, or hung for longer than
         train.dist_timeout_minutes) ends this rank with one line instead of a traceback."""
         try:
@@ -51,84 +51,50 @@ class Dist:
 
     def barrier(self) -> None:
         if self.enabled:
-            with self._together("a barrier"):
+            with self.together("a barrier"):
                 dist.barrier()
 
-    def wait_for_main(self) -> None:
-        """All ranks meet here after work that rank 0 does alone; the others may wait up to
-        train.dist_wait_minutes instead of the collective timeout."""
-        if self.enabled:
-            with self._together("waiting for rank 0"):
-                dist.barrier(group=self.wait_group)
+    def wait_for_main(self, flag: bool = False) -> bool:
+        """All ranks meet here after work that rank 0 does alone, and take its `flag` (early
+        stopping, after a validation); the others may wait up to train.dist_wait_minutes
+        instead of the collective timeout."""
+        if not self.enabled:
+            return flag
+        t = torch.tensor([float(flag)])  # (the wait group is gloo's: on the host)
+        with self.together("waiting for rank 0"):
+            dist.broadcast(t, src=0, group=self.wait_group)
+        return bool(t.item())
 
     def sum(self, t: torch.Tensor) -> torch.Tensor:
         if self.enabled:
-            with self._together("a sum"):
+            with self.together("a sum"):
                 dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return t
 
     def broadcast_parameters(self, model) -> None:
         """Every rank takes rank 0's weights (and buffers)."""
         if self.enabled:
-            with self._together("taking rank 0's weights"):
+            with self.together("taking rank 0's weights"):
                 for t in model.state_dict().values():
                     dist.broadcast(t, src=0)
-
-    def average_gradients(self, params) -> None:
-        """The mean of every gradient over the ranks (what DDP computes), as one collective per
-        dtype over a flat buffer."""
-        if not self.enabled:
-            return
-        params = [p for p in params if p.requires_grad]
-        for p in params:
-            if p.grad is None:  # unused this step here, maybe not on another rank
-                p.grad = torch.zeros_like(p)
-        for dtype in sorted({p.grad.dtype for p in params}, key=str):
-            grads = [p.grad for p in params if p.grad.dtype == dtype]
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            with self._together("the exchange of gradients"):
-                dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-            flat.div_(self.world)
-            offset = 0
-            for g in grads:
-                g.copy_(flat[offset : offset + g.numel()].view_as(g))
-                offset += g.numel()
 
     def gather(self, obj) -> list:
         """Every rank's `obj`, in rank order, on every rank (a collective: all ranks call it)."""
         if not self.enabled:
             return [obj]
         out = [None] * self.world
-        with self._together("a gather"):
+        with self.together("a gather"):
             dist.all_gather_object(out, obj)
         return out
-
-    def max(self, value: float, device: torch.device) -> float:
-        """The largest of every rank's value, on every rank."""
-        if not self.enabled:
-            return value
-        t = torch.tensor([value], dtype=torch.float64, device=device)
-        with self._together("a maximum"):
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return float(t.item())
 
     def max_each(self, values: list[float], device: torch.device) -> list[float]:
         """Each value's largest over the ranks, on every rank, in one collective."""
         if not self.enabled:
             return list(values)
         t = torch.tensor(values, dtype=torch.float64, device=device)
-        with self._together("a maximum"):
+        with self.together("a maximum"):
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t.tolist()
-
-    def any(self, flag: bool, device: torch.device) -> bool:
-        """True on every rank if it is True on any rank (so all ranks stop together)."""
-        if not self.enabled:
-            return flag
-        t = torch.tensor([1.0 if flag else 0.0], device=device)
-        with self._together("agreeing on a flag"):
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return bool(t.item())
 
 
 def setup(

@@ -1,6 +1,7 @@
 """A run's budget: train.max_steps updates, or train.max_minutes of training time, whichever
-ends first. With several ranks the time is the slowest rank's clock, the same on every rank,
-so that the budget stops them together and the cool-down gives them one learning rate."""
+ends first. With several ranks the time is the slowest rank's clock, agreed at the check
+steps (mt/train/trainer.py) and the same on every rank between them, so that the budget stops
+them together and the cool-down gives them one learning rate."""
 
 from __future__ import annotations
 
@@ -38,18 +39,19 @@ class TimeBudget:
         self.progress = budget_progress(st.step, st.train_seconds, self.max_steps, self.max_minutes)
 
     def tick(self, st: TrainState) -> None:
-        """After an update: this rank's training time into st, the agreed time and the
-        progress on every rank alike."""
+        """After an update: this rank's training time into st, and the progress from the
+        steps and the time last agreed, the same on every rank."""
         st.train_seconds = self.clock() - self.origin
-        self.seconds = self.agreed_seconds(st)
         self.progress = budget_progress(st.step, self.seconds, self.max_steps, self.max_minutes)
 
-    def agreed_seconds(self, st: TrainState) -> float:
-        """The training time on the slowest rank's clock: one collective per update, and none
-        without a time budget."""
-        if self.max_minutes <= 0:
-            return st.train_seconds
-        return self.dist.max(st.train_seconds, self.device)
+    def agree(self, st: TrainState, signum: int) -> int:
+        """At a check step (every step of one process): the slowest rank's training time
+        becomes every rank's, with the largest signal number any rank received (0: none),
+        which is returned; one collective, and none for one process."""
+        seconds, agreed = self.dist.max_each([st.train_seconds, float(signum)], self.device)
+        self.seconds = seconds
+        self.progress = budget_progress(st.step, seconds, self.max_steps, self.max_minutes)
+        return int(agreed)
 
     def out_of_time(self) -> bool:
         return self.max_minutes > 0 and self.seconds >= 60 * self.max_minutes

@@ -30,7 +30,8 @@ def fast_paths_apply(setting: str | bool, device: torch.device) -> bool:
 def compile_applies(cfg, device: torch.device, pretraining: bool = False) -> bool:
     """train.compile resolved (cfg: the run's Config): true and false as said; auto on a GPU
     for a Transformer's label-smoothed cross-entropy alone (R-Drop, scheduled sampling, the
-    NAT's and the RNN's steps stay eager), and not where train.fast_paths forces mt/fast."""
+    NAT's and the RNN's steps stay eager), and not where train.fast_paths forces mt/fast or
+    the ranks exchange through DDP."""
     t = cfg.train
     if pretraining or t.compile is False:
         return False
@@ -40,6 +41,7 @@ def compile_applies(cfg, device: torch.device, pretraining: bool = False) -> boo
         cfg.model.arch in ("transformer", "decoder_only")
         and t.rdrop_alpha == 0
         and t.scheduled_sampling is None
+        and t.data_parallel == "flat"
     )
     return device.type == "cuda" and plain and t.fast_paths is not True
 

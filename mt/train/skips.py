@@ -4,13 +4,15 @@ weights and Adam's moments), and fp16 gradients that overflow (the GradScaler's 
 Whatever stopped it, a skipped update is not a step: neither the step count nor the schedule
 moves, and `Skips.skip` counts and logs it.
 
-On a GPU (without fp16's GradScaler) the trainer does not ask after every update whether its
-loss was finite, a host sync that keeps the GPU waiting for Python. The update is skipped on
-the device instead: Adam's fused kernel takes a found-inf flag and leaves weights and moments
-untouched (mt/fast/optim.py), and the logged sums leave it out (DeferredSkips). The host reads
-how many were skipped every READ_EVERY updates and before it logs, validates, saves or stops,
-and takes them back off the step count and the schedule, so a saved state never counts an
-update Adam skipped (resuming stays exact: the reads come at steps the schedule fixes)."""
+The trainer does not ask after every update whether its loss was finite or a rank ran out of
+memory, a host sync that keeps a GPU waiting for Python (and, with several ranks, a
+collective). The update is skipped on the device instead, on every device type: Adam's fused
+kernel takes a found-inf flag and leaves weights and moments untouched (mt/fast/optim.py), and
+the logged sums leave it out (LogWindow). The host reads how many were skipped every READ_EVERY
+updates and before it logs, validates, saves or stops, and takes them back off the step count
+and the schedule, so a saved state never counts an update Adam skipped (resuming stays exact:
+the reads come at steps the schedule fixes). fp16's GradScaler skips by reading the device
+once per update, so with it the trainer reads the update's sums at once too."""
 
 from __future__ import annotations
 
@@ -33,9 +35,9 @@ NONFINITE, OUT_OF_MEMORY, FP16_OVERFLOW = (
 
 class Skips:
     """Counts and logs skipped updates, and stops a run of non-finite ones at max_nonfinite in
-    a row. On a GPU without fp16's GradScaler (fp16_scaler: whether the run has one)
-    non-finite updates are found on the device (`deferred`) and settled by the trainer at the
-    host's reads; elsewhere the trainer reads each update's loss."""
+    a row. Without fp16's GradScaler (fp16_scaler: whether the run has one) skipped updates
+    are found on the device (`deferred`) and settled by the trainer at the host's reads; with
+    it the trainer reads each update's sums."""
 
     def __init__(
         self,
@@ -44,8 +46,7 @@ class Skips:
         max_nonfinite: int,
         write_log: Callable[[dict], None],
     ):
-        on_device = device.type == "cuda" and not fp16_scaler
-        self.deferred = DeferredSkips(device) if on_device else None
+        self.deferred = None if fp16_scaler else DeferredSkips(device)
         self.max_nonfinite, self.write_log = max_nonfinite, write_log
 
     def skip(self, st: TrainState, reason: str, count: int = 1, **details) -> None:
@@ -66,34 +67,31 @@ class Skips:
             )
 
     def due(self, step: int, *intervals: int) -> bool:
-        """Whether the host reads the deferred count after update `step`: every READ_EVERY
-        updates, and at every step where it logs, validates or saves (`intervals`)."""
-        return self.deferred is not None and any(
-            step % every == 0 for every in (READ_EVERY, *intervals)
-        )
+        """Whether update `step` is a check step, where the host reads the deferred count and
+        the ranks agree on the clock and signals: every READ_EVERY updates, and at every step
+        where the trainer logs, validates or saves (`intervals`)."""
+        return any(step % every == 0 for every in (READ_EVERY, *intervals))
 
 
 class DeferredSkips:
-    """The updates skipped on the device since the last read, and their target tokens."""
+    """The updates skipped on the device since the last read, and how many of them for lack
+    of memory (the others: a loss that was not finite)."""
 
     def __init__(self, device: torch.device):
-        self.count = torch.zeros((), dtype=torch.float32, device=device)
-        self.tokens = torch.zeros((), dtype=torch.float32, device=device)
+        self.count = torch.zeros(2, dtype=torch.float32, device=device)  # (skipped, memory)
         self.updates = 0  # recorded since the last take (known on the host)
 
-    def record(self, finite: torch.Tensor, n_tokens: int) -> torch.Tensor:
-        """One update's flag (a 0-dim bool tensor); returns Adam's found-inf flag for it."""
-        bad = (~finite).float()
+    def record(self, sums) -> torch.Tensor:
+        """One update's Sums (mt/train/exchange.py); returns Adam's found-inf flag for it."""
+        bad = sums.skip
         self.updates += 1
-        self.count += bad
-        self.tokens += bad * n_tokens
+        self.count += torch.stack([bad, (sums.out_of_memory > 0).float()])
         return bad
 
     def take(self) -> tuple[int, int, int]:
-        """(skipped updates, their target tokens, updates recorded) since the last take: one
-        read of the device; the counts start again from 0."""
-        count, tokens = torch.stack([self.count, self.tokens]).tolist()
+        """(skipped updates, of them for lack of memory, updates recorded) since the last
+        take: one read of the device; the counts start again from 0."""
+        count, memory = self.count.tolist()
         self.count.zero_()
-        self.tokens.zero_()
         updates, self.updates = self.updates, 0
-        return int(count), int(tokens), updates
+        return int(count), int(memory), updates

@@ -48,27 +48,26 @@ class Validation:
 
 @dataclass
 class LogWindow:
-    """The updates since the last log line: their losses and NLLs (on the device) and target
-    tokens."""
+    """The updates since the last log line: each one's loss and NLL sums and target tokens
+    over every rank, on the device (zero for an update skipped there)."""
 
-    loss: list = field(default_factory=list)
-    nll: list = field(default_factory=list)
-    tokens: int = 0
+    sums: list = field(default_factory=list)  # (loss, nll, tokens) per update
     start: float = field(default_factory=time.perf_counter)
 
-    def summary(self, dist) -> dict:
-        """Mean loss, NLL and perplexity per target token, and tokens/s, over every rank
-        (dist: mt.runtime.distributed.Dist): the only host sync of the window."""
+    def add(self, sums, skipped: torch.Tensor | None = None) -> None:
+        """sums: an update's (mt/train/exchange.py); skipped: its found-inf flag, if any."""
+        row = torch.stack([sums.loss, sums.nll, sums.tokens])
+        if skipped is not None:  # (where, not a product: NaN times 0 is NaN)
+            row = torch.where(skipped > 0, torch.zeros_like(row), row)
+        self.sums.append(row)
+
+    def summary(self) -> dict:
+        """Mean loss, NLL and perplexity per target token, and tokens/s, over every rank: the
+        only host sync of the window."""
         elapsed = time.perf_counter() - self.start
-        device = self.loss[0].device
-        sums = torch.stack(
-            [
-                torch.stack(self.loss).sum(),
-                torch.stack(self.nll).sum(),
-                torch.tensor(float(self.tokens), device=device),
-            ]
-        )
-        loss_sum, nll_sum, tokens = dist.sum(sums).tolist()
+        loss_sum, nll_sum, tokens = torch.stack(self.sums).sum(0).tolist()
+        if not tokens:  # every update of the window skipped
+            return {"tokens": 0, "tok_s": 0.0}
         loss, nll = loss_sum / tokens, nll_sum / tokens
         return {
             "loss": round(loss, 4),

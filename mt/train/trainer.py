@@ -10,8 +10,8 @@ config and makes it.
 
 from __future__ import annotations
 
-import contextlib
 import functools
+import math
 import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,6 +28,7 @@ from mt.runtime.distributed import Dist, teardown
 from mt.train.budget import TimeBudget
 from mt.train.compiled import compiled_step
 from mt.train.ema import WeightAverage
+from mt.train.exchange import Sums, build_exchange, out_of_memory_under_ddp
 from mt.train.finish import RunEnd, draw_training_picture
 from mt.train.progress import Forecast, lost_work_message, show_progress, stop_on_signal
 from mt.train.saving import Checkpoints
@@ -73,12 +74,14 @@ class Trainer:
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.scaler, self.objective = scaler, objective
         self.dist = dist = dist or Dist()  # (None: one process, no ranks)
-        dist.broadcast_parameters(model)  # rank 0's weights everywhere (no DDP: train_step)
+        dist.broadcast_parameters(model)  # rank 0's weights everywhere
         self.train_data, self.epoch_data, self.cfg = train_data, epoch_data, cfg
         self.tokenizer, self.run_dir = tokenizer, run_dir
         self.device, self.amp_dtype = device, amp_dtype
         self.state, self.lock = state or TrainState(), lock
         self.cuda_graphs, self.compiled_loss = compiled_step(objective, cfg, compile, device)
+        masked_lm = self.state.objective == "masked_lm"  # (leaves the decoder without gradients)
+        self.exchange = build_exchange(cfg, model, optimizer, objective.loss, dist, masked_lm)
         self.run_log = RunLog(run_dir, tensorboard) if dist.is_main else None
         # (the parts get these, not the trainer's methods: a freed trainer frees its lock)
         self.write_log = self.run_log.write if self.run_log is not None else discard
@@ -89,8 +92,7 @@ class Trainer:
         self.checkpoints, self.validator, self.run_end = self._outputs(run_config, validation)
         self.window = LogWindow()  # the updates since the last log line
         self.forecast = Forecast(0, 0.0)  # made again when fit() starts
-        # this rank's losses and target tokens of the last update, for the first steps' display
-        self.last_update: tuple[list[torch.Tensor], int] = ([], 0)
+        self.last_update: Sums | None = None  # for the first steps' display
         self.last_record: dict = {}  # the last training log record (loss, nll, ppl, lr, ...)
         self.last_valid_step = -1  # the step of this process's last validation (-1: none)
         self.stop_signal = 0  # the number of the signal that stopped training (0: none)
@@ -150,60 +152,63 @@ class Trainer:
             return (loss or self.objective.loss)(self.model, batch)
 
     def train_step(self, batches: list[Batch]) -> bool:
-        """One optimizer update from `batches` (gradient accumulation), normalised by the
-        total number of target tokens so accumulation equals one big batch.
-        Returns False, changing nothing, when the update was skipped (Skips)."""
+        """One optimizer update from `batches` (gradient accumulation) and the other ranks',
+        normalised by all their target tokens, so that accumulation and ranks equal one big
+        batch (mt/train/exchange.py). Returns False, changing nothing, for an update known at
+        once to be skipped (one process out of memory; fp16); one skipped on the device
+        counts until the host's next read takes it back (settle_skips)."""
         self.model.train()
-        self._clear_gradients()
+        self.exchange.zero_grad()
         if self.objective.on_step is not None:
             self.objective.on_step(self.state.step)
         n_tokens = sum(b.n_tokens for b in batches)
-        # Normalise by the target tokens of all ranks: the averaged gradient times world size
-        # then equals the gradient of one big batch.
-        n_total = (
-            int(self.dist.sum(torch.tensor(n_tokens, device=self.device)))  # NCCL: on GPU
-            if self.dist.enabled
-            else n_tokens
-        )
-        losses: list[torch.Tensor] | None = None
-        with contextlib.suppress(torch.OutOfMemoryError):
-            losses, nlls = self._backward(batches, self.dist.world / n_total)
-        # Every rank learns whether any rank ran out of memory before a gradient is exchanged:
-        # a rank skipping the batch alone would leave the others waiting in the all-reduce.
-        # (Called after the except block, whose traceback held the failed pass's tensors.)
-        if self.dist.any(losses is None, self.device) or losses is None:
-            here = {} if losses is None else {"on": "another rank"}
-            return self._skipped(OUT_OF_MEMORY, src_shape=list(batches[0].src.shape), **here)
-        self.dist.average_gradients(self.model.parameters())
-        total = self.dist.sum(torch.stack(losses).sum())
-        found_inf = None
-        if self.skips.deferred is not None:  # skipped on the device, settled later
-            finite = torch.isfinite(total)
-            found_inf = self.skips.deferred.record(finite, n_tokens)
-            losses = [torch.where(finite, x, torch.zeros_like(x)) for x in losses]
-            nlls = [torch.where(finite, x, torch.zeros_like(x)) for x in nlls]
-        # Else the one host sync per update. (fp16 gradient overflow is the GradScaler's.)
-        elif not bool(torch.isfinite(total)):
-            return self._skipped(NONFINITE)
-        else:
-            self.state.nonfinite_in_a_row = 0
-        self.window.loss += losses
-        self.window.nll += nlls
-        self.window.tokens += n_tokens
-        self.last_update = (losses, n_tokens)
+        losses, nlls = self._backward(batches, self.exchange.backward_scale(n_tokens))
+        out_of_memory = losses is None
+        if out_of_memory and self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        if out_of_memory and not self.dist.enabled:
+            return self._skipped(OUT_OF_MEMORY, src_shape=list(batches[0].src.shape))
+        # every rank takes part, also one out of memory: the others skip the update with it
+        sums = self.exchange.reduce(out_of_memory, losses or [], nlls or [], n_tokens)
+        if self.skips.deferred is None:  # fp16's GradScaler reads the device anyway
+            return self._read_and_update(sums, out_of_memory, batches)
+        found_inf = self.skips.deferred.record(sums)
+        self.window.add(sums, skipped=found_inf)
+        self.last_update = sums
         return self._update(found_inf)
 
-    def _backward(self, batches: list[Batch], scale: float) -> tuple[list, list]:
-        """Gradients of every batch's loss times `scale`, summed, on this rank only (the
-        ranks exchange them afterwards, in `Dist.average_gradients`, so that an out-of-memory
-        batch on any rank can be skipped by all). Returns the losses and NLLs, on device."""
+    def _read_and_update(self, sums: Sums, here: bool, batches: list[Batch]) -> bool:
+        """The update under fp16's GradScaler: skipped at once when a rank ran out of memory
+        or the loss is not finite (one read of the device)."""
+        out_of_memory, loss = torch.stack([sums.out_of_memory, sums.loss]).tolist()
+        if out_of_memory:
+            where = {} if here else {"on": "another rank"}
+            return self._skipped(OUT_OF_MEMORY, src_shape=list(batches[0].src.shape), **where)
+        if not math.isfinite(loss):
+            return self._skipped(NONFINITE)
+        self.state.nonfinite_in_a_row = 0
+        self.window.add(sums)
+        self.last_update = sums
+        return self._update()
+
+    def _backward(self, batches: list[Batch], scale) -> tuple:
+        """Gradients of every batch's loss times `scale`, added into the gradients (the
+        exchange's: mt/train/exchange.py). Returns the losses and NLLs on the device, or
+        (None, None) when this rank ran out of memory (under DDP that ends the run)."""
         losses, nlls = [], []
-        for batch in batches:
-            loss, nll = self._loss(batch, loss=self.compiled_loss)
-            self.scaler.scale(loss * scale).backward()
-            # copies: through CUDA graphs the next call writes its outputs over these
-            losses.append(loss.detach().clone())
-            nlls.append(nll.detach().clone())
+        step_loss = self.exchange.wrap(self.compiled_loss or self.objective.loss)
+        try:
+            for i, batch in enumerate(batches):
+                with self.exchange.no_sync(last=i == len(batches) - 1):
+                    loss, nll = self._loss(batch, loss=step_loss)
+                    self.scaler.scale(loss * scale).backward()
+                # copies: through CUDA graphs the next call writes its outputs over these
+                losses.append(loss.detach().clone())
+                nlls.append(nll.detach().clone())
+        except torch.OutOfMemoryError:
+            if not self.exchange.skips_out_of_memory:
+                raise out_of_memory_under_ddp(self.dist.rank, self.state.step, batches) from None
+            return None, None  # (the failed pass's tensors are freed with the exception)
         return losses, nlls
 
     def _update(self, found_inf: torch.Tensor | None = None) -> bool:
@@ -229,35 +234,22 @@ class Trainer:
         return True
 
     def _skipped(self, reason: str, **details) -> bool:
-        """The one way out of an update that did not happen: its gradients dropped, the
-        skip counted and logged (Skips, which stops a run of non-finite ones). False."""
-        self.optimizer.zero_grad(set_to_none=True)
+        """The one way out of an update that did not happen: the skip counted and logged
+        (Skips, which stops a run of non-finite ones; the gradients are zeroed by the next
+        update). False."""
         if reason == OUT_OF_MEMORY and self.device.type == "cuda":
             torch.cuda.empty_cache()
         self.skips.skip(self.state, reason, **details)
         return False
 
-    def _clear_gradients(self) -> None:
-        """Before an update: gradients set to None (the first backward's is kept as it is).
-        Accumulated over several batches through CUDA graphs, they live in buffers allocated
-        here, outside the graphs, and are zeroed: a gradient the backward graph allocated
-        would be overwritten by the next batch's replay before it is added to."""
-        if not (self.cuda_graphs and self.cfg.accum_steps > 1):
-            self.optimizer.zero_grad(set_to_none=True)
-            return
-        for p in self.model.parameters():
-            if p.requires_grad and p.grad is None:
-                p.grad = torch.zeros_like(p)
-        self.optimizer.zero_grad(set_to_none=False)
-
     def settle_skips(self) -> None:
         """Read how many updates since the last read were skipped on the device, and take
-        them back off the step count, the schedule, the weight average and the log window, so
-        that nothing saved or logged counts them (mt/train/skips.py). Nothing to do where
-        skips are not deferred."""
+        them back off the step count, the schedule and the weight average, so that nothing
+        saved or logged counts them (mt/train/skips.py; the log window left them out). Nothing
+        to do under fp16's GradScaler, whose skips are known at once."""
         if self.skips.deferred is None:
             return
-        count, tokens, updates = self.skips.deferred.take()
+        count, out_of_memory, updates = self.skips.deferred.take()
         st = self.state
         if count < updates:  # a good update among them (the order is not known: the
             st.nonfinite_in_a_row = 0  # skipped ones count as the latest)
@@ -267,13 +259,15 @@ class Trainer:
         self.scheduler.rewind(count)
         if self.ema is not None:
             self.ema.updates -= count
-        self.window.tokens -= tokens
-        self._skipped(NONFINITE, count=count)
+        if out_of_memory:
+            self._skipped(OUT_OF_MEMORY, count=out_of_memory)
+        if count > out_of_memory:
+            self._skipped(NONFINITE, count=count - out_of_memory)
 
     # -- logging and validation -----------------------------------------------------------
     def log_train(self) -> dict:
         """The log line of the updates since the last one (all ranks' sums)."""
-        record = {"step": self.state.step, **self.window.summary(self.dist)}
+        record = {"step": self.state.step, **self.window.summary()}
         record.update(lr=self.scheduler.get_last_lr()[0], epoch=self.state.epoch)
         self.write_log(record)
         self.last_record = record
@@ -317,49 +311,58 @@ class Trainer:
         self.forecast = Forecast(st.step, st.train_seconds)
         self.budget.start(st)
         while st.step < cfg.max_steps:
-            if not self.train_step([next(batches) for _ in range(cfg.accum_steps)]):
-                continue
-            self.budget.tick(st)  # the same on every rank: their agreed clock
-            if cfg.cooldown > 0:
-                self.scheduler.set_progress(self.budget.progress)
-            bar.update(1)
-            show_progress(bar, st, cfg, self.forecast, self.last_update, self.say)
-            if self._after_step(bar):
+            updated = self.train_step([next(batches) for _ in range(cfg.accum_steps)])
+            if updated and self._after_update(bar):
                 break
         bar.close()
         self._finish()
         return st
 
+    def _after_update(self, bar) -> bool:
+        """The clock, the cool-down, the progress shown, and what _after_step does; True when
+        training should stop now."""
+        st = self.state
+        self.budget.tick(st)  # the same progress on every rank: from agreed values
+        if self.cfg.cooldown > 0:
+            self.scheduler.set_progress(self.budget.progress)
+        bar.update(1)
+        show_progress(bar, st, self.cfg, self.forecast, self.last_update, self.say)
+        return self._after_step(bar)
+
     def _after_step(self, bar) -> bool:
-        """Log, validate and save on schedule; True when training should stop now."""
+        """Log, validate and save on schedule; True when training should stop now. The ranks
+        agree on the clock and on signals at the check steps alone (Skips.due: every few
+        updates, and wherever they log, validate or save), where the host also reads the
+        updates skipped on the device; one process checks its clock after every update."""
         cfg, st = self.cfg, self.state
-        out_of_time = self.budget.out_of_time()
         due = self.skips.due(st.step, cfg.log_every, cfg.valid_every, cfg.save_every)
+        signum = 0  # the signal that the ranks agree stops them (a rank's own waits for it)
+        if due or st.step >= cfg.max_steps or not self.dist.enabled:
+            signum = self.budget.agree(st, self.stop_signal)
+        out_of_time = self.budget.out_of_time()
         if due or st.step >= cfg.max_steps or out_of_time:  # before they log, save or stop
             self.settle_skips()
         final = st.step == cfg.max_steps or out_of_time
         if st.step % cfg.log_every == 0 or final:
             rec = self.log_train()
-            bar.set_postfix(loss=rec["loss"], lr=f"{rec['lr']:.2e}", tok_s=rec["tok_s"])
+            bar.set_postfix(loss=rec.get("loss"), lr=f"{rec['lr']:.2e}", tok_s=rec["tok_s"])
+        early = False
         if self.validator is not None and (st.step % cfg.valid_every == 0 or final):
             if self.dist.is_main:  # (the same test on every rank)
                 self._validate_and_say()
-            self.dist.wait_for_main()  # the others wait in the long-timeout group
+                early = cfg.patience > 0 and st.bad_validations >= cfg.patience
+            early = self.dist.wait_for_main(early)  # the others wait in the long-timeout group
         if st.step % cfg.save_every == 0:
             self.checkpoints.save("last.pt", st, self.checkpoints.rng_states())
             self.checkpoints.save_snapshot(st)
         if final and st.step < cfg.max_steps:
             self.say(f"time budget of {cfg.max_minutes:g} minutes reached at step {st.step}")
             return True
-        early = self.dist.is_main and cfg.patience > 0 and st.bad_validations >= cfg.patience
-        # all ranks agree, in one collective: early stop, and the signal any rank received
-        early_any, signum = self.dist.max_each([float(early), float(self.stop_signal)], self.device)
-        if early_any:
-            if early:
-                self.say(f"early stop: no better validation BLEU in {cfg.patience} validations")
+        if early:
+            self.say(f"early stop: no better validation BLEU in {cfg.patience} validations")
             return True
         if signum:
-            self.stop_signal = int(signum)
+            self.stop_signal = signum
             self.say(
                 f"{signal.Signals(self.stop_signal).name} at step {st.step}: saving last.pt; "
                 f"run the same command again to resume"
@@ -374,7 +377,7 @@ class Trainer:
 
     def _finish(self) -> None:
         self.settle_skips()  # whatever stopped the run: last.pt never counts a skipped update
-        if self.window.loss:
+        if self.window.sums:
             self.log_train()
         rank_rng = self.checkpoints.rng_states()  # every rank, for the last.pt rank 0 saves
         if self.dist.is_main:

@@ -175,11 +175,14 @@ def ours(size, device, precision="fp32", compile=False, loss_fn=None, dropout=0.
     return trainer.model, step
 
 
-def mt_trainer(model_cfg, train_cfg, vocab: int, device, amp_dtype, loss_fn=None, data=None):
+def mt_trainer(
+    model_cfg, train_cfg, vocab: int, device, amp_dtype, loss_fn=None, data=None, dist=None
+):
     """mt's model and Trainer for these configs as `mt train` chooses them (the fast paths
     where they apply, the reference model under train.compile; the objective
     mt.train.parts.build_objective makes, or `loss_fn` label-smoothed by 0.1), with no run
-    directory or validation; data: the training pairs its batches() walks."""
+    directory or validation; data: the training pairs its batches() walks; dist: this rank's
+    mt.runtime.distributed.Dist (scripts/bench/bench_ddp.py), or one process."""
     import functools
 
     from mt.config import Config
@@ -213,6 +216,7 @@ def mt_trainer(model_cfg, train_cfg, vocab: int, device, amp_dtype, loss_fn=None
         device=device,
         objective=objective,
         amp_dtype=amp_dtype,
+        dist=dist,
     )
 
 
