@@ -433,6 +433,65 @@ def test_a_hung_rank_ends_the_job_with_one_line_from_a_live_rank(tmp_path):
     assert not os.path.exists(f"/proc/{second}")  # torchrun took the stopped rank down too
 
 
+def test_each_start_under_torchrun_has_keys_of_its_own_in_the_agents_store(monkeypatch):
+    """torchrun's agent keeps one store for every start of the workers: a restarted group
+    keys its addresses under its start (the dead workers' would be read otherwise); a first
+    start, or a run without torchrun, takes the env:// default."""
+    import torch.distributed as tdist
+
+    from mt.runtime.distributed import _store_of_this_start
+
+    port = free_port()
+    server = tdist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    assert _store_of_this_start(0, 2, 1.0) == {}
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    given = _store_of_this_start(1, 2, 1.0)
+    assert (given["rank"], given["world_size"]) == (1, 2)
+    server.set("0/rank_0", "the dead worker's address")
+    given["store"].set("0/rank_0", "the new one")
+    assert server.get("0/rank_0") == b"the dead worker's address"
+    assert given["store"].get("0/rank_0") == b"the new one"
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE")
+    assert _store_of_this_start(1, 2, 1.0) == {}
+
+
+@pytest.mark.slow
+def test_a_rank_killed_after_a_save_is_restarted_and_the_run_ends_as_if_never_stopped(tmp_path):
+    """torchrun --max-restarts 1, rank 1 killed (SIGKILL) after the first save: torchrun
+    starts both ranks again, `mt train` resumes from last.pt, and the run ends with the
+    weights of the same run left alone, bit for bit."""
+    import signal
+
+    download("synthetic", tmp_path / "d")
+    sets = ("train.save_every=8", "train.log_every=4", "train.average_last=0",
+            "decode.tune_beams=[]")  # fmt: skip
+    straight = _torchrun(tmp_path, "straight", tmp_path / "cache", "--nproc-per-node", "2",
+                         "--master-port", str(free_port()), *sets, steps=40)  # fmt: skip
+    _, err = straight.communicate(timeout=300)
+    assert straight.returncode == 0, _why_it_failed(err)
+    how = ("--nnodes", "1", "--nproc-per-node", "2", "--max-restarts", "1",
+           "--monitor-interval", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+           f"127.0.0.1:{free_port()}")  # fmt: skip
+    proc = _torchrun(tmp_path, "killed", tmp_path / "cache", *how, *sets, steps=40)
+    try:
+        _wait_for(tmp_path / "killed" / "last.pt")
+        os.kill(_rank_pid(tmp_path / "killed", 1), signal.SIGKILL)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, _why_it_failed(err)
+    assert "resuming from" in err  # (a second start, not a run that outlived the kill)
+    a, b = (checkpoint.load(tmp_path / run / "last.pt") for run in ("killed", "straight"))
+    assert a["train_state"]["step"] == b["train_state"]["step"] == 40
+    for k, v in b["model"].items():
+        assert torch.equal(a["model"][k], v), k
+
+
 DDP_OBJECTIVES = {
     "cross-entropy, mt/fast's fused loss": [],
     "cross-entropy, the reference": ["train.fast_paths=false"],

@@ -130,13 +130,34 @@ def setup(
         )
     if not dist.is_initialized():
         dist.init_process_group(
-            backend="nccl" if use_cuda else "gloo", timeout=timedelta(minutes=timeout_minutes)
+            backend="nccl" if use_cuda else "gloo",
+            timeout=timedelta(minutes=timeout_minutes),
+            **_store_of_this_start(rank, world, timeout_minutes),
         )
     wait_group = dist.new_group(backend="gloo", timeout=timedelta(minutes=wait_minutes))
     if use_cuda:
         torch.cuda.set_device(local_rank)
         return Dist(rank, world, local_rank, wait_group), f"cuda:{local_rank}"
     return Dist(rank, world, local_rank, wait_group), "cpu"
+
+
+def _store_of_this_start(rank: int, world: int, timeout_minutes: float) -> dict:
+    """init_process_group's store where torchrun restarted the workers (--max-restarts):
+    the store its agent keeps is shared by every start, and the group's keys (where each rank
+    listens) would still hold the dead workers' addresses, which a new rank may read before
+    its peer has written its own ("Connection refused"): each start gets keys of its own. {}:
+    the env:// default (a first start, or no torchrun)."""
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if restart == "0" or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}
+    agent = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),  # (set by torchrun)
+        is_master=False,
+        timeout=timedelta(minutes=timeout_minutes),
+    )
+    return {"store": dist.PrefixStore(f"mt/start_{restart}/", agent), "rank": rank,
+            "world_size": world}  # fmt: skip
 
 
 def teardown(d: Dist) -> None:
