@@ -201,6 +201,11 @@ def test_a_byte_order_mark_before_a_config_is_ignored(tmp_path):
     assert read_yaml(path) == {"train": {"max_steps": 3}}
 
 
+def test_compile_is_refused_with_ddp_in_one_line():
+    with pytest.raises(MTError, match=r"train\.compile: true does not apply with train\.data_par"):
+        load_config(ROOT / "configs/tiny.yaml", ["train.compile=true", "train.data_parallel=ddp"])
+
+
 def test_compile_and_forced_fast_paths_are_refused_together():
     with pytest.raises(MTError, match="two ways to a fast step"):
         load_config(ROOT / "configs/tiny.yaml", ["train.compile=true", "train.fast_paths=true"])
@@ -235,6 +240,7 @@ def test_compile_and_forced_fast_paths_are_refused_together():
         (["train.compile=auto", "model.arch=nat"], "cuda", False),
         (["train.compile=auto", "model.arch=rnn"], "cuda", False),
         (["train.compile=auto", "train.fast_paths=true"], "cuda", False),  # no contradiction
+        (["train.compile=auto", "train.data_parallel=ddp"], "cuda", False),  # DDP runs eager
     ],
 )
 def test_compile_auto_is_on_where_it_pays_and_never_a_contradiction(sets, device, compiles):

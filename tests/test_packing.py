@@ -68,7 +68,12 @@ def test_an_epoch_packs_every_pair_once_in_one_shape():
 
 @pytest.mark.parametrize(
     "norm, positional, tie",
-    [("post", "sinusoidal", "all"), ("pre", "learned", "none"), ("post", "learned", "decoder")],
+    [
+        ("post", "sinusoidal", "all"),
+        ("pre", "learned", "none"),
+        ("post", "learned", "decoder"),
+        ("pre", "relative", "all"),
+    ],
 )
 def test_a_packed_batch_gives_each_pair_its_own_loss_and_gradients(norm, positional, tie):
     torch.manual_seed(0)

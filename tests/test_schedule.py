@@ -94,6 +94,26 @@ def test_adam_is_torch_adam_and_their_states_are_interchangeable(weight_decay):
     assert [s["step"].item() for s in opt.state_dict()["state"].values()] == [6.0] * 3
 
 
+def test_adam_builds_its_lists_once_while_the_gradients_stay_the_same_tensors(monkeypatch):
+    """Gradients written in place into the same tensors (the trainer's flat buffers): the
+    kernel's lists are built at the first step only, and the steps are still torch's."""
+    (ours, opt), (theirs, ref), grads = _adam_pair(0.0)
+    built = []
+    real = opt._group_lists
+    monkeypatch.setattr(opt, "_group_lists", lambda params: built.append(1) or real(params))
+    for params in (ours, theirs):
+        for p in params:
+            p.grad = torch.zeros_like(p)
+    for step_grads in grads:
+        for params, o in ((ours, opt), (theirs, ref)):
+            for p, gr in zip(params, step_grads, strict=True):
+                p.grad.copy_(gr)
+            o.step()
+    assert built == [1]
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
 def test_grad_scaler_drives_mt_adam():
     """fp16 training (GPU) steps mt's Adam through GradScaler: unscaled gradients, a skipped
     update and a halved scale on inf. Checked on CPU, where GradScaler works the same."""

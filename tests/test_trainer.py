@@ -49,6 +49,23 @@ def _poison(trainer, bad_calls):
     trainer.model.decode = forward
 
 
+def test_an_update_sets_the_training_mode_only_when_it_changed(tmp_path, monkeypatch):
+    """Module.train walks every module: an update calls it only after something (validation)
+    left the model in eval mode."""
+    t = _trainer(tmp_path, "train.valid_every=100")
+    batches = t.batches()
+    t.train_step([next(batches)])
+    calls, real = [], torch.nn.Module.train
+    monkeypatch.setattr(
+        torch.nn.Module, "train", lambda self, mode=True: calls.append(mode) or real(self, mode)
+    )
+    t.train_step([next(batches)])
+    assert calls == []
+    t.model.eval()  # (as validation leaves it)
+    t.train_step([next(batches)])
+    assert all(m.training for m in t.model.modules())
+
+
 def test_training_stops_after_k_nonfinite_in_a_row(tmp_path):
     t = _trainer(
         tmp_path,

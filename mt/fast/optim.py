@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import torch
@@ -40,6 +41,8 @@ class Adam:
             }
         ]
         self.state: dict[torch.Tensor, dict] = {}
+        # (the gradients the lists were built for, the lists by (device, dtype)): _group_lists
+        self._lists: tuple[list, dict] | None = None
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.param_groups[0]["params"]:
@@ -54,22 +57,10 @@ class Adam:
         skips it on the device when 1: weights, moments and step counts stay as they were,
         with no read of the device (mt/train/skips.py)."""
         g = self.param_groups[0]
-        groups: dict[tuple, list[list[torch.Tensor]]] = {}  # by (device, dtype), as fused needs
-        for p in g["params"]:
-            if p.grad is None:
-                continue
-            st = self.state.get(p)
-            if st is None:
-                st = self.state[p] = {
-                    "step": torch.zeros((), dtype=torch.float32, device=p.device),
-                    "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
-                    "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format),
-                }
-            lists = groups.setdefault((p.device, p.dtype), [[], [], [], [], []])
-            for lst, t in zip(
-                lists, (p, p.grad, st["exp_avg"], st["exp_avg_sq"], st["step"]), strict=True
-            ):
-                lst.append(t)
+        now = [p.grad for p in g["params"]]
+        if self._lists is None or not all(map(operator.is_, now, self._lists[0])):
+            self._lists = now, self._group_lists(g["params"])
+        groups = self._lists[1]
         beta1, beta2 = g["betas"]
         for (device, _), (params, grads, exp_avgs, exp_avg_sqs, steps) in groups.items():
             inf = None if found_inf is None else found_inf.to(device)
@@ -94,6 +85,29 @@ class Adam:
             if inf is not None:  # a skipped update does not count (as torch.optim does)
                 torch._foreach_sub_(steps, [inf] * len(steps))
 
+    def _group_lists(self, params) -> dict[tuple, list[list[torch.Tensor]]]:
+        """The fused kernel's lists (parameters, gradients, moments, step counts) by device
+        and dtype, over the parameters that have a gradient, their state made where missing.
+        Built once and kept while every gradient is the same tensor (the trainer's live in
+        flat buffers: mt/train/exchange.py)."""
+        groups: dict[tuple, list[list[torch.Tensor]]] = {}
+        for p in params:
+            if p.grad is None:
+                continue
+            st = self.state.get(p)
+            if st is None:
+                st = self.state[p] = {
+                    "step": torch.zeros((), dtype=torch.float32, device=p.device),
+                    "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+                    "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format),
+                }
+            lists = groups.setdefault((p.device, p.dtype), [[], [], [], [], []])
+            for lst, t in zip(
+                lists, (p, p.grad, st["exp_avg"], st["exp_avg_sq"], st["step"]), strict=True
+            ):
+                lst.append(t)
+        return groups
+
     def state_dict(self) -> dict:
         params = self.param_groups[0]["params"]
         group = {k: v for k, v in self.param_groups[0].items() if k != "params"}
@@ -117,6 +131,7 @@ class Adam:
         self.param_groups[0].update(saved)
         self.param_groups[0]["betas"] = tuple(self.param_groups[0]["betas"])
         self.state = {}
+        self._lists = None  # (they hold the old state's tensors)
         for i, p in enumerate(params):
             st = state_dict["state"].get(i)
             if st is None:

@@ -102,9 +102,10 @@ class Transformer(Seq2Seq):
 
     def encoder_inputs(self, src, src_pad_mask, packing: Packing | None):
         """(the embedded source (B, S, D), its attention mask, relative positions or None)."""
-        if packing is not None:
-            x = self._embed(self.src_embed, src, positions=packing.src_positions)
-            return x, packing.encoder_mask(), None  # one mask, shared by every layer
+        if packing is not None:  # (each pair's own positions, also for relative keys)
+            own = packing.src_positions  # (B, S)
+            x = self._embed(self.src_embed, src, positions=own)
+            return x, packing.encoder_mask(), (own, own) if self.relative else None
         pos = torch.arange(src.shape[1], device=src.device) if self.relative else None
         positions = None if pos is None else (pos, pos)
         return self._embed(self.src_embed, src), self.memory_mask(src_pad_mask), positions
@@ -135,8 +136,10 @@ class Transformer(Seq2Seq):
         """(the embedded target (B, T, D), its self-attention mask, the memory's mask,
         relative positions or None). A cached step's one query may see every cached key."""
         if packing is not None:
-            x = self._embed(self.tgt_embed, tgt_in, positions=packing.tgt_positions)
-            return x, packing.decoder_mask(), packing.cross_mask(), None
+            pos = packing.tgt_positions  # (B, T)
+            x = self._embed(self.tgt_embed, tgt_in, positions=pos)
+            relative = (pos, pos) if self.relative else None
+            return x, packing.decoder_mask(), packing.cross_mask(), relative
         x = self._embed(self.tgt_embed, tgt_in, start)
         positions = None
         if self.relative:  # (never with a static cache: see static_cache)

@@ -83,6 +83,16 @@ class Flat:
                 p.grad = flat[offset : offset + p.numel()].view_as(p)
                 offset += p.numel()
         self.params = params
+        self.views = [p.grad for p in params]
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """The gradients of `loss` added into the buffers: one _foreach_add_ for all of them
+        (a few kernels on a GPU), where autograd would add each parameter's on its own."""
+        grads = torch.autograd.grad(loss, self.params, allow_unused=True)
+        given = [(v, g) for v, g in zip(self.views, grads, strict=True) if g is not None]
+        if given:
+            views, news = zip(*given, strict=True)
+            torch._foreach_add_(list(views), list(news))
 
     def zero_grad(self) -> None:
         """One kernel per buffer (the gradients stay views into them: nothing sets one to
@@ -144,6 +154,9 @@ class DDP:
                 broadcast_buffers=False,  # the model's buffers are constants: none each step
             )
         self.tokens = torch.zeros(())
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()  # (DDP's hooks run as autograd accumulates each gradient)
 
     def zero_grad(self) -> None:
         for p in self.model.parameters():

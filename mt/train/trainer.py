@@ -157,7 +157,8 @@ class Trainer:
         batch (mt/train/exchange.py). Returns False, changing nothing, for an update known at
         once to be skipped (one process out of memory; fp16); one skipped on the device
         counts until the host's next read takes it back (settle_skips)."""
-        self.model.train()
+        if not self.model.training:  # (after validation; a walk of every module each time)
+            self.model.train()
         self.exchange.zero_grad()
         if self.objective.on_step is not None:
             self.objective.on_step(self.state.step)
@@ -201,7 +202,7 @@ class Trainer:
             for i, batch in enumerate(batches):
                 with self.exchange.no_sync(last=i == len(batches) - 1):
                     loss, nll = self._loss(batch, loss=step_loss)
-                    self.scaler.scale(loss * scale).backward()
+                    self.exchange.backward(self.scaler.scale(loss * scale))
                 # copies: through CUDA graphs the next call writes its outputs over these
                 losses.append(loss.detach().clone())
                 nlls.append(nll.detach().clone())
