@@ -583,3 +583,30 @@ def test_ab_commits_trains_another_commits_mt_beside_the_working_trees(tmp_path)
     theirs = ab.step_of(bench, size, torch.device("cpu"))
     assert sys.modules[f"{name}.train.trainer"].__file__.startswith(str(tmp_path))
     theirs(batch)  # one update of HEAD's trainer
+
+
+@pytest.mark.slow
+def test_bench_ddp_runs_every_exchange_on_two_ranks():
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "bench_ddp.py"), "--size", "tiny", "--steps", "1",
+         "--warmup", "1", "--rounds", "1", "--max-tokens", "1024"],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line.split()[0] for line in proc.stdout.splitlines()[1:]]
+    assert rows == ["flat", "ddp", "copy"], proc.stdout
+
+
+@pytest.mark.slow
+def test_bench_host_compares_the_base_commit_with_the_working_tree():
+    if not (ROOT / ".git").exists():
+        pytest.skip("needs the git history (a worktree of the base commit)")
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "bench_host.py"), "--accum", "2", "--updates", "1", "--rounds", "1",
+         "--warmup", "1", "--profiled", "1"],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    eager = next(x for x in lines if " eager " in x)
+    assert eager.split()[0] == "2" and "->" in eager, proc.stdout
