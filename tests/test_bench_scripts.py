@@ -602,8 +602,8 @@ def test_bench_host_compares_the_base_commit_with_the_working_tree():
     if not (ROOT / ".git").exists():
         pytest.skip("needs the git history (a worktree of the base commit)")
     proc = subprocess.run(
-        [sys.executable, str(BENCH / "bench_host.py"), "--accum", "2", "--updates", "1", "--rounds", "1",
-         "--warmup", "1", "--profiled", "1"],
+        [sys.executable, str(BENCH / "bench_host.py"), "--accum", "2", "--updates", "1",
+         "--rounds", "1", "--warmup", "1", "--profiled", "1"],
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]

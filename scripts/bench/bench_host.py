@@ -158,7 +158,7 @@ def _medians(runs: list[list[dict]]) -> list[dict]:
         {
             k: statistics.median(run[i][k] for run in runs) if isinstance(v, float) else v
             for k, v in row.items()
-        }  # fmt: skip
+        }
         for i, row in enumerate(runs[0])
     ]
 
@@ -193,8 +193,10 @@ def main() -> None:
             ]
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)])
-    print(f"{args.device}, {args.threads} thread(s), {args.compile} for the compiled step, "
-          f"medians of {args.rounds} rounds; before = {args.base}, after = the working tree")  # fmt: skip
+    print(
+        f"{args.device}, {args.threads} thread(s), {args.compile} for the compiled step, "
+        f"medians of {args.rounds} rounds; before = {args.base}, after = the working tree"
+    )
     before, after = (_medians([r[i] for r in rounds]) for i in (0, 1))
     cols = ("update_ms", "ops_outside", "train_calls", "adam_ms", "batch_ms", "save_ms")
     print(f"{'accum':>5} {'step':>8}  " + "  ".join(f"{c:>22}" for c in cols))
