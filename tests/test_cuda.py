@@ -314,3 +314,33 @@ def test_a_ranked_update_on_cuda_makes_no_host_sync(tmp_path):
     finally:
         tdist.destroy_process_group()
         t.close()
+
+
+def test_dropout_under_the_graphed_step_draws_new_masks_on_every_replay(tmp_path):
+    """The compiled step on packed blocks replays CUDA graphs: in train mode each replay
+    draws its own dropout masks (the same batch gives another loss every time, as eager
+    dropout does), and in eval mode the replayed step gives the eager loss."""
+    import torch._dynamo
+
+    from mt.config import load_config
+    from mt.train.build import build_trainer
+
+    cfg = load_config(
+        ROOT / "configs/tiny.yaml",
+        [f"data.dir={tmp_path / 'd'}", "train.device=cuda", "model.dropout=0.3",
+         "train.pack_width=64", "train.max_tokens=1024", "train.compile=true"],
+    )  # fmt: skip
+    torch._dynamo.reset()
+    t = build_trainer(cfg, tmp_path / "g", log=lambda *_: None)
+    assert t.cuda_graphs
+    batch = next(t.batches())
+    t.model.train()
+    seen = [float(t._loss(batch, loss=t.compiled_loss)[0]) for _ in range(5)]
+    assert len(set(seen[2:])) == 3, seen  # (the first calls record the graphs)
+    t.model.eval()
+    with torch.no_grad():
+        replayed = [float(t._loss(batch, loss=t.compiled_loss)[0]) for _ in range(3)]
+        eager = float(t._loss(batch)[0])
+    assert replayed[-1] == pytest.approx(eager, rel=1e-4)
+    t.close()
+    torch._dynamo.reset()
