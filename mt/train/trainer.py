@@ -165,7 +165,7 @@ class Trainer:
         n_tokens = sum(b.n_tokens for b in batches)
         losses, nlls = self._backward(batches, self.exchange.backward_scale(n_tokens))
         out_of_memory = losses is None
-        if out_of_memory and self.device.type == "cuda":
+        if out_of_memory and self.device.type == "cuda":  # (on the rank that ran out, at once)
             torch.cuda.empty_cache()
         if out_of_memory and not self.dist.enabled:
             return self._skipped(OUT_OF_MEMORY, src_shape=list(batches[0].src.shape))
@@ -238,8 +238,6 @@ class Trainer:
         """The one way out of an update that did not happen: the skip counted and logged
         (Skips, which stops a run of non-finite ones; the gradients are zeroed by the next
         update). False."""
-        if reason == OUT_OF_MEMORY and self.device.type == "cuda":
-            torch.cuda.empty_cache()
         self.skips.skip(self.state, reason, **details)
         return False
 
