@@ -96,6 +96,7 @@ def check_output(
             )
     if path.is_dir():
         raise MTError(f"the {what} {path} is a folder; give a file name")
+    check_not_training(path)
     if is_special(path):  # written into, as a shell's `>` does: nothing is replaced
         return
     if path.exists() and not force:
@@ -103,6 +104,45 @@ def check_output(
             f"{path} already exists; pass --force to overwrite it, or choose another {what} path"
         )
     check_folder_writable(path.parent if str(path.parent) else Path("."), what)
+
+
+RUN_LOCK = ".lock"  # the lock file a training holds in its run directory (mt.train.rundir)
+# what a training writes into its run directory, besides step_N.pt and the BPE models
+_TRAINERS_FILES = {"best.pt", "last.pt", "last.pt.prev", "averaged.pt", "pretrained.pt",
+                   "config.yaml", "corpus.json", "run_info.json", "train_log.jsonl",
+                   "training.png"}  # fmt: skip
+
+
+def training_in(folder: Path) -> str | None:
+    """The pid of a training that holds `folder` as its run directory, or None (its lock is
+    an flock, which the kernel drops when the process dies)."""
+    import fcntl
+
+    try:
+        f = open(folder / RUN_LOCK, encoding="utf-8")  # noqa: SIM115 (closed below)
+    except OSError:
+        return None
+    with f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return f.read().strip() or "unknown"
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return None
+
+
+def check_not_training(path: Path) -> None:
+    """No command writes one of a training's own files while it runs (it would write over
+    them, or they over its output); reading them stays allowed."""
+    name = path.name
+    trainers = name in _TRAINERS_FILES or (name.startswith("step_") and name.endswith(".pt"))
+    trainers = trainers or (name.startswith("spm") and name.endswith((".model", ".vocab")))
+    holder = training_in(path.parent) if trainers else None
+    if holder is not None:
+        raise MTError(
+            f"{path} is the training's own file, and a training is running in {path.parent} "
+            f"(pid {holder}): write to another path, or wait for that training to end"
+        )
 
 
 def describe_write_error(path: Path, e: BaseException) -> str:

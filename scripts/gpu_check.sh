@@ -21,6 +21,8 @@
 #   m30k         the shipped En->De config packed and compiled: updates/s after the compile and
 #                the whole run's forecast at that rate
 #   cudatests    tests/test_cuda.py alone (the paths only a GPU takes), under 2 min
+#   host         the host's work per update (scripts/bench/bench_host.py --device cuda): update
+#                time, kernels launched outside the compiled graphs, Adam, batch, save; 3-5 min
 #   probe        why the first steps are slow, 1-2 min
 #   tests        the rest of the suite, 4+ min; each failure's traceback is written to
 #                OUTDIR/failures.log as it happens; PYTEST_FILES="tests/a.py" runs only those
@@ -161,6 +163,11 @@ bench|benchbase)
     step "beam-5 decoding speed, bf16"
     timeout 80 python3 scripts/bench/bench_decode.py --data-dir data/multi30k --device cuda \
         --precision bf16 --skip-nocache
+    ;;
+host)
+    step "the host's work per update on the GPU: time, launches outside the compiled graphs, Adam, the batch, the save (compiled with Inductor and CUDA graphs)"
+    timeout "${HOST_SECONDS:-280}" python3 scripts/bench/bench_host.py --device cuda \
+        --compile inductor --base none --rounds 1 | tee "$out/host.txt"
     ;;
 trainshapes)
     step "GPU step: the shipped En->De config in fixed batch shapes (train.shape_buckets=16), compiled once per shape, for ${TRAIN_SECONDS:-150} s"

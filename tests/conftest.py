@@ -245,3 +245,16 @@ def pytest_runtest_logreport(report):
 def window_losses(trainer) -> torch.Tensor:
     """Each update's loss sum since the trainer's last log line (on the device)."""
     return torch.stack(trainer.window.sums)[:, 0]
+
+
+def mt_here(*args, input=None):
+    """The real CLI run in this process (typer's CliRunner): (exit code, stdout, stderr).
+    For the cases that need no process of their own (no signals, no torchrun, no GPU)."""
+    from typer.testing import CliRunner
+
+    from mt.cli import app
+
+    result = CliRunner().invoke(app, [str(a) for a in args], input=input)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.stdout, result.stderr

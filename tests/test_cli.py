@@ -422,3 +422,35 @@ def test_ctrl_c_during_translate_exits_130_with_a_line_and_no_output(tmp_path, t
     assert proc.returncode == 130, err
     assert "interrupted" in err.splitlines()[-1] and "Traceback" not in err, err
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.*"))
+
+
+def test_every_path_flag_refuses_an_empty_path_and_expands_a_tilde(tmp_path, monkeypatch):
+    """What an unset "$RUN" gives (`--run-dir ""`) is refused by every command's every path
+    flag and argument, before anything runs; `~` after `=` (which the shell leaves alone) is
+    the home folder, and a folder literally named `~` is never made."""
+    import typer.main
+
+    from mt.cli import app
+    from tests.conftest import mt_here
+
+    tried = 0
+    for name, cmd in typer.main.get_command(app).commands.items():
+        for p in cmd.params:
+            if p.metavar not in ("PATH", "FILE", "DIR") and not (
+                p.param_type_name == "argument" and "path" in repr(p.type_descriptor).lower()
+            ):
+                continue
+            args = [p.opts[0], ""] if p.param_type_name == "option" else [""]
+            code, _, err = mt_here(*name.split(), *args)
+            assert code == 2 and "empty path" in err, (name, p.name, err)
+            tried += 1
+    assert tried >= 20  # (train, translate, eval, export, average, serve, ...)
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    sets = ["data.dir=~/corpus", "train.max_steps=2", "train.valid_every=2"]
+    code, _, err = mt_here("train", "tiny", "--run-dir=~/runs/a", "--set", *sets)
+    assert code == 0, err
+    assert (tmp_path / "runs/a/best.pt").is_file() and (tmp_path / "corpus/train.src").is_file()
+    assert not list(tmp_path.rglob("~"))
+    assert "downloading" in err and str(tmp_path / "corpus") in err

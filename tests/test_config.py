@@ -254,3 +254,43 @@ def test_compile_auto_is_on_where_it_pays_and_never_a_contradiction(sets, device
 def test_compile_takes_auto_or_a_boolean_not_a_number():
     with pytest.raises(MTError, match="not the number 1"):
         load_config(ROOT / "configs/tiny.yaml", ["train.compile=1"])
+
+
+def test_a_config_that_says_one_thing_and_trains_another_is_refused(tmp_path):
+    """A key written twice (PyYAML keeps the last), and a setting written for another
+    architecture than the one trained, are refused in one line naming them; the file's
+    settings are checked against the file's architecture, --set's against the final one."""
+    from mt.config import load_config
+    from mt.errors import MTError
+
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("train:\n  max_steps: 10\nmodel:\n  d_model: 64\ntrain:\n  max_steps: 20\n")
+    with pytest.raises(MTError, match=r"twice.yaml:5:1: .*'train' is written twice"):
+        load_config(twice)
+    nested = tmp_path / "nested.yaml"
+    nested.write_text("model:\n  d_model: 64\n  d_model: 128\n")
+    with pytest.raises(MTError, match=r"nested.yaml:3:3: .*'d_model' is written twice"):
+        load_config(nested)
+    tiny = ROOT / "configs/tiny.yaml"
+    with pytest.raises(MTError, match=r"--set: model.attention applies to model.arch rnn"):
+        load_config(tiny, ["model.attention=bahdanau"])  # (the default value, written)
+    with pytest.raises(MTError, match=r"model.n_heads applies to .*trains model.arch rnn"):
+        load_config(tiny, ["model.arch=rnn", "model.n_heads=2"])
+    with pytest.raises(MTError, match=r"model.max_relative applies to model.positional"):
+        load_config(tiny, ["model.max_relative=8"])
+    with pytest.raises(MTError, match=r"decode.nat_iterations applies to model.arch nat"):
+        load_config(tiny, ["decode.nat_iterations=4"])
+    in_file = tmp_path / "rnn_attention.yaml"
+    in_file.write_text("model:\n  attention: bahdanau\n")
+    with pytest.raises(MTError, match=r"rnn_attention.yaml: model.attention applies to"):
+        load_config(in_file)
+    assert load_config(in_file, ["model.arch=rnn"]).model.arch == "rnn"
+    # the file's Transformer settings stay aside when --set picks another architecture
+    assert load_config(tiny, ["model.arch=rnn", "model.attention=luong"]).model.arch == "rnn"
+    for name in ("tiny", "multi30k_de_en", "multi30k_en_de", "wmt14_en_de_base"):
+        load_config(ROOT / f"configs/{name}.yaml")  # (the shipped configs pass)
+    # a run's config.yaml holds every setting, defaults included: it is read as it was saved
+    from mt.config import save_config
+
+    save_config(load_config(tiny), tmp_path / "config.yaml")
+    assert load_config(tmp_path / "config.yaml") == load_config(tiny)

@@ -262,10 +262,15 @@ def test_compiled_training_through_cuda_graphs_takes_the_eager_steps(tmp_path, a
         )
         return build_trainer(cfg, tmp_path / name, log=lambda *_: None)
 
+    from mt.fast.flex import FlexTransformer
+
     torch._dynamo.reset()
-    eager, graphed = trainer("e"), trainer("g", "train.compile=true")
+    eager, graphed = trainer("e"), trainer("g", "train.compile=true", "model.attn_dropout=0")
     graphed.model.load_state_dict(eager.model.state_dict())
     assert graphed.cuda_graphs and not eager.cuda_graphs
+    # the compiled step's attention takes block masks, the eager reference dense ones
+    assert isinstance(graphed.model, FlexTransformer)
+    assert not isinstance(eager.model, FlexTransformer)
     walks = eager.batches(), graphed.batches()
     for _ in range(6):
         assert eager.train_step([next(walks[0]) for _ in range(accum)])
@@ -343,4 +348,39 @@ def test_dropout_under_the_graphed_step_draws_new_masks_on_every_replay(tmp_path
         eager = float(t._loss(batch)[0])
     assert replayed[-1] == pytest.approx(eager, rel=1e-4)
     t.close()
+    torch._dynamo.reset()
+
+
+def test_flex_attention_gives_the_dense_masks_gradients_on_packed_blocks():
+    """mt/fast/flex.py on the GPU, compiled: a packed batch's loss and every gradient equal the
+    reference's with the dense masks (fp32)."""
+    import numpy as np
+
+    from mt.config import ModelConfig
+    from mt.data.batching import collate_packed
+    from mt.data.packing import pack_blocks
+    from mt.fast import flex
+    from mt.model import Parts, build_model
+    from tests.test_packing import _corpus
+
+    data = _corpus(60, seed=3)
+    block = pack_blocks(data.src.lengths, data.tgt.lengths, 32, 8, seed=1)[0]
+    batch = collate_packed(data, block, 32, 8).to(CUDA)
+    cfg = ModelConfig(d_model=64, n_heads=4, enc_layers=2, dec_layers=2, d_ff=128, dropout=0.0,
+                      attn_dropout=0.0)  # fmt: skip
+    torch.manual_seed(0)
+    reference = build_model(cfg, 40, 40).to(CUDA).train()
+    parts = Parts(attention=flex.FlexMultiHeadAttention, transformer=flex.FlexTransformer)
+    flexed = build_model(cfg, 40, 40, parts).to(CUDA).train()
+    flexed.load_state_dict(reference.state_dict())
+    torch._dynamo.reset()
+    step = torch.compile(lambda m, b: reference_loss(m, b, eps=0.1), dynamic=False)
+    got = step(flexed, batch)
+    want = reference_loss(reference, batch, eps=0.1)
+    (got[0] / batch.n_tokens).backward()
+    (want[0] / batch.n_tokens).backward()
+    torch.testing.assert_close(got[0], want[0], rtol=1e-4, atol=0)
+    for (k, p), q in zip(flexed.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-3, atol=1e-6, msg=k)
+    assert np.isfinite(got[0].item())
     torch._dynamo.reset()

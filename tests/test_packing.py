@@ -171,5 +171,74 @@ def test_a_compiled_step_on_packed_blocks_is_one_graph_with_the_eager_losses(tmp
         batch = [collate_packed(data, block, 64, 8)]
         assert eager.train_step(batch) and comp.train_step(batch)
     torch.testing.assert_close(window_losses(comp), window_losses(eager), rtol=1e-5, atol=0)
-    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+    # the step's one graph, and the bookkeeping after the backward (settle)
+    assert counters["stats"]["unique_graphs"] == 1 + 1 and not counters["graph_break"]
     torch._dynamo.reset()
+
+
+def test_flex_block_masks_are_the_dense_masks_and_give_the_same_logits():
+    """mt/fast/flex.py: the packed masks as FlexAttention mask functions, evaluated over every
+    (query, key), are the dense masks of mt/data/packing.py, and the Transformer built from
+    the Flex parts gives the reference's logits on a packed batch (FlexAttention's forward;
+    it has no backward on a CPU: tests/test_cuda.py checks the gradients on a GPU)."""
+    from torch.nn.attention.flex_attention import create_mask
+
+    from mt.fast import flex
+    from mt.model import Parts
+
+    data = _corpus(40, seed=7)
+    (block, *_) = pack_blocks(data.src.lengths, data.tgt.lengths, 30, 5, seed=4)
+    batch = collate_packed(data, block, 30, 5)
+    p = batch.packing
+    s, t = p.src_segments, p.tgt_segments
+    (r, w) = s.shape
+    pairs = [
+        (flex.encoder_mask_mod(s), p.encoder_mask()),
+        (flex.decoder_mask_mod(t), p.decoder_mask()),
+        (flex.cross_mask_mod(t, s), p.cross_mask()),
+    ]
+    for mod, dense in pairs:
+        assert torch.equal(create_mask(mod, r, None, w, w, device="cpu"), dense)
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=32, n_heads=4, enc_layers=2, dec_layers=2, d_ff=64, dropout=0.0,
+                      attn_dropout=0.0)  # fmt: skip
+    reference = build_model(cfg, 40, 40).eval()
+    parts = Parts(attention=flex.FlexMultiHeadAttention, transformer=flex.FlexTransformer)
+    flexed = build_model(cfg, 40, 40, parts).eval()
+    flexed.load_state_dict(reference.state_dict())
+    assert isinstance(flexed, flex.FlexTransformer)
+    with torch.no_grad():
+        want = reference(batch.src, batch.tgt_in, batch.src_pad_mask, packing=p)
+        got = flexed(batch.src, batch.tgt_in, batch.src_pad_mask, packing=p)
+        plain = flexed(batch.src, batch.tgt_in, batch.src_pad_mask)  # (no packing: reference)
+    real = batch.tgt_out != PAD
+    torch.testing.assert_close(got[real], want[real], rtol=1e-4, atol=1e-5)
+    assert torch.equal(plain, reference(batch.src, batch.tgt_in, batch.src_pad_mask))
+
+
+@pytest.mark.parametrize(
+    "device,sets,flex",
+    [
+        ("cuda", {}, True),
+        ("cpu", {}, False),  # (no backward on a CPU)
+        ("cuda", {"attn_dropout": 0.1}, False),  # (flex_attention has no dropout)
+        ("cuda", {"positional": "relative"}, False),
+        ("cuda", {"fast_paths": False}, False),
+        ("cuda", {"compile": False}, False),
+        ("cuda", {"pack_width": 0}, False),
+    ],
+)
+def test_flex_attention_is_chosen_for_a_compiled_packed_step_on_a_gpu(device, sets, flex):
+    from mt.config import TrainConfig
+    from mt.train.parts import model_parts
+
+    train = TrainConfig(pack_width=64, max_tokens=8192,
+                        fast_paths=sets.get("fast_paths", "auto"))  # fmt: skip
+    model = ModelConfig(attn_dropout=sets.get("attn_dropout", 0.0),
+                        positional=sets.get("positional", "sinusoidal"))  # fmt: skip
+    if sets.get("pack_width") == 0:
+        train = TrainConfig(fast_paths="auto")
+    parts = model_parts(train, torch.device(device), compile=sets.get("compile", True),
+                        model=model)  # fmt: skip
+    assert (parts.attention.__name__ == "FlexMultiHeadAttention") is flex

@@ -81,6 +81,17 @@ def test_pretrain_then_translate_from_the_pretrained_encoder(tmp_path):
     log = (tmp_path / "mlm" / "train_log.jsonl").read_text().splitlines()
     assert len(log) == 2 and all('"loss"' in x for x in log)
     pre = str(tmp_path / "mlm" / "pretrained.pt")
+    # a pretrained encoder is not a translation model: every command that needs one says so
+    from tests.conftest import mt_here
+
+    for args in (
+        ["translate", tmp_path / "mlm"],
+        ["translate", pre, "-o", tmp_path / "out.txt"],
+        ["export", tmp_path / "mlm", tmp_path / "ct2"],
+    ):
+        code, _, err = mt_here(*args, input="a b\n")
+        assert code == 2 and "pretrained by mt pretrain" in err, (args, err)
+    assert not (tmp_path / "out.txt").exists() and not (tmp_path / "ct2").exists()
     proc = run_mt(
         "train",
         ROOT / "configs/tiny.yaml",

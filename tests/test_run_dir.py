@@ -1,10 +1,12 @@
 """A run directory belongs to one training process: its lock, the config changes it may and
 may not take on resuming."""
 
+import json
 import os
 import shutil
 import time
 
+from mt.artifacts import checkpoint
 from mt.train.rundir import RunLock
 from tests.conftest import ROOT, assert_user_error, run_mt, start_training
 
@@ -114,3 +116,93 @@ def test_a_time_budget_or_a_moved_corpus_resumes_without_flags(tmp_path):
         "different config",
         "data.dir",
     )
+
+
+def test_a_run_with_nothing_to_resume_from_is_not_trained_over_unless_restarted(tmp_path):
+    """last.pt and last.pt.prev gone: training again from step 0 would replace the trained
+    run's best.pt at its first validation, so it is refused in one line naming what is there
+    and the ways out; --restart moves every file aside and starts over."""
+    from tests.conftest import mt_here
+
+    run, data = tmp_path / "run", tmp_path / "data"
+    sets = ["--set", f"data.dir={data}", "train.max_steps=6", "train.valid_every=3",
+            "train.log_every=3"]  # fmt: skip
+    code, _, err = mt_here("train", TINY, "--run-dir", run, *sets)
+    assert code == 0, err
+    (run / "last.pt").unlink()
+    checkpoint.previous(run / "last.pt").unlink(missing_ok=True)
+    before = _snapshot(run)
+    code, _, err = mt_here("train", TINY, "--run-dir", run, *sets)
+    assert code == 2 and err.count("\n") == 1, err
+    assert "best.pt" in err and "--restart" in err and "--run-dir" in err
+    assert _snapshot(run) == before  # nothing written, nothing lost
+
+    code, _, err = mt_here("train", TINY, "--run-dir", run, *sets, "--restart")
+    assert code == 0, err
+    (aside,) = run.glob("replaced-*")
+    assert _snapshot(aside) == {k: v for k, v in before.items() if k != ".lock"}  # all kept
+    log = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
+    assert next(r["step"] for r in log if "loss" in r) == 3  # a new run, from step 0
+    assert "replaced" in err
+
+
+def test_a_damaged_run_directory_is_one_line_or_resumes_from_what_is_whole(tmp_path, tiny_run):
+    """A run's files damaged by hand or by another command: config.yaml with a tab is one
+    line naming it and the way out; a log whose last line was cut off, and a last.pt replaced
+    by `mt average` (weights alone), resume from what is whole (last.pt.prev), saying so."""
+    from tests.conftest import mt_here
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    data = tiny_run.parent / "data"
+    sets = ["--set", f"data.dir={data}", "train.max_steps=65", "train.valid_every=60",
+            "train.save_every=30", "train.log_every=20"]  # fmt: skip
+    config = (run / "config.yaml").read_text()
+    (run / "config.yaml").write_text(config.replace("  ", "\t", 1))
+    code, _, err = mt_here("train", TINY, "--run-dir", run, *sets)
+    assert code == 2 and err.count("\n") == 1 and "config.yaml:" in err and "delete it" in err
+    (run / "config.yaml").write_text(config)
+
+    log = run / "train_log.jsonl"
+    log.write_text(log.read_text() + '{"step": 61, "lo')  # a kill mid-line
+    code, _, err = mt_here("average", run, "--last", "2", "-o", run / "last.pt", "--force")
+    assert code == 0, err
+    code, _, err = mt_here("train", TINY, "--run-dir", run, *sets)
+    assert code == 0, err
+    assert "weights alone" in err and "last.pt.prev" in err  # the fallback, said
+    assert "not JSON" in err
+    steps = [json.loads(x).get("step") for x in log.read_text().splitlines()]
+    assert steps[-1] == 65 and 61 not in steps[:-1]
+    assert checkpoint.load(run / "last.pt")["train_state"]["step"] == 65
+
+
+def test_no_command_writes_a_running_trainings_own_files(tmp_path, tiny_run):
+    """While a training holds the run directory, `mt tune` (best.pt), `mt average -o
+    RUN/best.pt --force` and `mt plot -o RUN/training.png` are refused in one line; reading
+    its files (`mt translate` of best.pt) and writing other files there stay allowed; once
+    the training has ended the same commands run."""
+    from tests.conftest import mt_here
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    before = _snapshot(run)
+    lock = RunLock(run)  # (as a training holds it)
+    try:
+        for args in (
+            ["tune", run, "--beams", "1,2", "--length-penalties", "1.0"],
+            ["average", run, "--last", "2", "-o", run / "best.pt", "--force"],
+            ["average", run, "--last", "2", "-o", run / "step_7.pt"],
+            ["plot", run, "-o", run / "training.png", "--force"],
+        ):
+            code, _, err = mt_here(*args)
+            assert code == 2 and err.count("\n") == 1, (args, err)
+            assert "a training is running" in err and str(os.getpid()) in err, err
+        assert _snapshot(run) == {**before, ".lock": (run / ".lock").read_bytes()}
+        code, _, err = mt_here("translate", run / "best.pt", input="a b c\n")
+        assert code == 0, err
+        code, _, err = mt_here("average", run, "--last", "2", "-o", run / "mine.pt")
+        assert code == 0, err
+    finally:
+        lock.release()
+    code, _, err = mt_here("tune", run, "--beams", "1,2", "--length-penalties", "1.0")
+    assert code == 0, err

@@ -198,6 +198,7 @@ def test_mixed_precision_training_tracks_fp32(tmp_path, monkeypatch, precision):
     torch.testing.assert_close(mixed_loss, full_loss, rtol=5e-3, atol=0)  # seen: 2e-4
     assert {p.dtype for p in mixed.model.parameters()} == {torch.float32}
     mixed.checkpoints.save("last.pt", mixed.state)
+    mixed.checkpoints.wait()
     saved = checkpoint.load(tmp_path / precision / "run/last.pt")
     assert saved["scaler"].get("scale", None) == (65536.0 if precision == "fp16" else None)
 
@@ -596,18 +597,19 @@ def test_a_full_disk_under_the_training_log_is_one_line(tmp_path):
 
 def test_compiled_training_on_bucketed_batches_compiles_each_shape_once(tmp_path, monkeypatch):
     """train.compile with train.shape_buckets: the model and the loss in one graph per batch
-    shape (static shapes, no graph break), the same losses as eager (aot_eager keeps it
-    quick)."""
+    shape (static shapes, no graph break), the bookkeeping after the backward in one more, the
+    same losses as eager (aot_eager keeps it quick)."""
     import torch._dynamo
     from torch._dynamo.utils import counters
 
     from mt.data.batching import batch_shapes, bucket_batches
+    from mt.train.exchange import settle
 
     real_compile = torch.compile
-    seen = {}
+    seen = []
 
     def aot_eager(fn, **kw):
-        seen.update(kw, fn=fn)
+        seen.append({**kw, "fn": fn})
         return real_compile(fn, backend="aot_eager", **kw)
 
     monkeypatch.setattr(torch, "compile", aot_eager)
@@ -618,7 +620,10 @@ def test_compiled_training_on_bucketed_batches_compiles_each_shape_once(tmp_path
         tmp_path / "c", "model.dropout=0.0", "train.shape_buckets=8", "train.compile=true"
     )
     comp.model.load_state_dict(eager.model.state_dict())
-    assert seen == {"dynamic": False, "fn": comp.objective.loss}  # the loss, model inside
+    assert seen == [  # the loss, model inside; then settle
+        {"dynamic": False, "fn": comp.objective.loss},
+        {"dynamic": False, "fullgraph": True, "fn": settle},
+    ]
     data = eager.train_data
     batches = bucket_batches(data.src.lengths + 1, data.tgt.lengths + 1, 2000, 8, seed=0)
     by_shape: dict = {}
@@ -631,7 +636,7 @@ def test_compiled_training_on_bucketed_batches_compiles_each_shape_once(tmp_path
         batch = [collate(data, b, multiple=8)]
         assert eager.train_step(batch) and comp.train_step(batch)
     torch.testing.assert_close(window_losses(comp), window_losses(eager), rtol=1e-5, atol=0)
-    assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])
+    assert counters["stats"]["unique_graphs"] == 2 + 1, dict(counters["stats"])
     assert not counters["graph_break"], dict(counters["graph_break"])
     torch._dynamo.reset()
 
@@ -821,3 +826,129 @@ def test_import_mt_changes_no_environment_and_training_asks_for_huge_pages(tmp_p
     monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", "0")
     _trainer(tmp_path / "b", "train.max_steps=1").close()
     assert os.environ["THP_MEM_ALLOC_ENABLE"] == "0"
+
+
+def test_batches_made_ahead_are_the_batches_made_when_asked_for(tmp_path):
+    """train.prefetch_batches: a background thread collates ahead, yet every batch, with its
+    word dropout, and the position the state holds after it (what last.pt saves) are those of
+    the walk that collates each batch when it is asked for, across epochs; a walk resumed at
+    a saved position continues with the same batches; the thread stops with the walk."""
+    import threading
+
+    def walk(*overrides, n=60, at=None):
+        t = _trainer(tmp_path, "train.max_tokens=4096", "train.word_dropout=0.2", *overrides)
+        if at is not None:
+            t.state.epoch, t.state.batch_in_epoch = at
+        batches, out = t.batches(), []
+        for _ in range(n):
+            batch = next(batches)
+            out.append((batch, (t.state.epoch, t.state.batch_in_epoch)))
+        batches.close()
+        t.close()
+        return out
+
+    here = walk("train.prefetch_batches=0")
+    before = {th.name for th in threading.enumerate()}
+    ahead = walk("train.prefetch_batches=3")
+    assert here[-1][1][0] >= 2  # the walk crossed epochs
+    for (a, pa), (b, pb) in zip(here, ahead, strict=True):
+        assert pa == pb
+        assert torch.equal(a.src, b.src) and torch.equal(a.tgt_out, b.tgt_out)
+    resumed = walk("train.prefetch_batches=3", n=10, at=here[29][1])
+    assert [p for _, p in resumed] == [p for _, p in here[30:40]]
+    pairs = zip(here[30:40], resumed, strict=True)
+    assert all(torch.equal(a.src, b.src) for (a, _), (b, _) in pairs)
+    assert not any(th.name.startswith("mt-batches") for th in threading.enumerate()) and before
+
+
+def test_ahead_makes_batches_in_a_background_thread_at_most_depth_ahead():
+    import threading
+
+    from mt.data.walk import ahead
+
+    made = []
+
+    def make(i):
+        made.append((i, threading.current_thread().name))
+        return i * 10
+
+    walk = ahead(make, range(8), depth=2)
+    assert next(walk) == (0, 0)
+    time.sleep(0.3)  # (time for the thread to run on, were it not held back)
+    assert [i for i, _ in made] == [0, 1, 2]  # two ahead of the one handed out, no more
+    assert all(name.startswith("mt-batches") for _, name in made)
+    assert list(walk) == [(i, i * 10) for i in range(1, 8)]
+    assert list(ahead(lambda i: -i, range(3), depth=0)) == [(0, 0), (1, -1), (2, -2)]
+
+
+def _saved_after_one_update(tmp_path):
+    """A trainer after one update and its last.pt, written; and its batches."""
+    t = _trainer(tmp_path, "train.max_steps=4", "train.valid_every=100")
+    batches = t.batches()
+    t.train_step([next(batches)])
+    t.settle_skips()
+    t.checkpoints.save("last.pt", t.state)
+    t.checkpoints.wait()
+    return t, batches
+
+
+def test_checkpoints_are_written_in_the_background_from_a_copy_and_count_once_renamed(
+    tmp_path, monkeypatch
+):
+    """save() returns while a background thread writes; the file holds the weights of the
+    moment it was asked for, not those of the updates made meanwhile; last.pt counts
+    (last_step, what a second Ctrl-C reports) only once it replaced the old one."""
+    import threading
+
+    t, batches = _saved_after_one_update(tmp_path)
+    assert t.checkpoints.last_step == 1
+    asked = {k: v.clone() for k, v in t.model.state_dict().items()}
+    t.train_step([next(batches)])
+    t.settle_skips()
+    real, gate, where = checkpoint.atomic_save, threading.Event(), []
+
+    def slow_save(obj, path, keep_previous=False):
+        where.append(threading.current_thread().name)
+        assert gate.wait(10)
+        real(obj, path, keep_previous)
+
+    monkeypatch.setattr(checkpoint, "atomic_save", slow_save)
+    t.checkpoints.save("last.pt", t.state)  # returns while the thread waits at the gate
+    at_save = {k: v.clone() for k, v in t.model.state_dict().items()}
+    t.train_step([next(batches)])  # the live weights move on
+    assert t.checkpoints.last_step == 1  # not yet renamed: not yet counted
+    assert not torch.equal(at_save["src_embed.weight"], t.model.state_dict()["src_embed.weight"])
+    gate.set()
+    t.checkpoints.wait()
+    assert where and where[0].startswith("mt-checkpoints")
+    assert t.checkpoints.last_step == 2
+    saved = checkpoint.weights_of(checkpoint.load(tmp_path / "run/last.pt"))
+    assert all(torch.equal(saved[k], at_save[k]) for k in at_save)
+    previous = checkpoint.weights_of(checkpoint.load(tmp_path / "run/last.pt.prev"))
+    assert all(torch.equal(previous[k], asked[k]) for k in asked)
+    t.close()
+
+
+def test_a_checkpoint_write_that_fails_leaves_the_previous_file_and_is_reported(
+    tmp_path, monkeypatch
+):
+    """A write that dies mid-file (here torch.save raising, as a full disk would) leaves the
+    last.pt before it, does not count, and is one line at the next save."""
+    t, batches = _saved_after_one_update(tmp_path)
+    before = (tmp_path / "run/last.pt").read_bytes()
+    t.train_step([next(batches)])
+    t.settle_skips()
+
+    def dies(obj, f):
+        f.write(b"PK\x03\x04 half a file")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", dies)
+    t.checkpoints.save("last.pt", t.state)
+    with pytest.raises(MTError, match="No space left on device") as e:
+        t.checkpoints.wait()
+    assert "last.pt" in str(e.value) and "\n" not in str(e.value)
+    assert (tmp_path / "run/last.pt").read_bytes() == before
+    assert t.checkpoints.last_step == 1
+    assert not list((tmp_path / "run").glob(".last.pt.*"))  # no temp file left behind
+    t.close()

@@ -46,14 +46,23 @@ def previous(path: Path) -> Path:
 
 
 def load_for_resume(path: Path, warn: Callable[[str], None]) -> tuple[dict[str, Any], Path] | None:
-    """last.pt, or its previous version when last.pt is damaged or missing (with a warning)."""
+    """last.pt, or its previous version when last.pt is damaged, missing, or holds no
+    training state to resume from (with a warning)."""
     for candidate in (path, previous(path)):
         if not candidate.is_file():
             continue
         try:
-            return load(candidate), candidate
+            ckpt = load(candidate)
         except MTError as e:
             warn(f"warning: {e}; trying the previous checkpoint")
+            continue
+        if "optimizer" not in ckpt:
+            warn(
+                f"warning: {candidate} holds weights alone, no optimizer state to resume "
+                f"from (written by mt average?); trying the previous checkpoint"
+            )
+            continue
+        return ckpt, candidate
     return None
 
 
@@ -198,6 +207,12 @@ def trained_from(ckpt: dict[str, Any], path: Path | None = None) -> Trained:
     """A checkpoint already in memory (`path`, where it was read from, names it in errors)."""
     from mt.model import build_model
 
+    if trained_objective(ckpt) != "translation":  # (mt pretrain's: a masked-LM encoder)
+        raise MTError(
+            f"{path or 'the checkpoint'} holds an encoder pretrained by mt pretrain (masked "
+            f"LM), not a translation model: start a translation run from it with mt train "
+            f"CONFIG --set model.init_encoder=RUN_DIR/pretrained.pt"
+        )
     cfg = config_of(ckpt, str(path or "checkpoint"))
     tokenizer = tokenizer_from(ckpt)
     model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)

@@ -131,6 +131,8 @@ def _plain_metavars(fn) -> None:
             kind, args = args[0], [a for a in typing.get_args(args[0]) if a is not type(None)]
         if kind is bool:
             continue
+        if kind is Path and getattr(info, "parser", None) is None:
+            info.parser = _user_path
         if isinstance(info, ArgumentInfo):
             info.metavar = name.upper().removesuffix("S") if many else name.upper()
         else:
@@ -168,3 +170,19 @@ def _number_list(text: str, cast, flag: str) -> list:
         raise MTError(
             f"{flag} {text!r}: give comma-separated numbers, e.g. {flag} 1,5,10"
         ) from None
+
+
+def _user_path(value: str):
+    """Every path flag and argument: `~` expanded (the shell leaves it alone after `=`, as in
+    --run-dir=~/runs/a), an empty one refused (what an unset "$RUN" gives), and so is a folder
+    named `~` (mt.config.section.user_path)."""
+    from pathlib import Path
+
+    import typer
+
+    from mt.config.section import user_path
+
+    try:
+        return Path(user_path(value))
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None

@@ -78,6 +78,12 @@ def train_cmd(
     allow_config_change: bool = typer.Option(
         False, "--allow-config-change", help="continue a run dir that holds a different config"
     ),
+    restart: bool = typer.Option(
+        False,
+        "--restart",
+        help="start again from step 0; the run directory's files are moved to "
+        "RUN_DIR/replaced-<time>/ first",
+    ),
 ):
     """Train BPE and a Transformer; rerunning on the same run dir resumes from last.pt.
 
@@ -88,7 +94,7 @@ def train_cmd(
 
     cfg = load_config(config, list(overrides) + list(more or []), log=_err)
     run_dir = run_dir or Path("runs") / config.stem
-    trainer = build_trainer(cfg, run_dir, allow_config_change, log=_err)
+    trainer = build_trainer(cfg, run_dir, allow_config_change, log=_err, restart=restart)
     try:
         state = trainer.fit()
     finally:
@@ -113,6 +119,12 @@ def pretrain_cmd(
     more: list[str] | None = typer.Argument(
         None, help="more KEY=VALUE overrides after --set", show_default=False, metavar="KEY=VALUE"
     ),
+    restart: bool = typer.Option(
+        False,
+        "--restart",
+        help="start again from step 0; the run directory's files are moved to "
+        "RUN_DIR/replaced-<time>/ first",
+    ),
 ):
     """Masked-LM pretraining of the encoder on the training split's source side (BERT's 15%
     masking); then start translation runs from it with model.init_encoder=RUN_DIR/pretrained.pt.
@@ -123,7 +135,7 @@ def pretrain_cmd(
     from mt.train.pretrain import pretrain
 
     cfg = load_config(config, list(overrides) + list(more or []), log=_err)
-    record = pretrain(cfg, run_dir, log=_err)
+    record = pretrain(cfg, run_dir, log=_err, restart=restart)
     if record["stopped"]:
         if record["is_main"]:
             _err(

@@ -98,9 +98,11 @@ def tune_cmd(
     """
     from mt.artifacts import checkpoint
     from mt.evaluate.tuning import describe_settings, tune_best, tuning_pairs
+    from mt.outputs import check_not_training
 
     if not (run_dir / "best.pt").is_file():
         raise MTError(f"{run_dir}/best.pt not found: tune a run directory that has validated")
+    check_not_training(run_dir / "best.pt")
     if (src is None) != (ref is None):
         raise MTError("give both --src and --ref, or neither (the run's valid split)")
     nat = checkpoint.config_of(checkpoint.load(run_dir / "best.pt"), "best.pt").model.arch == "nat"

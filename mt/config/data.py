@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from mt.config.section import Section, no_number
+from mt.config.section import Section, no_number, user_path
 
 
 class DataConfig(Section):
@@ -22,6 +22,8 @@ class DataConfig(Section):
         None, description="the hub dataset's configuration, e.g. de-en for wmt14"
     )
     max_len: int = Field(128, ge=1, description="pairs longer than this (subwords) are dropped")
+
+    _dir_is_a_path = field_validator("dir", mode="before")(user_path)
     token_cache: Literal["auto", True, False] = Field(
         "auto",
         description="keep the training split's token ids in a memory-mapped cache "

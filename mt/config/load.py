@@ -163,6 +163,27 @@ def find_config(name: str | Path, log: Callable[[str], None] | None = None) -> P
     )
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML that refuses a key written twice in one mapping (PyYAML keeps the last one
+    silently: a second `train:` section would replace the first)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, str | int | float | bool) and key in first:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"{key!r} is written twice in one section (first on line {first[key] + 1}); "
+                    f"the second would replace the first: merge them",
+                    key_node.start_mark,
+                )
+            if isinstance(key, str | int | float | bool):
+                first[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep)
+
+
 def read_yaml(path: Path) -> Any:
     """A YAML file's contents; a syntax error names its line and column, an empty file is an
     error (it is never taken as all defaults)."""
@@ -171,7 +192,7 @@ def read_yaml(path: Path) -> Any:
     except UnicodeDecodeError as e:
         raise MTError(f"{path}: not valid UTF-8 at byte {e.start}; save it as UTF-8") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
@@ -191,24 +212,80 @@ def load_config(
     path: str | Path, overrides: Sequence[str] = (), log: Callable[[str], None] | None = None
 ) -> Config:
     """The config at `path` (find_config) with `--set` overrides; log: where a built-in
-    config's use is said."""
+    config's use is said. A setting the user wrote that the architecture ignores is refused
+    (READ_BY_ARCH): --set's against the final model.arch, the file's against the file's own
+    (unless --set changes model.arch: then the file's settings for another one stay aside).
+    The defaults are never checked so (config.yaml and checkpoints hold them all)."""
     path = find_config(path, log)
     raw = read_yaml(path)
     if not isinstance(raw, dict):
         return validate(raw, str(path))
     cfg = validate(raw, str(path))  # file errors are reported against the file
-    return validate(apply_overrides(raw, list(overrides)), "--set") if overrides else cfg
+    written = {".".join(parse_override(o)[0]) for o in overrides}
+    saved = path.read_text(encoding="utf-8").startswith(SAVED_HEADER)  # (a run's own)
+    if "model.arch" not in written and not saved:  # (--set model.arch: the file's own)
+        check_written(_written(raw), cfg, str(path))
+    if not overrides:
+        return cfg
+    cfg = validate(apply_overrides(raw, list(overrides)), "--set")
+    check_written(written, cfg, "--set")
+    return cfg
+
+
+# the settings that only some architectures read, and which (model.arch); the others ignore
+# them, so a config that writes one for another architecture says one thing and does another
+_TRANSFORMER_KEYS = ("n_heads", "d_ff", "attn_dropout", "act_dropout", "norm", "positional",
+                     "max_relative")  # fmt: skip
+_NAT_KEYS = ("nat_iterations", "nat_length_beam", "tune_nat_length_beams", "tune_nat_iterations")
+READ_BY_ARCH: dict[str, tuple[str, ...]] = {
+    "model.attention": ("rnn",),
+    **{f"model.{key}": ("transformer", "decoder_only", "nat") for key in _TRANSFORMER_KEYS},
+    "model.enc_layers": ("transformer", "rnn", "nat"),
+    **{f"decode.{key}": ("nat",) for key in _NAT_KEYS},
+}
+
+
+def _written(raw: dict[str, Any]) -> set[str]:
+    """The dotted keys of the settings in a config file (section.key)."""
+    return {
+        f"{section}.{key}"
+        for section, values in raw.items()
+        if isinstance(values, dict)
+        for key in values
+    }
+
+
+def check_written(keys: set[str], cfg: Config, source: str) -> None:
+    """Refuse a setting the user wrote (`keys`, dotted) that cfg's model.arch never reads."""
+    arch = cfg.model.arch
+    for key in sorted(keys):
+        archs = READ_BY_ARCH.get(key)
+        if archs is not None and arch not in archs:
+            raise MTError(
+                f"{source}: {key} applies to model.arch {' or '.join(archs)}; this config "
+                f"trains model.arch {arch}, which ignores it: remove {key}, or set model.arch"
+            )
+    if "model.max_relative" in keys and cfg.model.positional != "relative":
+        raise MTError(
+            f"{source}: model.max_relative applies to model.positional relative (this config "
+            f"has {cfg.model.positional}): remove it, or set model.positional: relative"
+        )
 
 
 def config_from_dict(raw: dict[str, Any], source: str = "checkpoint") -> Config:
     return validate(raw, source)
 
 
+# the first line of a config that mt wrote whole (a run's config.yaml): every setting is in
+# it, defaults included, so its keys are not the user's choices (check_written)
+SAVED_HEADER = "# written by mt train: every setting of the run, defaults included\n"
+
+
 def save_config(cfg: Config, path: Path) -> None:
     """Written whole or not at all (a temp file renamed over `path`): the other ranks of a
     torchrun start read the run's config.yaml while rank 0 writes it."""
     with atomic_file(path, "w") as f:
-        f.write(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        f.write(SAVED_HEADER + yaml.safe_dump(cfg.to_dict(), sort_keys=False))
 
 
 def diff_configs(a: Config, b: Config, ignore: tuple[str, ...] = ()) -> list[str]:

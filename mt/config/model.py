@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from mt.config.section import Section
+from mt.config.section import Section, user_path
 
 
 class ModelConfig(Section):
@@ -65,6 +65,8 @@ class ModelConfig(Section):
         description="start the encoder from a masked-LM pretraining (RUN_DIR/pretrained.pt "
         "of mt pretrain)",
     )
+
+    _init_encoder_is_a_path = field_validator("init_encoder", mode="before")(user_path)
 
     @model_validator(mode="after")
     def _heads_divide(self) -> ModelConfig:

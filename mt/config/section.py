@@ -3,6 +3,7 @@ values frozen once read."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -18,3 +19,19 @@ def no_number(v: Any) -> Any:
     if isinstance(v, (int, float)) and not isinstance(v, bool):
         raise ValueError(f"expected 'auto', true or false, not the number {v!r}")
     return v
+
+
+def user_path(v: Any) -> Any:
+    """A path as the user meant it: `~` expanded (the shell leaves it alone after `=`, as in
+    --set data.dir=~/corpus); empty, or naming a folder literally called `~`, refused."""
+    if not isinstance(v, str):
+        return v
+    if not v.strip():
+        raise ValueError("an empty path (an unset shell variable?): give a file or folder")
+    expanded = os.path.expanduser(v)
+    if "~" in expanded.split(os.sep):
+        raise ValueError(
+            f"{v!r} has a folder named '~' that is not your home folder: write the path "
+            f"out, or start it with ~/"
+        )
+    return expanded

@@ -97,6 +97,14 @@ class TrainConfig(Section):
         "batch shape for the whole run, little padding; each pair attends to itself alone); "
         "0 = one pair per row",
     )
+    prefetch_batches: int = Field(
+        2,
+        ge=0,
+        le=64,
+        description="training batches collated ahead by a background thread while the "
+        "model trains (which batch comes when depends on the position in the walk alone, "
+        "so resuming stays exact); 0 = each one collated when it is needed",
+    )
     lr_factor: float = Field(
         1.0,
         gt=0.0,

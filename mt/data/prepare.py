@@ -139,7 +139,12 @@ def ensure_data(cfg: Config, log) -> None:
     own = downloaded_into(folder)
     if d.dataset is None or not (is_empty_folder(folder) or own == d.dataset):
         raise MTError(_no_split_message(cfg, missing[0], own))
-    log(f"{d.dir} has no {missing[0]} split: downloading {d.dataset} ...")
+    names = ", ".join(Path(f).name for f in split_paths(d.dir, missing[0], d.src_lang, d.tgt_lang))
+    log(
+        f"data.dir {folder.resolve()} has no {missing[0]} split ({names}): downloading the "
+        f"{d.dataset} corpus (data.dataset) into it; to train on your own files, set data.dir "
+        f"to their folder ..."
+    )
     download(
         d.dataset,
         folder,

@@ -4,7 +4,11 @@ the very batch it stopped at. The trainer asks for batches; what they hold is de
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import collections
+import concurrent.futures
+import functools
+from collections.abc import Callable, Iterable, Iterator
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -20,6 +24,8 @@ from mt.data.batching import (
 )
 from mt.data.corpus import ParallelData, both_directions
 from mt.data.packing import describe_packing, pack_blocks
+
+T = TypeVar("T")
 
 
 def training_batches(
@@ -57,19 +63,58 @@ def training_batches(
             say(describe_order(data, order, cfg))
             described = True
         usable = len(order) - len(order) % world  # every rank gets as many batches
-        while state.batch_in_epoch < usable:
-            position = state.batch_in_epoch + rank
-            state.batch_in_epoch += world
-            batch = collate_one(data, order[position], cfg, pin)
-            if cfg.word_dropout > 0:  # on the CPU batch, before it moves (pinned stays pinned)
-                drop_source_words(
-                    batch, cfg.word_dropout, [epoch_seed(cfg.seed, state.epoch), position]
-                )
-            if prepare is not None:  # another stream than word dropout's: a third word
-                batch = prepare(batch, [epoch_seed(cfg.seed, state.epoch), position, 1])
+        positions = range(state.batch_in_epoch + rank, usable, world)
+        make = functools.partial(_make_batch, data, order, cfg, state.epoch, pin, prepare)
+        for position, batch in ahead(make, positions, cfg.prefetch_batches):
+            state.batch_in_epoch = position - rank + world  # counted once it is handed out
             yield batch.to(device)
         state.epoch += 1
         state.batch_in_epoch = 0
+
+
+def _make_batch(
+    data: ParallelData,
+    order: list[np.ndarray],
+    cfg,
+    epoch: int,
+    pin: bool,
+    prepare: Callable[[Batch, list[int]], Batch] | None,
+    position: int,
+) -> Batch:
+    """The batch at `position` of the epoch, on the CPU: a function of the position alone
+    (every draw is seeded by the epoch and the position), so it can be made ahead."""
+    batch = collate_one(data, order[position], cfg, pin)
+    seed = epoch_seed(cfg.seed, epoch)
+    if cfg.word_dropout > 0:  # on the CPU batch, before it moves (pinned stays pinned)
+        drop_source_words(batch, cfg.word_dropout, [seed, position])
+    if prepare is not None:  # another stream than word dropout's: a third word
+        batch = prepare(batch, [seed, position, 1])
+    return batch
+
+
+def ahead(make: Callable[[int], T], items: Iterable[int], depth: int) -> Iterator[tuple[int, T]]:
+    """(item, make(item)) for every item in order, with up to `depth` of them made ahead by
+    one background thread (0: made here, when asked for). Which batch comes when depends on
+    the order of `items` alone, never on the thread's timing; the thread stops when the
+    caller stops asking (the generator closed) or when `items` end."""
+    if depth <= 0:
+        for item in items:
+            yield item, make(item)
+        return
+    pending: collections.deque = collections.deque()
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mt-batches") as pool:
+        try:
+            for item in items:
+                pending.append((item, pool.submit(make, item)))
+                if len(pending) > depth:
+                    first, made = pending.popleft()
+                    yield first, made.result()
+            while pending:
+                first, made = pending.popleft()
+                yield first, made.result()
+        finally:  # (stopped early: the batches made ahead are dropped)
+            for _, made in pending:
+                made.cancel()
 
 
 def epoch_order(data: ParallelData, cfg, epoch: int) -> list[np.ndarray]:

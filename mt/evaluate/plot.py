@@ -14,11 +14,16 @@ def read_log(run_dir: Path) -> list[dict]:
     if not path.is_file():
         raise MTError(f"{path} not found: is {run_dir} a run directory made by mt train?")
     records = []
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for i, line in enumerate(lines, 1):
         try:
             records.append(json.loads(line))
         except json.JSONDecodeError:
-            raise MTError(f"{path}:{i}: not a JSON line (the log is damaged)") from None
+            if i == len(lines):  # (a run killed mid-line: the training resumed rewrites it)
+                break
+            raise MTError(
+                f"{path}:{i}: not a JSON line (the log is damaged): delete or mend that line"
+            ) from None
     return records
 
 

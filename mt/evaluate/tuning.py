@@ -10,6 +10,7 @@ from pathlib import Path
 from mt.artifacts import checkpoint
 from mt.decode.translator import Translator
 from mt.evaluate.metrics import score
+from mt.outputs import check_not_training
 
 
 def decoding_grid(
@@ -93,5 +94,6 @@ def tune_best(path: Path, src: list[str], refs: list[str], device: str, **lists)
     translator = Translator.from_trained(run, device)
     rec = tune_decoding(translator, src, refs, decoding_grid(translator, **lists))
     checkpoint.set_decoding(run.ckpt, rec["tuned_decoding"])
+    check_not_training(path)  # (again: a training may have started while this tuned)
     checkpoint.atomic_save(run.ckpt, path)
     return rec

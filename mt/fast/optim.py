@@ -52,10 +52,11 @@ class Adam:
                 p.grad.zero_()
 
     @torch.no_grad()
-    def step(self, found_inf: torch.Tensor | None = None) -> None:
+    def step(self, found_inf: torch.Tensor | None = None, kept: torch.Tensor | None = None) -> None:
         """One update; found_inf (a 0-dim float tensor on the parameters' device, 1.0 or 0.0)
         skips it on the device when 1: weights, moments and step counts stay as they were,
-        with no read of the device (mt/train/skips.py)."""
+        with no read of the device (mt/train/skips.py). kept: 1 - found_inf, where the
+        caller has it already (a kernel fewer)."""
         g = self.param_groups[0]
         now = [p.grad for p in g["params"]]
         if self._lists is None or not all(map(operator.is_, now, self._lists[0])):
@@ -63,8 +64,13 @@ class Adam:
         groups = self._lists[1]
         beta1, beta2 = g["betas"]
         for (device, _), (params, grads, exp_avgs, exp_avg_sqs, steps) in groups.items():
-            inf = None if found_inf is None else found_inf.to(device)
-            torch._foreach_add_(steps, 1)
+            inf = found_inf
+            if inf is None:
+                torch._foreach_add_(steps, 1)
+            else:  # a skipped update does not count (as in torch.optim)
+                inf = inf if inf.device == device else inf.to(device)
+                add = 1 - inf if kept is None else kept
+                torch._foreach_add_(steps, [add] * len(steps))
             torch._fused_adam_(
                 params,
                 grads,
@@ -82,8 +88,6 @@ class Adam:
                 grad_scale=None,
                 found_inf=inf,
             )
-            if inf is not None:  # a skipped update does not count (as torch.optim does)
-                torch._foreach_sub_(steps, [inf] * len(steps))
 
     def _group_lists(self, params) -> dict[tuple, list[list[torch.Tensor]]]:
         """The fused kernel's lists (parameters, gradients, moments, step counts) by device

@@ -105,10 +105,18 @@ class Transformer(Seq2Seq):
         if packing is not None:  # (each pair's own positions, also for relative keys)
             own = packing.src_positions  # (B, S)
             x = self._embed(self.src_embed, src, positions=own)
-            return x, packing.encoder_mask(), (own, own) if self.relative else None
+            return x, self.packed_encoder_mask(packing), (own, own) if self.relative else None
         pos = torch.arange(src.shape[1], device=src.device) if self.relative else None
         positions = None if pos is None else (pos, pos)
         return self._embed(self.src_embed, src), self.memory_mask(src_pad_mask), positions
+
+    def packed_encoder_mask(self, packing: Packing):
+        """A packed batch's encoder self-attention mask: (R, 1, S, S) may-attend."""
+        return packing.encoder_mask()
+
+    def packed_decoder_masks(self, packing: Packing) -> tuple:
+        """A packed batch's decoder self-attention and cross-attention masks."""
+        return packing.decoder_mask(), packing.cross_mask()
 
     def decode(
         self,
@@ -139,7 +147,7 @@ class Transformer(Seq2Seq):
             pos = packing.tgt_positions  # (B, T)
             x = self._embed(self.tgt_embed, tgt_in, positions=pos)
             relative = (pos, pos) if self.relative else None
-            return x, packing.decoder_mask(), packing.cross_mask(), relative
+            return x, *self.packed_decoder_masks(packing), relative
         x = self._embed(self.tgt_embed, tgt_in, start)
         positions = None
         if self.relative:  # (never with a static cache: see static_cache)

@@ -74,20 +74,33 @@ def _resume(trainer: Trainer, ckpt: dict, path: Path, log) -> None:
             (trainer.cfg.seed * 1_000_003 + trainer.dist.rank * 7_919 + trainer.state.step)
             % (2**63)
         )
-    _truncate_log(trainer.run_dir / "train_log.jsonl", trainer.state.step)
+    _truncate_log(trainer.run_dir / "train_log.jsonl", trainer.state.step, log)
     log(f"resuming from {path} at step {trainer.state.step}")
 
 
-def _truncate_log(path: Path, step: int) -> None:
+def _truncate_log(path: Path, step: int, log) -> None:
     """Drop log records written after the checkpoint (by a run killed later): the resumed
-    run writes them again."""
+    run writes them again; and lines that are not JSON (a line cut off by a kill, an edit),
+    saying so."""
     import json
 
-    if path.is_file():
-        lines = path.read_text(encoding="utf-8").splitlines()
-        kept = [x for x in lines if x.strip() and json.loads(x).get("step", 0) <= step]
-        if len(kept) != len(lines):
-            write_text(path, "".join(x + "\n" for x in kept))
+    if not path.is_file():
+        return
+    lines = path.read_text(encoding="utf-8").splitlines()
+    kept, damaged = [], []
+    for number, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            damaged.append(number)
+            continue
+        if isinstance(record, dict) and record.get("step", 0) <= step:
+            kept.append(line)
+    if damaged:
+        log(f"warning: {path}: line(s) {', '.join(map(str, damaged[:5]))} are not JSON records "
+            f"(cut off, or edited); dropped, the rest of the log kept")  # fmt: skip
+    if len(kept) != len(lines):
+        write_text(path, "".join(x + "\n" for x in kept))
 
 
 def build_trainer(
@@ -96,9 +109,11 @@ def build_trainer(
     allow_config_change: bool = False,
     log=print,
     pretraining: bool = False,
+    restart: bool = False,
 ) -> Trainer:
     """pretraining: the masked-LM objective over the encoder (`mt pretrain`), which trains
-    without validation and ignores the options of translation training (TRAIN_ONLY)."""
+    without validation and ignores the options of translation training (TRAIN_ONLY);
+    restart: start again from step 0, the run directory's files moved aside (--restart)."""
     prefer_huge_pages()  # before torch's first large allocation (mt/runtime/memory.py)
     if pretraining:
         cfg = cfg.model_copy(update={"train": translation_options_off(cfg.train)})
@@ -106,7 +121,9 @@ def build_trainer(
     dist, device_name = setup(t.device, t.dist_timeout_minutes, t.dist_wait_minutes)
     if not dist.is_main:
         log = _quiet
-    lock = prepare_run_dir(cfg, run_dir, allow_config_change or pretraining, dist.is_main, log)
+    lock = prepare_run_dir(
+        cfg, run_dir, allow_config_change or pretraining, dist.is_main, log, restart
+    )
     try:
         trainer = _build(
             cfg, run_dir, dist, device_name, log, lock, pretraining, allow_config_change
@@ -201,19 +218,22 @@ def _model(cfg: Config, tokenizer, run_dir: Path, device, pretraining: bool, log
     encoder where the config names one."""
     if cfg.train.compile == "auto" and compiles:
         log("train.compile auto: the training step runs through torch.compile on this GPU")
-    parts = model_parts(cfg.train, device, pretraining, compiles)
+    parts = model_parts(cfg.train, device, pretraining, compiles, model=cfg.model)
     model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, parts)
     if cfg.model.init_encoder and not has_checkpoint(run_dir):  # a resumed run has its own
         init_encoder(model, cfg.model.init_encoder, tokenizer, log)
-    return model.to(device), parts is not REFERENCE and not compiles
+    return model.to(device), parts is not REFERENCE and not compiles  # (Flex: compiled)
 
 
 def _resume_if_saved(trainer: Trainer, run_dir: Path, log) -> None:
     found = checkpoint.load_for_resume(run_dir / "last.pt", log)
     if found is not None:
         _resume(trainer, *found, log)
-    elif has_checkpoint(run_dir):
+    elif not has_checkpoint(run_dir):  # a new run: a log left by one that saved nothing
+        _truncate_log(run_dir / "train_log.jsonl", 0, log)  # (goes with it)
+    else:
         raise MTError(
-            f"no readable last.pt in {run_dir} to resume from; move the damaged "
-            f"files away to start over"
+            f"no last.pt in {run_dir} that training can resume from (damaged, or weights "
+            f"alone); start over with mt train ... --restart (the files are kept aside), or "
+            f"train into a new --run-dir"
         )

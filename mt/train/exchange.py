@@ -2,14 +2,16 @@
 (train.data_parallel), and the one process, which is the first of them with one rank.
 
 `Flat` (the default, and one process): every trained parameter's gradient is a view into a
-persistent flat buffer, one per dtype, that the backward passes add into. After the last
-backward of an update, one in-place all-reduce per buffer exchanges the gradients together
-with four numbers that ride at the end of the float32 buffer: whether the rank ran out of
-memory, its loss and NLL sums, and its target tokens. The gradients are then divided by the
-global token count on the device, and a skipped update (out of memory on any rank, a loss
-that is not finite) is skipped by Adam on the device: nothing is read by the host, no copy is
-made, and an out-of-memory batch on one rank is skipped by all (they all reach the
-all-reduce). Nothing overlaps the backward pass.
+persistent flat buffer, one per dtype. An update's first backward pass copies its gradients
+and its loss sums into the buffers, the next ones add theirs, each with one foreach kernel for
+all of them. After the last, one in-place all-reduce per buffer exchanges the gradients
+together with four numbers that ride at the end of the float32 buffer: whether the rank ran
+out of memory, its loss and NLL sums, and its target tokens. The gradients are then divided
+by the global token count on the device and clipped (`settle`, one graph under
+train.compile), and a skipped update (out of memory on any rank, a loss that is not finite) is
+skipped by Adam on the device: nothing is read by the host, no copy is made, and an
+out-of-memory batch on one rank is skipped by all (they all reach the all-reduce). Nothing
+overlaps the backward pass.
 
 `DDP`: torch's DistributedDataParallel around one module whose forward is the whole objective
 (model plus loss), its bucketed all-reduces overlapping the backward pass. A rank that runs
@@ -48,34 +50,59 @@ class Sums:
     nll: torch.Tensor
     tokens: torch.Tensor
 
-    @property
-    def skip(self) -> torch.Tensor:
-        """1.0 where the update must not be applied (Adam's found-inf flag), else 0.0."""
-        return ((self.out_of_memory > 0) | ~torch.isfinite(self.loss)).float()
+
+def settle(
+    flats: list[torch.Tensor], counts: torch.Tensor | None, hint: float, clip_norm: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What follows the exchange, on the device, as one graph where train.compile is on.
+    flats: Flat's buffers, the float32 one first (the gradients, then its four numbers);
+    counts: DeferredSkips' (skipped, out of memory) counts, added to; hint: the tokens the
+    backward passes divided by; clip_norm: train.clip_norm (0: none).
+    The gradients are multiplied by hint / the update's tokens, so that they are the gradient
+    of the mean token loss, and clipped as torch.nn.utils.clip_grad_norm_ clips (the norm of
+    all of them, taken once per buffer). Returns Adam's found-inf flag (1.0: skip the
+    update), 1 - it, and the log window's row (loss sum, NLL sum, tokens; zeros when
+    skipped)."""
+    extras = flats[0][-4:]
+    out_of_memory = extras[OUT_OF_MEMORY] > 0
+    skip = (out_of_memory | ~torch.isfinite(extras[LOSS])).float()
+    if counts is not None:
+        counts.add_(torch.stack([skip, out_of_memory.float()]))
+    row = torch.where(skip > 0, 0.0, extras[LOSS:])  # (a where: NaN times 0 is NaN)
+    grads = [flats[0][:-4], *flats[1:]]
+    factor = hint / extras[TOKENS]
+    if clip_norm > 0:
+        norms = [torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads]
+        norm = factor * torch.linalg.vector_norm(torch.stack(norms))
+        factor = factor * (clip_norm / (norm + 1e-6)).clamp(max=1.0)
+    for g in grads:
+        g.mul_(factor.to(g.dtype))
+    extras[OUT_OF_MEMORY] = 0.0  # (set again by the next update that runs out)
+    return skip, 1.0 - skip, row
 
 
 class Flat:
     """params: what the optimizer trains. tokens_hint: a number of target tokens the same on
     every rank, about an update's over all ranks; each backward pass takes its loss divided by
     it, which keeps fp16 activations' gradients at the scale of a per-token loss, and the
-    exchanged gradients are multiplied by tokens_hint / (the global tokens) afterwards. One
-    process divides by its own token count instead, as one process always has."""
+    exchanged gradients are multiplied by tokens_hint / (the global tokens) afterwards.
+    compiled: settle as one compiled graph (train.compile)."""
 
     skips_out_of_memory = True  # (every rank reaches the all-reduce)
 
-    def __init__(self, params, dist: Dist, device: torch.device, tokens_hint: int):
+    def __init__(
+        self, params, dist: Dist, device: torch.device, tokens_hint: int, compiled: bool = False
+    ):
         self.dist, self.device, self.tokens_hint = dist, device, tokens_hint
         params = [p for p in params if p.requires_grad]
         by_dtype: dict[torch.dtype, list] = {torch.float32: []}  # (the sums ride in float32)
         for p in params:
             by_dtype.setdefault(p.dtype, []).append(p)
         self.flats: list[torch.Tensor] = []  # one buffer per dtype
-        self.grads: list[torch.Tensor] = []  # the part of each that holds gradients
         for dtype, group in by_dtype.items():
             n = sum(p.numel() for p in group)
             flat = torch.zeros(n + 4 * (dtype == torch.float32), dtype=dtype, device=device)
             self.flats.append(flat)
-            self.grads.append(flat[:n])
             if dtype == torch.float32:
                 self.extras = flat[n:]
             offset = 0
@@ -84,21 +111,39 @@ class Flat:
                 offset += p.numel()
         self.params = params
         self.views = [p.grad for p in params]
+        # (views made once: each is an operator of its own)
+        self.sum_views = [self.extras[LOSS], self.extras[NLL]]
+        self.tokens = self.extras[TOKENS]
+        # the backward passes' output gradient: the loss divided by the hint
+        self.grad_output = torch.full((), 1.0 / tokens_hint, device=device)
+        self.written = False  # whether a backward pass of this update wrote the gradients
+        self.settle = torch.compile(settle, fullgraph=True, dynamic=False) if compiled else settle
 
-    def backward(self, loss: torch.Tensor) -> None:
-        """The gradients of `loss` added into the buffers: one _foreach_add_ for all of them
-        (a few kernels on a GPU), where autograd would add each parameter's on its own."""
-        grads = torch.autograd.grad(loss, self.params, allow_unused=True)
-        given = [(v, g) for v, g in zip(self.views, grads, strict=True) if g is not None]
-        if given:
-            views, news = zip(*given, strict=True)
-            torch._foreach_add_(list(views), list(news))
+    def begin(self, n_tokens: int) -> None:
+        """An update of `n_tokens` target tokens (this rank's) begins: its first backward pass
+        writes over the gradients (no zeroing kernel)."""
+        self.written = False
+        self.tokens.fill_(float(n_tokens))  # (a fill: no copy from the host)
 
-    def zero_grad(self) -> None:
-        """One kernel per buffer (the gradients stay views into them: nothing sets one to
-        None)."""
-        for flat in self.flats:
-            flat.zero_()
+    def backward(self, loss: torch.Tensor, nll: torch.Tensor, scaler) -> None:
+        """The gradients of `loss` / tokens_hint (times fp16's loss scale) and the loss and NLL
+        sums, added into the buffers by one foreach kernel for all of them (a copy for the
+        update's first pass), where autograd would add each parameter's on its own."""
+        out = scaler.scale(loss) if scaler.is_enabled() else loss
+        grads = torch.autograd.grad(
+            out, self.params, grad_outputs=self.grad_output, allow_unused=True
+        )
+        views = [v for v, g in zip(self.views, grads, strict=True) if g is not None]
+        news = [g for g in grads if g is not None]
+        into, values = views + self.sum_views, [*news, loss.detach(), nll.detach()]
+        if self.written:
+            torch._foreach_add_(into, values)
+        else:
+            unused = [v for v, g in zip(self.views, grads, strict=True) if g is None]
+            if unused:
+                torch._foreach_zero_(unused)
+            torch._foreach_copy_(into, values)
+        self.written = True
 
     def wrap(self, loss: Callable) -> Callable:
         """The step's loss(model, batch) (the objective's, or its compiled form)."""
@@ -107,28 +152,26 @@ class Flat:
     def no_sync(self, last: bool) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
 
-    def backward_scale(self, n_tokens: int) -> float:
-        return 1.0 / (self.tokens_hint if self.dist.enabled else n_tokens)
-
-    def reduce(self, out_of_memory: bool, losses: list, nlls: list, n_tokens: int) -> Sums:
-        """The update's Sums over the ranks; the gradients averaged and normalised."""
-        e = self.extras
-        e[OUT_OF_MEMORY].fill_(float(out_of_memory))  # (fills: no copy from the host)
-        e[TOKENS].fill_(float(n_tokens))
-        if out_of_memory:  # (whatever the failed pass left is not applied by anyone)
-            e[LOSS].zero_()
-            e[NLL].zero_()
-        else:
-            e[LOSS].copy_(torch.stack(losses).sum())
-            e[NLL].copy_(torch.stack(nlls).sum())
+    def reduce(self, out_of_memory: bool) -> None:
+        """After the update's last backward pass: the buffers summed over the ranks."""
+        if out_of_memory:  # (whatever the failed pass left is applied by no one)
+            self.extras[OUT_OF_MEMORY].fill_(1.0)
         if self.dist.enabled:
             with self.dist.together("the exchange of gradients"):
                 for flat in self.flats:
                     torch.distributed.all_reduce(flat)
-            factor = self.tokens_hint / e[TOKENS]  # (on the device)
-            for grads in self.grads:
-                grads.mul_(factor.to(grads.dtype))
-        return Sums(*e.clone().unbind())  # (the next update writes over e)
+
+    def sums(self) -> Sums:
+        """The update's Sums, a copy (the next update writes over the buffer)."""
+        return Sums(*self.extras.clone().unbind())
+
+    def finish(self, counts: torch.Tensor | None, clip_norm: float) -> tuple:
+        """(found_inf, 1 - found_inf, log row): settle()."""
+        return self.settle(self.flats, counts, float(self.tokens_hint), clip_norm)
+
+    def clip_grad_norm_(self, max_norm: float) -> None:
+        """torch.nn.utils.clip_grad_norm_ (for fp16, whose GradScaler unscales first)."""
+        torch.nn.utils.clip_grad_norm_(self.params, max_norm)
 
 
 class DDP:
@@ -154,14 +197,26 @@ class DDP:
                 broadcast_buffers=False,  # the model's buffers are constants: none each step
             )
         self.tokens = torch.zeros(())
+        self.scale = torch.ones(())
+        self.losses: list[torch.Tensor] = []
+        self.nlls: list[torch.Tensor] = []
+        self.summed = torch.zeros(2)
 
-    def backward(self, loss: torch.Tensor) -> None:
-        loss.backward()  # (DDP's hooks run as autograd accumulates each gradient)
-
-    def zero_grad(self) -> None:
+    def begin(self, n_tokens: int) -> None:
+        """The gradients zeroed; world / the global token count (DDP divides by world),
+        summed on the device before the backward passes that need it."""
         for p in self.model.parameters():
             if p.grad is not None:
                 p.grad.zero_()
+        device = next(self.model.parameters()).device
+        self.tokens = self.dist.sum(torch.full((), float(n_tokens), device=device))
+        self.scale = self.dist.world / self.tokens
+        self.losses, self.nlls = [], []
+
+    def backward(self, loss: torch.Tensor, nll: torch.Tensor, scaler) -> None:
+        (scaler.scale(loss) * self.scale).backward()  # (DDP's hooks exchange as it goes)
+        self.losses.append(loss.detach())
+        self.nlls.append(nll.detach())
 
     def wrap(self, loss: Callable) -> Callable:
         """Through DDP's forward, which the exchange in the backward pass needs (the
@@ -172,17 +227,28 @@ class DDP:
         """Accumulation: the ranks exchange in the last micro-batch's backward only."""
         return contextlib.nullcontext() if last else self.wrapped.no_sync()
 
-    def backward_scale(self, n_tokens: int) -> torch.Tensor:
-        """world / the global token count (DDP divides by world): summed on the device, before
-        the backward passes that need it."""
-        device = next(self.model.parameters()).device
-        self.tokens = self.dist.sum(torch.full((), float(n_tokens), device=device))
-        return self.dist.world / self.tokens
-
-    def reduce(self, out_of_memory: bool, losses: list, nlls: list, n_tokens: int) -> Sums:
+    def reduce(self, out_of_memory: bool) -> None:
         assert not out_of_memory  # (ended the run: Trainer._backward)
-        sums = self.dist.sum(torch.stack([torch.stack(losses).sum(), torch.stack(nlls).sum()]))
-        return Sums(torch.zeros_like(self.tokens), sums[0], sums[1], self.tokens)
+        losses = torch.stack([torch.stack(self.losses).sum(), torch.stack(self.nlls).sum()])
+        self.summed = self.dist.sum(losses)
+
+    def sums(self) -> Sums:
+        return Sums(torch.zeros_like(self.tokens), self.summed[0], self.summed[1], self.tokens)
+
+    def finish(self, counts: torch.Tensor | None, clip_norm: float) -> tuple:
+        """(found_inf, 1 - found_inf, log row), as settle() gives them; the gradients
+        clipped."""
+        loss, nll = self.summed.unbind()
+        skip = (~torch.isfinite(loss)).float()
+        if counts is not None:
+            counts.add_(torch.stack([skip, torch.zeros_like(skip)]))
+        row = torch.where(skip > 0, 0.0, torch.stack([loss, nll, self.tokens]))
+        if clip_norm > 0:
+            self.clip_grad_norm_(clip_norm)
+        return skip, 1.0 - skip, row
+
+    def clip_grad_norm_(self, max_norm: float) -> None:
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
 
 
 class _Objective(torch.nn.Module):
@@ -207,10 +273,14 @@ def out_of_memory_under_ddp(rank: int, step: int, batches: list[Batch]) -> MTErr
     )
 
 
-def build_exchange(cfg, model, optimizer, loss: Callable, dist: Dist, find_unused: bool):
-    """The exchange train.data_parallel names (cfg: the train config); one process: Flat."""
+def build_exchange(
+    cfg, model, optimizer, loss: Callable, dist: Dist, find_unused: bool, compiled: bool = False
+):
+    """The exchange train.data_parallel names (cfg: the train config); one process: Flat.
+    compiled: its bookkeeping after the exchange as one compiled graph (train.compile)."""
     if dist.enabled and cfg.data_parallel == "ddp":
         return DDP(model, loss, dist, cfg.ddp_bucket_mb, find_unused)
     params = optimizer.param_groups[0]["params"]
     device = params[0].device
-    return Flat(params, dist, device, dist.world * cfg.accum_steps * cfg.max_tokens)
+    hint = dist.world * cfg.accum_steps * cfg.max_tokens
+    return Flat(params, dist, device, hint, compiled=compiled)

@@ -73,6 +73,7 @@ class RunEnd:
         """Average the last `average_last` snapshots into averaged.pt, validate it, and make it
         best.pt when its validation BLEU beats the best single checkpoint."""
         assert self.validator is not None
+        self.checkpoints.wait()  # (the last snapshot may still be being written)
         paths = checkpoint.snapshots(self.run_dir)[-self.average_last :]
         if self.average_last < 2 or len(paths) < 2:
             return None
@@ -103,6 +104,7 @@ class RunEnd:
         assert validator is not None
         v, d = validator.validation, validator.validation.decode
         release_free_memory()
+        self.checkpoints.wait()
         path = self.run_dir / "best.pt"
         ckpt = checkpoint.load(path)
 

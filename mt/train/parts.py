@@ -46,15 +46,38 @@ def compile_applies(cfg, device: torch.device, pretraining: bool = False) -> boo
     return device.type == "cuda" and plain and t.fast_paths is not True
 
 
-def model_parts(t, device: torch.device, pretraining: bool = False, compile: bool = False) -> Parts:
+def model_parts(
+    t, device: torch.device, pretraining: bool = False, compile: bool = False, model=None
+) -> Parts:
     """The module classes to build the model from: mt/fast's where `t.fast_paths`
     (TrainConfig) applies to `device`, else the reference ones. Encoder pretraining keeps the
     reference: the masked-LM loss reads the encoder alone; so does a compiled step (`compile`:
     compile_applies), which fuses the reference model itself (mt/fast's feed-forward on real
-    rows would break its graph)."""
+    rows would break its graph), except for packed attention's block masks (flex_applies;
+    model: the ModelConfig)."""
+    if flex_applies(t, model, device, pretraining, compile):
+        from mt.fast.flex import FlexMultiHeadAttention, FlexTransformer  # (imports dynamo)
+
+        return Parts(attention=FlexMultiHeadAttention, transformer=FlexTransformer)
     if pretraining or compile or t.pack_width or not fast_paths_apply(t.fast_paths, device):
         return REFERENCE
     return fast.PARTS
+
+
+def flex_applies(t, model, device: torch.device, pretraining: bool, compile: bool) -> bool:
+    """Packed batches' attention through FlexAttention block masks (mt/fast/flex.py): for a
+    compiled step on a GPU (FlexAttention is fast compiled, and has no backward on a CPU), with
+    train.fast_paths auto or true, no attention-weight dropout and absolute positions."""
+    return (
+        model is not None
+        and t.pack_width > 0
+        and compile
+        and not pretraining
+        and device.type == "cuda"
+        and t.fast_paths is not False
+        and model.attn_dropout == 0
+        and model.positional != "relative"
+    )
 
 
 def build_objective(

@@ -14,7 +14,7 @@ from mt.train.build import build_trainer
 from mt.train.pretrained import ignored_options
 
 
-def pretrain(cfg: Config, run_dir: Path, log=print) -> dict:
+def pretrain(cfg: Config, run_dir: Path, log=print, restart: bool = False) -> dict:
     """Train the encoder of cfg.model with the masked-LM loss on data.dir's training sources,
     for train.max_steps updates (or train.max_minutes); RUN_DIR/pretrained.pt when the budget
     is spent (a run stopped by a signal keeps last.pt and resumes). Returns the state's
@@ -24,7 +24,7 @@ def pretrain(cfg: Config, run_dir: Path, log=print) -> dict:
     ignored = ignored_options(cfg.train)
     if ignored:
         log(f"mt pretrain does not use {', '.join(ignored)} (mt train does)")
-    trainer = build_trainer(cfg, run_dir, log=log, pretraining=True)
+    trainer = build_trainer(cfg, run_dir, log=log, pretraining=True, restart=restart)
     try:
         state = trainer.fit()
         if trainer.dist.is_main and not trainer.stop_signal:

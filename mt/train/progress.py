@@ -7,8 +7,6 @@ import signal
 import sys
 from contextlib import contextmanager
 
-import torch
-
 from mt.errors import Interrupted
 
 
@@ -138,10 +136,11 @@ def show_progress(bar, st, cfg, forecast: Forecast, last_update, say) -> None:
     """After each update, on the tqdm `bar`: the first updates show their loss at once
     (log_every may be hundreds of steps away), and after a few seconds of steps the run says
     how long it will take (`say`). st: the TrainState; cfg: the train config; last_update:
-    the Sums of the update just made (mt/train/exchange.py)."""
+    the (loss sum, NLL sum, tokens) of the update just made (mt/train/exchange.py)."""
     if st.step < cfg.log_every and st.step % max(1, min(10, cfg.log_every)) == 0:
-        loss, tokens = torch.stack([last_update.loss, last_update.tokens]).tolist()
-        bar.set_postfix(loss=round(loss / tokens, 3))
+        loss, _, tokens = last_update.tolist()
+        if tokens:  # (0: skipped on the device)
+            bar.set_postfix(loss=round(loss / tokens, 3))
     end_step = forecast.update(st.step, st.train_seconds, cfg.max_steps, 60 * cfg.max_minutes)
     if end_step is not None:
         say(forecast.describe(cfg.max_steps, cfg.max_minutes))

@@ -6,15 +6,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
-
-import yaml
 
 from mt.artifacts import checkpoint
 from mt.config import Config, config_from_dict, diff_configs, save_config
 from mt.data.corpus import split_paths
 from mt.errors import MTError
-from mt.outputs import check_folder_writable, write_text
+from mt.outputs import RUN_LOCK, check_folder_writable, write_text
 
 # Keys that may change between a run and its resumption without --allow-config-change: they
 # change how long or where it trains, not what it learns. (data.dir is checked separately: a
@@ -50,7 +49,7 @@ CHANGEABLE_IN_MODEL = (
     "model.init_encoder",
 )
 
-LOCK_NAME = ".lock"
+LOCK_NAME = RUN_LOCK
 CORPUS_NAME = "corpus.json"
 
 
@@ -89,6 +88,51 @@ def has_checkpoint(run_dir: Path) -> bool:
     return last.exists() or checkpoint.previous(last).exists()
 
 
+def trained_files(run_dir: Path) -> list[str]:
+    """The checkpoints other than last.pt that say a run trained in `run_dir` (a run killed
+    before its first save leaves none: starting it over loses nothing but its log)."""
+    found = [
+        name for name in ("best.pt", "averaged.pt", "pretrained.pt") if (run_dir / name).exists()
+    ]
+    snapshots = checkpoint.snapshots(run_dir) if run_dir.is_dir() else []
+    if snapshots:
+        found.append(f"{len(snapshots)} step_N.pt snapshot(s)")
+    return found
+
+
+def check_resumable(run_dir: Path, restart: bool) -> None:
+    """A run directory that holds a trained run's files but nothing to resume from (last.pt
+    and last.pt.prev gone) is not trained into again from step 0 over its best.pt, unless
+    `restart` (mt train --restart), which moves them aside first (set_aside)."""
+    if restart or has_checkpoint(run_dir):
+        return
+    found = trained_files(run_dir)
+    if found:
+        raise MTError(
+            f"{run_dir} holds a trained run ({', '.join(found)}) but no last.pt or "
+            f"last.pt.prev to resume from: train into a new --run-dir, or add --restart to "
+            f"start again from step 0 with the old files moved to {run_dir}/{ASIDE}-<time>/ "
+            f"(best.pt and the snapshots hold no optimizer state to resume from exactly)"
+        )
+
+
+ASIDE = "replaced"  # the folder prefix of a restarted run's old files
+
+
+def set_aside(run_dir: Path, log) -> Path | None:
+    """mt train --restart: every file of the run directory (but the lock and earlier folders
+    set aside) moved into RUN/replaced-<time>/; None when there was nothing to move."""
+    entries = [e for e in run_dir.iterdir() if e.name != LOCK_NAME and not e.name.startswith(ASIDE)]
+    if not entries:
+        return None
+    aside = run_dir / f"{ASIDE}-{time.strftime('%Y%m%d-%H%M%S')}"
+    aside.mkdir()
+    for entry in entries:
+        os.replace(entry, aside / entry.name)
+    log(f"--restart: the run's earlier files moved to {aside}")
+    return aside
+
+
 def corpus_fingerprint(cfg: Config) -> dict:
     """Sizes and a hash of the first MiB of the training files: enough to tell a moved corpus
     from another one without reading a WMT-size corpus twice."""
@@ -107,7 +151,15 @@ def _saved_config(run_dir: Path) -> Config | None:
     saved = run_dir / "config.yaml"
     if not saved.is_file():
         return None
-    return config_from_dict(yaml.safe_load(saved.read_text(encoding="utf-8")), str(saved))
+    from mt.config.load import read_yaml
+
+    try:
+        return config_from_dict(read_yaml(saved), str(saved))
+    except MTError as e:
+        raise MTError(
+            f"{e}; mend it, or delete it: mt train writes it again from the config you give "
+            f"(the checkpoints hold their own copy)"
+        ) from None
 
 
 def _corpus_moved(cfg: Config, run_dir: Path) -> bool:
@@ -181,12 +233,20 @@ def _drop_stale_tokenizer(cfg: Config, run_dir: Path, log) -> None:
 
 
 def prepare_run_dir(
-    cfg: Config, run_dir: Path, allow_config_change: bool, is_main: bool = True, log=print
+    cfg: Config,
+    run_dir: Path,
+    allow_config_change: bool,
+    is_main: bool = True,
+    log=print,
+    restart: bool = False,
 ) -> RunLock | None:
     """Check the run directory (every rank: all must fail together); rank 0 locks it and
-    writes the config. Nothing is written before every check has passed."""
+    writes the config. Nothing is written before every check has passed. restart: the files
+    of a run that cannot be resumed are moved aside (check_resumable)."""
     if not is_main:
-        check_config_change(cfg, run_dir, allow_config_change)
+        check_resumable(run_dir, restart)
+        if not restart:
+            check_config_change(cfg, run_dir, allow_config_change)
         return None
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -195,10 +255,14 @@ def prepare_run_dir(
             f"run directory {run_dir} is not writable ({e.strerror}); choose another with --run-dir"
         ) from None
     check_folder_writable(run_dir, "run")
-    check_config_change(cfg, run_dir, allow_config_change)  # refused before the lock file
+    if not restart:
+        check_config_change(cfg, run_dir, allow_config_change)  # refused before the lock file
     lock = RunLock(run_dir)
     try:
-        check_config_change(cfg, run_dir, allow_config_change)  # as the lock holder sees it
+        check_resumable(run_dir, restart)  # as the lock holder sees it
+        if restart:
+            set_aside(run_dir, log)
+        check_config_change(cfg, run_dir, allow_config_change)
         if not has_checkpoint(run_dir):
             _drop_stale_tokenizer(cfg, run_dir, log)
         save_config(cfg, run_dir / "config.yaml")

@@ -1,8 +1,11 @@
 """What a run's checkpoints hold and where they go: last.pt (to resume, with every rank's
-generators), best.pt, and the step_N.pt snapshots that are averaged at the end."""
+generators), best.pt, and the step_N.pt snapshots that are averaged at the end; written by a
+background thread from a copy in host memory, so that training goes on while they are."""
 
 from __future__ import annotations
 
+import concurrent.futures
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +43,7 @@ class Checkpoints:
         self.ema, self.dist, self.keep = ema, dist, keep
         self.last_step = -1  # the step of the last last.pt written or resumed from (-1: none)
         self.last_state: dict | None = None  # the counters of the last last.pt this process wrote
+        self.writer = Writer(background=dist.is_main)
 
     def checkpoint_dict(
         self,
@@ -73,27 +77,120 @@ class Checkpoints:
         return self.dist.gather(checkpoint.rng_state())
 
     def save(self, name: str, state: TrainState, rank_rng: list[dict] | None = None) -> None:
+        """Write `name` in the background from a copy of what it holds now; a last.pt counts
+        (last_step, holds) once it has replaced the old one."""
         if not self.dist.is_main:
             return
         last = name == "last.pt"
-        checkpoint.atomic_save(
+        done = None
+        if last:
+            step, counters = state.step, state.state_dict()
+
+            def done() -> None:
+                self.last_step, self.last_state = step, counters
+
+        self.writer.write(
             self.checkpoint_dict(state, rank_rng, for_resume=last),
             self.run_dir / name,
             keep_previous=last,
+            then=done,
         )
-        if last:
-            self.last_step, self.last_state = state.step, state.state_dict()
 
     def holds(self, state: TrainState) -> bool:
         """Whether the last.pt this process wrote holds `state` as it is now."""
+        self.writer.wait()
         return self.last_state == state.state_dict()
 
     def save_snapshot(self, state: TrainState) -> None:
         """step_N.pt: the model alone (for averaging), keeping the last `keep`."""
         if self.keep == 0 or not self.dist.is_main:
             return
-        checkpoint.atomic_save(
-            self.checkpoint_dict(state, snapshot=True), self.run_dir / f"step_{state.step}.pt"
+        run_dir, keep = self.run_dir, self.keep
+
+        def drop_old() -> None:
+            for old in checkpoint.snapshots(run_dir)[:-keep]:
+                old.unlink()
+
+        self.writer.write(
+            self.checkpoint_dict(state, snapshot=True),
+            run_dir / f"step_{state.step}.pt",
+            then=drop_old,
         )
-        for old in checkpoint.snapshots(self.run_dir)[: -self.keep]:
-            old.unlink()
+
+    def wait(self) -> None:
+        """Until every checkpoint asked for is on disk (a write's error is raised here)."""
+        self.writer.wait()
+
+    def close(self) -> str | None:
+        """Wait for the writes and stop the writer; the error of a failed write, as text."""
+        return self.writer.close()
+
+
+class Writer:
+    """Writes checkpoint files one after the other, in the order asked, from a copy in host
+    memory, in a background thread (background=False: at once, in the caller's thread). Each
+    file is written by checkpoint.atomic_save (a temp file renamed over the old one), so a
+    crash mid-write leaves the previous file; `then` runs once the rename is done. A failed
+    write is raised by the next write or wait."""
+
+    def __init__(self, background: bool):
+        self.pool = (
+            concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mt-checkpoints")
+            if background
+            else None
+        )
+        self.pending: list[concurrent.futures.Future] = []
+
+    def write(
+        self,
+        obj: dict,
+        path: Path,
+        keep_previous: bool = False,
+        then: Callable[[], None] | None = None,
+    ) -> None:
+        self._raise_failed()
+        if self.pool is None:
+            _write(obj, path, keep_previous, then)
+            return
+        copy = host_copy(obj)  # (the live weights change with the next update)
+        self.pending.append(self.pool.submit(_write, copy, path, keep_previous, then))
+
+    def wait(self) -> None:
+        pending, self.pending = self.pending, []
+        for write in pending:
+            write.result()
+
+    def close(self) -> str | None:
+        try:
+            self.wait()
+        except Exception as e:  # (closing after another error: this one is reported)
+            return str(e)
+        finally:
+            if self.pool is not None:
+                self.pool.shutdown()
+        return None
+
+    def _raise_failed(self) -> None:
+        failed = [w for w in self.pending if w.done() and w.exception() is not None]
+        if failed:
+            self.pending = []
+            raise failed[0].exception()  # type: ignore[misc]
+        self.pending = [w for w in self.pending if not w.done()]
+
+
+def _write(obj: dict, path: Path, keep_previous: bool, then: Callable[[], None] | None) -> None:
+    checkpoint.atomic_save(obj, path, keep_previous=keep_previous)
+    if then is not None:
+        then()
+
+
+def host_copy(obj: Any) -> Any:
+    """`obj` with every tensor copied to the CPU and every dict, list and tuple rebuilt: a
+    snapshot that the training after it cannot change."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: host_copy(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(host_copy(v) for v in obj)
+    return obj

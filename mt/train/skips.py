@@ -78,15 +78,9 @@ class DeferredSkips:
     of memory (the others: a loss that was not finite)."""
 
     def __init__(self, device: torch.device):
-        self.count = torch.zeros(2, dtype=torch.float32, device=device)  # (skipped, memory)
-        self.updates = 0  # recorded since the last take (known on the host)
-
-    def record(self, sums) -> torch.Tensor:
-        """One update's Sums (mt/train/exchange.py); returns Adam's found-inf flag for it."""
-        bad = sums.skip
-        self.updates += 1
-        self.count += torch.stack([bad, (sums.out_of_memory > 0).float()])
-        return bad
+        # (skipped, of them out of memory), added to on the device (mt/train/exchange.py)
+        self.count = torch.zeros(2, dtype=torch.float32, device=device)
+        self.updates = 0  # made since the last take (known on the host)
 
     def take(self) -> tuple[int, int, int]:
         """(skipped updates, of them for lack of memory, updates recorded) since the last

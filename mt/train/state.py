@@ -54,11 +54,9 @@ class LogWindow:
     sums: list = field(default_factory=list)  # (loss, nll, tokens) per update
     start: float = field(default_factory=time.perf_counter)
 
-    def add(self, sums, skipped: torch.Tensor | None = None) -> None:
-        """sums: an update's (mt/train/exchange.py); skipped: its found-inf flag, if any."""
-        row = torch.stack([sums.loss, sums.nll, sums.tokens])
-        if skipped is not None:  # (where, not a product: NaN times 0 is NaN)
-            row = torch.where(skipped > 0, torch.zeros_like(row), row)
+    def add(self, row: torch.Tensor) -> None:
+        """row: an update's (loss sum, NLL sum, tokens) over every rank (zeros if skipped on
+        the device; mt/train/exchange.py)."""
         self.sums.append(row)
 
     def summary(self) -> dict:

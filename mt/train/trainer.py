@@ -28,7 +28,7 @@ from mt.runtime.distributed import Dist, teardown
 from mt.train.budget import TimeBudget
 from mt.train.compiled import compiled_step
 from mt.train.ema import WeightAverage
-from mt.train.exchange import Sums, build_exchange, out_of_memory_under_ddp
+from mt.train.exchange import build_exchange, out_of_memory_under_ddp
 from mt.train.finish import RunEnd, draw_training_picture
 from mt.train.progress import Forecast, lost_work_message, show_progress, stop_on_signal
 from mt.train.saving import Checkpoints
@@ -81,7 +81,9 @@ class Trainer:
         self.state, self.lock = state or TrainState(), lock
         self.cuda_graphs, self.compiled_loss = compiled_step(objective, cfg, compile, device)
         masked_lm = self.state.objective == "masked_lm"  # (leaves the decoder without gradients)
-        self.exchange = build_exchange(cfg, model, optimizer, objective.loss, dist, masked_lm)
+        self.exchange = build_exchange(
+            cfg, model, optimizer, objective.loss, dist, masked_lm, self.compiled_loss is not None
+        )
         self.run_log = RunLog(run_dir, tensorboard) if dist.is_main else None
         # (the parts get these, not the trainer's methods: a freed trainer frees its lock)
         self.write_log = self.run_log.write if self.run_log is not None else discard
@@ -92,7 +94,9 @@ class Trainer:
         self.checkpoints, self.validator, self.run_end = self._outputs(run_config, validation)
         self.window = LogWindow()  # the updates since the last log line
         self.forecast = Forecast(0, 0.0)  # made again when fit() starts
-        self.last_update: Sums | None = None  # for the first steps' display
+        # the last update's (loss sum, NLL sum, tokens) on the device, for the first steps'
+        # display (zeros for one skipped there)
+        self.last_update: torch.Tensor | None = None
         self.last_record: dict = {}  # the last training log record (loss, nll, ppl, lr, ...)
         self.last_valid_step = -1  # the step of this process's last validation (-1: none)
         self.stop_signal = 0  # the number of the signal that stopped training (0: none)
@@ -159,28 +163,30 @@ class Trainer:
         counts until the host's next read takes it back (settle_skips)."""
         if not self.model.training:  # (after validation; a walk of every module each time)
             self.model.train()
-        self.exchange.zero_grad()
+        n_tokens = sum(b.n_tokens for b in batches)
+        self.exchange.begin(n_tokens)
         if self.objective.on_step is not None:
             self.objective.on_step(self.state.step)
-        n_tokens = sum(b.n_tokens for b in batches)
-        losses, nlls = self._backward(batches, self.exchange.backward_scale(n_tokens))
-        out_of_memory = losses is None
+        out_of_memory = not self._backward(batches)
         if out_of_memory and self.device.type == "cuda":  # (on the rank that ran out, at once)
             torch.cuda.empty_cache()
         if out_of_memory and not self.dist.enabled:
             return self._skipped(OUT_OF_MEMORY, src_shape=list(batches[0].src.shape))
         # every rank takes part, also one out of memory: the others skip the update with it
-        sums = self.exchange.reduce(out_of_memory, losses or [], nlls or [], n_tokens)
+        self.exchange.reduce(out_of_memory)
         if self.skips.deferred is None:  # fp16's GradScaler reads the device anyway
-            return self._read_and_update(sums, out_of_memory, batches)
-        found_inf = self.skips.deferred.record(sums)
-        self.window.add(sums, skipped=found_inf)
-        self.last_update = sums
-        return self._update(found_inf)
+            return self._read_and_update(out_of_memory, batches)
+        found_inf, kept, row = self.exchange.finish(self.skips.deferred.count, self.cfg.clip_norm)
+        self.skips.deferred.updates += 1
+        self.window.add(row)
+        self.last_update = row
+        return self._update(found_inf, kept)
 
-    def _read_and_update(self, sums: Sums, here: bool, batches: list[Batch]) -> bool:
+    def _read_and_update(self, here: bool, batches: list[Batch]) -> bool:
         """The update under fp16's GradScaler: skipped at once when a rank ran out of memory
         or the loss is not finite (one read of the device)."""
+        sums = self.exchange.sums()
+        _, _, row = self.exchange.finish(None, clip_norm=0.0)  # (clipped after unscaling)
         out_of_memory, loss = torch.stack([sums.out_of_memory, sums.loss]).tolist()
         if out_of_memory:
             where = {} if here else {"on": "another rank"}
@@ -188,39 +194,39 @@ class Trainer:
         if not math.isfinite(loss):
             return self._skipped(NONFINITE)
         self.state.nonfinite_in_a_row = 0
-        self.window.add(sums)
-        self.last_update = sums
+        self.window.add(row)
+        self.last_update = row
         return self._update()
 
-    def _backward(self, batches: list[Batch], scale) -> tuple:
-        """Gradients of every batch's loss times `scale`, added into the gradients (the
-        exchange's: mt/train/exchange.py). Returns the losses and NLLs on the device, or
-        (None, None) when this rank ran out of memory (under DDP that ends the run)."""
-        losses, nlls = [], []
+    def _backward(self, batches: list[Batch]) -> bool:
+        """Every batch's loss and gradients added into the exchange's (mt/train/exchange.py).
+        False when this rank ran out of memory (under DDP that ends the run)."""
         step_loss = self.exchange.wrap(self.compiled_loss or self.objective.loss)
         try:
             for i, batch in enumerate(batches):
                 with self.exchange.no_sync(last=i == len(batches) - 1):
                     loss, nll = self._loss(batch, loss=step_loss)
-                    self.exchange.backward(self.scaler.scale(loss * scale))
-                # copies: through CUDA graphs the next call writes its outputs over these
-                losses.append(loss.detach().clone())
-                nlls.append(nll.detach().clone())
+                    # (through CUDA graphs the next call writes its outputs over these: they
+                    # are added into the exchange's buffers before it)
+                    self.exchange.backward(loss, nll, self.scaler)
         except torch.OutOfMemoryError:
             if not self.exchange.skips_out_of_memory:
                 raise out_of_memory_under_ddp(self.dist.rank, self.state.step, batches) from None
-            return None, None  # (the failed pass's tensors are freed with the exception)
-        return losses, nlls
+            return False  # (the failed pass's tensors are freed with the exception)
+        return True
 
-    def _update(self, found_inf: torch.Tensor | None = None) -> bool:
+    def _update(
+        self, found_inf: torch.Tensor | None = None, kept: torch.Tensor | None = None
+    ) -> bool:
         """Clip, step the optimizer (through the GradScaler) and the schedule; False when the
-        fp16 GradScaler skipped the update. found_inf: skip it on the device when 1."""
-        if self.cfg.clip_norm > 0:
+        fp16 GradScaler skipped the update. found_inf: skip it on the device when 1 (kept:
+        1 - found_inf)."""
+        if self.cfg.clip_norm > 0 and found_inf is None:  # (else clipped in exchange.finish)
             self.scaler.unscale_(self.optimizer)
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_norm)
+            self.exchange.clip_grad_norm_(self.cfg.clip_norm)
         scale = self.scaler.get_scale() if self.scaler.is_enabled() else None
         if found_inf is not None:  # no GradScaler then (defer_skips)
-            self.optimizer.step(found_inf=found_inf)
+            self.optimizer.step(found_inf=found_inf, kept=kept)
         else:
             self.scaler.step(self.optimizer)
         self.scaler.update()
@@ -382,10 +388,14 @@ class Trainer:
         if self.dist.is_main:
             validated = self.last_valid_step == self.state.step
             self.run_end.finish(self.state, rank_rng, bool(self.stop_signal), validated)
+        self.checkpoints.wait()  # every file on disk when fit() returns
 
     def close(self) -> None:
         """Leave the process group and free the run directory (every rank calls this, also
         after an error)."""
+        failed = self.checkpoints.close()  # (a write in flight finishes first)
+        if failed:
+            self.say(f"error: {failed}")
         if self.run_log is not None:
             self.run_log.close()
         teardown(self.dist)

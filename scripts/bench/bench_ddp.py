@@ -38,7 +38,8 @@ CONTENDERS = ("flat", "ddp", "copy")
 
 class _Copy:
     """The exchange before the flat buffers (the reference contender), over mt's Flat: the
-    same sums, the gradients gathered into a new tensor and copied back."""
+    gradients and sums gathered into a new tensor, all-reduced, copied back one by one, and
+    the global token count read by the host."""
 
     def __init__(self, flat):
         self.flat = flat
@@ -46,29 +47,15 @@ class _Copy:
     def __getattr__(self, name):
         return getattr(self.flat, name)
 
-    def reduce(self, out_of_memory, losses, nlls, n_tokens):
-        from mt.train.exchange import Sums
-
-        params = self.flat.params
-        world = self.flat.dist.world
-        grads = [p.grad for p in params]
-        flat = torch.cat([g.reshape(-1) for g in grads])  # the transient copy
+    def reduce(self, out_of_memory):
+        parts = [p.grad for p in self.flat.params] + [self.flat.extras]
+        flat = torch.cat([g.reshape(-1) for g in parts])  # the transient copy
         tdist.all_reduce(flat)
-        flat.div_(world)
         offset = 0
-        for g in grads:  # one small kernel per parameter
+        for g in parts:  # one small kernel per parameter
             g.copy_(flat[offset : offset + g.numel()].view_as(g))
             offset += g.numel()
-        sums = torch.stack([torch.stack(losses).sum(), torch.stack(nlls).sum()])
-        tdist.all_reduce(sums)
-        return Sums(torch.zeros_like(self.tokens), sums[0], sums[1], self.tokens)
-
-    def backward_scale(self, n_tokens):
-        """world / the global token count, read by the host before the backward passes (the
-        first of the syncs that exchange made)."""
-        self.tokens = torch.full((), float(n_tokens), device=self.flat.device)
-        tdist.all_reduce(self.tokens)
-        return self.flat.dist.world / int(self.tokens)
+        int(self.flat.extras[-1])  # (the host read of the global tokens)
 
 
 def _rank(rank: int, world: int, port: int, args, mode: str, out: str) -> None:

@@ -11,8 +11,10 @@ process of its own, for each accumulation and for the eager and the compiled ste
 
   update       median wall time of an update (train_step), ms
   ops outside  aten operators run per update outside the compiled graphs (torch.profiler: the
-               operators under no "Compiled" region; all of them for the eager step). On a GPU
-               each is at least one kernel launch.
+               operators under no "Compiled" region and under no other operator; all of them
+               for the eager step; the batches taken before)
+  kernels outside  of those, the ones that compute or copy (not views, not a .to() that
+               returns its input): on a GPU, each is at least one kernel launch
   .train()     how many times an update calls Module.train (each walks every module)
   adam         median time of the optimizer's step, ms
   batch        median time to take the next batch (collation on the main thread), ms
@@ -112,17 +114,20 @@ def _measure(t, accum: int, args) -> dict:
         sync()
         update.append(time.perf_counter() - start)
     t.optimizer.step = step
+    works = [take() for _ in range(args.profiled)]  # (taken before: the update alone)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _ in range(args.profiled):
-            t.train_step(take())
+        for work in works:
+            t.train_step(work)
         sync()
-    outside = sum(1 for e in prof.events() if e.name.startswith("aten::") and _outside(e))
+    ops = [e for e in prof.events() if e.name.startswith("aten::") and _outside(e)]
+    kernels = [e for e in ops if _computes(e)]
     start = time.perf_counter()
     t.checkpoints.save("last.pt", t.state, t.checkpoints.rng_states())
     save = time.perf_counter() - start
     return {
         "update_ms": 1000 * statistics.median(update),
-        "ops_outside": outside / args.profiled,
+        "ops_outside": len(ops) / args.profiled,
+        "kernels_outside": len(kernels) / args.profiled,
         "train_calls": len(calls),
         "adam_ms": 1000 * statistics.median(adam),
         "batch_ms": 1000 * statistics.median(batch),
@@ -138,6 +143,20 @@ def _outside(event) -> bool:
         if "Compiled" in parent.name or parent.name.startswith("aten::"):
             return False
         parent = parent.cpu_parent
+    return True
+
+
+# operators that make a view or return their input, never a kernel; aten::to and aten::copy_
+# count where they copy (then they call another operator)
+VIEWS = {"aten::detach", "aten::select", "aten::unbind", "aten::view", "aten::alias",
+         "aten::as_strided", "aten::slice", "aten::expand", "aten::lift_fresh"}  # fmt: skip
+
+
+def _computes(event) -> bool:
+    if event.name in VIEWS:
+        return False
+    if event.name == "aten::to":
+        return bool(event.cpu_children)
     return True
 
 
@@ -165,7 +184,7 @@ def _medians(runs: list[list[dict]]) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--base", default=BASE, help="the commit to compare with")
+    ap.add_argument("--base", default=BASE, help="the commit to compare with (none: no comparison)")
     ap.add_argument("--accum", default="1,2", help="train.accum_steps values")
     ap.add_argument("--compile", default="aot_eager", help="torch.compile backend")
     ap.add_argument("--device", default="cpu")
@@ -182,6 +201,11 @@ def main() -> None:
     if args.child:
         _child(args)
         return
+    if args.base == "none":  # (a copy of the tree without its history: the tree alone)
+        with tempfile.TemporaryDirectory() as tmp:
+            runs = [_run_tree(ROOT, "after", args, tmp) for _ in range(args.rounds)]
+        _print(args, _medians(runs), None)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp) / "base"
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(base),
@@ -193,16 +217,25 @@ def main() -> None:
             ]
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)])
+    before, after = (_medians([r[i] for r in rounds]) for i in (0, 1))
+    _print(args, after, before)
+
+
+def _print(args, after: list[dict], before: list[dict] | None) -> None:
+    what = f"before = {args.base}, after = the working tree" if before else "the working tree"
     print(
         f"{args.device}, {args.threads} thread(s), {args.compile} for the compiled step, "
-        f"medians of {args.rounds} rounds; before = {args.base}, after = the working tree"
+        f"medians of {args.rounds} rounds; {what}"
     )
-    before, after = (_medians([r[i] for r in rounds]) for i in (0, 1))
-    cols = ("update_ms", "ops_outside", "train_calls", "adam_ms", "batch_ms", "save_ms")
+    cols = ("update_ms", "ops_outside", "kernels_outside", "train_calls", "adam_ms", "batch_ms",
+            "save_ms")  # fmt: skip
     print(f"{'accum':>5} {'step':>8}  " + "  ".join(f"{c:>22}" for c in cols))
-    for b, a in zip(before, after, strict=True):
+    for i, a in enumerate(after):
         step = "compiled" if a["compiled"] else "eager"
-        cells = [f"{b[c]:9.2f} -> {a[c]:8.2f}" for c in cols]
+        if before:
+            cells = [f"{before[i][c]:9.2f} -> {a[c]:8.2f}" for c in cols]
+        else:
+            cells = [f"{a[c]:.2f}" for c in cols]
         print(f"{a['accum']:>5} {step:>8}  " + "  ".join(f"{x:>22}" for x in cells))
 
 
