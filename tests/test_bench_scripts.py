@@ -525,7 +525,8 @@ def test_gpu_check_dry_run_writes_every_figure_of_both_parts(tmp_path):
         assert len(lines) == 1, part
         got = json.loads(lines[0])
         assert sorted(got) == sorted(keys), part
-        assert got["part"] == part and got["graphs"] == 1 and got["block"][1] == 128
+        # (the step's one graph, and the update's bookkeeping: settle)
+        assert got["part"] == part and got["graphs"] == 2 and got["block"][1] == 128
         assert got["updates"] > 0 and got["target_tokens_s"] > 0 and got["compile_s"] > 0
     m30k = json.loads((tmp_path / "m30k.json").read_text())
     assert m30k["max_steps"] == 30000  # the shipped config's budget

@@ -2,6 +2,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -454,3 +455,130 @@ def test_every_path_flag_refuses_an_empty_path_and_expands_a_tilde(tmp_path, mon
     assert (tmp_path / "runs/a/best.pt").is_file() and (tmp_path / "corpus/train.src").is_file()
     assert not list(tmp_path.rglob("~"))
     assert "downloading" in err and str(tmp_path / "corpus") in err
+
+
+def test_every_number_flag_and_key_is_finite_and_in_range(tmp_path, tiny_run):
+    """nan, infinities and numbers out of a flag's range are one line, never a traceback:
+    every float flag of every command, the config's keys, the sampling seed; a nucleus below
+    float32's least number still draws the most likely token."""
+    import typer.main
+
+    from mt.cli import app
+    from mt.config import load_config
+    from mt.errors import MTError
+    from tests.conftest import mt_here
+
+    tried = 0
+    for name, cmd in typer.main.get_command(app).commands.items():
+        for p in cmd.params:
+            if p.param_type_name == "option" and p.metavar == "X":
+                for bad in ("nan", "inf", "-1e309"):
+                    code, _, err = mt_here(*name.split(), p.opts[0], bad)
+                    assert code == 2 and "finite" in err, (name, p.name, bad, err)
+                tried += 1
+    assert tried >= 5  # (--length-penalty, --temperature, --topp, ...)
+    for key in ("train.lr_factor=nan", "train.clip_norm=inf", "train.max_minutes=1e309",
+                "model.dropout=nan", "decode.length_penalty=inf"):  # fmt: skip
+        with pytest.raises(MTError, match="finite number"):
+            load_config(ROOT / "configs/tiny.yaml", [key])
+    for flags, says in ((["--seed", str(2**64)], "--seed"), (["--seed", "-1"], "--seed"),
+                        (["--topk", "9" * 30], "--topk")):  # fmt: skip
+        code, _, err = mt_here("translate", tiny_run, "--sample", *flags, input="a b\n")
+        assert code == 2 and err.startswith(f"error: {says}"), err
+    code, out, err = mt_here("translate", tiny_run, "--sample", "--topp", "1e-300",
+                             "--seed", "3", input="a b\n")  # fmt: skip
+    greedy = mt_here("translate", tiny_run, "--beam", "1", input="a b\n")[1]
+    assert code == 0 and out == greedy, err
+
+
+def test_threads_beyond_the_machine_are_capped_with_a_line(monkeypatch):
+    import torch
+
+    from mt.runtime.threads import choose_threads, usable_cores
+
+    said, before = [], torch.get_num_threads()
+    try:
+        monkeypatch.setenv("MT_THREADS", "99999")
+        assert choose_threads(0, said.append) == 4 * usable_cores() == torch.get_num_threads()
+        assert len(said) == 1 and "99999" in said[0]
+        assert choose_threads(1, said.append) == 1 and len(said) == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_torchrun_environment_without_torchrun_says_what_it_waits_for(tmp_path, monkeypatch):
+    """A leftover torchrun environment: a rank beyond the world is one line at once; rank 0
+    of a group whose peers never come says what it waits for before it waits, and ends after
+    train.dist_timeout_minutes with one line naming the variables to unset."""
+    from tests.conftest import free_port, mt_here
+
+    sets = ["--set", f"data.dir={tmp_path / 'd'}", "train.dist_timeout_minutes=0.05"]
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "5")
+    code, _, err = mt_here("train", "tiny", "--run-dir", tmp_path / "a", *sets)
+    assert code == 2 and "RANK=5 is not below WORLD_SIZE=2" in err, err
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    start = time.time()
+    code, _, err = mt_here("train", "tiny", "--run-dir", tmp_path / "b", *sets)
+    lines = err.splitlines()
+    assert code == 2 and time.time() - start < 60, err
+    assert "joining a group of 2 processes" in err and "127.0.0.1" in err
+    assert lines[-1].startswith("error: the group of 2") and "unset WORLD_SIZE" in lines[-1]
+
+
+def test_a_prefix_the_models_bpe_cannot_write_is_one_line(tiny_run):
+    from tests.conftest import mt_here
+
+    for prefix, unseen in (("A naïve", "'ï'"), ("A São Paulo", "'ã'"), ("ok 😀", "'😀'")):
+        code, out, err = mt_here("translate", tiny_run, "--prefix", prefix, input="a b\n")
+        assert code == 2 and out == "" and unseen in err and err.count("\n") == 1, err
+
+
+def test_confidence_intervals_of_a_mostly_empty_output_are_scored(tmp_path):
+    """sacreBLEU's chrF bootstrap mixes float and float32 scores where sentences match
+    nothing; mt's intervals and paired tests still come out, equal to sacreBLEU's numbers."""
+    import sacrebleu
+
+    from tests.conftest import mt_here
+
+    refs = [f"the {w} sat on a mat" for w in ("cat", "dog", "man", "boy", "cow", "hen")]
+    hyps = ["the cat sat on the mat", "", "", "", "", ""]
+    (tmp_path / "hyp").write_text("\n".join(hyps) + "\n")
+    (tmp_path / "empty").write_text("\n" * 6)
+    (tmp_path / "ref").write_text("\n".join(refs) + "\n")
+    code, out, err = mt_here("eval", "--hyp", tmp_path / "hyp", "--ref", tmp_path / "ref", "--ci")
+    assert code == 0, err
+    chrf = sacrebleu.CHRF().corpus_score(hyps, [refs]).score
+    assert f"chrF = {chrf:.2f}  (bootstrap mean" in out
+    code, out, err = mt_here("eval", "--hyp", tmp_path / "hyp", "--hyp", tmp_path / "empty",
+                             "--ref", tmp_path / "ref")  # fmt: skip
+    assert code == 0 and "baseline" in out, err
+
+
+def test_several_references_are_scored_together_and_must_be_parallel(tmp_path):
+    """`mt eval --ref A --ref B` is sacreBLEU's multi-reference BLEU, chrF and TER (nrefs:2),
+    not the last file alone; references of different lengths are refused."""
+    import sacrebleu
+
+    from tests.conftest import mt_here
+
+    hyps = ["the cat sat on the mat today", "a dog ran to the big red house"]
+    a = ["the cat sat on a mat today", "a dog runs to the big red house"]
+    b = ["a cat sat on the mat today", "a dog ran to the big red home"]
+    for name, lines in (("h", hyps), ("a", a), ("b", b), ("short", a[:1])):
+        (tmp_path / name).write_text("\n".join(lines) + "\n")
+    code, out, err = mt_here("eval", "--hyp", tmp_path / "h", "--ref", tmp_path / "a",
+                             "--ref", tmp_path / "b", "--json")  # fmt: skip
+    assert code == 0, err
+    got = json.loads(out)
+    assert got["bleu"] == round(sacrebleu.corpus_bleu(hyps, [a, b]).score, 2)
+    assert got["chrf"] == round(sacrebleu.corpus_chrf(hyps, [a, b]).score, 2)
+    assert got["ter"] == round(sacrebleu.corpus_ter(hyps, [a, b]).score, 2)
+    assert "nrefs:2" in got["bleu_signature"]
+    assert got["bleu"] != round(sacrebleu.corpus_bleu(hyps, [b]).score, 2)
+    code, _, err = mt_here("eval", "--hyp", tmp_path / "h", "--ref", tmp_path / "a",
+                           "--ref", tmp_path / "short")  # fmt: skip
+    assert code == 2 and "several references must translate the same lines" in err

@@ -294,3 +294,22 @@ def test_a_config_that_says_one_thing_and_trains_another_is_refused(tmp_path):
 
     save_config(load_config(tiny), tmp_path / "config.yaml")
     assert load_config(tmp_path / "config.yaml") == load_config(tiny)
+
+
+def test_a_key_in_the_wrong_section_names_the_section_it_belongs_to():
+    from mt.config import load_config
+    from mt.errors import MTError
+
+    tiny = ROOT / "configs/tiny.yaml"
+    for override, says in (
+        ("train.dropout=0.3", "train.dropout: unknown key here; it is a setting of another "
+         "section: model.dropout"),
+        ("max_steps=5", "max_steps: unknown key here; it is a setting of another section: "
+         "train.max_steps"),
+        ("dropout=0.3", "it is a setting of another section: model.dropout"),
+        ("model=128", "model: expected a section of settings"),
+        ("train.max_stepz=3", "did you mean 'max_steps'?"),
+    ):  # fmt: skip
+        with pytest.raises(MTError) as e:
+            load_config(tiny, [override])
+        assert says in str(e.value), str(e.value)

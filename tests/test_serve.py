@@ -181,6 +181,8 @@ BAD = [
     ({"sentences": ["a"], "colour": "red"}, 422, "colour", "unknown setting"),
     ({"sentences": ["a"] * 65}, 413, "sentences", "at most 64"),
     ({"sentences": ["a" * 1001]}, 413, "sentences.0", "at most 1000"),
+    ({"sentences": ["a"], "prefix": "A naïve"}, 422, "prefix", "never occurred"),
+    ({"sentences": ["a"], "sample": True, "seed": 2**64}, 422, "seed", None),
 ]
 
 
@@ -191,7 +193,7 @@ def test_a_bad_request_is_a_4xx_naming_its_field_and_the_server_keeps_serving(
     answer = server.post(body)
     assert answer.status_code == status, answer.text
     error = answer.json()
-    assert words in error["error"] and "\n" not in error["error"]
+    assert (words or "") in error["error"] and "\n" not in error["error"]
     assert error.get("field") == field
     assert server.post({"sentences": ["a b"]}).status_code == 200
 

@@ -89,3 +89,25 @@ def test_auto_caches_large_corpora_only(tmp_path, setting, used):
     with open(big, "wb") as f:
         f.truncate(token_cache.AUTO_BYTES)
     assert token_cache.wanted("auto", [big])
+
+
+def test_a_cache_that_cannot_be_written_is_a_warning_and_training_goes_on(tmp_path, monkeypatch):
+    """The token cache on a full disk: one warning line, the run trains on the ids in memory
+    exactly as without a cache."""
+    import errno
+
+    from tests.conftest import mt_here
+
+    monkeypatch.setenv("MT_CACHE_DIR", str(tmp_path / "cache"))
+
+    def full(path, arr, *a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(np, "save", full)
+    sets = ["--set", f"data.dir={tmp_path / 'd'}", "train.max_steps=4", "train.valid_every=4",
+            "train.log_every=1", "data.token_cache=true"]  # fmt: skip
+    code, _, err = mt_here("train", "tiny", "--run-dir", tmp_path / "run", *sets)
+    assert code == 0, err
+    warning = [line for line in err.splitlines() if "could not write the token cache" in line]
+    assert len(warning) == 1 and "No space left on device" in warning[0]
+    assert not list((tmp_path / "cache").rglob("*.npy"))

@@ -924,6 +924,8 @@ def test_checkpoints_are_written_in_the_background_from_a_copy_and_count_once_re
     assert t.checkpoints.last_step == 2
     saved = checkpoint.weights_of(checkpoint.load(tmp_path / "run/last.pt"))
     assert all(torch.equal(saved[k], at_save[k]) for k in at_save)
+    # tied embeddings stay one tensor in the file (the copy keeps them tied)
+    assert saved["src_embed.weight"].data_ptr() == saved["tgt_embed.weight"].data_ptr()
     previous = checkpoint.weights_of(checkpoint.load(tmp_path / "run/last.pt.prev"))
     assert all(torch.equal(previous[k], asked[k]) for k in asked)
     t.close()

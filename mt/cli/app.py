@@ -133,6 +133,8 @@ def _plain_metavars(fn) -> None:
             continue
         if kind is Path and getattr(info, "parser", None) is None:
             info.parser = _user_path
+        if kind is float and getattr(info, "parser", None) is None:
+            info.parser = _finite
         if isinstance(info, ArgumentInfo):
             info.metavar = name.upper().removesuffix("S") if many else name.upper()
         else:
@@ -186,3 +188,19 @@ def _user_path(value: str):
         return Path(user_path(value))
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
+
+
+def _finite(value: str) -> float:
+    """Every number flag: a finite number (nan, inf and 1e309 are refused here; each flag's
+    own range is checked where it is used)."""
+    import math
+
+    import typer
+
+    try:
+        number = float(value)
+    except ValueError:
+        raise typer.BadParameter(f"{value!r} is not a number") from None
+    if not math.isfinite(number):
+        raise typer.BadParameter(f"{value!r}: must be a finite number")
+    return number

@@ -93,7 +93,12 @@ def eval_cmd(
         None, help="run directories or checkpoints that translate --src (several: compared)"
     ),
     src: Path | None = typer.Option(None, "--src", help="source file to translate"),
-    ref: Path = typer.Option(..., "--ref", help="reference translations (raw text)"),
+    ref: list[Path] = typer.Option(
+        ...,
+        "--ref",
+        help="reference translations (raw text); repeat for several references of the same "
+        "lines (multi-reference BLEU, chrF and TER)",
+    ),
     hyps: list[Path] | None = typer.Option(
         None, "--hyp", help="score this file instead of translating; repeat to compare systems"
     ),
@@ -146,7 +151,13 @@ def eval_cmd(
         device=device,
         precision=precision,
     )
-    refs = read_lines(ref)
+    refs = [read_lines(r) for r in ref]
+    for path, lines in zip(ref[1:], refs[1:], strict=True):
+        if len(lines) != len(refs[0]):
+            raise MTError(
+                f"--ref {path} has {len(lines)} lines but --ref {ref[0]} has {len(refs[0])}: "
+                f"several references must translate the same lines"
+            )
     if len(systems) == 1:
         result = compare.one_system(systems[0][1], refs, ci, moses_lang)
         typer.echo(json.dumps(result) if as_json else compare.describe_one(result, moses_lang))

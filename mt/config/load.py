@@ -30,10 +30,24 @@ def _section_class(loc: tuple[str, ...]) -> type[BaseModel] | None:
     return cls
 
 
+def _sections_with(name: str) -> list[str]:
+    """The sections that have a setting called `name`."""
+    out = []
+    for section, field in Config.model_fields.items():
+        cls = field.annotation
+        if isinstance(cls, type) and issubclass(cls, BaseModel) and name in cls.model_fields:
+            out.append(section)
+    return out
+
+
 def _describe(err: ErrorDetails) -> str:
     loc = tuple(str(p) for p in err["loc"])
     key = ".".join(loc) or "(top level)"
     if err["type"] == "extra_forbidden":
+        elsewhere = _sections_with(loc[-1])
+        if elsewhere and (len(loc) == 1 or elsewhere != [loc[0]]):
+            where = " or ".join(f"{section}.{loc[-1]}" for section in elsewhere)
+            return f"{key}: unknown key here; it is a setting of another section: {where}"
         parent = _section_class(loc)
         hint = ""
         if parent is not None:
@@ -41,6 +55,8 @@ def _describe(err: ErrorDetails) -> str:
             valid = ", ".join(parent.model_fields)
             hint = f" (did you mean '{close[0]}'?)" if close else f" (valid keys: {valid})"
         return f"{key}: unknown key{hint}"
+    if err["type"] == "model_type" and len(loc) == 1:  # (a section written as a value)
+        return f"{key}: expected a section of settings (key: value lines), not {err.get('input')!r}"
     msg = err["msg"]
     if err["type"] == "value_error":
         msg = msg.removeprefix("Value error, ")

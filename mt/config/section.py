@@ -10,7 +10,9 @@ from pydantic import BaseModel, ConfigDict
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    # (allow_inf_nan: a NaN or an infinity is never a setting, and would pass a key's bounds
+    # where it has none)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 def no_number(v: Any) -> Any:

@@ -99,15 +99,27 @@ def cached_train(cfg: Config, tokenizer: Tokenizer, paths, dist, log) -> Paralle
     race harmlessly), then every rank memory-maps its machine's files."""
     models = [tokenizer.src_model] + ([] if tokenizer.joint else [tokenizer.tgt_model])
     folder = token_cache.folder_for(token_cache.cache_key(paths, models, cfg.data.max_len))
+    encoded = None
     if dist.local_rank == 0 and token_cache.load(folder) is None:
         log(f"writing the training split's token ids to the cache {folder}")
-        token_cache.save(folder, encode_train(cfg, tokenizer, Stats(), 0.0, epoch=0))
+        encoded = encode_train(cfg, tokenizer, Stats(), 0.0, epoch=0)
+        try:
+            token_cache.save(folder, encoded)
+        except OSError as e:  # (a full disk, a read-only cache folder: the cache is a saving)
+            log(
+                f"warning: could not write the token cache {folder} ({e.strerror or e}); "
+                f"training on the ids in memory (the token "
+                f"cache is in MT_CACHE_DIR, else ~/.cache/mt; data.token_cache: false skips it)"
+            )
     dist.wait_for_main()
     data = token_cache.load(folder)
-    if data is None:
-        raise MTError(f"the token cache {folder} is missing (removed while starting?); run again")
-    log(f"training split's token ids memory-mapped from the cache {folder}")
-    return data
+    if data is not None:
+        log(f"training split's token ids memory-mapped from the cache {folder}")
+        return data
+    if encoded is None:  # (this machine's cache could not be written)
+        log(f"no token cache at {folder}: encoding the training split in memory")
+        encoded = encode_train(cfg, tokenizer, Stats(), 0.0, epoch=0)
+    return encoded
 
 
 def bpe_dropout_epochs(cfg: Config, tokenizer: Tokenizer, first: ParallelData):
@@ -207,4 +219,11 @@ def load_tokenizer(
             seed=cfg.train.seed,
         )
         tok.save(run_dir)
+        sizes = {tok.src_vocab_size, tok.tgt_vocab_size}
+        if max(sizes) < t.vocab_size:  # (sentencepiece stops where the corpus has no more)
+            got = " and ".join(map(str, sorted(sizes)))
+            log(
+                f"tokenizer.vocab_size {t.vocab_size}: the training split gave {got} pieces, "
+                f"which the model and its checkpoints use (the BPE model in {run_dir} says so)"
+            )
     return tok

@@ -15,6 +15,9 @@ if TYPE_CHECKING:
     from mt.config import DecodeConfig
 
 
+MAX_SEED = 2**63 - 1  # (what a torch.Generator takes, and JSON's integers safely hold)
+
+
 class OptionError(MTError):
     """A decoding option out of its bounds: "FIELD DETAIL" (the server's 422 names the field;
     `as_flag` says it as mt translate's flag)."""
@@ -59,6 +62,8 @@ class DecodeOptions:
             _within("topk", s.topk, 0, 1 << 30)
             if not 0.0 < s.topp <= 1.0:
                 raise OptionError("topp", f"{s.topp}: must be in (0, 1]")
+            if s.seed is not None:
+                _within("seed", s.seed, 0, MAX_SEED)
             if self.nbest > 1:
                 raise OptionError("nbest", f"{self.nbest}: sampling draws one translation per line")
         elif self.nbest > self.beam:

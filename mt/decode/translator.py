@@ -18,14 +18,14 @@ from mt.config import DecodeConfig
 from mt.data.batching import pad_sources, token_batches
 from mt.data.tokenizer import Tokenizer
 from mt.decode.mask_predict import mask_predict
-from mt.decode.options import DecodeOptions
+from mt.decode.options import DecodeOptions, OptionError
 from mt.decode.sampling import Sampling
 from mt.decode.search import EVERY_STEP, ON_DEVICE, max_lengths, search
 from mt.decode.step import CompiledStep
 from mt.errors import MTError
 from mt.model import Seq2Seq
 from mt.runtime.device import autocast, decode_dtype, pick_device
-from mt.tokens import EOS, PAD
+from mt.tokens import EOS, PAD, UNK
 
 # one line's search result: (its source ids, [(output ids, score or None), ...] best first)
 Found = tuple[list[int], list[tuple[list[int], float | None]]]
@@ -140,8 +140,18 @@ class Translator:
     def options(self, **given: Any) -> DecodeOptions:
         """The run's decoding options (its decode section, as tuned on valid) with those given
         (beam, length_penalty, nbest, sampling, prefix, use_cache, nat_iterations, ...; None:
-        the run's), every bound checked (mt.decode.options)."""
-        return DecodeOptions.from_config(self.cfg, **given)
+        the run's), every bound checked (mt.decode.options), and a prefix that the model's
+        BPE can write."""
+        opts = DecodeOptions.from_config(self.cfg, **given)
+        if opts.prefix and UNK in self.tokenizer.encode_tgt([opts.prefix])[0]:
+            unseen = sorted({c for c in opts.prefix if UNK in self.tokenizer.encode_tgt([c])[0]})
+            raise OptionError(
+                "prefix",
+                f"{opts.prefix!r}: {', '.join(map(repr, unseen)) or 'a piece'} never occurred in "
+                f"the model's training data (its BPE has no piece for it), so no output can "
+                f"start so: leave it out, or write it as the training data does",
+            )
+        return opts
 
     def check_applies(self, **given: Any) -> None:
         """Refuse options a user gave that this model does not use (a beam for mask-predict,

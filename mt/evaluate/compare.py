@@ -32,7 +32,8 @@ def systems(models: list[Path], hyps: list[Path], src: Path | None, **decode) ->
     return out
 
 
-def one_system(hyps: list[str], refs: list[str], ci: bool, moses_lang: str | None) -> dict:
+def one_system(hyps: list[str], refs: list[list[str]], ci: bool, moses_lang: str | None) -> dict:
+    """refs: one stream of lines per reference file."""
     result = full_scores(hyps, refs, n_bootstrap=1000 if ci else 0)
     if moses_lang:
         result["bleu_lc_tok"] = round(lc_tok_bleu(hyps, refs, moses_lang), 2)

@@ -21,12 +21,21 @@ class Scores:
     chrf_signature: str
 
 
-def _check_counts(hyps: list[str], refs: list[str]) -> None:
-    if len(hyps) != len(refs):
-        raise MTError(
-            f"{len(hyps)} hypotheses but {len(refs)} references: they must have the "
-            f"same number of lines"
-        )
+def streams(refs: Sequence[str] | Sequence[Sequence[str]]) -> list[list[str]]:
+    """References as sacreBLEU takes them: a list of streams (one per reference
+    translation), each a line per hypothesis; one stream may be given as a list of lines."""
+    if refs and isinstance(refs[0], str):
+        return [list(refs)]  # type: ignore[arg-type]
+    return [list(r) for r in refs]
+
+
+def _check_counts(hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[str]]) -> None:
+    for stream in streams(refs) or [[]]:
+        if len(hyps) != len(stream):
+            raise MTError(
+                f"{len(hyps)} hypotheses but {len(stream)} references: they must have the "
+                f"same number of lines"
+            )
     if not hyps:
         raise MTError("nothing to score: the hypotheses and references have no lines")
 
@@ -71,28 +80,42 @@ def moses_lc_tokenize(lines: list[str], lang: str) -> list[str]:
     ]
 
 
-def lc_tok_bleu(hyps: list[str], refs: list[str], lang: str) -> float:
-    """Lowercased tokenized BLEU (multi-bleu.perl style), the number the Multi30k papers report."""
+def lc_tok_bleu(hyps: list[str], refs, lang: str) -> float:
+    """Lowercased tokenized BLEU (multi-bleu.perl style), the number the Multi30k papers report.
+    refs: one stream of lines, or several (streams)."""
     _check_counts(hyps, refs)
     check_moses_lang(lang)
     bleu = sacrebleu.BLEU(tokenize="none", force=True)
-    return bleu.corpus_score(moses_lc_tokenize(hyps, lang), [moses_lc_tokenize(refs, lang)]).score
+    tokenized = [moses_lc_tokenize(r, lang) for r in streams(refs)]
+    return bleu.corpus_score(moses_lc_tokenize(hyps, lang), tokenized).score
 
 
-def full_scores(hyps: list[str], refs: list[str], n_bootstrap: int = 0) -> dict:
+class _CHRF(sacrebleu.CHRF):
+    """sacreBLEU's chrF, its scores always Python floats: where some sentences match nothing
+    its bootstrap mixes float and numpy.float32 scores, which statistics.mean refuses (a
+    TypeError on outputs of mostly empty lines). The numbers are sacreBLEU's own."""
+
+    def _compute_score_from_stats(self, stats):
+        score = super()._compute_score_from_stats(stats)
+        score.score = float(score.score)
+        return score
+
+
+def full_scores(hyps: list[str], refs, n_bootstrap: int = 0) -> dict:
     """What `mt eval` reports: BLEU, chrF, chrF++ (word bigrams too, Popović 2017) and TER,
     each with its sacreBLEU signature; with n_bootstrap > 1 also each one's bootstrap mean and
-    95% confidence half-width (Koehn 2004), as "<metric>_mean" and "<metric>_ci"."""
+    95% confidence half-width (Koehn 2004), as "<metric>_mean" and "<metric>_ci". refs: one
+    stream of lines, or several (multi-reference scores: the signatures say nrefs)."""
     _check_counts(hyps, refs)
     out = {}
     metrics = {
         "bleu": sacrebleu.BLEU(),
-        "chrf": sacrebleu.CHRF(),
-        "chrf_pp": sacrebleu.CHRF(word_order=2),
+        "chrf": _CHRF(),
+        "chrf_pp": _CHRF(word_order=2),
         "ter": sacrebleu.TER(),
     }
     for name, metric in metrics.items():
-        s = metric.corpus_score(hyps, [refs], n_bootstrap=max(n_bootstrap, 1))
+        s = metric.corpus_score(hyps, streams(refs), n_bootstrap=max(n_bootstrap, 1))
         out[name] = round(s.score, 2)
         out[f"{name}_signature"] = str(metric.get_signature())
         if n_bootstrap > 1:
@@ -102,7 +125,7 @@ def full_scores(hyps: list[str], refs: list[str], n_bootstrap: int = 0) -> dict:
 
 def paired_significance(
     systems: list[tuple[str, Sequence[str]]],
-    refs: list[str],
+    refs: Sequence[str] | Sequence[Sequence[str]],
     n_bootstrap: int = 1000,
     n_trials: int = 10000,
 ) -> list[dict[str, Any]]:
@@ -111,15 +134,18 @@ def paired_significance(
     randomisation (Riezler & Maxwell 2005; its p-value). One row per system, baseline first."""
     from sacrebleu.significance import PairedTest
 
+    ref_streams = streams(refs)
     for name, hyps in systems:
-        if len(hyps) != len(refs):
-            raise MTError(f"{name}: {len(hyps)} lines but the references have {len(refs)}")
-    if not refs:
+        if any(len(hyps) != len(r) for r in ref_streams):
+            raise MTError(
+                f"{name}: {len(hyps)} lines but the references have {len(ref_streams[0])}"
+            )
+    if not ref_streams or not ref_streams[0]:
         raise MTError("nothing to score: the hypotheses and references have no lines")
     rows: list[dict[str, Any]] = [{"system": name} for name, _ in systems]
     for test, n in (("bs", n_bootstrap), ("ar", n_trials)):
-        metrics = {"BLEU": sacrebleu.BLEU(), "chrF": sacrebleu.CHRF()}
-        _, results = PairedTest(systems, metrics, [refs], test_type=test, n_samples=n)()
+        metrics = {"BLEU": sacrebleu.BLEU(), "chrF": _CHRF()}
+        _, results = PairedTest(systems, metrics, ref_streams, test_type=test, n_samples=n)()
         for metric, key in (("BLEU", "bleu"), ("chrF2", "chrf")):
             scored: list[Any] = list(results[metric])  # sacrebleu Results, one per system
             for row, r in zip(rows, scored, strict=True):

@@ -98,7 +98,7 @@ class Dist:
 
 
 def setup(
-    device_name: str, timeout_minutes: float = 30.0, wait_minutes: float = 240.0
+    device_name: str, timeout_minutes: float = 30.0, wait_minutes: float = 240.0, log=print
 ) -> tuple[Dist, str]:
     """Join the process group torchrun describes in the environment; returns the Dist and the
     device this rank should use.
@@ -106,7 +106,9 @@ def setup(
     Two timeouts: collectives in the training loop fail after `timeout_minutes` (a hung rank
     should end the job), while waits for rank 0's solo work (corpus download, BPE training,
     validation, which take hours on a WMT-size corpus) use a gloo group of their own that
-    allows `wait_minutes`."""
+    allows `wait_minutes`. Outside torchrun (variables set by hand, a SLURM script, or left
+    over from an earlier torchrun) it says at once what it waits for, and a group that does
+    not form within `timeout_minutes` is one line naming what to unset."""
     world = env_int("WORLD_SIZE")
     if world == 1:
         return Dist(), device_name
@@ -116,6 +118,11 @@ def setup(
             f"unset WORLD_SIZE"
         )
     rank = env_int("RANK")
+    if rank >= world:
+        raise MTError(
+            f"RANK={rank} is not below WORLD_SIZE={world}: start the processes with torchrun, "
+            f"or unset RANK and WORLD_SIZE (left by an earlier torchrun?)"
+        )
     local_rank = env_int("LOCAL_RANK")
     use_cuda = device_name != "cpu" and torch.cuda.is_available()
     # every rank of the machine checks (torchrun's LOCAL_WORLD_SIZE), so all of them stop with
@@ -129,16 +136,36 @@ def setup(
             f"GPU, or train.device: cpu"
         )
     if not dist.is_initialized():
-        dist.init_process_group(
-            backend="nccl" if use_cuda else "gloo",
-            timeout=timedelta(minutes=timeout_minutes),
-            **_store_of_this_start(rank, world, timeout_minutes),
-        )
+        _join(rank, world, use_cuda, timeout_minutes, log)
     wait_group = dist.new_group(backend="gloo", timeout=timedelta(minutes=wait_minutes))
     if use_cuda:
         torch.cuda.set_device(local_rank)
         return Dist(rank, world, local_rank, wait_group), f"cuda:{local_rank}"
     return Dist(rank, world, local_rank, wait_group), "cpu"
+
+
+def _join(rank: int, world: int, use_cuda: bool, timeout_minutes: float, log) -> None:
+    where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+    if "TORCHELASTIC_RUN_ID" not in os.environ:  # (torchrun's agent sets it)
+        log(
+            f"joining a group of {world} processes at {where} as rank {rank} (WORLD_SIZE, "
+            f"RANK, MASTER_ADDR, MASTER_PORT in the environment); waiting up to "
+            f"{timeout_minutes:g} minutes (train.dist_timeout_minutes) for the others"
+        )
+    try:
+        dist.init_process_group(
+            backend="nccl" if use_cuda else "gloo",
+            timeout=timedelta(minutes=timeout_minutes),
+            **_store_of_this_start(rank, world, timeout_minutes),
+        )
+    except (RuntimeError, TimeoutError, ValueError) as e:  # (DistStoreError is a RuntimeError)
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+        raise MTError(
+            f"the group of {world} processes at {where} did not form ({reason}): if no "
+            f"other process is starting, unset WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR and "
+            f"MASTER_PORT (left by an earlier torchrun?); else start them all, or raise "
+            f"train.dist_timeout_minutes"
+        ) from None
 
 
 def _store_of_this_start(rank: int, world: int, timeout_minutes: float) -> dict:

@@ -104,6 +104,13 @@ def choose_threads(requested: int = 0, log=print) -> int:
 
     requested = requested or env_int("MT_THREADS")
     if requested:
+        most = 4 * usable_cores()  # (more are no use, and tens of thousands crash OpenMP)
+        if requested > most:
+            log(
+                f"{requested} threads asked for (MT_THREADS or train.num_threads), on "
+                f"{usable_cores()} usable cores: using {most}"
+            )
+            requested = most
         torch.set_num_threads(requested)
         return requested
     default = torch.get_num_threads()

@@ -118,7 +118,7 @@ def build_trainer(
     if pretraining:
         cfg = cfg.model_copy(update={"train": translation_options_off(cfg.train)})
     t = cfg.train
-    dist, device_name = setup(t.device, t.dist_timeout_minutes, t.dist_wait_minutes)
+    dist, device_name = setup(t.device, t.dist_timeout_minutes, t.dist_wait_minutes, log)
     if not dist.is_main:
         log = _quiet
     lock = prepare_run_dir(

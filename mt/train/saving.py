@@ -184,13 +184,19 @@ def _write(obj: dict, path: Path, keep_previous: bool, then: Callable[[], None] 
         then()
 
 
-def host_copy(obj: Any) -> Any:
+def host_copy(obj: Any, copies: dict | None = None) -> Any:
     """`obj` with every tensor copied to the CPU and every dict, list and tuple rebuilt: a
-    snapshot that the training after it cannot change."""
+    snapshot that the training after it cannot change. A tensor met twice (tied embeddings)
+    is copied once, so the file holds it once, as torch.save of the live tensors would."""
+    copies = {} if copies is None else copies
     if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
+        key = (obj.untyped_storage().data_ptr(), obj.storage_offset(), tuple(obj.shape),
+               tuple(obj.stride()), obj.dtype, obj.device)  # fmt: skip
+        if key not in copies:
+            copies[key] = obj.detach().to("cpu", copy=True)
+        return copies[key]
     if isinstance(obj, dict):
-        return {k: host_copy(v) for k, v in obj.items()}
+        return {k: host_copy(v, copies) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
-        return type(obj)(host_copy(v) for v in obj)
+        return type(obj)(host_copy(v, copies) for v in obj)
     return obj
