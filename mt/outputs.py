@@ -51,6 +51,8 @@ def _same_file(a: Path, b: Path) -> bool:
 def check_folder_writable(folder: Path, what: str = "output") -> None:
     """The folder exists and a file can be created in it (a real probe: permission bits say
     nothing about a read-only mount or, for root, about anything)."""
+    if folder.exists() and not folder.is_dir():
+        raise MTError(f"{folder} is a file, not a folder: choose another {what} path")
     if not folder.is_dir():
         raise MTError(
             f"the {what} folder {folder} does not exist; create it first or choose another path"

@@ -3,8 +3,9 @@ keys from the fields of mt/config's sections, the commands from the Typer app's 
 environment variables from mt/runtime/env.py and the exit statuses from mt/cli/app.py. A key
 or a flag added to the code appears in the docs without anyone editing them.
 
-mkdocs.yml loads this file as a hook (`on_files` adds the pages); `python
-scripts/docs_reference.py OUT_DIR` writes them as files, to read them without mkdocs.
+`python scripts/docs_reference.py` writes them into docs/reference/, where they are
+committed, so that docs/ reads as Markdown without mkdocs; mkdocs.yml loads this file as a
+hook whose `on_files` fails the build where a committed page no longer matches the code.
 """
 
 from __future__ import annotations
@@ -238,22 +239,34 @@ def environment_reference() -> str:
 
 
 def on_files(files: Any, config: Any) -> Any:
-    """mkdocs hook: add the generated pages to the site."""
-    from mkdocs.structure.files import File
-
-    for path, function in PAGES.items():
-        content = globals()[function]()
-        files.append(File.generated(config, path, content=content))
+    """mkdocs hook: the generated pages are committed in docs/reference/ (so that docs/ reads
+    as Markdown too); a page that no longer matches the code fails the build."""
+    stale = [path for path, text in pages().items() if _committed(path) != text]
+    if stale:
+        raise SystemExit(
+            f"docs: {', '.join(stale)} out of date with the code: run "
+            f"python scripts/docs_reference.py docs"
+        )
     return files
 
 
+def pages() -> dict[str, str]:
+    """Each generated page's path under docs/ and its text."""
+    return {path: globals()[function]() for path, function in PAGES.items()}
+
+
+def _committed(path: str) -> str | None:
+    target = Path(__file__).resolve().parents[1] / "docs" / path
+    return target.read_text(encoding="utf-8") if target.is_file() else None
+
+
 def main(out: str) -> None:
-    for path, function in PAGES.items():
+    for path, text in pages().items():
         target = Path(out) / path
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(globals()[function](), encoding="utf-8")
+        target.write_text(text, encoding="utf-8")
         print(target)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "site_reference")
+    main(sys.argv[1] if len(sys.argv) > 1 else "docs")

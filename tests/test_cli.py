@@ -446,6 +446,13 @@ def test_every_path_flag_refuses_an_empty_path_and_expands_a_tilde(tmp_path, mon
             assert code == 2 and "empty path" in err, (name, p.name, err)
             tried += 1
     assert tried >= 20  # (train, translate, eval, export, average, serve, ...)
+    # a file where a folder belongs is named as such
+    (tmp_path / "a_file").write_text("mine\n")
+    code, _, err = mt_here("train", "tiny", "--run-dir", tmp_path / "a_file")
+    assert code == 2 and "is a file: give a folder" in err, err
+    code, _, err = mt_here("plot", tmp_path, "-o", tmp_path / "a_file" / "x.png")
+    assert code == 2 and "is a file, not a folder" in err, err
+    assert (tmp_path / "a_file").read_text() == "mine\n"
 
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.chdir(tmp_path)

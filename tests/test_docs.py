@@ -167,3 +167,19 @@ def test_the_readme_is_a_front_door():
     # every docs page the README names exists
     for target in re.findall(r"\]\((docs/[^)#]+)", "\n".join(lines)):
         assert (ROOT / target).is_file(), target
+
+
+def test_the_committed_reference_pages_are_the_code_s_and_every_link_in_docs_resolves():
+    """docs/reference/ holds the generated pages (docs/ reads as Markdown without mkdocs):
+    each equals what the code generates now, and every relative link of the README and docs/
+    names a file that exists."""
+    for path, text in _reference_module().pages().items():
+        committed = ROOT / "docs" / path
+        assert committed.is_file() and committed.read_text(encoding="utf-8") == text, (
+            f"{path} is stale: run python scripts/docs_reference.py docs"
+        )
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text(encoding="utf-8")):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            assert (page.parent / target).exists(), f"{page.relative_to(ROOT)} -> {target}"

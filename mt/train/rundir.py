@@ -248,6 +248,8 @@ def prepare_run_dir(
         if not restart:
             check_config_change(cfg, run_dir, allow_config_change)
         return None
+    if run_dir.exists() and not run_dir.is_dir():
+        raise MTError(f"run directory {run_dir} is a file: give a folder with --run-dir")
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
