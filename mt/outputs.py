@@ -101,10 +101,14 @@ def check_output(
     check_not_training(path)
     if is_special(path):  # written into, as a shell's `>` does: nothing is replaced
         return
-    if path.exists() and not force:
+    if (path.exists() or path.is_symlink()) and not force:
+        link = " (a symbolic link)" if path.is_symlink() else ""
         raise MTError(
-            f"{path} already exists; pass --force to overwrite it, or choose another {what} path"
+            f"{path} already exists{link}; pass --force to overwrite it, or choose another "
+            f"{what} path"
         )
+    if path.is_symlink():  # (written through: its target's folder is the one written)
+        path = Path(os.path.realpath(path))
     check_folder_writable(path.parent if str(path.parent) else Path("."), what)
 
 
@@ -178,6 +182,8 @@ def atomic_file(path: str | Path, mode: str = "wb", keep_as: Path | None = None)
     and `path` is untouched. OS and writer errors become one-line MTErrors naming `path`.
     A device, FIFO or socket at `path` is written into directly (see is_special)."""
     path = Path(path)
+    if path.is_symlink():  # written through, as a shell's `>` would: the link stays a link
+        path = Path(os.path.realpath(path))
     if is_special(path):
         with _into_special(path, mode) as f:
             yield f

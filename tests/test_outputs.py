@@ -246,3 +246,26 @@ def test_dash_and_dev_stdout_are_standard_output(tiny_run, src_file, out):
     proc = run_mt("translate", tiny_run, "-i", src_file, "-o", out, "--device", "cpu")
     assert proc.returncode == 0, proc.stderr
     assert len(proc.stdout.splitlines()) == 2
+
+
+def test_an_output_through_a_symbolic_link_writes_its_target_and_needs_force(tmp_path):
+    """A link is an existing output (--force to replace what it points to), written through as
+    a shell's `>` would (the link stays a link); a link into a missing folder is refused before
+    any work."""
+    from tests.conftest import mt_here
+
+    run = tmp_path / "run"
+    code, _, err = mt_here("train", "tiny", "--run-dir", run, "--set",
+                           f"data.dir={tmp_path / 'd'}", "train.max_steps=1")  # fmt: skip
+    assert code == 0, err
+    target, link = tmp_path / "target.txt", tmp_path / "link.txt"
+    target.write_text("mine\n")
+    link.symlink_to(target)
+    code, _, err = mt_here("translate", run, "-o", link, input="a b\n")
+    assert code == 2 and "symbolic link" in err and target.read_text() == "mine\n"
+    code, _, err = mt_here("translate", run, "-o", link, "--force", input="a b\n")
+    assert code == 0 and link.is_symlink() and target.read_text() != "mine\n", err
+    dangling = tmp_path / "dangling.txt"
+    dangling.symlink_to(tmp_path / "missing" / "x.txt")
+    code, _, err = mt_here("translate", run, "-o", dangling, "--force", input="a b\n")
+    assert code == 2 and "missing" in err and "does not exist" in err, err

@@ -206,3 +206,16 @@ def test_no_command_writes_a_running_trainings_own_files(tmp_path, tiny_run):
         lock.release()
     code, _, err = mt_here("tune", run, "--beams", "1,2", "--length-penalties", "1.0")
     assert code == 0, err
+
+
+def test_a_vocabulary_larger_than_the_corpus_gives_is_said_and_recorded(tmp_path):
+    from tests.conftest import mt_here
+
+    sets = ["--set", f"data.dir={tmp_path / 'd'}", "tokenizer.vocab_size=100000",
+            "train.max_steps=1", "train.valid_every=1"]  # fmt: skip
+    code, _, err = mt_here("train", TINY, "--run-dir", tmp_path / "run", *sets)
+    assert code == 0, err
+    said = [line for line in err.splitlines() if "tokenizer.vocab_size 100000" in line]
+    info = json.loads((tmp_path / "run/run_info.json").read_text())
+    real = info["vocab_size"]["source"]
+    assert real < 100000 and len(said) == 1 and f"gave {real} pieces" in said[0]

@@ -197,7 +197,8 @@ def _data(cfg: Config, run_dir: Path, dist, log, allow_config_change: bool):
     data = prepare_data(cfg, run_dir, dist, log, cfg.train.bpe_dropout, inherited=inherited)
     if dist.is_main:
         record_corpus(cfg, run_dir, renew)
-        write_run_info(run_dir)
+        tokenizer = data[0]
+        write_run_info(run_dir, vocab=(tokenizer.src_vocab_size, tokenizer.tgt_vocab_size))
     return data
 
 

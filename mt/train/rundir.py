@@ -314,8 +314,9 @@ def record_corpus(cfg: Config, run_dir: Path, renew: bool = False) -> None:
         write_text(path, json.dumps(corpus_fingerprint(cfg), indent=1) + "\n")
 
 
-def write_run_info(run_dir: Path) -> None:
-    """What produced this run: versions, git commit, device (for reproducing it)."""
+def write_run_info(run_dir: Path, vocab: tuple[int, int] | None = None) -> None:
+    """What produced this run: versions, git commit, device (for reproducing it); vocab: the
+    BPE model's real (source, target) sizes, which tokenizer.vocab_size only bounds."""
     import platform
     import subprocess
     import sys
@@ -348,4 +349,6 @@ def write_run_info(run_dir: Path) -> None:
         "platform": platform.platform(),
         "argv": sys.argv,
     }
+    if vocab is not None:
+        info["vocab_size"] = {"source": vocab[0], "target": vocab[1]}
     write_text(run_dir / "run_info.json", json.dumps(info, indent=1) + "\n")
