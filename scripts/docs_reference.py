@@ -269,4 +269,5 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # (this tree's mt)
     main(sys.argv[1] if len(sys.argv) > 1 else "docs")

@@ -78,9 +78,13 @@ class TrainConfig(Section):
         "mt train says so at its forecast, with what to do; 0 = not said",
     )
     max_tokens: int = Field(
-        4096, ge=16, description="source+target tokens per batch, padding incl."
+        4096,
+        ge=16,
+        le=1 << 24,
+        description="source+target tokens per batch, padding incl. (at most 16M: larger "
+        "updates come from accum_steps)",
     )
-    accum_steps: int = Field(1, ge=1, description="batches accumulated into one update")
+    accum_steps: int = Field(1, ge=1, le=1 << 16, description="batches accumulated into one update")
     shape_buckets: int = Field(
         0,
         ge=0,
