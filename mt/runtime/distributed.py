@@ -98,7 +98,7 @@ class Dist:
 
 
 def setup(
-    device_name: str, timeout_minutes: float = 30.0, wait_minutes: float = 240.0, log=print
+    device_name: str, timeout_minutes: float = 30.0, wait_minutes: float = 240.0, log=None
 ) -> tuple[Dist, str]:
     """Join the process group torchrun describes in the environment; returns the Dist and the
     device this rank should use.
@@ -107,8 +107,8 @@ def setup(
     should end the job), while waits for rank 0's solo work (corpus download, BPE training,
     validation, which take hours on a WMT-size corpus) use a gloo group of their own that
     allows `wait_minutes`. Outside torchrun (variables set by hand, a SLURM script, or left
-    over from an earlier torchrun) it says at once what it waits for, and a group that does
-    not form within `timeout_minutes` is one line naming what to unset."""
+    over from an earlier torchrun) it says at once to `log` what it waits for, and a group
+    that does not form within `timeout_minutes` is one line naming what to unset."""
     world = env_int("WORLD_SIZE")
     if world == 1:
         return Dist(), device_name
@@ -146,7 +146,7 @@ def setup(
 
 def _join(rank: int, world: int, use_cuda: bool, timeout_minutes: float, log) -> None:
     where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
-    if "TORCHELASTIC_RUN_ID" not in os.environ:  # (torchrun's agent sets it)
+    if "TORCHELASTIC_RUN_ID" not in os.environ and log is not None:  # (torchrun sets it)
         log(
             f"joining a group of {world} processes at {where} as rank {rank} (WORLD_SIZE, "
             f"RANK, MASTER_ADDR, MASTER_PORT in the environment); waiting up to "
