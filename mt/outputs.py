@@ -114,7 +114,7 @@ def check_output(
 
 RUN_LOCK = ".lock"  # the lock file a training holds in its run directory (mt.train.rundir)
 # what a training writes into its run directory, besides step_N.pt and the BPE models
-_TRAINERS_FILES = {"best.pt", "last.pt", "last.pt.prev", "averaged.pt", "pretrained.pt",
+TRAINERS_FILES = {"best.pt", "last.pt", "last.pt.prev", "averaged.pt", "pretrained.pt",
                    "config.yaml", "corpus.json", "run_info.json", "train_log.jsonl",
                    "training.png"}  # fmt: skip
 
@@ -141,7 +141,7 @@ def check_not_training(path: Path) -> None:
     """No command writes one of a training's own files while it runs (it would write over
     them, or they over its output); reading them stays allowed."""
     name = path.name
-    trainers = name in _TRAINERS_FILES or (name.startswith("step_") and name.endswith(".pt"))
+    trainers = name in TRAINERS_FILES or (name.startswith("step_") and name.endswith(".pt"))
     trainers = trainers or (name.startswith("spm") and name.endswith((".model", ".vocab")))
     holder = training_in(path.parent) if trainers else None
     if holder is not None:

@@ -212,11 +212,11 @@ def environment_reference() -> str:
         "a command starts its work: a number that is not a whole number in range is refused "
         "in one line naming the variable.",
         "",
-        "| variable | default when unset | smallest value | what it is |",
+        "| variable | default when unset | values | what it is |",
         "|---|---|---|---|",
     ]
-    for name, (default, minimum, means) in VARIABLES.items():
-        lines.append(f"| `{name}` | {default} | {minimum} | {_cell(means)} |")
+    for name, (default, minimum, maximum, means) in VARIABLES.items():
+        lines.append(f"| `{name}` | {default} | {minimum} to {maximum} | {_cell(means)} |")
     for name, means in TEXT_VARIABLES.items():
         lines.append(f"| `{name}` | unset | (text) | {_cell(means)} |")
     lines += [

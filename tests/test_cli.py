@@ -525,8 +525,21 @@ def test_a_torchrun_environment_without_torchrun_says_what_it_waits_for(tmp_path
     monkeypatch.setenv("RANK", "5")
     code, _, err = mt_here("train", "tiny", "--run-dir", tmp_path / "a", *sets)
     assert code == 2 and "RANK=5 is not below WORLD_SIZE=2" in err, err
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    code, _, err = mt_here("train", "tiny", "--run-dir", tmp_path / "a", *sets)
+    assert code == 2 and "LOCAL_RANK=3 is not below LOCAL_WORLD_SIZE=2" in err, err
+    monkeypatch.delenv("LOCAL_RANK")
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    for port in ("abc", "70000", "0", "9" * 400):  # (before any wait: a port is checked first)
+        monkeypatch.setenv("MASTER_PORT", port)
+        code, _, err = mt_here("train", "tiny", "--run-dir", tmp_path / "a", *sets)
+        assert code == 2 and "MASTER_PORT=" in err and "1 to 65535" in err, err
+        assert err.count("\n") == 1 and len(err) < 300, err
+    assert not (tmp_path / "a").exists()
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
     start = time.time()
     code, _, err = mt_here("train", "tiny", "--run-dir", tmp_path / "b", *sets)

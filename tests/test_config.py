@@ -313,3 +313,37 @@ def test_a_key_in_the_wrong_section_names_the_section_it_belongs_to():
         with pytest.raises(MTError) as e:
             load_config(tiny, [override])
         assert says in str(e.value), str(e.value)
+
+
+def _numeric_keys():
+    """Every number a config holds, found from the schema: (section.key, int or float, list)."""
+    import typing
+
+    from mt.config import Config
+
+    for section, field in Config.model_fields.items():
+        for key, f in field.annotation.model_fields.items():
+            kinds = typing.get_args(f.annotation) or (f.annotation,)
+            inner = [typing.get_args(k) for k in kinds if typing.get_origin(k) is list]
+            found = [k for k in (*kinds, *(a for args in inner for a in args)) if k in (int, float)]
+            if found:
+                yield f"{section}.{key}", found[0], bool(inner)
+
+
+@pytest.mark.parametrize("huge", ["1" + "0" * 30, "-1" + "0" * 30, "9" * 400, "1e300", "-1e300"])
+def test_every_number_in_a_config_has_bounds_named_in_one_line(huge):
+    """A value no run can use (a count of 10^30, a width of 1e300, a 400-digit string) is a
+    one-line error naming the key, for every numeric key of every section (found from the
+    schema, lists of numbers included)."""
+    keys = list(_numeric_keys())
+    assert len(keys) >= 50, keys
+    for key, _, is_list in keys:
+        override = f"{key}=[{huge}]" if is_list else f"{key}={huge}"
+        try:
+            load_config(ROOT / "configs/tiny.yaml", [override])
+        except MTError as e:
+            message = str(e)
+        else:
+            raise AssertionError(f"{override} was taken")
+        assert key.split(".")[-1] in message and "\n" not in message, (key, message)
+        assert len(message) < 400, message

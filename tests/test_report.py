@@ -106,3 +106,36 @@ def test_the_reports_numbers_are_mt_evals(tiny_run, tmp_path):
         assert this_row[name] == f"{rows[1][metric]:.2f}"
         assert this_row[f"{name} p (bootstrap)"] == f"{rows[1][metric + '_p_bs']:.4f}"
         assert this_row[f"{name} p (AR)"] == f"{rows[1][metric + '_p_ar']:.4f}"
+
+
+def test_report_scores_several_references_together(tiny_run, tmp_path):
+    """`mt report --ref A --ref B`: the test scores are multi-reference (nrefs:2, the BLEU
+    sacreBLEU gives for both), not the last file's alone; references of other lengths are
+    one line."""
+    import re
+
+    import sacrebleu
+
+    from mt.decode.translator import Translator
+    from tests.conftest import mt_here
+
+    lines = (tiny_run.parent / "data" / "test.src").read_text().splitlines()[:20]
+    (tmp_path / "src").write_text("\n".join(lines) + "\n")
+    hyps = Translator.load(tiny_run / "best.pt", "cpu").translate(lines)
+    a = [h if i % 2 else "x y z" for i, h in enumerate(hyps)]  # half right by each reference
+    b = [h if not i % 2 else "x y z" for i, h in enumerate(hyps)]
+    for name, refs in (("a", a), ("b", b), ("short", a[:5])):
+        (tmp_path / name).write_text("\n".join(refs) + "\n")
+    page = tmp_path / "report.html"
+    refs = ["--ref", tmp_path / "a", "--ref", tmp_path / "b"]
+    code, _, err = mt_here("report", tiny_run, "--src", tmp_path / "src", *refs, "-o", page)
+    assert code == 0, err
+    text = page.read_text()
+    assert "nrefs:2" in text
+    both = sacrebleu.corpus_bleu(hyps, [a, b]).score
+    assert both > sacrebleu.corpus_bleu(hyps, [b]).score + 10
+    assert re.search(rf"BLEU</td><td>{both:.2f}|BLEU.{{0,80}}{both:.2f}", text), both
+    refs[-1] = tmp_path / "short"
+    code, _, err = mt_here("report", tiny_run, "--src", tmp_path / "src", *refs, "-o",
+                           tmp_path / "r2.html")  # fmt: skip
+    assert code == 2 and "several references must translate the same lines" in err, err

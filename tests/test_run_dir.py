@@ -219,3 +219,42 @@ def test_a_vocabulary_larger_than_the_corpus_gives_is_said_and_recorded(tmp_path
     info = json.loads((tmp_path / "run/run_info.json").read_text())
     real = info["vocab_size"]["source"]
     assert real < 100000 and len(said) == 1 and f"gave {real} pieces" in said[0]
+
+
+def test_a_run_s_other_files_damaged_or_replaced_are_one_line_or_restored(tmp_path, tiny_run):
+    """corpus.json damaged: one line naming it and the way out; a folder where the run keeps a
+    file (best.pt, the log): one line before any step is trained; the BPE model damaged or
+    missing in a run with a checkpoint: written again from the checkpoint's own copy (a BPE
+    model trained anew would give the weights other ids), said, and the run resumes."""
+    from tests.conftest import mt_here
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    sets = ["--set", f"data.dir={tiny_run.parent / 'data'}", "train.max_steps=61",
+            "train.valid_every=60", "train.log_every=20"]  # fmt: skip
+    corpus = (run / "corpus.json").read_text()
+    for junk in ("{cut", "[1]", '{"a": 3}'):
+        (run / "corpus.json").write_text(junk)
+        code, _, err = mt_here("train", TINY, "--run-dir", run, *sets)
+        assert code == 2 and err.count("\n") == 1, err
+        assert "corpus.json is damaged" in err and "delete it" in err, err
+    (run / "corpus.json").write_text(corpus)
+
+    log = (run / "train_log.jsonl").read_text()
+    for name in ("best.pt", "train_log.jsonl"):
+        kept = run / f"{name}.mine"
+        (run / name).rename(kept)
+        (run / name).mkdir()
+        code, _, err = mt_here("train", TINY, "--run-dir", run, *sets)
+        assert code == 2 and err.count("\n") == 1 and f"{name} is a folder" in err, err
+        (run / name).rmdir()
+        kept.rename(run / name)
+    assert (run / "train_log.jsonl").read_text() == log  # nothing trained
+
+    bpe = (run / "spm.model").read_bytes()
+    for steps, damage in ((62, lambda p: p.write_bytes(b"junk")), (63, lambda p: p.unlink())):
+        damage(run / "spm.model")
+        code, _, err = mt_here("train", TINY, "--run-dir", run, *sets, f"train.max_steps={steps}")
+        assert code == 0, err
+        assert "written again from last.pt" in err, err
+        assert (run / "spm.model").read_bytes() == bpe

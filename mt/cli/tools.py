@@ -20,7 +20,12 @@ def report_cmd(
     src: Path | None = typer.Option(
         None, "--src", help="test source (default: the run's test split)"
     ),
-    ref: Path | None = typer.Option(None, "--ref", help="test references"),
+    ref: list[Path] = typer.Option(
+        [],
+        "--ref",
+        help="test references; repeat for several references of the same lines "
+        "(multi-reference scores)",
+    ),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda"),
     force: bool = typer.Option(False, "--force", help="overwrite --output if it exists"),
 ):
@@ -33,12 +38,12 @@ def report_cmd(
     from mt.outputs import check_output, write_text
 
     _check_device(device)
-    if (src is None) != (ref is None):
+    if (src is None) != (not ref):
         raise MTError("give both --src and --ref, or neither (the run's test split)")
     if not (run_dir / "train_log.jsonl").is_file():
         raise MTError(f"{run_dir} is not a run directory (no train_log.jsonl)")
     check_output(output, force=force, what="report")
-    for path in (src, ref):
+    for path in [src, *ref]:
         if path is not None and not path.is_file():
             raise MTError(f"{path} not found")
     write_text(output, build_report(run_dir, baseline, src, ref, device))

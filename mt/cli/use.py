@@ -132,7 +132,6 @@ def eval_cmd(
               mt eval --hyp out.en --ref test.en --ci
               mt eval --hyp base.en --hyp new.en --ref test.en
     """
-    from mt.data.corpus import read_lines
     from mt.evaluate import compare
     from mt.evaluate.metrics import check_moses_lang, paired_significance
 
@@ -151,13 +150,7 @@ def eval_cmd(
         device=device,
         precision=precision,
     )
-    refs = [read_lines(r) for r in ref]
-    for path, lines in zip(ref[1:], refs[1:], strict=True):
-        if len(lines) != len(refs[0]):
-            raise MTError(
-                f"--ref {path} has {len(lines)} lines but --ref {ref[0]} has {len(refs[0])}: "
-                f"several references must translate the same lines"
-            )
+    refs = compare.references(ref)
     if len(systems) == 1:
         result = compare.one_system(systems[0][1], refs, ci, moses_lang)
         typer.echo(json.dumps(result) if as_json else compare.describe_one(result, moses_lang))

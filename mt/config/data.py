@@ -21,7 +21,9 @@ class DataConfig(Section):
     dataset_config: str | None = Field(
         None, description="the hub dataset's configuration, e.g. de-en for wmt14"
     )
-    max_len: int = Field(128, ge=1, description="pairs longer than this (subwords) are dropped")
+    max_len: int = Field(
+        128, ge=1, le=1 << 16, description="pairs longer than this (subwords) are dropped"
+    )
 
     _dir_is_a_path = field_validator("dir", mode="before")(user_path)
     token_cache: Literal["auto", True, False] = Field(
@@ -39,7 +41,7 @@ class DataConfig(Section):
 
 class TokenizerConfig(Section):
     vocab_size: int = Field(
-        8000, ge=16, description="BPE pieces (each side's, or both's when joint)"
+        8000, ge=16, le=1 << 20, description="BPE pieces (each side's, or both's when joint)"
     )
     joint: bool = Field(
         True,
@@ -49,4 +51,6 @@ class TokenizerConfig(Section):
     character_coverage: float = Field(
         1.0, gt=0.0, le=1.0, description="share of characters the BPE model covers (sentencepiece)"
     )
-    max_sentences: int = Field(2_000_000, ge=1, description="sentences sampled to train BPE")
+    max_sentences: int = Field(
+        2_000_000, ge=1, le=2**31 - 1, description="sentences sampled to train BPE"
+    )

@@ -14,17 +14,19 @@ MAX_BEAM = 100
 class DecodeConfig(Section):
     beam: int = Field(5, ge=1, le=MAX_BEAM, description="beam size; 1 = greedy")
     length_penalty: float = Field(
-        1.0, ge=0.0, description="scores are log-probability / length ** length_penalty"
+        1.0, ge=0.0, le=1e3, description="scores are log-probability / length ** length_penalty"
     )
-    max_len_a: float = Field(1.5, ge=0.0, description="max output length = a * src_len + b")
-    max_len_b: int = Field(10, ge=1, description="see max_len_a")
+    max_len_a: float = Field(1.5, ge=0.0, le=1e3, description="max output length = a * src_len + b")
+    max_len_b: int = Field(10, ge=1, le=1 << 20, description="see max_len_a")
     nat_iterations: int = Field(
-        10, ge=1, description="model.arch nat: Mask-Predict's refinement passes"
+        10, ge=1, le=1000, description="model.arch nat: Mask-Predict's refinement passes"
     )
     nat_length_beam: int = Field(
-        3, ge=1, description="model.arch nat: candidate lengths decoded in parallel"
+        3, ge=1, le=MAX_BEAM, description="model.arch nat: candidate lengths decoded in parallel"
     )
-    max_tokens: int = Field(4000, ge=16, description="source tokens per translation batch")
+    max_tokens: int = Field(
+        4000, ge=16, le=1 << 24, description="source tokens per translation batch"
+    )
     compile_step: Literal["auto", "always", "never"] = Field(
         "auto",
         description="the search on the device keeps its self-attention cache in preallocated "
@@ -63,9 +65,14 @@ class DecodeConfig(Section):
             raise ValueError(
                 f"decode.tune_beams: beams must be 1 to {MAX_BEAM} (got {self.tune_beams})"
             )
-        if not self.tune_length_penalties or any(p < 0 for p in self.tune_length_penalties):
-            raise ValueError("decode.tune_length_penalties: give at least one penalty >= 0")
+        if not self.tune_length_penalties or any(
+            not 0 <= p <= 1e3 for p in self.tune_length_penalties
+        ):
+            raise ValueError("decode.tune_length_penalties: give at least one penalty, 0 to 1000")
         for key in ("tune_nat_length_beams", "tune_nat_iterations"):
-            if any(x < 1 for x in getattr(self, key)):
-                raise ValueError(f"decode.{key}: give values >= 1 (got {getattr(self, key)})")
+            high = MAX_BEAM if key == "tune_nat_length_beams" else 1000
+            if any(not 1 <= x <= high for x in getattr(self, key)):
+                raise ValueError(
+                    f"decode.{key}: give values 1 to {high} (got {getattr(self, key)})"
+                )
         return self

@@ -61,7 +61,8 @@ def _describe(err: ErrorDetails) -> str:
     if err["type"] == "value_error":
         msg = msg.removeprefix("Value error, ")
         return msg if not loc or msg.startswith(key + ".") else f"{key}: {msg}"
-    return f"{key}: {msg} (got {err.get('input')!r})"
+    got = repr(err.get("input"))
+    return f"{key}: {msg} (got {got if len(got) <= 60 else got[:40] + '...'})"
 
 
 def validate(raw: dict[str, Any], source: str) -> Config:

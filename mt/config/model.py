@@ -28,13 +28,13 @@ class ModelConfig(Section):
         "sinusoidal", description="how a Transformer knows positions"
     )
     max_relative: int = Field(
-        16, ge=1, description="relative positions: distances are clipped at this"
+        16, ge=1, le=1 << 16, description="relative positions: distances are clipped at this"
     )
-    d_model: int = Field(256, ge=8, description="width of embeddings and hidden states")
-    n_heads: int = Field(4, ge=1, description="attention heads (must divide d_model)")
-    enc_layers: int = Field(3, ge=1, description="encoder layers")
-    dec_layers: int = Field(3, ge=1, description="decoder layers")
-    d_ff: int = Field(1024, ge=1, description="hidden width of each feed-forward layer")
+    d_model: int = Field(256, ge=8, le=1 << 16, description="width of embeddings and hidden states")
+    n_heads: int = Field(4, ge=1, le=1 << 10, description="attention heads (must divide d_model)")
+    enc_layers: int = Field(3, ge=1, le=1 << 10, description="encoder layers")
+    dec_layers: int = Field(3, ge=1, le=1 << 10, description="decoder layers")
+    d_ff: int = Field(1024, ge=1, le=1 << 18, description="hidden width of each feed-forward layer")
     dropout: float = Field(
         0.1, ge=0.0, lt=1.0, description="dropout on embeddings and every sublayer's output"
     )
@@ -59,7 +59,9 @@ class ModelConfig(Section):
         description="none: three matrices; decoder: target embedding = output layer; "
         "all: source, target and output share one (needs tokenizer.joint)",
     )
-    max_positions: int = Field(1024, ge=8, description="the longest sequence the model takes")
+    max_positions: int = Field(
+        1024, ge=8, le=1 << 20, description="the longest sequence the model takes"
+    )
     init_encoder: str | None = Field(
         None,
         description="start the encoder from a masked-LM pretraining (RUN_DIR/pretrained.pt "

@@ -8,6 +8,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+# the bound on every count of updates (steps, warmup, intervals): far beyond any training, and
+# a value past it (a long digit string) is a one-line error instead of an overflow
+STEPS = 1 << 40
+
 
 class Section(BaseModel):
     # (allow_inf_nan: a NaN or an infinity is never a setting, and would pass a key's bounds

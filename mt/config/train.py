@@ -7,7 +7,8 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from mt.config.section import Section, no_number
+from mt.config.decode import MAX_BEAM
+from mt.config.section import STEPS, Section, no_number
 
 
 class ScheduledSamplingConfig(Section):
@@ -62,10 +63,11 @@ class ScheduledSamplingConfig(Section):
 
 
 class TrainConfig(Section):
-    max_steps: int = Field(20000, ge=1, description="optimizer updates")
+    max_steps: int = Field(20000, ge=1, le=STEPS, description="optimizer updates")
     max_minutes: float = Field(
         0.0,
         ge=0.0,
+        le=1e7,
         description="also stop (validate, average, tune) "
         "after this many minutes of training; "
         "0 = no time limit",
@@ -73,6 +75,7 @@ class TrainConfig(Section):
     expected_steps: int = Field(
         0,
         ge=0,
+        le=STEPS,
         description="the updates this config's reported results came from: when the "
         "time budget will stop the run well short of them (a slow or busy machine), "
         "mt train says so at its forecast, with what to do; 0 = not said",
@@ -88,6 +91,7 @@ class TrainConfig(Section):
     shape_buckets: int = Field(
         0,
         ge=0,
+        le=1 << 16,
         description="pad both widths of a batch to multiples of this, with the same row count "
         "for every batch of a width pair, so an epoch has a few batch shapes (for a compiled "
         "or CUDA-graphed step; mt/data/batching.py bucket_batches); 0 = the length-sorted "
@@ -96,6 +100,7 @@ class TrainConfig(Section):
     pack_width: int = Field(
         0,
         ge=0,
+        le=1 << 20,
         description="pack several sentence pairs into each row of fixed blocks of "
         "max_tokens // (2 * pack_width) rows of this many source and target positions (one "
         "batch shape for the whole run, little padding; each pair attends to itself alone); "
@@ -112,10 +117,13 @@ class TrainConfig(Section):
     lr_factor: float = Field(
         1.0,
         gt=0.0,
+        le=1e3,
         description="Noam schedule: lr = lr_factor * d_model^-0.5 * "
         "min(step^-0.5, step * warmup^-1.5)",
     )
-    warmup: int = Field(4000, ge=1, description="updates of linear warmup before 1/sqrt(step)")
+    warmup: int = Field(
+        4000, ge=1, le=STEPS, description="updates of linear warmup before 1/sqrt(step)"
+    )
     cooldown: float = Field(
         0.0,
         ge=0.0,
@@ -134,8 +142,8 @@ class TrainConfig(Section):
     )
     adam_beta1: float = Field(0.9, ge=0.0, lt=1.0, description="Adam's first-moment decay")
     adam_beta2: float = Field(0.98, ge=0.0, lt=1.0, description="Adam's second-moment decay")
-    adam_eps: float = Field(1e-9, gt=0.0, description="Adam's epsilon")
-    weight_decay: float = Field(0.0, ge=0.0, description="decoupled weight decay (AdamW)")
+    adam_eps: float = Field(1e-9, gt=0.0, le=1.0, description="Adam's epsilon")
+    weight_decay: float = Field(0.0, ge=0.0, le=10.0, description="decoupled weight decay (AdamW)")
     label_smoothing: float = Field(
         0.1, ge=0.0, lt=1.0, description="probability mass spread over the other tokens"
     )
@@ -145,6 +153,7 @@ class TrainConfig(Section):
     rdrop_alpha: float = Field(
         0.0,
         ge=0.0,
+        le=1e3,
         description="R-Drop (Liang et al. 2021): two "
         "dropout passes per batch and this weight on their symmetric "
         "KL; 0 = off",
@@ -187,28 +196,37 @@ class TrainConfig(Section):
         "token (BPE piece) of a training batch by <unk> with this "
         "probability, drawn anew for every batch; 0 = off",
     )
-    clip_norm: float = Field(1.0, ge=0.0, description="0 disables clipping")
-    log_every: int = Field(100, ge=1, description="updates between lines of train_log.jsonl")
-    valid_every: int = Field(1000, ge=1, description="updates between validations")
-    save_every: int = Field(1000, ge=1, description="updates between step_N.pt snapshots")
-    keep_checkpoints: int = Field(5, ge=0, description="step_N.pt model snapshots kept")
+    clip_norm: float = Field(1.0, ge=0.0, le=1e6, description="0 disables clipping")
+    log_every: int = Field(
+        100, ge=1, le=STEPS, description="updates between lines of train_log.jsonl"
+    )
+    valid_every: int = Field(1000, ge=1, le=STEPS, description="updates between validations")
+    save_every: int = Field(1000, ge=1, le=STEPS, description="updates between step_N.pt snapshots")
+    keep_checkpoints: int = Field(5, ge=0, le=1 << 20, description="step_N.pt model snapshots kept")
     average_last: int = Field(
         0,
         ge=0,
+        le=1 << 20,
         description="at the end, average this many last snapshots; kept as best.pt if better",
     )
     patience: int = Field(
         0,
         ge=0,
+        le=1 << 20,
         description="stop after this many validations without a better BLEU; 0 = never stop early",
     )
-    valid_beam: int = Field(0, ge=0, description="beam for validation BLEU; 0 = decode.beam")
+    valid_beam: int = Field(
+        0, ge=0, le=MAX_BEAM, description="beam for validation BLEU; 0 = decode.beam"
+    )
     max_nonfinite: int = Field(
         5,
         ge=1,
+        le=STEPS,
         description="stop after this many NaN/inf losses in a row (each such update is skipped)",
     )
-    seed: int = Field(1234, description="seeds weights, batches, dropout and sampling")
+    seed: int = Field(
+        1234, ge=0, le=2**63 - 1, description="seeds weights, batches, dropout and sampling"
+    )
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="auto: a GPU when there is one"
     )
@@ -217,9 +235,12 @@ class TrainConfig(Section):
         description="auto: bf16 autocast on GPUs that have it, fp16 with loss scaling on "
         "older ones, fp32 on a CPU",
     )
-    num_threads: int = Field(0, ge=0, description="CPU threads; 0 = torch default")
+    num_threads: int = Field(0, ge=0, le=1 << 20, description="CPU threads; 0 = torch default")
     dist_timeout_minutes: float = Field(
-        30.0, gt=0.0, description="multi-rank runs: a collective that takes longer ends the run"
+        30.0,
+        gt=0.0,
+        le=1e6,
+        description="multi-rank runs: a collective that takes longer ends the run",
     )
     data_parallel: Literal["flat", "ddp"] = Field(
         "flat",
@@ -230,11 +251,12 @@ class TrainConfig(Section):
         "memory ending the run (docs/distributed.md)",
     )
     ddp_bucket_mb: float = Field(
-        25.0, gt=0.0, description="data_parallel ddp: the size of a gradient bucket, in MB"
+        25.0, gt=0.0, le=1e5, description="data_parallel ddp: the size of a gradient bucket, in MB"
     )
     dist_wait_minutes: float = Field(
         240.0,
         gt=0.0,
+        le=1e6,
         description="multi-rank runs: how long "
         "the other ranks wait while rank 0 alone downloads the "
         "corpus, trains BPE or validates",

@@ -122,6 +122,26 @@ def cached_train(cfg: Config, tokenizer: Tokenizer, paths, dist, log) -> Paralle
     return encoded
 
 
+def _from_checkpoint(run_dir: Path, what: str, log) -> bool:
+    """Write again the BPE model of a run that has a checkpoint, from the checkpoint's own copy
+    (the model's ids mean nothing in a BPE model trained anew); False: no checkpoint."""
+    from mt.artifacts import checkpoint
+
+    last = run_dir / "last.pt"
+    for path in (last, checkpoint.previous(last)):
+        if path.is_file():
+            try:
+                tok = checkpoint.tokenizer_from(checkpoint.load(path))
+            except MTError:
+                continue
+            for name in ("spm.model", "spm.src.model", "spm.tgt.model"):
+                (run_dir / name).unlink(missing_ok=True)
+            tok.save(run_dir)
+            log(f"warning: {run_dir} had a checkpoint but {what}: written again from {path.name}")
+            return True
+    return False
+
+
 def bpe_dropout_epochs(cfg: Config, tokenizer: Tokenizer, first: ParallelData):
     """train.bpe_dropout > 0: a function from an epoch to that epoch's training data, the
     training split segmented anew with BPE-dropout (Provilkov et al., ACL 2020). `first` is
@@ -194,9 +214,17 @@ def load_tokenizer(
     log,
     inherited: Callable[[], Tokenizer | None] | None = None,
 ) -> Tokenizer:
-    """The run's BPE model: the one it saved, else inherited()'s, else trained on (a sample
-    of) the training split the first time."""
-    tok = Tokenizer.load(run_dir)
+    """The run's BPE model: the one it saved (a run with a checkpoint: the checkpoint's copy
+    when that file is missing or damaged), else inherited()'s, else trained on (a sample of)
+    the training split the first time."""
+    try:
+        tok = Tokenizer.load(run_dir)
+    except MTError as e:
+        if not _from_checkpoint(run_dir, f"its BPE model is damaged ({e})", log):
+            raise
+        tok = Tokenizer.load(run_dir)
+    if tok is None and _from_checkpoint(run_dir, "its BPE model is missing", log):
+        tok = Tokenizer.load(run_dir)
     if tok is None and inherited is not None:
         tok = inherited()
         if tok is not None:

@@ -32,6 +32,19 @@ def systems(models: list[Path], hyps: list[Path], src: Path | None, **decode) ->
     return out
 
 
+def references(paths: list[Path]) -> list[list[str]]:
+    """The lines of each --ref file: several references translate the same lines (sacreBLEU's
+    multi-reference scores), so their lengths must agree."""
+    refs = [read_lines(p) for p in paths]
+    for path, lines in zip(paths[1:], refs[1:], strict=True):
+        if len(lines) != len(refs[0]):
+            raise MTError(
+                f"--ref {path} has {len(lines)} lines but --ref {paths[0]} has {len(refs[0])}: "
+                f"several references must translate the same lines"
+            )
+    return refs
+
+
 def one_system(hyps: list[str], refs: list[list[str]], ci: bool, moses_lang: str | None) -> dict:
     """refs: one stream of lines per reference file."""
     result = full_scores(hyps, refs, n_bootstrap=1000 if ci else 0)

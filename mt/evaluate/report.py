@@ -152,7 +152,7 @@ def build_report(
     run_dir: Path,
     baseline: Path | None = None,
     src: Path | None = None,
-    ref: Path | None = None,
+    refs: list[Path] | None = None,
     device: str = "cpu",
 ) -> str:
     """The HTML page (a string); translating the test split takes most of the time."""
@@ -164,6 +164,7 @@ def build_report(
     d = cfg.data
     if src is None and has_split(d.dir, "test", d.src_lang, d.tgt_lang):
         src, ref = split_paths(d.dir, "test", d.src_lang, d.tgt_lang)
+        refs = [ref]
     parts = [
         f"<h1>mt run {html.escape(run_dir.name)}</h1>",
         f"<p class='small'>{html.escape(str(path))}, step "
@@ -182,7 +183,7 @@ def build_report(
             f"--src and --ref.</p>"
         )
     else:
-        parts += _test_sections(translator, run_dir, src, ref, baseline, device)
+        parts += _test_sections(translator, run_dir, src, refs or [], baseline, device)
     config = yaml.safe_dump(checkpoint.config_dict(ckpt), sort_keys=False)
     parts += ["<h2>Config</h2>", f"<pre>{html.escape(config)}</pre>"]
     return (
@@ -215,15 +216,16 @@ def _paired_rows(rows: list[dict]) -> tuple[list[dict], list[str]]:
 
 
 def _test_sections(
-    translator, run_dir: Path, src: Path, ref: Path | None, baseline: Path | None, device: str
+    translator, run_dir: Path, src: Path, ref: list[Path], baseline: Path | None, device: str
 ) -> list[str]:
     """The test set's scores, attention pictures and translations, and the paired tests
     against a baseline run when one is given."""
     from mt.decode.translator import Translator
+    from mt.evaluate.compare import references
 
-    if ref is None:
+    if not ref:
         raise MTError("--src needs --ref: the references to score against")
-    src_lines, refs = read_lines(src), read_lines(ref)
+    src_lines, refs = read_lines(src), references(ref)
     hyps = translator.translate(src_lines)
     parts = [
         "<h2>Test scores</h2>",
@@ -231,7 +233,7 @@ def _test_sections(
         "<h2>Attention</h2>",
         _attention(translator, [s for s in src_lines if s][:2]),
         "<h2>Translations</h2>",
-        _samples(src_lines, hyps, refs),
+        _samples(src_lines, hyps, refs[0]),
     ]
     if baseline is not None:
         base = Translator.load(baseline, device).translate(src_lines)

@@ -124,11 +124,16 @@ def setup(
             f"or unset RANK and WORLD_SIZE (left by an earlier torchrun?)"
         )
     local_rank = env_int("LOCAL_RANK")
+    if (local_world := env_int("LOCAL_WORLD_SIZE")) and local_rank >= local_world:
+        raise MTError(
+            f"LOCAL_RANK={local_rank} is not below LOCAL_WORLD_SIZE={local_world}: start the "
+            f"processes with torchrun, or unset LOCAL_RANK and LOCAL_WORLD_SIZE"
+        )
     use_cuda = device_name != "cpu" and torch.cuda.is_available()
     # every rank of the machine checks (torchrun's LOCAL_WORLD_SIZE), so all of them stop with
     # this line; torch.cuda.set_device would stop only the extra ones, with "invalid device
     # ordinal", and leave the others waiting for them
-    local_world = max(env_int("LOCAL_WORLD_SIZE"), local_rank + 1)
+    local_world = max(local_world, local_rank + 1)
     if use_cuda and local_world > (n := torch.cuda.device_count()):
         raise MTError(
             f"torchrun started {local_world} processes on this machine, which has "

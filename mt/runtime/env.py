@@ -3,7 +3,7 @@ the variable takes is a one-line error naming the variable and what it takes.
 
     MT_THREADS                      CPU threads (0 or unset: chosen from the free cores)
     WORLD_SIZE, RANK, LOCAL_RANK,   set by torchrun for each process of a multi-process run
-    LOCAL_WORLD_SIZE
+    LOCAL_WORLD_SIZE, MASTER_PORT
     MT_API_KEY                      mt serve: the token requests must carry (text)
     MT_CACHE_DIR                    the token cache's folder (text; mt/data/token_cache.py)
 """
@@ -14,13 +14,17 @@ import os
 
 from mt.errors import MTError
 
-# name -> (default when unset, smallest value, what it means)
+# (a bound on counts of processes and threads: no machine or cluster has more, and a digit
+# string of any length stays one line)
+_MANY = 2**20
+# name -> (default when unset, smallest value, largest value, what it means)
 VARIABLES = {
-    "MT_THREADS": (0, 0, "CPU threads; 0: chosen for you"),
-    "WORLD_SIZE": (1, 1, "processes, set by torchrun"),
-    "RANK": (0, 0, "this process's rank, set by torchrun"),
-    "LOCAL_RANK": (0, 0, "set by torchrun"),
-    "LOCAL_WORLD_SIZE": (0, 0, "set by torchrun"),
+    "MT_THREADS": (0, 0, _MANY, "CPU threads; 0: chosen for you"),
+    "WORLD_SIZE": (1, 1, _MANY, "processes, set by torchrun"),
+    "RANK": (0, 0, _MANY - 1, "this process's rank, set by torchrun"),
+    "LOCAL_RANK": (0, 0, _MANY - 1, "this process's rank on its machine, set by torchrun"),
+    "LOCAL_WORLD_SIZE": (0, 0, _MANY, "processes on this machine, set by torchrun"),
+    "MASTER_PORT": (29500, 1, 65535, "the TCP port of rank 0's store, set by torchrun"),
 }
 
 
@@ -36,18 +40,16 @@ TEXT_VARIABLES = {
 def env_int(name: str) -> int:
     """The whole number in environment variable `name` (one of VARIABLES; unset or empty: its
     default)."""
-    default, minimum, means = VARIABLES[name]
+    default, minimum, maximum, means = VARIABLES[name]
     text = os.environ.get(name, "").strip()
     if not text:
         return default
-    try:
-        value = int(text)
-    except ValueError:
-        value = minimum - 1
-    if value < minimum:
+    value = int(text) if text.isascii() and text.lstrip("-").isdigit() and len(text) < 20 else None
+    if value is None or not minimum <= value <= maximum:
+        shown = text if len(text) <= 40 else text[:40] + "..."
         raise MTError(
-            f"environment variable {name}={text!r}: give a whole number >= {minimum} ({means}), "
-            f"or unset it"
+            f"environment variable {name}={shown!r}: give a whole number from {minimum} to "
+            f"{maximum} ({means}), or unset it"
         )
     return value
 
@@ -55,4 +57,5 @@ def env_int(name: str) -> int:
 def check_environment() -> None:
     """Every variable mt reads, checked before a command starts its work."""
     for name in VARIABLES:
-        env_int(name)
+        if name != "MASTER_PORT" or env_int("WORLD_SIZE") > 1:  # (read only by a group)
+            env_int(name)

@@ -168,7 +168,23 @@ def _corpus_moved(cfg: Config, run_dir: Path) -> bool:
     if not path.is_file():
         return False
     found = corpus_fingerprint(cfg)
-    return bool(found) and found == json.loads(path.read_text(encoding="utf-8"))
+    return bool(found) and found == _read_corpus(path)
+
+
+def _read_corpus(path: Path) -> dict:
+    """corpus.json: the training files a run started with (record_corpus)."""
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        saved = None
+    if not isinstance(saved, dict) or not all(
+        isinstance(v, dict) and isinstance(v.get("bytes"), int) for v in saved.values()
+    ):
+        raise MTError(
+            f"{path} is damaged (it records the training files this run started with): "
+            f"delete it to go on without that check; mt train records the files again"
+        )
+    return saved
 
 
 def check_config_change(cfg: Config, run_dir: Path, allow_config_change: bool) -> list[str]:
@@ -257,6 +273,7 @@ def prepare_run_dir(
             f"run directory {run_dir} is not writable ({e.strerror}); choose another with --run-dir"
         ) from None
     check_folder_writable(run_dir, "run")
+    _check_files_are_files(run_dir)
     if not restart:
         check_config_change(cfg, run_dir, allow_config_change)  # refused before the lock file
     lock = RunLock(run_dir)
@@ -276,6 +293,20 @@ def prepare_run_dir(
     return lock
 
 
+def _check_files_are_files(run_dir: Path) -> None:
+    """A folder (or a link to one) where the run writes a file would fail its first save, after
+    the training steps before it."""
+    from mt.outputs import TRAINERS_FILES
+
+    names = TRAINERS_FILES | {"spm.model", "spm.src.model", "spm.tgt.model"}
+    for name in sorted(names):
+        if (run_dir / name).is_dir():
+            raise MTError(
+                f"{run_dir / name} is a folder where the run keeps a file: move it out of "
+                f"{run_dir}, or train into another --run-dir"
+            )
+
+
 def check_corpus_unchanged(cfg: Config, run_dir: Path, allow_change: bool, log) -> bool:
     """A resumed run goes on with the training files it started with: its data position (epoch,
     batch) means nothing in other files. Files changed in place are named and refused, or with
@@ -283,7 +314,7 @@ def check_corpus_unchanged(cfg: Config, run_dir: Path, allow_change: bool, log) 
     path = run_dir / CORPUS_NAME
     if not has_checkpoint(run_dir) or not path.is_file():
         return False
-    saved, found = json.loads(path.read_text(encoding="utf-8")), corpus_fingerprint(cfg)
+    saved, found = _read_corpus(path), corpus_fingerprint(cfg)
     if not found or found == saved:
         return False
     changes = [
