@@ -55,6 +55,7 @@ class Server:
     def post(self, body, **headers) -> httpx.Response:
         if isinstance(body, (dict, list)):
             return self.http.post("/translate", json=body, headers=headers)
+        headers = {"Content-Type": "application/json", **headers}
         return self.http.post("/translate", content=body, headers=headers)
 
     def stop(self) -> tuple[int, str]:
@@ -261,6 +262,8 @@ def test_bad_flags_are_one_line_errors(tiny_run):
         proc = run_mt("serve", tiny_run, "--port", taken, timeout=60)
     assert_user_error(proc, f"--port {taken}", "cannot listen")
     assert_user_error(run_mt("serve", tiny_run, "--device", "tpu"), "--device")
+    assert_user_error(run_mt("serve", tiny_run, "--cors-origin", "app.example.org"),
+                      "--cors-origin", "https://")  # fmt: skip
     assert_user_error(run_mt("serve", tiny_run.parent / "nothing"), "nothing")
 
 
@@ -282,7 +285,14 @@ INFO = {"architecture": "transformer", "decoding": {"beam": 5},
 
 
 class ScriptedTranslator:
-    """What the app asks of a translator before the worker decodes: its options."""
+    """What the app asks of a translator before the worker decodes: its options, and its
+    source lengths (a word a subword)."""
+
+    max_source_len = 255
+
+    @staticmethod
+    def source_lengths(lines):
+        return [len(line.split()) for line in lines]
 
     @staticmethod
     def options(**given):
@@ -294,7 +304,7 @@ class ScriptedTranslator:
 def test_a_full_queue_answers_429_at_once_and_a_slow_request_times_out_alone():
     release = threading.Event()
 
-    def decode(sentences, settings):  # the model: blocks until released, then echoes
+    def decode(sentences, settings, stopped):  # the model: blocks until released, then echoes
         if sentences[0] == "slow":
             release.wait(10)
         return [{"text": s.upper(), "score": None} for s in sentences]
@@ -328,7 +338,7 @@ def test_a_full_queue_answers_429_at_once_and_a_slow_request_times_out_alone():
 def test_the_batcher_merges_equal_settings_within_the_token_budget():
     calls = []
 
-    def decode(sentences, settings):
+    def decode(sentences, settings, stopped):
         calls.append((list(sentences), settings))
         return list(sentences)
 
@@ -358,7 +368,7 @@ def test_the_batcher_merges_equal_settings_within_the_token_budget():
 
 def test_the_queue_bound_holds():
     gate = threading.Event()
-    batcher = Batcher(lambda s, _: (gate.wait(5), s)[1], max_queue=1, max_wait=0.0)
+    batcher = Batcher(lambda s, _, __: (gate.wait(5), s)[1], max_queue=1, max_wait=0.0)
 
     async def main():
         first = batcher.submit(["a"], "k", [1])
@@ -452,7 +462,7 @@ def test_a_large_request_is_decoded_in_chunks_without_holding_later_ones():
     the large one's answers come back whole and in order; a seeded (alone) one is not cut."""
     calls = []
 
-    def decode(sentences, settings):
+    def decode(sentences, settings, stopped):
         calls.append(list(sentences))
         time.sleep(0.05)
         return [s.upper() for s in sentences]

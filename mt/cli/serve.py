@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import re
 import signal
 from pathlib import Path
 
@@ -46,6 +48,59 @@ def serve_cmd(
     batching: bool = typer.Option(
         True, "--batching/--no-batching", help="decode requests together (off: one at a time)"
     ),
+    max_cost: int = typer.Option(
+        100_000,
+        "--max-cost",
+        min=1,
+        help="per request: the beam x the source subwords of its sentences, at most",
+    ),
+    max_attention_cells: int = typer.Option(
+        500_000,
+        "--max-attention-cells",
+        min=1,
+        help="per request: the attention weights it may ask for (layers x heads x target x "
+        "source, summed)",
+    ),
+    max_connections: int = typer.Option(
+        1000,
+        "--max-connections",
+        min=1,
+        max=1 << 20,
+        help="open at most; one more closes the one waiting longest for its request",
+    ),
+    header_timeout: float = typer.Option(
+        10.0,
+        "--header-timeout",
+        min=0.1,
+        max=3600.0,
+        help="seconds a connection may take to send its request headers",
+    ),
+    body_timeout: float = typer.Option(
+        30.0,
+        "--body-timeout",
+        min=0.1,
+        max=3600.0,
+        help="seconds a request may take to send its body, and an answer to be read",
+    ),
+    keep_alive: float = typer.Option(
+        5.0,
+        "--keep-alive",
+        min=0.0,
+        max=3600.0,
+        help="seconds an idle connection is kept open between requests",
+    ),
+    allowed_host: list[str] = typer.Option(
+        [],
+        "--allowed-host",
+        help="a name clients reach the server by (the Host header); repeat for several. "
+        "Default: localhost names on a loopback --host, any name otherwise",
+    ),
+    cors_origin: list[str] = typer.Option(
+        [],
+        "--cors-origin",
+        help="a site whose web pages may call the API (https://example.org); repeat for "
+        "several. Default: none",
+    ),
 ):
     """Serve translations over HTTP, with a web page that shows the cross-attention.
 
@@ -66,33 +121,46 @@ def serve_cmd(
     from mt.decode.translator import Translator
     from mt.runtime.threads import choose_threads
     from mt.serve.batcher import Batcher
+    from mt.serve.connections import guarded
     from mt.serve.decoding import decode_batch, model_info
 
     _check_device(device)
     paths = [checkpoint.resolve(m) for m in models]
     choose_threads(threads, _err)
     _check_address(host, port)
+    for origin in cors_origin:
+        if origin != "*" and not re.fullmatch(r"https?://[^/\s]+", origin):
+            raise MTError(f"--cors-origin {origin!r}: give a site as browsers name it, "
+                          "scheme and host without a path (https://app.example.org)")  # fmt: skip
     translator = Translator.load(paths, device, precision)
     info = model_info(translator, [checkpoint.load(p) for p in paths], paths)
     batcher = Batcher(
-        lambda sentences, settings: decode_batch(translator, sentences, settings),
+        lambda sentences, settings, stopped: decode_batch(translator, sentences, settings, stopped),
         max_tokens=batch_tokens,
         max_wait=max_wait_ms / 1000,
         max_queue=max_queue,
         batching=batching,
     )
-    app = create_app(
-        translator, info, batcher, Limits(max_sentences, max_chars, max_body, timeout), api_key
-    )
+    limits = Limits(max_sentences, max_chars, max_body, timeout, max_cost, max_attention_cells)
+    hosts = _allowed_hosts(host, allowed_host)
+    app = create_app(translator, info, batcher, limits, api_key, hosts, tuple(cors_origin))
     config = uvicorn.Config(
-        app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=int(timeout) + 1
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        timeout_graceful_shutdown=int(timeout) + 1,
+        timeout_keep_alive=int(keep_alive),
+        http=guarded(header_timeout, body_timeout, _within_open_files(max_connections)),
     )
     server = uvicorn.Server(config)
     _err(translator.describe(paths, translator.options()))
     _err(
         f"serving {info['source_language']}->{info['target_language']} on "
         f"http://{host}:{port}/ (batching {'on' if batching else 'off'}"
-        f"{', API key required' if api_key else ''}); Ctrl-C or SIGTERM stops it"
+        f"{', API key required' if api_key else ''}"
+        f"{'; any Host name accepted (--allowed-host limits them)' if hosts is None else ''}"
+        f"); Ctrl-C or SIGTERM stops it"
     )
     # uvicorn handles SIGINT and SIGTERM itself (it stops taking connections and answers the
     # requests in flight), then raises the signal again to the handler found before it: ignored
@@ -109,6 +177,40 @@ def serve_cmd(
             signal.signal(s, handler)
         batcher.close(timeout)
     _err(f"stopped: {batcher.decoded} requests answered in {batcher.batches} batches")
+
+
+def _allowed_hosts(host: str, given: list[str]) -> tuple[str, ...] | None:
+    """The Host names the server answers to: localhost's on a loopback address, with those
+    given; on another address those given, else any (None)."""
+    import ipaddress
+
+    from mt.serve.app import LOOPBACK_NAMES
+
+    names = tuple(name.strip().lower().strip("[]") for name in given if name.strip())
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        loopback = False
+    if loopback:
+        return LOOPBACK_NAMES + names
+    return names or None
+
+
+def _within_open_files(max_connections: int) -> int:
+    """--max-connections, within the open files the process may have (raised to the hard
+    limit): past that limit, accepting fails in a loop and every client is refused."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    room = max_connections if soft == resource.RLIM_INFINITY else max(int(soft) - 64, 1)
+    if max_connections > room:
+        _err(f"--max-connections {max_connections}: {room} (this process may open {soft} files)")
+        return room
+    return max_connections
 
 
 def _check_address(host: str, port: int) -> None:

@@ -214,9 +214,21 @@ class Translator:
         bar.close()
         return out
 
+    @property
+    def max_source_len(self) -> int:
+        """The most source subwords the model reads; longer lines are cut to this."""
+        return int(self.model.max_positions) - 1
+
+    def source_lengths(self, lines: list[str]) -> list[int]:
+        """Each line's source subwords, uncut (0 for an empty line), as search reads it."""
+        texts = [" ".join(line.split()) for line in lines]
+        ids = self.tokenizer.encode_src([t for t in texts if t])
+        it = iter(ids)
+        return [len(next(it)) if t else 0 for t in texts]
+
     def _source_ids(self, texts: list[str]) -> list[list[int]]:
         ids = self.tokenizer.encode_src(texts)
-        limit = self.model.max_positions - 1
+        limit = self.max_source_len
         n_long = sum(len(x) > limit for x in ids)
         if n_long:
             print(

@@ -1,21 +1,30 @@
 """The HTTP API of `mt serve` (FastAPI): translate, model information, health, and the web
 page. Every bad request is a 4xx whose JSON body is one line naming the field
-({"error": "...", "field": "..."}); nothing a request sends takes the server down."""
+({"error": "...", "field": "..."}); nothing a request sends takes the server down.
+
+Browsers: POST /translate takes application/json only (so a page of another site cannot send
+it without a CORS preflight, which is refused unless --cors-origin names that site), the Host
+header must be one of the server's names (DNS rebinding), and the page runs under a Content
+Security Policy that allows its own inline script and style and requests to this server."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import hmac
 import json
-from dataclasses import dataclass
+import re
 from importlib import resources
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import ClientDisconnect
 
 from mt.config.decode import MAX_BEAM
 from mt.decode.options import OptionError
@@ -23,16 +32,10 @@ from mt.decode.sampling import Sampling
 from mt.errors import MTError
 from mt.serve.batcher import Batcher, QueueFull
 from mt.serve.decoding import Settings, decode_batch
+from mt.serve.limits import BadRequest, Limits, admit, attention_shape, check_sizes
 
-
-@dataclass(frozen=True)
-class Limits:
-    """What one request may ask for; each is a flag of `mt serve`."""
-
-    max_sentences: int = 64
-    max_chars: int = 1000  # per sentence
-    max_body: int = 1 << 20  # bytes
-    timeout: float = 30.0  # seconds a request may wait for its answer
+# the Host names a server bound to a loopback address answers to
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
 class TranslateRequest(BaseModel):
@@ -55,12 +58,6 @@ class TranslateRequest(BaseModel):
     attention: bool = Field(False, description="add the cross-attention weights (L, H, T, S)")
 
 
-class BadRequest(Exception):
-    def __init__(self, status: int, message: str, field: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.field = status, message, field
-
-
 def _error(status: int, message: str, field: str | None = None, **headers: str) -> JSONResponse:
     body: dict[str, Any] = {"error": " ".join(message.split())}
     if field is not None:
@@ -74,8 +71,12 @@ def create_app(
     batcher: Batcher,
     limits: Limits,
     api_key: str | None = None,
+    allowed_hosts: tuple[str, ...] | None = LOOPBACK_NAMES,
+    cors_origins: tuple[str, ...] = (),
 ) -> FastAPI:
-    """The app for one loaded translator (a model or an ensemble) and its batcher."""
+    """The app for one loaded translator (a model or an ensemble) and its batcher.
+    allowed_hosts: the names the Host header may give (None: any); cors_origins: the other
+    sites whose pages may call the API (none by default)."""
     app = FastAPI(
         title="mt serve",
         version=_version(),
@@ -112,19 +113,34 @@ def create_app(
         return _error(500, f"internal error: {type(e).__name__}: {e}")
 
     html = resources.files("mt.serve").joinpath("page.html").read_text(encoding="utf-8")
+    page_headers = {
+        "Content-Security-Policy": page_policy(html),
+        "X-Content-Type-Options": "nosniff",
+        "Referrer-Policy": "no-referrer",
+    }
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def page() -> HTMLResponse:
-        return HTMLResponse(html)
+        return HTMLResponse(html, headers=page_headers)
 
-    @app.get("/health", summary="Is the server up, and how busy")
-    async def health() -> dict[str, Any]:
-        return {
-            "status": "ok",
+    @app.get("/health", summary="Ready for requests (503 when the model is stuck), how busy")
+    async def health() -> JSONResponse:
+        busy = batcher.busy_for()
+        ready = busy <= limits.timeout  # (a decode past any request's timeout is stuck)
+        body = {
+            "status": "ok" if ready else "busy",
+            "live": True,
+            "ready": ready,
+            "busy_seconds": round(busy, 1),
             "waiting": batcher.waiting,
             "requests_decoded": batcher.decoded,
             "batches": batcher.batches,
         }
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    @app.get("/health/live", summary="The server answers (whatever its model is doing)")
+    async def live() -> dict[str, Any]:
+        return {"status": "ok", "live": True}
 
     @app.get("/info", summary="The model: languages, architecture, size, training, decoding")
     async def model_info(request: Request) -> Any:
@@ -145,23 +161,42 @@ def create_app(
     async def translate(request: Request) -> Any:
         if not authorised(request):
             return _unauthorised()
+        _check_json_type(request)
         req = _parse(await _read_body(request, limits.max_body))
-        settings = _check(req, translator, info, limits)
-        tokens = [len(s.split()) + 1 for s in req.sentences]  # an estimate: words + EOS
+        check_sizes(req.sentences, req.prefix, limits)
+        settings = _check(req, translator, info)
+        lengths = translator.source_lengths(req.sentences)
+        admit(lengths, settings.options, req.attention, translator.max_source_len,
+              attention_shape(info), limits, info["architecture"] == "nat")  # fmt: skip
+        tokens = [n + 1 for n in lengths]
         try:
             future = batcher.submit(req.sentences, settings, tokens, alone=req.seed is not None)
         except QueueFull as e:
             return _error(429, f"too many requests waiting ({e}); try again shortly", None,
                           **{"Retry-After": "1"})  # fmt: skip
         try:
-            results = await asyncio.wait_for(future, limits.timeout)
+            results = await _answer(request, future, limits.timeout)
         except asyncio.TimeoutError:
             return _error(503, f"timed out after {limits.timeout:g} s waiting for the model; "
                           "send fewer or shorter sentences, or try again", None)  # fmt: skip
         except MTError as e:
             raise BadRequest(422, str(e)) from None
-        return {"translations": results}
+        if results is None:  # the client has gone: nobody reads this
+            return Response(status_code=499)
+        # (a large answer, attention weights, is written out by a thread: the event loop
+        # keeps answering the others meanwhile)
+        body = await asyncio.to_thread(json.dumps, {"translations": results})
+        return Response(body, media_type="application/json")
 
+    if allowed_hosts is not None:
+        app.add_middleware(HostCheck, names=allowed_hosts)
+    if cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(cors_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["Content-Type", "Authorization", "X-API-Key"],
+        )
     return app
 
 
@@ -180,16 +215,57 @@ def _unauthorised() -> JSONResponse:
     )
 
 
+async def _answer(request: Request, future: asyncio.Future, timeout: float) -> Any:
+    """The request's translations; None when its client went away first. Either way, or on
+    timeout (asyncio.TimeoutError), the future is cancelled, which the worker sees at its next
+    decoder step: a batch nobody waits for stops being decoded."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    try:
+        while True:
+            left = deadline - loop.time()
+            if left <= 0:
+                raise asyncio.TimeoutError
+            done, _ = await asyncio.wait({future}, timeout=min(left, 0.25))
+            if done:
+                return future.result()
+            if await request.is_disconnected():
+                return None
+    finally:
+        future.cancel()
+
+
+def _check_json_type(request: Request) -> None:
+    """application/json only: a browser sends another site's JSON only after a preflight that
+    CORS allows, while a form or text/plain POST would reach the server unasked."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "application/json":
+        raise BadRequest(
+            415,
+            f"Content-Type {kind or '(none)'}: send the body as JSON with "
+            f"Content-Type: application/json",
+            "Content-Type",
+        )
+
+
 async def _read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise BadRequest(413, f"request body of {declared} bytes: at most {limit} (--max-body)")
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise BadRequest(413, f"request body over {limit} bytes (--max-body)")
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise BadRequest(413, f"request body over {limit} bytes (--max-body)")
+    except ClientDisconnect:  # (a client that left mid-body, or was cut off for stalling)
+        raise BadRequest(400, "request body: the client closed the connection before its "
+                         "end") from None  # fmt: skip
     return bytes(body)
+
+
+def _not_json_number(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def _parse(body: bytes) -> TranslateRequest:
@@ -200,10 +276,14 @@ def _parse(body: bytes) -> TranslateRequest:
     if not text.strip():
         raise BadRequest(400, 'request body: empty; send JSON such as {"sentences": ["..."]}')
     try:
-        raw = json.loads(text)
+        raw = json.loads(text, parse_constant=_not_json_number)
     except json.JSONDecodeError as e:
         raise BadRequest(400, f"request body: not valid JSON ({e.msg}, line {e.lineno} "
                          f"column {e.colno})") from None  # fmt: skip
+    except RecursionError:
+        raise BadRequest(400, "request body: JSON nested too deeply") from None
+    except ValueError as e:  # NaN/Infinity, or an integer of more digits than Python reads
+        raise BadRequest(400, f"request body: {str(e).split(';')[0][:120]}") from None
     if not isinstance(raw, dict):
         raise BadRequest(422, 'request body: a JSON object is wanted, such as {"sentences": [...]}')
     try:
@@ -226,28 +306,8 @@ def _as_bad_request(errors: Any) -> BadRequest:
     return BadRequest(422, f"{field}: {first['msg']}{shown[:80]}", field)
 
 
-def _check(
-    req: TranslateRequest, translator: Any, info: dict[str, Any], limits: Limits
-) -> Settings:
-    """The checks across fields and against the limits and the model; the request's settings."""
-    if not req.sentences:
-        raise BadRequest(422, "sentences: give at least one sentence", "sentences")
-    if len(req.sentences) > limits.max_sentences:
-        raise BadRequest(
-            413,
-            f"sentences: {len(req.sentences)} in one request, at most {limits.max_sentences} "
-            f"(--max-sentences); send several requests",
-            "sentences",
-        )
-    for i, s in enumerate(req.sentences):
-        if len(s) > limits.max_chars:
-            raise BadRequest(
-                413,
-                f"sentences.{i}: {len(s)} characters, at most {limits.max_chars} (--max-chars)",
-                f"sentences.{i}",
-            )
-    if req.prefix is not None and len(req.prefix) > limits.max_chars:
-        raise BadRequest(413, f"prefix: at most {limits.max_chars} characters", "prefix")
+def _check(req: TranslateRequest, translator: Any, info: dict[str, Any]) -> Settings:
+    """The checks across fields and against the model; the request's settings."""
     if not req.sample:
         given = {"temperature": req.temperature != 1.0, "topk": req.topk != 0,
                  "topp": req.topp != 1.0, "seed": req.seed is not None}  # fmt: skip
@@ -288,6 +348,45 @@ def _check(
     except OptionError as e:
         raise BadRequest(422, str(e), e.field) from None
     return Settings(opts, alignment=req.alignment, attention=req.attention)
+
+
+class HostCheck:
+    """Refuses (421) a request whose Host header is not one of `names` (any port): a page of
+    another site that a DNS name was pointed at this server (DNS rebinding) cannot read it."""
+
+    def __init__(self, app: Any, names: tuple[str, ...]) -> None:
+        self.app, self.names = app, {n.lower() for n in names}
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            host = dict(scope["headers"]).get(b"host", b"").decode("latin-1").lower()
+            name = re.sub(r":\d*$", "", host).strip("[]") if host else ""
+            if name and name not in self.names:
+                shown = host[:60]
+                response = _error(
+                    421,
+                    f"Host {shown!r} is not a name of this server; start mt "
+                    f"serve with --allowed-host {shown.split(':')[0]!r} to allow it",
+                )
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def page_policy(html: str) -> str:
+    """The page's Content Security Policy: its own inline script and style (by their hashes),
+    requests to this server, nothing from elsewhere, no framing."""
+
+    def hashes(tag: str) -> str:
+        found = re.findall(rf"<{tag}>(.*?)</{tag}>", html, flags=re.S)
+        digests = [hashlib.sha256(body.encode()).digest() for body in found]
+        return " ".join(f"'sha256-{base64.b64encode(d).decode()}'" for d in digests)
+
+    return (
+        f"default-src 'none'; script-src {hashes('script')}; style-src {hashes('style')}; "
+        "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; "
+        "frame-ancestors 'none'"
+    )
 
 
 __all__ = ["Limits", "TranslateRequest", "create_app", "decode_batch"]

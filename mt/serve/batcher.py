@@ -7,6 +7,11 @@ token budget, waiting at most `max_wait` for more to arrive, and decodes them as
 the translator. Requests with other settings wait for their turn in arrival order. A sampled
 request with a seed is never merged with another: its draws are then those of `mt translate
 --seed` on its sentences alone.
+
+A batch that fails is decoded again one request (chunk) at a time, so that only the request
+at fault gets the error. `decode` is handed a `stopped()` that says when every request of its
+batch has gone (timed out, or its client left): it stops there, at its next decoder step,
+and the worker is free for the others.
 """
 
 from __future__ import annotations
@@ -20,12 +25,17 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-# decode(jobs' sentences concatenated, their shared settings) -> one result per sentence
-Decode = Callable[[list[str], Any], list[Any]]
+# decode(jobs' sentences concatenated, their shared settings, stopped) -> one result per
+# sentence; stopped(): True once nobody waits for the batch any more (decode may raise Stopped)
+Decode = Callable[[list[str], Any, Callable[[], bool]], list[Any]]
 
 
 class QueueFull(Exception):
     """The queue holds as many requests as it may."""
+
+
+class Stopped(Exception):
+    """Raised by a decode whose batch nobody waits for any more."""
 
 
 class _Request:
@@ -99,6 +109,7 @@ class Batcher:
         self._unique = itertools.count()
         self.batches = 0  # decode calls made, for the statistics of /health
         self.decoded = 0  # requests answered
+        self.busy_since: float | None = None  # when the decode under way began (monotonic)
         self._thread = threading.Thread(target=self._work, name="mt-decode", daemon=True)
         self._thread.start()
 
@@ -107,6 +118,11 @@ class Batcher:
         """Requests queued or part-way decoded."""
         with self._cond:
             return self._waiting_locked()
+
+    def busy_for(self) -> float:
+        """Seconds the decode under way has taken so far (0 when idle)."""
+        since = self.busy_since
+        return 0.0 if since is None else time.monotonic() - since
 
     def submit(
         self,
@@ -153,23 +169,36 @@ class Batcher:
             batch = self._next_batch()
             if batch is None:
                 return
-            live = [job for job in batch if not job.request.done()]  # timed out: skip
-            if not live:
-                continue
-            sentences = [s for job in live for s in job.sentences]
-            try:
-                results = self.decode(sentences, live[0].settings)
-            except BaseException as e:  # the error is each request's answer, not the worker's end
+            self._run(batch)
+
+    def _run(self, batch: list[_Job]) -> None:
+        """Decode a batch and answer its requests; a batch of several that fails is decoded
+        again one job at a time (the error is the answer of the one at fault alone)."""
+        live = [job for job in batch if not job.request.done()]  # timed out or left: skip
+        if not live:
+            return
+        sentences = [s for job in live for s in job.sentences]
+        self.busy_since = time.monotonic()
+        try:
+            results = self.decode(sentences, live[0].settings, lambda: _all_done(live))
+        except Stopped:
+            return
+        except BaseException as e:  # the error is a request's answer, not the worker's end
+            if len(live) == 1:
+                live[0].request.settle(error=e)
+            else:
                 for job in live:
-                    job.request.settle(error=e)
-                continue
-            self.batches += 1
-            start = 0
-            for job in live:
-                if job.request.chunk_done(job.index, results[start : start + len(job.sentences)]):
-                    self.decoded += 1
-                    job.request.settle()
-                start += len(job.sentences)
+                    self._run([job])
+            return
+        finally:
+            self.busy_since = None
+        self.batches += 1
+        start = 0
+        for job in live:
+            if job.request.chunk_done(job.index, results[start : start + len(job.sentences)]):
+                self.decoded += 1
+                job.request.settle()
+            start += len(job.sentences)
 
     def _next_batch(self) -> list[_Job] | None:
         with self._cond:
@@ -208,6 +237,10 @@ class Batcher:
             tokens += job.tokens
             requests.add(id(job.request))
         return batch
+
+
+def _all_done(jobs: list[_Job]) -> bool:
+    return all(job.request.done() for job in jobs)
 
 
 def _chunks(sentences: list[str], tokens: list[int], budget: int) -> list[tuple[list[str], int]]:

@@ -4,12 +4,14 @@ as from the command line."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mt.decode.options import DecodeOptions
 from mt.errors import MTError
+from mt.serve.batcher import Stopped
 
 
 @dataclass(frozen=True)
@@ -22,17 +24,30 @@ class Settings:
     attention: bool = False
 
 
-def decode_batch(translator: Any, sentences: list[str], settings: Settings) -> list[dict[str, Any]]:
+def decode_batch(
+    translator: Any,
+    sentences: list[str],
+    settings: Settings,
+    stopped: Callable[[], bool] = lambda: False,
+) -> list[dict[str, Any]]:
     """One result per sentence: {"text", "score"}, with "nbest" (a list of {"text", "score"}),
-    "alignment" and "attention" ({"source", "target", "weights": (L, H, T, S)}) when asked."""
+    "alignment" and "attention" ({"source", "target", "weights": (L, H, T, S)}) when asked.
+    stopped(): checked after every decoder step and every sentence's attention; True raises
+    Stopped (nobody waits for the batch any more)."""
+
+    def check(_step: int = 0) -> None:
+        if stopped():
+            raise Stopped
+
     opts = settings.options
-    found = translator.search(sentences, opts)
+    found = translator.search(sentences, opts, on_step=check)
     results = []
     for f, hyps in zip(found, translator.texts_of(found), strict=True):
         text, score = hyps[0]
         result: dict[str, Any] = {"text": text, "score": score}
         if opts.nbest > 1:
             result["nbest"] = [] if f is None else [{"text": t, "score": s} for t, s in hyps]
+        check()
         if settings.alignment:
             result["alignment"] = "" if f is None else translator.alignment_of(f, opts)[1]
         if settings.attention:
@@ -59,10 +74,10 @@ def model_info(translator: Any, ckpts: list[dict[str, Any]], paths: list[Path]) 
 
     cfg = checkpoint.config_of(ckpts[0], str(paths[0]))
     decode = translator.cfg
-    why_not = _why_no_attention(translator, len(ckpts))
+    why_not, shape = _why_no_attention(translator, len(ckpts))
     return {
         "mt_version": mt.__version__,
-        "models": [str(p) for p in paths],
+        "models": [f"{p.parent.name}/{p.name}" for p in paths],  # (no path of the machine's)
         "ensemble": len(ckpts) > 1,
         "source_language": cfg.data.src_lang,
         "target_language": cfg.data.tgt_lang,
@@ -98,20 +113,21 @@ def model_info(translator: Any, ckpts: list[dict[str, Any]], paths: list[Path]) 
                 else {}
             ),
         },
-        "attention": {"available": why_not is None, "why_not": why_not},
+        "attention": {"available": why_not is None, "why_not": why_not, "shape": shape},
     }
 
 
-def _why_no_attention(translator: Any, n_models: int) -> str | None:
-    """None when `mt attention` can draw this model's cross-attention, else why not: one
-    sentence is drawn as `mt attention` would (a model without attention, an RNN with
-    model.attention none, says so there)."""
+def _why_no_attention(translator: Any, n_models: int) -> tuple[str | None, list[int] | None]:
+    """(None, the weights' [layers, heads]) when `mt attention` can draw this model's
+    cross-attention, else (why not, None): one sentence is drawn as `mt attention` would (a
+    model without attention, an RNN with model.attention none, says so there)."""
     if n_models > 1:
-        return "an ensemble has no single attention to show; serve one model for the picture"
+        return "an ensemble has no single attention to show; serve one model for the picture", None
     try:
         found = translator.search(["a"])
-        if found[0] is not None:
-            translator.attention_of(found[0])
+        if found[0] is None:
+            return None, None
+        weights = translator.attention_of(found[0])[1]
     except MTError as e:
-        return str(e)
-    return None
+        return str(e), None
+    return None, [int(weights.shape[0]), int(weights.shape[1])]

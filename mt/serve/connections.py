@@ -1,0 +1,148 @@
+"""The connections of `mt serve`: uvicorn's HTTP/1.1 protocol (h11) with the limits uvicorn
+leaves open, so that careless or hostile clients cannot hold the server.
+
+- A connection finishes its request headers within `header_timeout` of opening, or of its
+  previous answer (an idle keep-alive connection, or one that sent half its headers, too).
+- It sends its body within `body_timeout` of the headers, and reads its answer: a client that
+  stops reading is dropped after `body_timeout` with its answer unwritten.
+- At most `max_connections` are open. One more closes the connection that has waited longest
+  for its request headers (stalled, or idle between requests); when every connection is busy
+  with a request, the new one is answered 503 and closed. (uvicorn's limit_concurrency counts
+  stalled sockets with the rest and answers 503 to everyone else instead.)
+
+Timed-out and dropped connections are closed without a log line: a flood of them must not fill
+the log."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with the limits above (class attributes: see `guarded`)."""
+
+    header_timeout = 10.0
+    body_timeout = 30.0
+    max_connections = 1000
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._timer: asyncio.TimerHandle | None = None
+        self._write_timer: asyncio.TimerHandle | None = None
+        self._seen: Any = None  # the last request whose headers arrived
+        self.waiting_since: float | None = self.loop.time()  # for its headers; None: a request
+        if len(self.connections) > self.max_connections and not self._evict_one():
+            self._refuse()
+            return
+        self._arm(self.header_timeout, self._headers_late)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+        super().connection_lost(exc)
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        if self.transport.is_closing():
+            return
+        if self.cycle is not None and self.cycle is not self._seen:  # new request headers
+            self._seen, self.waiting_since = self.cycle, None
+            self._disarm()
+            if self.conn.their_state is h11.SEND_BODY:
+                self._arm(self.body_timeout, self._body_late)
+        elif self.waiting_since is None and self.conn.their_state is not h11.SEND_BODY:
+            self._disarm()  # the body of the request under way is in
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        idle = self.cycle is None or self.cycle.response_complete  # (no pipelined request)
+        if idle and not self.transport.is_closing():
+            self.waiting_since = self.loop.time()
+            self._arm(self.header_timeout, self._headers_late)
+
+    def pause_writing(self) -> None:  # the client does not read what it asked for
+        super().pause_writing()
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(self.body_timeout, self._drop)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    # -- the timers ---------------------------------------------------------------------------
+
+    def _arm(self, seconds: float, then: Any) -> None:
+        self._disarm()
+        self._timer = self.loop.call_later(seconds, then)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _headers_late(self) -> None:
+        if self.waiting_since is not None:
+            self._drop()
+
+    def _body_late(self) -> None:
+        if self.conn.their_state is h11.SEND_BODY:
+            self._drop()  # (the app's read of the body ends: the client is gone)
+
+    def _drop(self) -> None:
+        if not self.transport.is_closing():
+            self.transport.close()
+
+    # -- the cap ------------------------------------------------------------------------------
+
+    def _evict_one(self) -> bool:
+        """Close the connection that has waited longest for its request headers; False when
+        every other connection is busy with a request."""
+        waiting = [
+            c
+            for c in self.connections
+            if c is not self
+            and isinstance(c, GuardedH11Protocol)
+            and c.waiting_since is not None
+            and not c.transport.is_closing()
+        ]
+        if not waiting:
+            return False
+        min(waiting, key=lambda c: c.waiting_since or 0.0)._drop()
+        return True
+
+    def _refuse(self) -> None:
+        error = (
+            f"the server has {self.max_connections} connections busy with requests "
+            f"(--max-connections); try again shortly"
+        )
+        body = json.dumps({"error": error}).encode()
+        head = (
+            "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nretry-after: 1\r\nconnection: close\r\n\r\n"
+        )
+        self.waiting_since = None
+        self.transport.write(head.encode() + body)
+        self.transport.close()
+
+
+def guarded(
+    header_timeout: float, body_timeout: float, max_connections: int
+) -> type[GuardedH11Protocol]:
+    """The protocol class for uvicorn.Config(http=...), with these limits."""
+    return type(
+        "GuardedH11Protocol",
+        (GuardedH11Protocol,),
+        {
+            "header_timeout": header_timeout,
+            "body_timeout": body_timeout,
+            "max_connections": max_connections,
+        },
+    )

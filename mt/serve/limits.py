@@ -1,0 +1,129 @@
+"""What one request of `mt serve` may ask for, checked before any decoding: its size, the text
+a tokenizer can read, inputs the model takes whole, and its cost (the decoding work and the
+attention it would return), each refused with a 4xx that names the limit and its flag."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from mt.decode.options import DecodeOptions
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask for; each is a flag of `mt serve`."""
+
+    max_sentences: int = 64
+    max_chars: int = 1000  # per sentence
+    max_body: int = 1 << 20  # bytes
+    timeout: float = 30.0  # seconds a request may wait for its answer
+    # the decoding work: hypotheses kept (the beam) x source subwords, summed over sentences
+    max_cost: int = 100_000
+    # the attention weights returned: layers x heads x target x source, summed over sentences
+    max_attention_cells: int = 500_000
+
+
+class BadRequest(Exception):
+    """A request the server refuses: its status, one line, and the field at fault."""
+
+    def __init__(self, status: int, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.field = status, message, field
+
+
+def check_sizes(sentences: list[str], prefix: str | None, limits: Limits) -> None:
+    """Counts and lengths within the limits; text a tokenizer can read (JSON can carry a lone
+    surrogate, "\\ud800", which is no character and which no encoder takes)."""
+    if not sentences:
+        raise BadRequest(422, "sentences: give at least one sentence", "sentences")
+    if len(sentences) > limits.max_sentences:
+        raise BadRequest(
+            413,
+            f"sentences: {len(sentences)} in one request, at most {limits.max_sentences} "
+            f"(--max-sentences); send several requests",
+            "sentences",
+        )
+    named = [(f"sentences.{i}", s) for i, s in enumerate(sentences)]
+    for field, text in [*named, *([("prefix", prefix)] if prefix is not None else [])]:
+        if len(text) > limits.max_chars:
+            raise BadRequest(
+                413,
+                f"{field}: {len(text)} characters, at most {limits.max_chars} (--max-chars)",
+                field,
+            )
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise BadRequest(
+                400,
+                f"{field}: character {e.start} is a lone surrogate ({text[e.start]!a}), not "
+                f"text; send the sentence as valid Unicode",
+                field,
+            ) from None
+
+
+def admit(
+    lengths: list[int],
+    opts: DecodeOptions,
+    attention: bool,
+    max_source_len: int,
+    attention_shape: tuple[int, int],
+    limits: Limits,
+    non_autoregressive: bool = False,
+) -> None:
+    """Refuse a request the model would cut (a sentence longer than it reads) or whose cost
+    is over the limits. lengths: each sentence's source subwords; attention_shape: the
+    decoder's (layers, heads) of cross-attention."""
+    for i, n in enumerate(lengths):
+        if n > max_source_len:
+            raise BadRequest(
+                413,
+                f"sentences.{i}: {n} subwords, the model reads at most {max_source_len}; split "
+                f"it into shorter sentences",
+                f"sentences.{i}",
+            )
+    width = opts.nat_length_beam if non_autoregressive else _hypotheses(opts)
+    cost = sum((n + 1) * width for n in lengths if n)
+    if cost > limits.max_cost:
+        raise BadRequest(
+            413,
+            f"request cost {cost:,} (the beam, {width}, x the source subwords, "
+            f"{sum(n + 1 for n in lengths if n):,}): at most {limits.max_cost:,} (--max-cost); "
+            f"send fewer or shorter sentences, or a smaller beam",
+            "sentences",
+        )
+    if attention:
+        layers, heads = attention_shape
+        cells = sum(
+            layers * heads * (n + 1) * _longest_output(n, opts, max_source_len)
+            for n in lengths
+            if n
+        )
+        if cells > limits.max_attention_cells:
+            raise BadRequest(
+                413,
+                f"attention: up to {cells:,} weights to return, at most "
+                f"{limits.max_attention_cells:,} (--max-attention-cells); ask for the "
+                f"attention of fewer or shorter sentences",
+                "attention",
+            )
+
+
+def _hypotheses(opts: DecodeOptions) -> int:
+    """Hypotheses decoded side by side for each sentence."""
+    if opts.sampling is not None:
+        return 1
+    return max(opts.beam, 1)
+
+
+def _longest_output(n: int, opts: DecodeOptions, max_source_len: int) -> int:
+    """The most target positions the search may write for a source of n subwords (its
+    max_len_a * length + max_len_b, capped by the model), EOS included."""
+    return min(int(opts.max_len_a * (n + 1) + opts.max_len_b), max_source_len) + 1
+
+
+def attention_shape(info: dict[str, Any]) -> tuple[int, int]:
+    """(layers, heads) of the weights the attention answer holds, as /info measured them."""
+    shape = info["attention"].get("shape") or (1, 1)
+    return int(shape[0]), int(shape[1])

@@ -1,0 +1,333 @@
+"""`mt serve` against careless and hostile clients, on loopback: a bad sentence fails alone, a
+costly request is refused before any work and one nobody waits for stops being decoded,
+malformed numbers and JSON are 4xx, slow clients are cut off and cannot lock others out,
+other web pages cannot drive the server, and no input is cut in silence."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+from mt.serve.app import Limits, create_app  # noqa: E402
+from mt.serve.batcher import Batcher, Stopped  # noqa: E402
+from tests.test_serve import INFO, ScriptedTranslator, Server, _serve_in_thread  # noqa: E402
+
+FLAGS = ["--timeout", "5", "--header-timeout", "1", "--body-timeout", "1", "--keep-alive", "1",
+         "--max-connections", "60", "--max-attention-cells", "50000"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def server(tiny_run):
+    s = Server(tiny_run, *FLAGS)
+    yield s
+    code, err = s.stop()
+    assert code == 0, err
+    assert "Traceback" not in err, err  # (a client that left mid-body included)
+
+
+@pytest.fixture(scope="module")
+def sentences(tiny_run) -> list[str]:
+    return (tiny_run.parent / "data" / "test.src").read_text().splitlines()[:24]
+
+
+def _one_line(answer, status: int, *words: str) -> dict:
+    assert answer.status_code == status, answer.text[:300]
+    error = answer.json()
+    assert "\n" not in error["error"], error
+    for word in words:
+        assert word in error["error"], (word, error)
+    return error
+
+
+# -- a bad sentence fails alone ---------------------------------------------------------------
+
+
+def test_a_poisoned_sentence_among_concurrent_requests_fails_alone(server, sentences):
+    """24 good requests and one with a lone surrogate, sent together: 24 answers of 200, one
+    400 naming the sentence."""
+    poisoned = json.dumps({"sentences": ["a b", "abc \ud800"]}).encode()  # ("\ud800" in JSON)
+    bodies = [{"sentences": [s]} for s in sentences]
+    bodies.insert(12, poisoned)
+    with ThreadPoolExecutor(25) as pool:
+        answers = list(pool.map(server.post, bodies))
+    statuses = [a.status_code for a in answers]
+    assert statuses.count(200) == 24 and statuses[12] == 400, statuses
+    assert _one_line(answers[12], 400, "surrogate")["field"] == "sentences.1"
+
+
+def test_a_batch_that_fails_is_decoded_again_request_by_request():
+    """A fault only the model finds: the requests batched with it get their translations;
+    the one at fault alone gets the error."""
+    calls = []
+
+    def decode(sentences, settings, stopped):
+        calls.append(list(sentences))
+        if "poison" in sentences:
+            raise ValueError("the model cannot take 'poison'")
+        return [s.upper() for s in sentences]
+
+    async def main(batcher):
+        futures = [batcher.submit([w], "k", [1]) for w in ("a", "b", "poison", "c")]
+        return await asyncio.gather(*futures, return_exceptions=True)
+
+    batcher = Batcher(decode, max_wait=0.2)
+    try:
+        results = asyncio.run(main(batcher))
+    finally:
+        batcher.close(5)
+    assert results[:2] == [["A"], ["B"]] and results[3] == ["C"]
+    assert isinstance(results[2], ValueError)
+    assert calls[0] == ["a", "b", "poison", "c"] and len(calls) == 5  # once together, then alone
+
+
+# -- cost, cancellation, readiness ------------------------------------------------------------
+
+
+def test_a_costly_request_is_refused_before_any_work(server, sentences):
+    """64 long sentences at beam 100 (the server's worker would decode it for minutes): 413
+    at once, naming --max-cost; a sentence longer than the model reads is refused, never cut
+    in silence; attention for many long sentences is refused by its size."""
+    words = " ".join(sentences[:6])
+    started = time.monotonic()
+    costly = server.post({"sentences": [words] * 64, "beam": 100})
+    _one_line(costly, 413, "--max-cost", "beam")
+    assert time.monotonic() - started < 2
+    digits = " ".join("7" * 400)  # (400 words, each a subword or more: over the 255)
+    error = _one_line(server.post({"sentences": ["a b", digits]}), 413, "at most 255")
+    assert error["field"] == "sentences.1"
+    attention = server.post({"sentences": [words] * 12, "attention": True, "beam": 1})
+    assert _one_line(attention, 413, "--max-attention-cells")["field"] == "attention"
+    small = server.post({"sentences": ["a b c"], "attention": True})
+    assert small.status_code == 200 and small.json()["translations"][0]["attention"]
+    assert server.http.get("/health").json()["ready"]
+
+
+def test_a_request_nobody_waits_for_stops_being_decoded_and_health_says_when_stuck():
+    """The worker decodes step by step: a request that timed out, or whose client left,
+    stops within a step, and the next request is answered; a decode that never looks (a
+    stuck model) makes /health 503 (not ready) while /health/live stays 200."""
+    steps, stopped_after, release = [], [], threading.Event()
+
+    def decode(sentences, settings, stopped):
+        if sentences[0] == "stuck":
+            release.wait(10)
+            return ["done"]
+        for step in range(2000):  # 20 s of steps unless stopped
+            if stopped():
+                stopped_after.append(time.monotonic())
+                raise Stopped
+            steps.append(step)
+            time.sleep(0.01)
+        return [s.upper() for s in sentences]
+
+    batcher = Batcher(decode, max_wait=0.0)
+    app = create_app(ScriptedTranslator(), INFO, batcher, Limits(timeout=1.0))
+    url, thread, server = _serve_in_thread(app)
+    try:
+        with httpx.Client(base_url=url, timeout=30) as http:
+            started = time.monotonic()
+            answer = http.post("/translate", json={"sentences": ["long"]})
+            assert answer.status_code == 503 and "timed out" in answer.json()["error"]
+            time.sleep(0.3)
+            assert len(stopped_after) == 1 and stopped_after[0] - started < 2.0
+
+            with httpx.Client(base_url=url, timeout=0.4) as impatient:  # the client leaves
+                with pytest.raises(httpx.TimeoutException):
+                    impatient.post("/translate", json={"sentences": ["long"]})
+                left = time.monotonic()
+            deadline = time.monotonic() + 3
+            while len(stopped_after) < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert len(stopped_after) == 2 and stopped_after[1] - left < 1.0
+
+            with ThreadPoolExecutor(1) as pool:
+                stuck = pool.submit(http.post, "/translate", json={"sentences": ["stuck"]})
+                time.sleep(1.5)  # past the timeout, and the decode does not look
+                health = http.get("/health")
+                assert health.status_code == 503 and health.json()["ready"] is False
+                assert http.get("/health/live").status_code == 200
+                release.set()
+                assert stuck.result().status_code == 503
+            assert http.get("/health").status_code == 200
+    finally:
+        release.set()
+        server.should_exit = True
+        thread.join(10)
+        batcher.close(5)
+
+
+def test_the_real_search_stops_at_its_next_step(tiny_run):
+    """decode_batch through the Translator's per-step hook: once stopped() says so, the
+    search raises Stopped at its next decoder step."""
+    from mt.decode.translator import Translator
+    from mt.serve.decoding import Settings, decode_batch
+
+    translator = Translator.load(tiny_run / "best.pt", "cpu")
+    asked = []
+
+    def stopped():
+        asked.append(1)
+        return len(asked) > 3
+
+    settings = Settings(translator.options(beam=4))
+    with pytest.raises(Stopped):
+        decode_batch(translator, ["a b c d e f"] * 4, settings, stopped)
+    assert len(asked) == 4
+    assert decode_batch(translator, ["a b"], settings)[0]["text"] is not None
+
+
+# -- numbers and JSON -------------------------------------------------------------------------
+
+HOSTILE = [
+    (b'{"sentences": ["a"], "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 400, "nested"),
+    (b'{"sentences": ["a"], "beam": ' + b"9" * 5000 + b"}", 400, "digits"),
+    (b'{"sentences": ["a"], "sample": true, "temperature": Infinity}', 400, "Infinity"),
+    (b'{"sentences": ["a"], "length_penalty": NaN}', 400, "NaN"),
+    ({"sentences": ["a"], "sample": True, "seed": 2**64}, 422, "seed"),
+    ({"sentences": ["a"], "length_penalty": 1e308}, 422, "length_penalty"),
+    ({"sentences": ["a"], "sample": True, "temperature": 1e-300}, 422, "temperature"),
+    ({"sentences": ["a"], "sample": True, "temperature": 1e308}, 422, "temperature"),
+    ({"sentences": ["a"], "sample": True, "topk": 10**30}, 422, "topk"),
+    ({"sentences": ["a"], "prefix": "ok 😀"}, 422, "never occurred"),
+]
+
+
+@pytest.mark.parametrize("body, status, words", HOSTILE)
+def test_hostile_numbers_and_json_are_4xx(server, body, status, words):
+    _one_line(server.post(body), status, words)
+    assert server.post({"sentences": ["a b"]}).status_code == 200
+
+
+def test_a_tiny_nucleus_keeps_the_top_token(server):
+    answer = server.post({"sentences": ["a b"], "sample": True, "topp": 1e-300, "seed": 1})
+    assert answer.status_code == 200, answer.text
+
+
+# -- connections ------------------------------------------------------------------------------
+
+
+def _connect(server) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", server.port), timeout=5)
+
+
+def _closed_within(sock: socket.socket, seconds: float) -> bool:
+    """The server closed the socket (read gives EOF or a reset) within `seconds`."""
+    sock.settimeout(seconds)
+    try:
+        while sock.recv(4096):
+            pass
+        return True
+    except TimeoutError:
+        return False
+    except OSError:
+        return True
+
+
+def test_slow_clients_are_cut_off(server):
+    """Half the headers, a stalled body, and an idle keep-alive connection are each closed
+    after their limit (--header-timeout 1, --body-timeout 1, --keep-alive 1); the body stall
+    ends its request without a traceback."""
+    half = _connect(server)
+    half.sendall(b"POST /translate HTTP/1.1\r\nHost: localhost\r\n")
+    stalled = _connect(server)
+    stalled.sendall(b"POST /translate HTTP/1.1\r\nHost: localhost\r\nContent-Type: "
+                    b"application/json\r\nContent-Length: 100\r\n\r\n{\"sent")  # fmt: skip
+    idle = _connect(server)
+    idle.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+    assert b"200 OK" in idle.recv(4096)
+    idle.sendall(b"GET /health HTTP/1.1\r\n")  # half the next request, then nothing
+    started = time.monotonic()
+    for sock in (half, stalled, idle):
+        assert _closed_within(sock, 4), sock
+        sock.close()
+    assert time.monotonic() - started < 4
+    assert server.post({"sentences": ["a b"]}).status_code == 200
+
+
+@pytest.mark.slow
+def test_stalled_connections_do_not_lock_out_other_clients(server, sentences):
+    """500 connections that send half their headers and stall (against --max-connections 60):
+    the oldest are closed as new ones come, and 20 normal clients meanwhile are answered
+    within their timeout; the server never holds more than about 60 sockets."""
+    stalled = []
+    try:
+        for _ in range(500):
+            sock = _connect(server)
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: loc")
+            stalled.append(sock)
+        with ThreadPoolExecutor(20) as pool:
+            answers = list(pool.map(lambda s: server.post({"sentences": [s]}), sentences[:20]))
+        assert [a.status_code for a in answers] == [200] * 20
+        sockets = _open_sockets(server.proc.pid)
+        assert sockets <= 60 + 10, sockets
+    finally:
+        for sock in stalled:
+            sock.close()
+
+
+def _open_sockets(pid: int) -> int:
+    import os
+
+    fds = os.listdir(f"/proc/{pid}/fd")
+    return sum(os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:") for fd in fds)
+
+
+# -- browsers ---------------------------------------------------------------------------------
+
+
+def test_other_web_pages_cannot_drive_the_server(server, tiny_run):
+    """A form or text/plain POST (which a browser sends to any site without asking) is 415;
+    a Host that is not the server's (DNS rebinding) is 421; no CORS header is given to another
+    origin; /info names no path of the machine; the page carries a restrictive CSP."""
+    for kind in ("text/plain", "application/x-www-form-urlencoded", None):
+        headers = {"Content-Type": kind} if kind else {}
+        answer = server.http.post("/translate", content=b'{"sentences": ["a"]}', headers=headers)
+        assert _one_line(answer, 415, "application/json")["field"] == "Content-Type"
+    for host in ("evil.example", "evil.example:8000", "127.0.0.2"):
+        answer = server.http.get("/info", headers={"Host": host})
+        _one_line(answer, 421, "--allowed-host")
+    for host in ("localhost", f"localhost:{server.port}", f"127.0.0.1:{server.port}"):
+        assert server.http.get("/info", headers={"Host": host}).status_code == 200
+    preflight = server.http.options("/translate", headers={
+        "Origin": "https://evil.example", "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "content-type"})  # fmt: skip
+    assert "access-control-allow-origin" not in preflight.headers
+    info = server.http.get("/info").text
+    assert str(tiny_run) not in info and str(tiny_run.parent) not in info
+    assert json.loads(info)["models"] == [f"{tiny_run.name}/best.pt"]
+    policy = server.http.get("/").headers["content-security-policy"]
+    assert "default-src 'none'" in policy and "frame-ancestors 'none'" in policy
+    assert "'unsafe-inline'" not in policy and "connect-src 'self'" in policy
+
+
+def test_cors_origins_and_hosts_named_by_flags_are_allowed():
+    batcher = Batcher(lambda s, _, __: list(s), max_wait=0.0)
+    app = create_app(ScriptedTranslator(), INFO, batcher, Limits(), None,
+                     ("mt.example",), ("https://ok.example",))  # fmt: skip
+    url, thread, server = _serve_in_thread(app)
+    try:
+        with httpx.Client(base_url=url, timeout=10) as http:
+            asks = {"Access-Control-Request-Method": "POST",
+                    "Access-Control-Request-Headers": "content-type"}  # fmt: skip
+            ok = http.options("/translate", headers={"Origin": "https://ok.example", **asks,
+                                                     "Host": "mt.example"})  # fmt: skip
+            assert ok.headers.get("access-control-allow-origin") == "https://ok.example"
+            other = http.options("/translate", headers={"Origin": "https://evil.example",
+                                                        **asks, "Host": "mt.example"})  # fmt: skip
+            assert "access-control-allow-origin" not in other.headers
+            assert http.get("/health", headers={"Host": "mt.example:80"}).status_code == 200
+            assert http.get("/health", headers={"Host": "localhost"}).status_code == 421
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        batcher.close(5)
