@@ -194,6 +194,9 @@ HOSTILE = [
     (b'{"sentences": ["a"], "sample": true, "temperature": Infinity}', 400, "Infinity"),
     (b'{"sentences": ["a"], "length_penalty": NaN}', 400, "NaN"),
     ({"sentences": ["a"], "sample": True, "seed": 2**64}, 422, "seed"),
+    ({"sentences": ["a"], "sample": True, "seed": 10**4000}, 422, "seed"),
+    ({"sentences": ["a"], "beam": 10**4000}, 422, "beam"),
+    ({"sentences": ["a"], "sample": True, "topk": -(10**4000)}, 422, "topk"),
     ({"sentences": ["a"], "length_penalty": 1e308}, 422, "length_penalty"),
     ({"sentences": ["a"], "sample": True, "temperature": 1e-300}, 422, "temperature"),
     ({"sentences": ["a"], "sample": True, "temperature": 1e308}, 422, "temperature"),
@@ -202,7 +205,7 @@ HOSTILE = [
 ]
 
 
-@pytest.mark.parametrize("body, status, words", HOSTILE)
+@pytest.mark.parametrize("body, status, words", HOSTILE, ids=[h[2] for h in HOSTILE])
 def test_hostile_numbers_and_json_are_4xx(server, body, status, words):
     _one_line(server.post(body), status, words)
     assert server.post({"sentences": ["a b"]}).status_code == 200
@@ -242,6 +245,10 @@ def test_slow_clients_are_cut_off(server):
     stalled = _connect(server)
     stalled.sendall(b"POST /translate HTTP/1.1\r\nHost: localhost\r\nContent-Type: "
                     b"application/json\r\nContent-Length: 100\r\n\r\n{\"sent")  # fmt: skip
+    gone = _connect(server)  # a client that leaves mid-body (no traceback in the log)
+    gone.sendall(b"POST /translate HTTP/1.1\r\nHost: localhost\r\nContent-Type: "
+                 b"application/json\r\nContent-Length: 100\r\n\r\n{\"sent")  # fmt: skip
+    gone.close()
     idle = _connect(server)
     idle.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
     assert b"200 OK" in idle.recv(4096)

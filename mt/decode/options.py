@@ -109,5 +109,7 @@ def _within(name: str, value: float, low: float, high: float) -> None:
     """value in [low, high], finite (an int where low is one)."""
     if isinstance(low, int) and not isinstance(value, int):
         raise OptionError(name, f"{value!r}: must be a whole number")
-    if not (math.isfinite(value) and low <= value <= high):
-        raise OptionError(name, f"{value}: must be from {low} to {high}")
+    finite = isinstance(value, int) or math.isfinite(value)  # (an int of any size is exact)
+    if not (finite and low <= value <= high):
+        shown = repr(value) if len(repr(value)) <= 30 else repr(value)[:20] + "..."
+        raise OptionError(name, f"{shown}: must be from {low} to {high}")
