@@ -602,3 +602,35 @@ def test_several_references_are_scored_together_and_must_be_parallel(tmp_path):
     code, _, err = mt_here("eval", "--hyp", tmp_path / "h", "--ref", tmp_path / "a",
                            "--ref", tmp_path / "short")  # fmt: skip
     assert code == 2 and "several references must translate the same lines" in err
+
+
+def test_every_whole_number_flag_refuses_a_long_digit_string_in_one_short_line(tmp_path, tiny_run):
+    """A 400-digit value of any whole-number flag of any command is an error line that names
+    the flag and does not repeat the 400 digits (the server's flags are refused before it
+    listens: an address no machine has stops it if a flag ever passes)."""
+    import typer.main
+
+    from mt.cli import app
+    from tests.conftest import mt_here
+
+    (tmp_path / "a").write_text("a b\n")
+    base = {
+        "serve": [tiny_run, "--host", "256.0.0.1"],
+        "average": [tiny_run, "-o", tmp_path / "avg.pt"],
+        "distill": [tiny_run, "--data", tmp_path / "d", "--out", tmp_path / "o"],
+        "translate": [tiny_run],
+        "eval": [tiny_run, "--src", tmp_path / "a", "--ref", tmp_path / "a"],
+        "attention": [tiny_run, "a b", "-o", tmp_path / "att.png"],
+    }
+    tried = 0
+    for name, cmd in typer.main.get_command(app).commands.items():
+        for p in cmd.params:
+            if p.param_type_name == "option" and p.metavar == "N" and p.opts[0] != "--seed":
+                args = [*base[name], p.opts[0], "9" * 400]
+                code, _, err = mt_here(name, *args, input="a b\n")
+                said = err.strip().splitlines()[-1]  # (a usage error: click's usage lines first)
+                assert code == 2 and said.startswith(("error: ", "Error: ")), (name, p.opts, err)
+                assert p.opts[0] in said and len(err) < 400, (name, p.opts, err)
+                tried += 1
+    assert tried >= 20
+    assert not list(tmp_path.glob("*.p*"))

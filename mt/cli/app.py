@@ -159,8 +159,9 @@ def _check_beam(beam: int | None) -> None:
     from mt.config import MAX_BEAM
 
     if beam is not None and beam > MAX_BEAM:
+        shown = str(beam) if len(str(beam)) <= 12 else str(beam)[:12] + "..."
         raise MTError(
-            f"--beam {beam}: at most {MAX_BEAM} (BLEU stops improving after a beam of "
+            f"--beam {shown}: at most {MAX_BEAM} (BLEU stops improving after a beam of "
             f"about 10, and decoding time grows with the beam); use a smaller --beam"
         )
 

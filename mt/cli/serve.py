@@ -22,7 +22,9 @@ def serve_cmd(
     port: int = typer.Option(8000, "--port", min=1, max=65535),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda"),
     precision: str = typer.Option("auto", "--precision", help="auto, fp32, bf16 or fp16"),
-    threads: int = typer.Option(0, "--threads", min=0, help="CPU threads (0: the free cores)"),
+    threads: int = typer.Option(
+        0, "--threads", min=0, max=1 << 20, help="CPU threads (0: the free cores)"
+    ),
     api_key: str | None = typer.Option(
         None,
         "--api-key",
@@ -30,20 +32,32 @@ def serve_cmd(
         help="require this token (Authorization: Bearer KEY or X-API-Key) for /translate and /info",
         show_envvar=True,
     ),
-    max_sentences: int = typer.Option(64, "--max-sentences", min=1, help="per request"),
-    max_chars: int = typer.Option(1000, "--max-chars", min=1, help="per sentence"),
-    max_body: int = typer.Option(1 << 20, "--max-body", min=64, help="bytes per request"),
+    max_sentences: int = typer.Option(
+        64, "--max-sentences", min=1, max=1 << 20, help="per request"
+    ),
+    max_chars: int = typer.Option(1000, "--max-chars", min=1, max=1 << 24, help="per sentence"),
+    max_body: int = typer.Option(
+        1 << 20, "--max-body", min=64, max=1 << 31, help="bytes per request"
+    ),
     timeout: float = typer.Option(
-        30.0, "--timeout", min=0.1, help="seconds a request may wait for its translations"
+        30.0,
+        "--timeout",
+        min=0.1,
+        max=86400.0,
+        help="seconds a request may wait for its translations",
     ),
     max_queue: int = typer.Option(
-        256, "--max-queue", min=1, help="requests waiting at most; beyond, 429 at once"
+        256, "--max-queue", min=1, max=1 << 20, help="requests waiting at most; beyond, 429 at once"
     ),
     batch_tokens: int = typer.Option(
-        4000, "--batch-tokens", min=1, help="source words that one batch of requests may hold"
+        4000,
+        "--batch-tokens",
+        min=1,
+        max=1 << 24,
+        help="source words that one batch of requests may hold",
     ),
     max_wait_ms: float = typer.Option(
-        5.0, "--max-wait-ms", min=0.0, help="how long a batch waits for more requests"
+        5.0, "--max-wait-ms", min=0.0, max=60000.0, help="how long a batch waits for more requests"
     ),
     batching: bool = typer.Option(
         True, "--batching/--no-batching", help="decode requests together (off: one at a time)"
@@ -52,12 +66,14 @@ def serve_cmd(
         100_000,
         "--max-cost",
         min=1,
+        max=1 << 40,
         help="per request: the beam x the source subwords of its sentences, at most",
     ),
     max_attention_cells: int = typer.Option(
         500_000,
         "--max-attention-cells",
         min=1,
+        max=1 << 31,
         help="per request: the attention weights it may ask for (layers x heads x target x "
         "source, summed)",
     ),

@@ -53,7 +53,7 @@ def report_cmd(
 @command("average")
 def average_cmd(
     run_dir: Path = typer.Argument(..., help="run directory holding step_N.pt snapshots"),
-    last: int = typer.Option(5, "--last", min=1, help="average the last N snapshots"),
+    last: int = typer.Option(5, "--last", min=1, max=1 << 20, help="average the last N snapshots"),
     output: Path = typer.Option(..., "--output", "-o", help="averaged checkpoint to write"),
     force: bool = typer.Option(False, "--force", help="overwrite --output if it exists"),
 ):

@@ -165,10 +165,14 @@ def attention_cmd(
     sentence: str = typer.Argument(..., help="the source sentence to translate"),
     output: Path = typer.Option(Path("attention.png"), "--output", "-o", help="PNG to write"),
     layer: int | None = typer.Option(
-        None, "--layer", min=1, help="one decoder layer (1-based); default: the mean over layers"
+        None,
+        "--layer",
+        min=1,
+        max=1 << 10,
+        help="one decoder layer (1-based); default: the mean over layers",
     ),
     head: int | None = typer.Option(
-        None, "--head", min=1, help="one head (1-based); default: mean"
+        None, "--head", min=1, max=1 << 10, help="one head (1-based); default: mean"
     ),
     grid: bool = typer.Option(False, "--grid", help="one panel per layer and head"),
     beam: int | None = typer.Option(None, "--beam", min=1),
