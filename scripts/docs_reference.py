@@ -21,6 +21,7 @@ PAGES = {
     "reference/config.md": "config_reference",
     "reference/commands.md": "command_reference",
     "reference/environment.md": "environment_reference",
+    "reference/http-api.md": "http_reference",
 }
 
 
@@ -233,6 +234,87 @@ def environment_reference() -> str:
         "per GPU |",
     ]
     return "\n".join(lines) + "\n"
+
+
+# --- the HTTP API of mt serve ----------------------------------------------------------------
+
+
+def openapi() -> dict[str, Any]:
+    """mt serve's OpenAPI schema, from an app built around no model (the schema depends on
+    the routes and the request and answer models only)."""
+    from mt.serve.app import Limits, Served, create_app
+    from mt.serve.batcher import Batcher
+
+    batcher = Batcher(lambda sentences, settings, stopped: [])
+    try:
+        app = create_app(Served("model", None, {}, batcher), Limits())
+        return app.openapi()
+    finally:
+        batcher.close(5)
+
+
+def _schema_type(prop: dict[str, Any]) -> str:
+    if "$ref" in prop:
+        name = prop["$ref"].rsplit("/", 1)[-1]
+        return f"[{name}](#{name.lower()})"
+    if "anyOf" in prop:
+        return " or ".join(_schema_type(p) for p in prop["anyOf"])
+    if prop.get("type") == "array":
+        return f"list of {_schema_type(prop.get('items', {}))}"
+    return str(prop.get("type", "any"))
+
+
+def _properties(schema: dict[str, Any]) -> list[str]:
+    required = set(schema.get("required", []))
+    rows = ["| field | type | default | what it is |", "|---|---|---|---|"]
+    for name, prop in schema.get("properties", {}).items():
+        default = "required" if name in required else f"`{prop.get('default')}`"
+        what = _cell(prop.get("description", "")).replace("<", "&lt;").replace(">", "&gt;")
+        rows.append(f"| `{name}` | {_schema_type(prop)} | {default} | {what} |")
+    return rows
+
+
+def http_reference() -> str:
+    schema = openapi()
+    lines = [
+        "# HTTP API",
+        "",
+        "The routes of `mt serve`, generated from its OpenAPI schema (which the server also "
+        "gives at `/openapi.json`). Every error is the JSON body [ErrorBody](#errorbody); the "
+        "statuses each route may answer are listed under it.",
+        "",
+    ]
+    for path, methods in schema["paths"].items():
+        for method, op in methods.items():
+            lines += [f"## `{method.upper()} {path}`", "", op.get("summary", ""), ""]
+            params = op.get("parameters", [])
+            if params:
+                lines += ["| query parameter | what it is |", "|---|---|"]
+                lines += [f"| `{p['name']}` | {_cell(p.get('description', ''))} |" for p in params]
+                lines.append("")
+            body = op.get("requestBody", {}).get("content", {}).get("application/json")
+            if body:
+                lines += ["Body (`Content-Type: application/json`):", ""]
+                lines += [*_properties(body["schema"]), ""]
+            lines += ["| status | what it means | body |", "|---|---|---|"]
+            for status, answer in op["responses"].items():
+                content = answer.get("content", {})
+                kind = next(iter(content), "")
+                shape = content.get(kind, {}).get("schema", {})
+                what = _schema_type(shape) if shape else "-"
+                if kind and kind != "application/json":
+                    what = f"`{kind}`"
+                lines.append(f"| {status} | {_cell(answer.get('description', ''))} | {what} |")
+            lines.append("")
+    lines += ["## Bodies", ""]
+    for name, part in sorted(schema["components"]["schemas"].items()):
+        if name in ("HTTPValidationError", "ValidationError"):
+            continue
+        lines += [f"### {name}", ""]
+        if part.get("description"):
+            lines += [_cell(part["description"]), ""]
+        lines += [*_properties(part), ""]
+    return "\n".join(lines).rstrip() + "\n"
 
 
 # --- mkdocs ----------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 uvicorn = pytest.importorskip("uvicorn")
 
-from mt.serve.app import Limits, create_app  # noqa: E402
+from mt.serve.app import Limits, Served, create_app  # noqa: E402
 from mt.serve.batcher import Batcher, QueueFull  # noqa: E402
 from tests.conftest import ROOT, assert_user_error, cli_env, free_port, run_mt  # noqa: E402
 
@@ -36,10 +36,13 @@ class Server:
             [sys.executable, "-m", "mt", "serve", *map(str, args), "--port", str(self.port)],
             cwd=ROOT,
             env={**cli_env(), **(env or {})},
-            stdout=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
         )
+        self.lines: list[str] = []  # its stderr, read as it comes (a full pipe would stop it)
+        self._reader = threading.Thread(target=self._read_stderr, daemon=True)
+        self._reader.start()
         self.http = httpx.Client(base_url=self.url, timeout=60)
         deadline = time.monotonic() + 60
         while True:
@@ -49,7 +52,8 @@ class Server:
             except httpx.TransportError:
                 pass
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"mt serve did not start: {self.proc.communicate()[1]}")
+                self._reader.join(5)
+                raise RuntimeError(f"mt serve did not start: {''.join(self.lines)}")
             time.sleep(0.2)
 
     def post(self, body, **headers) -> httpx.Response:
@@ -58,11 +62,16 @@ class Server:
         headers = {"Content-Type": "application/json", **headers}
         return self.http.post("/translate", content=body, headers=headers)
 
+    def _read_stderr(self) -> None:
+        for line in self.proc.stderr:
+            self.lines.append(line)
+
     def stop(self) -> tuple[int, str]:
         self.proc.send_signal(signal.SIGTERM)
-        _, err = self.proc.communicate(timeout=60)
+        self.proc.wait(timeout=60)
+        self._reader.join(10)
         self.http.close()
-        return self.proc.returncode, err
+        return self.proc.returncode, "".join(self.lines)
 
 
 @pytest.fixture(scope="module")
@@ -280,7 +289,8 @@ def _serve_in_thread(app) -> tuple[str, threading.Thread, uvicorn.Server]:
     return f"http://127.0.0.1:{port}", thread, server
 
 
-INFO = {"architecture": "transformer", "decoding": {"beam": 5},
+INFO = {"architecture": "transformer", "decoding": {"beam": 5}, "source_language": "x",
+        "target_language": "y", "ensemble": False,
         "attention": {"available": False, "why_not": "scripted"}}  # fmt: skip
 
 
@@ -310,7 +320,7 @@ def test_a_full_queue_answers_429_at_once_and_a_slow_request_times_out_alone():
         return [{"text": s.upper(), "score": None} for s in sentences]
 
     batcher = Batcher(decode, max_queue=2, max_wait=0.0)
-    app = create_app(ScriptedTranslator(), INFO, batcher, Limits(timeout=1.0))
+    app = create_app(Served("m", ScriptedTranslator(), INFO, batcher), Limits(timeout=1.0))
     url, thread, server = _serve_in_thread(app)
     try:
         with httpx.Client(base_url=url, timeout=30) as http, ThreadPoolExecutor(4) as pool:

@@ -18,7 +18,7 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from mt.serve.app import Limits, create_app  # noqa: E402
+from mt.serve.app import Limits, Served, create_app  # noqa: E402
 from mt.serve.batcher import Batcher, Stopped  # noqa: E402
 from tests.test_serve import INFO, ScriptedTranslator, Server, _serve_in_thread  # noqa: E402
 
@@ -131,7 +131,7 @@ def test_a_request_nobody_waits_for_stops_being_decoded_and_health_says_when_stu
         return [s.upper() for s in sentences]
 
     batcher = Batcher(decode, max_wait=0.0)
-    app = create_app(ScriptedTranslator(), INFO, batcher, Limits(timeout=1.0))
+    app = create_app(Served("m", ScriptedTranslator(), INFO, batcher), Limits(timeout=1.0))
     url, thread, server = _serve_in_thread(app)
     try:
         with httpx.Client(base_url=url, timeout=30) as http:
@@ -319,7 +319,7 @@ def test_other_web_pages_cannot_drive_the_server(server, tiny_run):
 
 def test_cors_origins_and_hosts_named_by_flags_are_allowed():
     batcher = Batcher(lambda s, _, __: list(s), max_wait=0.0)
-    app = create_app(ScriptedTranslator(), INFO, batcher, Limits(), None,
+    app = create_app(Served("m", ScriptedTranslator(), INFO, batcher), Limits(), None,
                      ("mt.example",), ("https://ok.example",))  # fmt: skip
     url, thread, server = _serve_in_thread(app)
     try:

@@ -16,7 +16,15 @@ from mt.errors import MTError
 @command("serve")
 def serve_cmd(
     models: list[Path] = typer.Argument(
-        ..., help="run directory (best.pt, else last.pt) or checkpoint; several: an ensemble"
+        None,
+        help="run directory (best.pt, else last.pt) or checkpoint; several: an ensemble "
+        "(named after the first one's folder)",
+    ),
+    model: list[str] = typer.Option(
+        [],
+        "--model",
+        help='NAME=PATH: a model requests choose by name ("model": NAME); repeat for '
+        "several models, or with the same NAME for an ensemble",
     ),
     host: str = typer.Option("127.0.0.1", "--host", help="address to listen on (0.0.0.0: all)"),
     port: int = typer.Option(8000, "--port", min=1, max=65535),
@@ -117,49 +125,45 @@ def serve_cmd(
         help="a site whose web pages may call the API (https://example.org); repeat for "
         "several. Default: none",
     ),
+    access_log: bool = typer.Option(
+        True, "--access-log/--no-access-log", help="a line on stderr per request"
+    ),
 ):
     """Serve translations over HTTP, with a web page that shows the cross-attention.
 
-    POST /translate {"sentences": [...], "beam": 5, ...}; GET /info, GET /health; the page at /;
-    the API's schema at /openapi.json. Stop with Ctrl-C or SIGTERM: the requests in flight are
-    answered first.
+    POST /translate {"sentences": [...], "beam": 5, ...}; GET /models, /info, /health,
+    /metrics; the page at /; the API's schema at /openapi.json. Stop with Ctrl-C or SIGTERM:
+    the requests in flight are answered first.
 
-    Example: mt serve runs/multi30k_de_en --port 8000
+    Examples: mt serve runs/multi30k_de_en --port 8000
+              mt serve --model de_en=runs/de_en --model en_de=runs/en_de
     """
     try:
+        import prometheus_client  # noqa: F401
         import uvicorn
 
         from mt.serve.app import Limits, create_app
     except ImportError as e:
-        raise MTError(f"mt serve needs FastAPI and uvicorn ({e.name} is missing): "
-                      "pip install 'mt[serve]'") from None  # fmt: skip
-    from mt.artifacts import checkpoint
-    from mt.decode.translator import Translator
+        raise MTError(f"mt serve needs FastAPI, uvicorn and prometheus_client ({e.name} is "
+                      "missing): pip install 'mt[serve]'") from None  # fmt: skip
     from mt.runtime.threads import choose_threads
-    from mt.serve.batcher import Batcher
     from mt.serve.connections import guarded
-    from mt.serve.decoding import decode_batch, model_info
 
     _check_device(device)
-    paths = [checkpoint.resolve(m) for m in models]
+    specs = _model_specs(models or [], model)
     choose_threads(threads, _err)
     _check_address(host, port)
     for origin in cors_origin:
         if origin != "*" and not re.fullmatch(r"https?://[^/\s]+", origin):
             raise MTError(f"--cors-origin {origin!r}: give a site as browsers name it, "
                           "scheme and host without a path (https://app.example.org)")  # fmt: skip
-    translator = Translator.load(paths, device, precision)
-    info = model_info(translator, [checkpoint.load(p) for p in paths], paths)
-    batcher = Batcher(
-        lambda sentences, settings, stopped: decode_batch(translator, sentences, settings, stopped),
-        max_tokens=batch_tokens,
-        max_wait=max_wait_ms / 1000,
-        max_queue=max_queue,
-        batching=batching,
-    )
+    batching_flags = {"max_tokens": batch_tokens, "max_wait": max_wait_ms / 1000,
+                      "max_queue": max_queue, "batching": batching}  # fmt: skip
+    served = [_load(name, paths, device, precision, batching_flags) for name, paths in specs]
     limits = Limits(max_sentences, max_chars, max_body, timeout, max_cost, max_attention_cells)
     hosts = _allowed_hosts(host, allowed_host)
-    app = create_app(translator, info, batcher, limits, api_key, hosts, tuple(cors_origin))
+    log = _access_log() if access_log else (lambda line: None)
+    app = create_app(served, limits, api_key, hosts, tuple(cors_origin), log)
     config = uvicorn.Config(
         app,
         host=host,
@@ -170,10 +174,10 @@ def serve_cmd(
         http=guarded(header_timeout, body_timeout, _within_open_files(max_connections)),
     )
     server = uvicorn.Server(config)
-    _err(translator.describe(paths, translator.options()))
+    names = ", ".join(f"{m.name} ({m.info['source_language']}->{m.info['target_language']})"
+                      for m in served)  # fmt: skip
     _err(
-        f"serving {info['source_language']}->{info['target_language']} on "
-        f"http://{host}:{port}/ (batching {'on' if batching else 'off'}"
+        f"serving {names} on http://{host}:{port}/ (batching {'on' if batching else 'off'}"
         f"{', API key required' if api_key else ''}"
         f"{'; any Host name accepted (--allowed-host limits them)' if hosts is None else ''}"
         f"); Ctrl-C or SIGTERM stops it"
@@ -191,8 +195,68 @@ def serve_cmd(
     finally:
         for s, handler in before.items():
             signal.signal(s, handler)
-        batcher.close(timeout)
-    _err(f"stopped: {batcher.decoded} requests answered in {batcher.batches} batches")
+        for m in served:
+            m.batcher.close(timeout)
+    decoded = sum(m.batcher.decoded for m in served)
+    _err(f"stopped: {decoded} requests answered in {sum(m.batcher.batches for m in served)} "
+         f"batches")  # fmt: skip
+
+
+def _model_specs(paths: list[Path], given: list[str]) -> list[tuple[str, list[Path]]]:
+    """(name, checkpoints) of each model to serve: the positional paths are one (an ensemble
+    when several), named after the first one's folder; --model NAME=PATH adds PATH to NAME."""
+    from mt.artifacts import checkpoint
+
+    specs: dict[str, list[Path]] = {}
+    for spec in given:
+        name, sep, path = spec.partition("=")
+        if not sep or not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", name) or not path.strip():
+            raise MTError(f"--model {spec!r}: give NAME=PATH, a name of letters, digits, '.', "
+                          "'_' or '-' (--model de_en=runs/de_en)")  # fmt: skip
+        specs.setdefault(name, []).append(checkpoint.resolve(path))
+    if paths:
+        resolved = [checkpoint.resolve(p) for p in paths]
+        name = resolved[0].parent.name or "model"
+        if name in specs:
+            raise MTError(f"the model {paths[0]} would be named {name!r}, which a --model names "
+                          f"too: serve it as --model OTHER={paths[0]}")  # fmt: skip
+        specs = {name: resolved, **specs}
+    if not specs:
+        raise MTError("give a model: mt serve RUN_DIR, or --model NAME=RUN_DIR")
+    return list(specs.items())
+
+
+def _load(name: str, paths: list[Path], device: str, precision: str, batching: dict):
+    """A model to serve: its translator, what /info says of it and its decoding worker."""
+    from mt.artifacts import checkpoint
+    from mt.decode.translator import Translator
+    from mt.serve.app import Served
+    from mt.serve.batcher import Batcher
+    from mt.serve.decoding import decode_batch, model_info
+
+    translator = Translator.load(paths, device, precision)
+    info = model_info(translator, [checkpoint.load(p) for p in paths], paths)
+    _err(f"{name}: {translator.describe(paths, translator.options())}")
+
+    def decode(sentences, settings, stopped):
+        return decode_batch(translator, sentences, settings, stopped)
+
+    return Served(name, translator, info, Batcher(decode, **batching))
+
+
+def _access_log():
+    """The access log: a line per request on stderr, after the time."""
+    import logging
+    import sys
+
+    from mt.serve.observe import ACCESS_LOG
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%Y-%m-%d %H:%M:%S"))
+    ACCESS_LOG.addHandler(handler)
+    ACCESS_LOG.setLevel(logging.INFO)
+    ACCESS_LOG.propagate = False
+    return ACCESS_LOG.info
 
 
 def _allowed_hosts(host: str, given: list[str]) -> tuple[str, ...] | None:

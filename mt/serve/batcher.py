@@ -41,8 +41,8 @@ class Stopped(Exception):
 class _Request:
     """One request: its future, and its chunks' results as they come."""
 
-    def __init__(self, n_chunks: int, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop, self.future = loop, loop.create_future()
+    def __init__(self, n_chunks: int, loop: asyncio.AbstractEventLoop, timing: dict) -> None:
+        self.loop, self.future, self.timing = loop, loop.create_future(), timing
         self.results: list[list[Any] | None] = [None] * n_chunks
         self.remaining = n_chunks
         self.turns = 0  # batches that took a chunk of it
@@ -100,8 +100,10 @@ class Batcher:
         max_wait: float = 0.005,
         max_queue: int = 256,
         batching: bool = True,
+        on_batch: Callable[[int, float], None] | None = None,
     ) -> None:
         self.decode, self.max_tokens, self.max_wait = decode, max_tokens, max_wait
+        self.on_batch = on_batch  # (sentences, seconds) after each decoded batch: the metrics
         self.max_queue, self.batching = max_queue, batching
         self._jobs: list[_Job] = []
         self._cond = threading.Condition()
@@ -130,18 +132,21 @@ class Batcher:
         settings: Hashable,
         tokens: list[int],
         alone: bool = False,
+        timing: dict | None = None,
     ) -> asyncio.Future[list[Any]]:
         """Queue a request (from the event loop); its future gets one result per sentence, in
         order, or the exception `decode` raised. tokens: each sentence's source tokens (an
         estimate will do). alone: never merged with another request nor cut into chunks (a
-        seeded sample then draws what `mt translate --seed` draws for the same lines)."""
+        seeded sample then draws what `mt translate --seed` draws for the same lines).
+        timing: a dict whose "decode_seconds" the worker adds the request's batches' decoding
+        time to."""
         loop = asyncio.get_running_loop()
         whole = alone or not self.batching
         key = (settings, next(self._unique)) if whole else settings
         chunks = (
             [(sentences, sum(tokens))] if whole else _chunks(sentences, tokens, self.max_tokens)
         )
-        request = _Request(len(chunks), loop)
+        request = _Request(len(chunks), loop, timing if timing is not None else {})
         with self._cond:
             if self._stopping:
                 raise QueueFull("the server is shutting down")
@@ -178,7 +183,7 @@ class Batcher:
         if not live:
             return
         sentences = [s for job in live for s in job.sentences]
-        self.busy_since = time.monotonic()
+        self.busy_since = started = time.monotonic()
         try:
             results = self.decode(sentences, live[0].settings, lambda: _all_done(live))
         except Stopped:
@@ -193,8 +198,13 @@ class Batcher:
         finally:
             self.busy_since = None
         self.batches += 1
+        seconds = time.monotonic() - started
+        if self.on_batch is not None:
+            self.on_batch(len(sentences), seconds)
         start = 0
         for job in live:
+            timing = job.request.timing
+            timing["decode_seconds"] = timing.get("decode_seconds", 0.0) + seconds
             if job.request.chunk_done(job.index, results[start : start + len(job.sentences)]):
                 self.decoded += 1
                 job.request.settle()

@@ -1,0 +1,117 @@
+"""What `mt serve` tells its operator: a request id on every answer (the client's X-Request-ID
+when it sends a sane one), an access log line per request, and Prometheus metrics at /metrics
+(prometheus_client's text format)."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+ACCESS_LOG = logging.getLogger("mt.serve.access")
+_SANE_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
+# the paths metrics are labelled with (any other path counts as "other": a scan of random
+# paths must not grow the metrics without bound)
+ROUTES = ("/", "/translate", "/info", "/models", "/health", "/health/live", "/metrics",
+          "/openapi.json")  # fmt: skip
+_SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class Metrics:
+    """The server's metrics in a registry of their own (several servers in one process, as in
+    tests, do not share counts)."""
+
+    def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter(
+            "mt_requests", "HTTP requests answered", ["path", "status"], registry=r
+        )
+        self.latency = Histogram(
+            "mt_request_seconds", "from a request's arrival to its answer", ["path"],
+            buckets=_SECONDS, registry=r,
+        )  # fmt: skip
+        self.decode = Histogram(
+            "mt_batch_decode_seconds", "the decoding time of a batch", ["model"],
+            buckets=_SECONDS, registry=r,
+        )  # fmt: skip
+        self.batch = Histogram(
+            "mt_batch_sentences", "sentences in a decoded batch", ["model"],
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024), registry=r,
+        )  # fmt: skip
+        self.sentences = Counter("mt_sentences", "sentences translated", ["model"], registry=r)
+        self.waiting = Gauge(
+            "mt_waiting_requests", "requests queued or part-way decoded", ["model"], registry=r
+        )
+
+    def batch_done(self, model: str, sentences: int, seconds: float) -> None:
+        self.decode.labels(model).observe(seconds)
+        self.batch.labels(model).observe(sentences)
+        self.sentences.labels(model).inc(sentences)
+
+    def render(self, waiting: dict[str, int]) -> bytes:
+        from prometheus_client import generate_latest
+
+        for model, n in waiting.items():
+            self.waiting.labels(model).set(n)
+        return generate_latest(self.registry)
+
+
+def request_id(scope: dict) -> str:
+    given = dict(scope.get("headers") or []).get(b"x-request-id", b"").decode("latin-1")
+    return given if _SANE_ID.fullmatch(given) else uuid.uuid4().hex
+
+
+class Observe:
+    """ASGI middleware, outermost: gives each request its id (scope state "request_id", and
+    the X-Request-ID header of the answer), counts and times it, and logs one line when it is
+    answered. What a route knows (sentences, model, decoding time) it leaves in the request's
+    state."""
+
+    def __init__(self, app: Any, metrics: Metrics, log: Callable[[str], None]) -> None:
+        self.app, self.metrics, self.log = app, metrics, log
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        rid = request_id(scope)
+        state = scope.setdefault("state", {})
+        state["request_id"] = rid
+        status = 500
+
+        async def send_with_id(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                headers = [*message.get("headers", []), (b"x-request-id", rid.encode())]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            seconds = time.perf_counter() - started
+            path = scope["path"] if scope["path"] in ROUTES else "other"
+            self.metrics.requests.labels(path, str(status)).inc()
+            self.metrics.latency.labels(path).observe(seconds)
+            self.log(_line(scope, state, status, seconds, rid))
+
+
+def _line(scope: dict, state: dict, status: int, seconds: float, rid: str) -> str:
+    """One access-log line: client, request, status, sentences, time, decoding time, model, id."""
+    client = scope.get("client") or ("-", 0)
+    path = scope["path"].encode("unicode_escape").decode("ascii")  # (no line break from a URL)
+    path = path if len(path) <= 80 else path[:80] + "..."
+    what = f'{client[0]} "{scope["method"]} {path}" {status} {seconds * 1000:.1f} ms'
+    if "sentences" in state:
+        what += (
+            f" {state['sentences']} sentence{'s' * (state['sentences'] != 1)}, decoding "
+            f"{state.get('decode_seconds', 0.0) * 1000:.1f} ms, model {state.get('model', '-')}"
+        )
+    return f"{what} id={rid}"

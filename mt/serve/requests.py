@@ -1,0 +1,162 @@
+"""Reading and checking one POST /translate: the body (JSON only, within --max-body, a
+client that leaves mid-body), its parse into TranslateRequest, the checks across its fields
+and against the model (its DecodeOptions), and the wait for its answer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.requests import ClientDisconnect
+
+from mt.decode.options import OptionError
+from mt.decode.sampling import Sampling
+from mt.serve.decoding import Settings
+from mt.serve.limits import BadRequest
+from mt.serve.schemas import TranslateRequest
+
+
+def error(status: int, message: str, field: str | None = None, **headers: str) -> JSONResponse:
+    body: dict[str, Any] = {"error": " ".join(message.split())}
+    if field is not None:
+        body["field"] = field
+    return JSONResponse(body, status_code=status, headers=headers or None)
+
+
+async def answer(request: Request, future: asyncio.Future, timeout: float) -> Any:
+    """The request's translations; None when its client went away first. Either way, or on
+    timeout (asyncio.TimeoutError), the future is cancelled, which the worker sees at its next
+    decoder step: a batch nobody waits for stops being decoded."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    try:
+        while True:
+            left = deadline - loop.time()
+            if left <= 0:
+                raise asyncio.TimeoutError
+            done, _ = await asyncio.wait({future}, timeout=min(left, 0.25))
+            if done:
+                return future.result()
+            if await request.is_disconnected():
+                return None
+    finally:
+        future.cancel()
+
+
+def check_json_type(request: Request) -> None:
+    """application/json only: a browser sends another site's JSON only after a preflight that
+    CORS allows, while a form or text/plain POST would reach the server unasked."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "application/json":
+        raise BadRequest(
+            415,
+            f"Content-Type {kind or '(none)'}: send the body as JSON with "
+            f"Content-Type: application/json",
+            "Content-Type",
+        )
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise BadRequest(413, f"request body of {declared} bytes: at most {limit} (--max-body)")
+    body = bytearray()
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise BadRequest(413, f"request body over {limit} bytes (--max-body)")
+    except ClientDisconnect:  # (a client that left mid-body, or was cut off for stalling)
+        raise BadRequest(400, "request body: the client closed the connection before its "
+                         "end") from None  # fmt: skip
+    return bytes(body)
+
+
+def _not_json_number(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse(body: bytes) -> TranslateRequest:
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BadRequest(400, f"request body: not valid UTF-8 (byte {e.start})") from None
+    if not text.strip():
+        raise BadRequest(400, 'request body: empty; send JSON such as {"sentences": ["..."]}')
+    try:
+        raw = json.loads(text, parse_constant=_not_json_number)
+    except json.JSONDecodeError as e:
+        raise BadRequest(400, f"request body: not valid JSON ({e.msg}, line {e.lineno} "
+                         f"column {e.colno})") from None  # fmt: skip
+    except RecursionError:
+        raise BadRequest(400, "request body: JSON nested too deeply") from None
+    except ValueError as e:  # NaN/Infinity, or an integer of more digits than Python reads
+        raise BadRequest(400, f"request body: {str(e).split(';')[0][:120]}") from None
+    if not isinstance(raw, dict):
+        raise BadRequest(422, 'request body: a JSON object is wanted, such as {"sentences": [...]}')
+    try:
+        return TranslateRequest.model_validate(raw)
+    except ValidationError as e:
+        raise as_bad_request(e.errors()) from None
+
+
+def _field(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(part) for part in loc if part != "body") or "body"
+
+
+def as_bad_request(errors: Any) -> BadRequest:
+    first = errors[0]
+    field = _field(first["loc"])
+    got = first.get("input")
+    shown = "" if first["type"] in ("missing", "extra_forbidden") else f" (got {json.dumps(got)})"
+    if first["type"] == "extra_forbidden":
+        return BadRequest(422, f"{field}: unknown setting", field)
+    return BadRequest(422, f"{field}: {first['msg']}{shown[:80]}", field)
+
+
+def settings_of(req: TranslateRequest, translator: Any, info: dict[str, Any]) -> Settings:
+    """The checks across fields and against the model; the request's settings."""
+    if not req.sample:
+        given = {"temperature": req.temperature != 1.0, "topk": req.topk != 0,
+                 "topp": req.topp != 1.0, "seed": req.seed is not None}  # fmt: skip
+        for name, set_ in given.items():
+            if set_:
+                raise BadRequest(422, f"{name}: applies with sample: true only", name)
+    if req.sample and (req.beam is not None or req.nbest > 1):
+        raise BadRequest(422, "sample draws one translation per sentence: leave out beam and nbest",
+                         "sample")  # fmt: skip
+    if (req.alignment or req.attention) and not info["attention"]["available"]:
+        raise BadRequest(422, f"{'attention' if req.attention else 'alignment'}: "
+                         f"{info['attention']['why_not']}", "attention")  # fmt: skip
+    if (req.alignment or req.attention) and (req.nbest > 1 or req.sample):
+        raise BadRequest(422, "alignment and attention come with one translation per sentence "
+                         "(nbest 1, no sampling)", "attention")  # fmt: skip
+    if info["architecture"] == "nat" and (
+        req.beam is not None
+        or req.length_penalty is not None
+        or req.nbest > 1
+        or req.sample
+        or req.prefix
+    ):
+        raise BadRequest(
+            422,
+            "this model (model.arch nat) decodes by mask-predict: beam, length_penalty, nbest, "
+            "sample and prefix do not apply",
+            "beam",
+        )
+    sampling = Sampling(req.temperature, req.topk, req.topp, req.seed) if req.sample else None
+    try:
+        opts = translator.options(
+            beam=req.beam,
+            length_penalty=req.length_penalty,
+            nbest=req.nbest,
+            sampling=sampling,
+            prefix=req.prefix or None,
+        )
+    except OptionError as e:
+        raise BadRequest(422, str(e), e.field) from None
+    return Settings(opts, alignment=req.alignment, attention=req.attention)

@@ -1,0 +1,108 @@
+"""The bodies `mt serve` takes and gives, as pydantic models: the request is validated with them,
+and the answers and errors are described by them in the OpenAPI schema (/openapi.json and the
+generated HTTP reference page)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from mt.config.decode import MAX_BEAM
+
+
+class TranslateRequest(BaseModel):
+    """POST /translate: sentences and the decoding settings of `mt translate` (unset: the
+    model's own, as tuned on its valid split)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    sentences: list[str] = Field(description="the source sentences, one translation each")
+    model: str | None = Field(
+        None, description="the model's name (GET /models); unset: the server's only model"
+    )
+    beam: int | None = Field(None, ge=1, le=MAX_BEAM, description="beam size; 1 = greedy")
+    length_penalty: float | None = Field(None, ge=0.0, description="scores: logp / len^lp")
+    nbest: int = Field(1, ge=1, le=MAX_BEAM, description="translations per sentence, best first")
+    sample: bool = Field(False, description="draw each token instead of searching")
+    temperature: float = Field(1.0, gt=0.0, description="sample: <1 sharper, >1 flatter")
+    topk: int = Field(0, ge=0, description="sample: only the k likeliest tokens (0: all)")
+    topp: float = Field(1.0, gt=0.0, le=1.0, description="sample: the nucleus of this mass")
+    seed: int | None = Field(None, description="sample: repeatable draws (as mt translate --seed)")
+    prefix: str | None = Field(None, description="every translation starts with this text")
+    alignment: bool = Field(False, description="add source-output subword links (s-t, 0-based)")
+    attention: bool = Field(False, description="add the cross-attention weights (L, H, T, S)")
+
+
+class Alternative(BaseModel):
+    text: str
+    score: float | None = Field(description="log-probability / length^length_penalty")
+
+
+class Attention(BaseModel):
+    source: list[str] = Field(description="source subwords (##piece: inside a word), then </s>")
+    target: list[str] = Field(description="output subwords, then </s>")
+    weights: list[list[list[list[float]]]] = Field(
+        description="by decoder layer, head, output subword and source subword; each row sums to 1"
+    )
+
+
+class Translation(BaseModel):
+    text: str
+    score: float | None = Field(description="the beam's score; null for greedy and sampling")
+    nbest: list[Alternative] | None = Field(None, description="with nbest > 1, best first")
+    alignment: str | None = Field(None, description="with alignment: 's-t' pairs, 0-based")
+    attention: Attention | None = Field(None, description="with attention")
+
+
+class TranslateAnswer(BaseModel):
+    translations: list[Translation] = Field(description="one per sentence, in their order")
+    model: str = Field(description="the name of the model that translated them")
+
+
+class ErrorBody(BaseModel):
+    """Every error: one line, and the request field at fault when there is one."""
+
+    error: str = Field(description="what is wrong and what to do, in one line")
+    field: str | None = Field(None, description="the field at fault (sentences.3, beam, ...)")
+
+
+class Health(BaseModel):
+    status: str = Field(description="ok, or busy: a model has decoded one batch past --timeout")
+    live: bool
+    ready: bool = Field(description="false (with status 503) while a model is stuck")
+    busy_seconds: float = Field(description="the longest decode under way, in seconds")
+    waiting: int = Field(description="requests queued or part-way decoded")
+    requests_decoded: int
+    batches: int
+
+
+class ModelEntry(BaseModel):
+    name: str = Field(description="what a request's model field gives to choose it")
+    source_language: str
+    target_language: str
+    architecture: str
+    ensemble: bool
+
+
+class Models(BaseModel):
+    models: list[ModelEntry]
+
+
+# the errors each route may answer, for the OpenAPI schema
+_ERRORS = {
+    400: "malformed body: not JSON, not UTF-8, nested too deeply, a lone surrogate",
+    401: "missing or wrong API key (--api-key)",
+    413: "too large: sentences, characters, body, a sentence longer than the model reads, "
+    "the request's cost or its attention",
+    415: "the body is not Content-Type: application/json",
+    421: "the Host header is not a name of this server (--allowed-host)",
+    422: "a field out of its range, settings that do not go together, an unknown model",
+    429: "too many requests waiting (--max-queue); Retry-After says when to try again",
+    503: "no answer within --timeout, or every connection busy (--max-connections)",
+}
+
+
+def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """FastAPI's `responses` for these error statuses, each with the ErrorBody schema."""
+    return {s: {"model": ErrorBody, "description": _ERRORS[s]} for s in statuses}
