@@ -446,6 +446,78 @@ def test_the_page_translates_and_draws_the_attention_in_a_real_browser(server, t
         browser.close()
 
 
+def test_the_picture_has_a_fixed_scale_values_on_hover_and_an_honest_failure(
+    server, sentences, tmp_path
+):
+    """The attention picture is drawn on a fixed 0-1 scale (a cell's colour is its weight's,
+    whatever the largest weight), with a legend; scaling to the largest weight is an option the
+    legend then says; hovering a cell shows its weight; a long sentence scrolls inside its
+    panel; a failed request clears the old results; PNG and SVG export."""
+    from tests.webdriver import Browser, find_browser
+
+    found = find_browser()
+    if found is None:
+        pytest.skip("no chromium and chromedriver (apt-get install chromium chromium-driver)")
+    browser = Browser(*found, free_port())
+    line = " ".join(sentences[:3] * 3)  # (a long sentence: wider than its panel)
+    answer = server.post({"sentences": [line], "attention": True}).json()["translations"][0]
+    weights = answer["attention"]["weights"]  # (L, H, T, S): the page draws their mean
+    cells = [h for layer in weights for h in layer]
+    mean = [[sum(h[t][s] for h in cells) / len(cells) for s in range(len(cells[0][0]))]
+            for t in range(len(cells[0]))]  # fmt: skip
+    try:
+        browser.go(server.url + "/")
+        browser.wait_for("document.getElementById('model').textContent.includes('src')")
+        browser.type("#source", line)
+        browser.click("#translate")
+        browser.wait_for("document.getElementById('attention').getAttribute('data-rows')")
+        assert browser.script("return document.getElementById('attention').dataset.peak;") == "1"
+        assert browser.script("return document.getElementById('high').textContent;") == "1"
+        geometry = browser.script(
+            "const c = document.getElementById('attention'), p = document.getElementById("
+            "'scroll'); return [c.width, p.clientWidth, p.scrollWidth];"
+        )
+        assert geometry[0] > geometry[1] and geometry[2] >= geometry[0]  # it scrolls
+        t, s = 1, 2
+        pixel = browser.script(
+            "const c = document.getElementById('attention'), ctx = c.getContext('2d');"
+            "const d = window.drawnForTest = drawn;"
+            f"return Array.from(ctx.getImageData(d.left + {s} * d.cell + 5, d.top + {t} * d.cell"
+            " + 5, 1, 1).data).slice(0, 3);"
+        )
+        v = mean[t][s]
+        want = [round(255 - 200 * v), round(255 - 190 * v), round(255 - 80 * v)]
+        assert max(abs(a - b) for a, b in zip(pixel, want, strict=True)) <= 2, (pixel, want)
+        shown = browser.script(
+            "const c = document.getElementById('attention'), b = c.getBoundingClientRect();"
+            f"const x = b.left + drawn.left + {s} * drawn.cell + 5, y = b.top + drawn.top + "
+            f"{t} * drawn.cell + 5;"
+            "c.dispatchEvent(new MouseEvent('mousemove', {clientX: x, clientY: y}));"
+            "return document.getElementById('hover').textContent;"
+        )
+        assert shown.endswith(f"{v:.4f}"), (shown, v)
+        browser.click("#stretch")
+        peak = float(browser.script("return document.getElementById('attention').dataset.peak;"))
+        assert abs(peak - max(max(row) for row in mean)) < 1e-6 and peak < 1
+        assert "largest" in browser.script("return document.getElementById('scalenote')"
+                                           ".textContent;")  # fmt: skip
+        browser.screenshot(tmp_path / "picture.png")
+        assert (tmp_path / "picture.png").stat().st_size > 10_000
+        svg = browser.script(
+            "let got = null; const keep = URL.createObjectURL; URL.createObjectURL = (b) => "
+            "{ got = b; return keep(b); }; exportSvg(); URL.createObjectURL = keep; "
+            "return got ? got.type : null;"
+        )
+        assert svg == "image/svg+xml"
+        browser.script("document.getElementById('beam').value = '0';")  # a 422
+        browser.click("#translate")
+        browser.wait_for("document.getElementById('status').className == 'error'")
+        assert browser.script("return document.querySelectorAll('#output li').length;") == 0
+        assert browser.script("return document.getElementById('attention').width;") == 1
+    finally:
+        browser.close()
+
+
 def test_an_ensemble_is_served_as_mt_translate_decodes_it_and_says_why_no_picture(
     tiny_run, sentences, tmp_path
 ):
