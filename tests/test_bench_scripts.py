@@ -476,6 +476,7 @@ def test_bench_serve_loads_both_modes_and_loses_nothing(tiny_run):
     result = json.loads(proc.stdout)
     for mode in ("batching", "no_batching"):
         assert result[mode]["errors"] == 0 and result[mode]["lost"] == 0
+        assert result[mode]["wrong"] == 0 and result[mode]["torch_threads"] >= 1
         assert result[mode]["requests_per_s"] > 0
     # without batching every request is its own batch (9 timed + 8 warm-up)
     assert result["no_batching"]["health"]["batches"] == 17

@@ -69,6 +69,8 @@ def _attention(translator: Any, found: Any, opts: DecodeOptions) -> dict[str, An
 
 def model_info(translator: Any, ckpts: list[dict[str, Any]], paths: list[Path]) -> dict[str, Any]:
     """GET /info: what the server translates with (ckpts: the checkpoints, as loaded)."""
+    import torch
+
     import mt
     from mt.artifacts import checkpoint
 
@@ -102,6 +104,7 @@ def model_info(translator: Any, ckpts: list[dict[str, Any]], paths: list[Path]) 
         "training_steps": [checkpoint.trained_steps(c) for c in ckpts],
         "trained_precision": checkpoint.trained_precision(ckpts[0]),
         "device": str(translator.device),
+        "threads": torch.get_num_threads(),  # (torch's intra-op threads on a CPU)
         "decoding": {
             "beam": decode.beam,
             "length_penalty": decode.length_penalty,
