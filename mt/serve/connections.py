@@ -6,9 +6,10 @@ leaves open, so that careless or hostile clients cannot hold the server.
 - It sends its body within `body_timeout` of the headers, and reads its answer: a client that
   stops reading is dropped after `body_timeout` with its answer unwritten.
 - At most `max_connections` are open. One more closes the connection that has waited longest
-  for its request headers (stalled, or idle between requests); when every connection is busy
-  with a request, the new one is answered 503 and closed. (uvicorn's limit_concurrency counts
-  stalled sockets with the rest and answers 503 to everyone else instead.)
+  for its first request's headers (stalled), else the one idle longest between requests (a
+  client that has been answered before, and may be about to send again, goes last); when every
+  connection is busy with a request, the new one is answered 503 and closed. (uvicorn's
+  limit_concurrency counts stalled sockets with the rest and answers 503 to everyone else.)
 
 Timed-out and dropped connections are closed without a log line: a flood of them must not fill
 the log."""
@@ -35,6 +36,7 @@ class GuardedH11Protocol(H11Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._write_timer: asyncio.TimerHandle | None = None
         self._seen: Any = None  # the last request whose headers arrived
+        self.answered = False  # a request of it has been answered
         self.waiting_since: float | None = self.loop.time()  # for its headers; None: a request
         if len(self.connections) > self.max_connections and not self._evict_one():
             self._refuse()
@@ -62,6 +64,7 @@ class GuardedH11Protocol(H11Protocol):
     def on_response_complete(self) -> None:
         super().on_response_complete()
         idle = self.cycle is None or self.cycle.response_complete  # (no pipelined request)
+        self.answered = True
         if idle and not self.transport.is_closing():
             self.waiting_since = self.loop.time()
             self._arm(self.header_timeout, self._headers_late)
@@ -103,8 +106,8 @@ class GuardedH11Protocol(H11Protocol):
     # -- the cap ------------------------------------------------------------------------------
 
     def _evict_one(self) -> bool:
-        """Close the connection that has waited longest for its request headers; False when
-        every other connection is busy with a request."""
+        """Close the connection that has waited longest for its first request's headers, else
+        the one idle longest; False when every other connection is busy with a request."""
         waiting = [
             c
             for c in self.connections
@@ -115,7 +118,7 @@ class GuardedH11Protocol(H11Protocol):
         ]
         if not waiting:
             return False
-        min(waiting, key=lambda c: c.waiting_since or 0.0)._drop()
+        min(waiting, key=lambda c: (c.answered, c.waiting_since or 0.0))._drop()
         return True
 
     def _refuse(self) -> None:
