@@ -20,6 +20,7 @@ pytest.importorskip("uvicorn")
 
 from mt.serve.app import Limits, Served, create_app  # noqa: E402
 from mt.serve.batcher import Batcher, Stopped  # noqa: E402
+from tests.conftest import free_port  # noqa: E402
 from tests.test_serve import INFO, ScriptedTranslator, Server, _serve_in_thread  # noqa: E402
 
 # (timeouts short enough to test, long enough that a busy test machine's own clients meet them)
@@ -336,6 +337,52 @@ def test_cors_origins_and_hosts_named_by_flags_are_allowed():
             assert http.get("/health", headers={"Host": "mt.example:80"}).status_code == 200
             assert http.get("/health", headers={"Host": "localhost"}).status_code == 421
     finally:
+        server.should_exit = True
+        thread.join(10)
+        batcher.close(5)
+
+
+def test_over_the_cap_a_stalled_connection_goes_before_an_answered_idle_one():
+    """With 3 connections allowed: an answered client's idle keep-alive connection (the oldest)
+    survives a fourth connection, which closes the oldest never-answered (stalled) one; the
+    answered client then sends again on its connection and is answered."""
+    import uvicorn
+
+    from mt.serve.connections import guarded
+
+    batcher = Batcher(lambda s, _, __: list(s), max_wait=0.0)
+    app = create_app(Served("m", ScriptedTranslator(), INFO, batcher), Limits())
+    port = free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error",
+                            timeout_keep_alive=30, http=guarded(30.0, 30.0, 3))  # fmt: skip
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    ask = b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n"
+    socks = []
+    try:
+        answered = socket.create_connection(("127.0.0.1", port), timeout=5)
+        socks.append(answered)
+        answered.sendall(ask)
+        assert b"200 OK" in answered.recv(4096)
+        stalled = []
+        for _ in range(2):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: loc")
+            stalled.append(sock)
+            socks.append(sock)
+            time.sleep(0.2)  # (each one waiting longer than the next)
+        newest = socket.create_connection(("127.0.0.1", port), timeout=5)
+        socks.append(newest)
+        assert _closed_within(stalled[0], 3)  # the oldest stalled one, not the answered one
+        assert not _closed_within(stalled[1], 0.3)
+        answered.sendall(ask)
+        assert b"200 OK" in answered.recv(4096)
+    finally:
+        for sock in socks:
+            sock.close()
         server.should_exit = True
         thread.join(10)
         batcher.close(5)
