@@ -5,6 +5,12 @@ class MTError(Exception):
     """
 
 
+def shorten(text: str, limit: int = 40) -> str:
+    """`text` cut to `limit` characters, "..." marking the cut: a value a user gave, shown in
+    a one-line message (a 400-digit number must not make it 400 characters longer)."""
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 class Interrupted(KeyboardInterrupt):
     """The user stopped the program without waiting for a clean stop (a second Ctrl-C).
     The CLI prints the message (what was lost, how to go on) and exits with status 130.

@@ -9,7 +9,7 @@ import typer
 from typer.core import TyperArgument, TyperCommand
 
 from mt.cli.streams import stdout_failed
-from mt.errors import Interrupted, MTError
+from mt.errors import Interrupted, MTError, shorten
 
 # The statuses mt exits with (the command reference lists them from here).
 EXIT_STATUSES = {
@@ -159,10 +159,9 @@ def _check_beam(beam: int | None) -> None:
     from mt.config import MAX_BEAM
 
     if beam is not None and beam > MAX_BEAM:
-        shown = str(beam) if len(str(beam)) <= 12 else str(beam)[:12] + "..."
         raise MTError(
-            f"--beam {shown}: at most {MAX_BEAM} (BLEU stops improving after a beam of "
-            f"about 10, and decoding time grows with the beam); use a smaller --beam"
+            f"--beam {shorten(str(beam))}: at most {MAX_BEAM} (BLEU stops improving after a "
+            f"beam of about 10, and decoding time grows with the beam); use a smaller --beam"
         )
 
 

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from mt.config.schema import Config
-from mt.errors import MTError
+from mt.errors import MTError, shorten
 from mt.outputs import atomic_file
 
 
@@ -61,8 +61,7 @@ def _describe(err: ErrorDetails) -> str:
     if err["type"] == "value_error":
         msg = msg.removeprefix("Value error, ")
         return msg if not loc or msg.startswith(key + ".") else f"{key}: {msg}"
-    got = repr(err.get("input"))
-    return f"{key}: {msg} (got {got if len(got) <= 60 else got[:40] + '...'})"
+    return f"{key}: {msg} (got {shorten(repr(err.get('input')))})"
 
 
 def validate(raw: dict[str, Any], source: str) -> Config:

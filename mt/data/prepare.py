@@ -22,7 +22,7 @@ from mt.data.corpus import (
     split_paths,
 )
 from mt.data.download import download, downloaded_into, is_empty_folder
-from mt.data.tokenizer import Tokenizer
+from mt.data.tokenizer import MODEL_FILES, Tokenizer
 from mt.errors import MTError
 
 
@@ -122,9 +122,10 @@ def cached_train(cfg: Config, tokenizer: Tokenizer, paths, dist, log) -> Paralle
     return encoded
 
 
-def _from_checkpoint(run_dir: Path, what: str, log) -> bool:
+def _from_checkpoint(run_dir: Path, what: str, log) -> Tokenizer | None:
     """Write again the BPE model of a run that has a checkpoint, from the checkpoint's own copy
-    (the model's ids mean nothing in a BPE model trained anew); False: no checkpoint."""
+    (the model's ids mean nothing in a BPE model trained anew), and return it; None: no
+    checkpoint."""
     from mt.artifacts import checkpoint
 
     last = run_dir / "last.pt"
@@ -134,12 +135,12 @@ def _from_checkpoint(run_dir: Path, what: str, log) -> bool:
                 tok = checkpoint.tokenizer_from(checkpoint.load(path))
             except MTError:
                 continue
-            for name in ("spm.model", "spm.src.model", "spm.tgt.model"):
+            for name in MODEL_FILES:
                 (run_dir / name).unlink(missing_ok=True)
             tok.save(run_dir)
             log(f"warning: {run_dir} had a checkpoint but {what}: written again from {path.name}")
-            return True
-    return False
+            return tok
+    return None
 
 
 def bpe_dropout_epochs(cfg: Config, tokenizer: Tokenizer, first: ParallelData):
@@ -220,11 +221,11 @@ def load_tokenizer(
     try:
         tok = Tokenizer.load(run_dir)
     except MTError as e:
-        if not _from_checkpoint(run_dir, f"its BPE model is damaged ({e})", log):
+        tok = _from_checkpoint(run_dir, f"its BPE model is damaged ({e})", log)
+        if tok is None:
             raise
-        tok = Tokenizer.load(run_dir)
-    if tok is None and _from_checkpoint(run_dir, "its BPE model is missing", log):
-        tok = Tokenizer.load(run_dir)
+    if tok is None:
+        tok = _from_checkpoint(run_dir, "its BPE model is missing", log)
     if tok is None and inherited is not None:
         tok = inherited()
         if tok is not None:

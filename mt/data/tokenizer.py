@@ -71,6 +71,10 @@ def _encode(sp: spm.SentencePieceProcessor, lines: list[str], dropout: float) ->
     return sp.Encode(lines, enable_sampling=True, alpha=dropout, nbest_size=-1, num_threads=1)
 
 
+# the BPE model files a run directory holds: one joint model, or a source and a target one
+MODEL_FILES = ("spm.model", "spm.src.model", "spm.tgt.model")
+
+
 class Tokenizer:
     """Source and target sentencepiece models (the same object when the vocabulary is joint)."""
 

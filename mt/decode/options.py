@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from mt.config.decode import MAX_BEAM
 from mt.decode.sampling import Sampling
-from mt.errors import MTError
+from mt.errors import MTError, shorten
 
 if TYPE_CHECKING:
     from mt.config import DecodeConfig
@@ -111,5 +111,4 @@ def _within(name: str, value: float, low: float, high: float) -> None:
         raise OptionError(name, f"{value!r}: must be a whole number")
     finite = isinstance(value, int) or math.isfinite(value)  # (an int of any size is exact)
     if not (finite and low <= value <= high):
-        shown = repr(value) if len(repr(value)) <= 30 else repr(value)[:20] + "..."
-        raise OptionError(name, f"{shown}: must be from {low} to {high}")
+        raise OptionError(name, f"{shorten(repr(value))}: must be from {low} to {high}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from mt.errors import MTError
+from mt.errors import MTError, shorten
 
 # (a bound on counts of processes and threads: no machine or cluster has more, and a digit
 # string of any length stays one line)
@@ -46,9 +46,8 @@ def env_int(name: str) -> int:
         return default
     value = int(text) if text.isascii() and text.lstrip("-").isdigit() and len(text) < 20 else None
     if value is None or not minimum <= value <= maximum:
-        shown = text if len(text) <= 40 else text[:40] + "..."
         raise MTError(
-            f"environment variable {name}={shown!r}: give a whole number from {minimum} to "
+            f"environment variable {name}={shorten(text)!r}: give a whole number from {minimum} to "
             f"{maximum} ({means}), or unset it"
         )
     return value

@@ -11,6 +11,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from mt.errors import shorten
+
 ACCESS_LOG = logging.getLogger("mt.serve.access")
 _SANE_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
 # the paths metrics are labelled with (any other path counts as "other": a scan of random
@@ -107,7 +109,7 @@ def _line(scope: dict, state: dict, status: int, seconds: float, rid: str) -> st
     """One access-log line: client, request, status, sentences, time, decoding time, model, id."""
     client = scope.get("client") or ("-", 0)
     path = scope["path"].encode("unicode_escape").decode("ascii")  # (no line break from a URL)
-    path = path if len(path) <= 80 else path[:80] + "..."
+    path = shorten(path, 80)
     what = f'{client[0]} "{scope["method"]} {path}" {status} {seconds * 1000:.1f} ms'
     if "sentences" in state:
         what += (

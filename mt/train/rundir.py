@@ -12,6 +12,7 @@ from pathlib import Path
 from mt.artifacts import checkpoint
 from mt.config import Config, config_from_dict, diff_configs, save_config
 from mt.data.corpus import split_paths
+from mt.data.tokenizer import MODEL_FILES
 from mt.errors import MTError
 from mt.outputs import RUN_LOCK, check_folder_writable, write_text
 
@@ -239,7 +240,7 @@ def _drop_stale_tokenizer(cfg: Config, run_dir: Path, log) -> None:
     if any(
         c.startswith(("tokenizer.", "data.")) and not c.startswith("data.max_len") for c in changed
     ):
-        for name in ("spm.model", "spm.src.model", "spm.tgt.model"):
+        for name in MODEL_FILES:
             if (run_dir / name).exists():
                 (run_dir / name).unlink()
                 log(
@@ -298,7 +299,7 @@ def _check_files_are_files(run_dir: Path) -> None:
     the training steps before it."""
     from mt.outputs import TRAINERS_FILES
 
-    names = TRAINERS_FILES | {"spm.model", "spm.src.model", "spm.tgt.model"}
+    names = TRAINERS_FILES | set(MODEL_FILES)
     for name in sorted(names):
         if (run_dir / name).is_dir():
             raise MTError(
