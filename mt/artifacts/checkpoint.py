@@ -273,16 +273,21 @@ def config_dict(ckpt: dict[str, Any]) -> dict[str, Any]:
 
 
 def tokenizer_from(ckpt: dict[str, Any]) -> Tokenizer:
-    from mt.data.tokenizer import Tokenizer
+    from mt.data.tokenizer import Tokenizer, Vocabulary
 
     spm = ckpt["spm"]
+    vocab = (
+        Vocabulary.from_json(tensor_to_bytes(spm["vocab"]), "the checkpoint's vocabulary")
+        if "vocab" in spm
+        else None
+    )
     return Tokenizer(
-        tensor_to_bytes(spm["src"]), tensor_to_bytes(spm["tgt"]) if "tgt" in spm else None
+        tensor_to_bytes(spm["src"]), tensor_to_bytes(spm["tgt"]) if "tgt" in spm else None, vocab
     )
 
 
 def same_tokenizer(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """Whether two checkpoints hold the same BPE model(s)."""
+    """Whether two checkpoints hold the same BPE model(s) (and vocabulary)."""
     return a["spm"].keys() == b["spm"].keys() and all(
         torch.equal(a["spm"][k], b["spm"][k]) for k in a["spm"]
     )
@@ -292,6 +297,8 @@ def tokenizer_state(tokenizer: Tokenizer) -> dict[str, Any]:
     state = {"src": bytes_to_tensor(tokenizer.src_model)}
     if not tokenizer.joint:
         state["tgt"] = bytes_to_tensor(tokenizer.tgt_model)
+    if tokenizer.vocab is not None:
+        state["vocab"] = bytes_to_tensor(tokenizer.vocab.to_json())
     return state
 
 

@@ -91,7 +91,7 @@ def model_spec(model, cfg, tokenizer):
         (m.enc_layers, m.dec_layers),
         m.n_heads,
         pre_norm=m.norm == "pre",
-        activation=ct2.specs.Activation.RELU,
+        activation=getattr(ct2.specs.Activation, m.activation.upper()),  # RELU, SWISH, GELU
     )
     _inputs(spec.encoder, model.src_embed, model.positions)
     for s, layer in zip(spec.encoder.layer, model.encoder, strict=True):
@@ -109,15 +109,13 @@ def model_spec(model, cfg, tokenizer):
         _norm(spec.encoder.layer_norm, model.enc_norm)
         _norm(spec.decoder.layer_norm, model.dec_norm)
     spec.decoder.projection.weight = _np(model.output_weight)
-    spec.register_source_vocabulary(_pieces(tokenizer.src))
-    spec.register_target_vocabulary(_pieces(tokenizer.tgt))
+    if model.output_bias is not None:
+        spec.decoder.projection.bias = _np(model.output_bias)
+    spec.register_source_vocabulary(tokenizer.pieces("src"))
+    spec.register_target_vocabulary(tokenizer.pieces("tgt"))
     spec.config.add_source_eos = True  # mt's sources end with EOS
     spec.config.decoder_start_token = "<s>"  # and targets start with BOS
     return spec
-
-
-def _pieces(sp) -> list[str]:
-    return [sp.IdToPiece(i) for i in range(sp.GetPieceSize())]
 
 
 def export(run: Path, out: Path, quantization: str | None = None, force: bool = False) -> Path:
@@ -128,7 +126,9 @@ def export(run: Path, out: Path, quantization: str | None = None, force: bool = 
     trained = checkpoint.open_trained(run)
     cfg, tokenizer, model = trained.config, trained.tokenizer, trained.model
     check_exportable(cfg)
-    _check_out(out, force)
+    check_out(out, force)
+    if out.exists():  # (an earlier export, --force)
+        shutil.rmtree(out)
 
     # ctranslate2 is imported when export runs (an optional extra)
     class Converter(ct2.converters.Converter):  # type: ignore[name-defined]
@@ -154,16 +154,17 @@ def export(run: Path, out: Path, quantization: str | None = None, force: bool = 
     return out
 
 
-def _check_out(out: Path, force: bool) -> None:
+def check_out(out: Path, force: bool, marker: str = "model.bin") -> None:
+    """OUT is absent, an empty folder, or (with --force) an earlier export of the same format,
+    recognised by its `marker` file; never a user's other folder. Nothing is removed here."""
     if out.exists() and not out.is_dir():
-        raise MTError(f"{out} is a file; give a folder for the CTranslate2 model")
+        raise MTError(f"{out} is a file; give a folder for the exported model")
     check_folder_creatable(out.parent, "export")  # OUT is removed and made again in it
     if out.exists() and any(out.iterdir()):
         if not force:
             raise MTError(f"{out} already exists and is not empty; pass --force to replace it")
-        if not (out / "model.bin").is_file():
+        if not (out / marker).is_file():
             raise MTError(
-                f"{out} is not an exported model (no model.bin): mt will not replace "
+                f"{out} is not an exported model (no {marker}): mt will not replace "
                 f"it even with --force; choose another folder"
             )
-        shutil.rmtree(out)

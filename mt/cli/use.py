@@ -209,19 +209,40 @@ def attention_cmd(
 @command("export")
 def export_cmd(
     run: Path = typer.Argument(..., help="run directory (best.pt, else last.pt) or checkpoint"),
-    to: str = typer.Option("ctranslate2", "--to", help="the format: ctranslate2"),
+    to: str = typer.Option(
+        "ctranslate2", "--format", "--to", help="ctranslate2 (fast inference) or transformers"
+    ),
     out: Path = typer.Argument(..., help="folder to write the exported model into"),
     quantization: str | None = typer.Option(
-        None, "--quantization", help="int8, float16, ... (default: float32)"
+        None, "--quantization", help="ctranslate2: int8, float16, ... (default: float32)"
+    ),
+    scores: Path | None = typer.Option(
+        None,
+        "--scores",
+        help="transformers: the JSON of mt eval --json on a test set, for the model card",
     ),
     force: bool = typer.Option(False, "--force", help="replace an earlier export in OUT"),
 ):
-    """Export a Transformer run for a fast inference engine (CTranslate2).
+    """Export a Transformer run for a fast inference engine (CTranslate2) or as a transformers
+    Marian model (a folder from_pretrained loads, with a model card, ready to upload).
 
-    Example: mt export runs/multi30k_de_en ct2_de_en --quantization int8
+    Examples: mt export runs/multi30k_de_en ct2_de_en --quantization int8;
+    mt export runs/multi30k_de_en opus-de-en --format transformers --scores test.json
     """
+    if to == "transformers":
+        from mt.hub.export import export as to_transformers
+
+        if quantization is not None:
+            raise MTError(
+                "--quantization applies to --format ctranslate2; a transformers model is "
+                "saved in float32 (quantize it with transformers' own tools)"
+            )
+        typer.echo(f"wrote {to_transformers(run, out, scores, force)}")
+        return
+    if to != "ctranslate2":
+        raise MTError(f"--format {to!r}: use ctranslate2 or transformers")
+    if scores is not None:
+        raise MTError("--scores applies to --format transformers (its model card)")
     from mt.artifacts.export import export
 
-    if to != "ctranslate2":
-        raise MTError(f"--to {to!r}: the one format is ctranslate2")
     typer.echo(f"wrote {export(run, out, quantization, force)}")

@@ -239,19 +239,23 @@ def load_config(
     cfg = validate(raw, str(path))  # file errors are reported against the file
     written = {".".join(parse_override(o)[0]) for o in overrides}
     saved = path.read_text(encoding="utf-8").startswith(SAVED_HEADER)  # (a run's own)
-    if "model.arch" not in written and not saved:  # (--set model.arch: the file's own)
-        check_written(_written(raw), cfg, str(path))
-    if not overrides:
-        return cfg
-    cfg = validate(apply_overrides(raw, list(overrides)), "--set")
-    check_written(written, cfg, "--set")
+    in_file = set() if saved else _written(raw)
+    if "model.arch" not in written:  # (--set model.arch: the file's own)
+        check_written(in_file, cfg, str(path))
+    if overrides:
+        cfg = validate(apply_overrides(raw, list(overrides)), "--set")
+        check_written(written, cfg, "--set")
+    if cfg.model.init_from is not None:  # (its model fixes the architecture and tokenizer)
+        from mt.hub.imports import with_imported_settings
+
+        cfg = with_imported_settings(cfg, in_file | written, str(path))
     return cfg
 
 
 # the settings that only some architectures read, and which (model.arch); the others ignore
 # them, so a config that writes one for another architecture says one thing and does another
 _TRANSFORMER_KEYS = ("n_heads", "d_ff", "attn_dropout", "act_dropout", "norm", "positional",
-                     "max_relative")  # fmt: skip
+                     "max_relative", "activation", "output_bias")  # fmt: skip
 _NAT_KEYS = ("nat_iterations", "nat_length_beam", "tune_nat_length_beams", "tune_nat_iterations")
 READ_BY_ARCH: dict[str, tuple[str, ...]] = {
     "model.attention": ("rnn",),

@@ -59,6 +59,14 @@ class ModelConfig(Section):
         description="none: three matrices; decoder: target embedding = output layer; "
         "all: source, target and output share one (needs tokenizer.joint)",
     )
+    activation: Literal["relu", "swish", "gelu"] = Field(
+        "relu",
+        description="the feed-forward layers' nonlinearity: relu (the paper's), swish (SiLU, "
+        "as OPUS-MT's Marian models), gelu",
+    )
+    output_bias: bool = Field(
+        False, description="a learned bias per output token added to the logits (as Marian's)"
+    )
     max_positions: int = Field(
         1024, ge=8, le=1 << 20, description="the longest sequence the model takes"
     )
@@ -68,10 +76,21 @@ class ModelConfig(Section):
         "of mt pretrain)",
     )
 
+    init_from: str | None = Field(
+        None,
+        description="start from a transformers Marian model (a folder, or a Hugging Face hub "
+        "id such as Helsinki-NLP/opus-mt-de-en): its architecture, weights and tokenizer",
+    )
+
     _init_encoder_is_a_path = field_validator("init_encoder", mode="before")(user_path)
 
     @model_validator(mode="after")
     def _heads_divide(self) -> ModelConfig:
+        if self.init_from is not None and self.init_encoder is not None:
+            raise ValueError(
+                "model.init_from and model.init_encoder both start the model from elsewhere: "
+                "keep one of them"
+            )
         if self.arch == "rnn":
             if self.positional != "sinusoidal":
                 raise ValueError(

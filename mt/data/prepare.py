@@ -98,6 +98,7 @@ def cached_train(cfg: Config, tokenizer: Tokenizer, paths, dist, log) -> Paralle
     first time (into a shared MT_CACHE_DIR, a second machine's copy of the same key loses the
     race harmlessly), then every rank memory-maps its machine's files."""
     models = [tokenizer.src_model] + ([] if tokenizer.joint else [tokenizer.tgt_model])
+    models += [] if tokenizer.vocab is None else [tokenizer.vocab.to_json()]
     folder = token_cache.folder_for(token_cache.cache_key(paths, models, cfg.data.max_len))
     encoded = None
     if dist.local_rank == 0 and token_cache.load(folder) is None:

@@ -4,8 +4,10 @@ every checkpoint, so training, translation and evaluation tokenize text identica
 from __future__ import annotations
 
 import io
+import json
 import random
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import sentencepiece as spm
@@ -71,33 +73,127 @@ def _encode(sp: spm.SentencePieceProcessor, lines: list[str], dropout: float) ->
     return sp.Encode(lines, enable_sampling=True, alpha=dropout, nbest_size=-1, num_threads=1)
 
 
-# the BPE model files a run directory holds: one joint model, or a source and a target one
-MODEL_FILES = ("spm.model", "spm.src.model", "spm.tgt.model")
+# the files of a run's tokenizer: one joint BPE model, or a source and a target one, and the
+# model's own vocabulary where its ids are not the BPE models' (Vocabulary)
+VOCAB_FILE = "vocab.json"
+MODEL_FILES = ("spm.model", "spm.src.model", "spm.tgt.model", VOCAB_FILE)
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """A model's own token ids where they are not the sentencepiece models' ids: a model
+    imported from transformers numbers its pieces in a vocab.json of its own (one list over
+    two sentencepiece models, as OPUS-MT's), and a text's pieces are looked up there, as
+    MarianTokenizer does (a piece not in it is <unk>). src, tgt: the piece of each id (the same
+    list when both sides share the ids); ids PAD, UNK, BOS and EOS are mt's special tokens."""
+
+    src: tuple[str, ...]
+    tgt: tuple[str, ...]
+
+    def to_json(self) -> bytes:
+        return json.dumps({"src": self.src, "tgt": self.tgt}, ensure_ascii=False).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, where: str) -> Vocabulary:
+        try:
+            raw = json.loads(data)
+            vocab = cls(tuple(raw["src"]), tuple(raw["tgt"]))
+        except (ValueError, KeyError, TypeError):
+            vocab = None
+        if vocab is None or not all(
+            len(side) > EOS and all(isinstance(p, str) for p in side)
+            for side in (vocab.src, vocab.tgt)
+        ):
+            raise MTError(
+                f"{where} is damaged (not a vocabulary of src and tgt pieces); restore it, "
+                f"or start the run again from its model.init_from"
+            )
+        return vocab
+
+
+class _Side:
+    """One side's text <-> ids: a sentencepiece model, and where the model numbers the pieces
+    its own way, that numbering (pieces: id -> piece)."""
+
+    def __init__(self, sp: spm.SentencePieceProcessor, pieces: tuple[str, ...] | None):
+        self.sp, self.pieces = sp, pieces
+        self.ids = None if pieces is None else {p: i for i, p in enumerate(pieces)}
+
+    @property
+    def size(self) -> int:
+        return self.sp.GetPieceSize() if self.pieces is None else len(self.pieces)
+
+    def encode(self, lines: list[str], dropout: float) -> list[list[int]]:
+        if self.ids is None:
+            return _encode(self.sp, lines, dropout)
+        ids = self.ids
+        return [[ids.get(p, UNK) for p in line] for line in _pieces(self.sp, lines, dropout)]
+
+    def decode(self, ids: list[list[int]]) -> list[str]:
+        if self.pieces is None:
+            return self.sp.Decode(ids)
+        # a shared vocabulary holds pieces of the other side's model too, which this side's
+        # leaves as they are: their word boundaries are made spaces here
+        return [
+            self.sp.DecodePieces([self.pieces[i] for i in line]).replace("\u2581", " ").strip()
+            for line in ids
+        ]
+
+    def piece(self, i: int) -> str:
+        return self.sp.IdToPiece(i) if self.pieces is None else self.pieces[i]
+
+    def all_pieces(self) -> list[str]:
+        """The piece of every id, in id order."""
+        return (
+            list(self.pieces)
+            if self.pieces is not None
+            else [self.sp.IdToPiece(i) for i in range(self.sp.GetPieceSize())]
+        )
+
+
+def _pieces(sp: spm.SentencePieceProcessor, lines: list[str], dropout: float) -> list[list[str]]:
+    if not dropout:
+        return sp.Encode(lines, out_type=str)
+    return sp.Encode(
+        lines, out_type=str, enable_sampling=True, alpha=dropout, nbest_size=-1, num_threads=1
+    )
 
 
 class Tokenizer:
-    """Source and target sentencepiece models (the same object when the vocabulary is joint)."""
+    """Source and target sentencepiece models (the same object when the vocabulary is joint),
+    and the model's own numbering of their pieces where it has one (`vocab`, Vocabulary)."""
 
-    def __init__(self, src_model: bytes, tgt_model: bytes | None = None):
+    def __init__(
+        self, src_model: bytes, tgt_model: bytes | None = None, vocab: Vocabulary | None = None
+    ):
         self.src_model = src_model
         self.tgt_model = tgt_model if tgt_model is not None else src_model
         self.joint = tgt_model is None or tgt_model == src_model
+        self.vocab = vocab
         self.src = _load(self.src_model)
         self.tgt = self.src if self.joint else _load(self.tgt_model)
+        self._src = _Side(self.src, None if vocab is None else vocab.src)
+        self._tgt = _Side(self.tgt, None if vocab is None else vocab.tgt)
+
+    @property
+    def shared_ids(self) -> bool:
+        """Whether a token id means the same piece on both sides (what tied source and target
+        embeddings need)."""
+        return self.joint if self.vocab is None else self.vocab.src == self.vocab.tgt
 
     @property
     def src_vocab_size(self) -> int:
-        return self.src.GetPieceSize()
+        return self._src.size
 
     @property
     def tgt_vocab_size(self) -> int:
-        return self.tgt.GetPieceSize()
+        return self._tgt.size
 
     def encode_src(self, lines: list[str], dropout: float = 0.0) -> list[list[int]]:
-        return _encode(self.src, lines, dropout)
+        return self._src.encode(lines, dropout)
 
     def encode_tgt(self, lines: list[str], dropout: float = 0.0) -> list[list[int]]:
-        return _encode(self.tgt, lines, dropout)
+        return self._tgt.encode(lines, dropout)
 
     @staticmethod
     def seed_dropout(seed: int) -> None:
@@ -106,13 +202,20 @@ class Tokenizer:
         spm.set_random_generator_seed(seed)
 
     def decode_tgt(self, ids: list[list[int]]) -> list[str]:
-        return self.tgt.Decode(ids)
+        return self._tgt.decode(ids)
 
     def src_pieces(self, line: str) -> list[str]:
         return self.src.EncodeAsPieces(line)
 
+    def src_pieces_of(self, ids: list[int]) -> list[str]:
+        return [self._src.piece(i) for i in ids]
+
     def tgt_pieces_of(self, ids: list[int]) -> list[str]:
-        return [self.tgt.IdToPiece(i) for i in ids]
+        return [self._tgt.piece(i) for i in ids]
+
+    def pieces(self, side: str) -> list[str]:
+        """The piece of every id of `side` (src or tgt), in id order."""
+        return (self._src if side == "src" else self._tgt).all_pieces()
 
     # -- files in the run directory -------------------------------------------------------
     def save(self, run_dir: Path) -> None:
@@ -121,14 +224,24 @@ class Tokenizer:
         else:
             (run_dir / "spm.src.model").write_bytes(self.src_model)
             (run_dir / "spm.tgt.model").write_bytes(self.tgt_model)
+        if self.vocab is not None:
+            (run_dir / VOCAB_FILE).write_bytes(self.vocab.to_json())
 
     @classmethod
     def load(cls, run_dir: Path) -> Tokenizer | None:
+        vocab_file = run_dir / VOCAB_FILE
+        vocab = (
+            Vocabulary.from_json(vocab_file.read_bytes(), str(vocab_file))
+            if vocab_file.is_file()
+            else None
+        )
         if (run_dir / "spm.model").is_file():
-            return cls((run_dir / "spm.model").read_bytes())
+            return cls((run_dir / "spm.model").read_bytes(), vocab=vocab)
         if (run_dir / "spm.src.model").is_file() and (run_dir / "spm.tgt.model").is_file():
             return cls(
-                (run_dir / "spm.src.model").read_bytes(), (run_dir / "spm.tgt.model").read_bytes()
+                (run_dir / "spm.src.model").read_bytes(),
+                (run_dir / "spm.tgt.model").read_bytes(),
+                vocab,
             )
         return None
 

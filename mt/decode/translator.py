@@ -370,7 +370,7 @@ class Translator:
         """The same for a line `search` translated with `opts`: (its best translation, the
         cross-attention (L, H, T, S) that produced it, source and output subword labels)."""
         hyp, weights, eos_row = self._attention_of(found[0], found[1][0][0], opts)
-        src_labels = [self.tokenizer.src.IdToPiece(i) for i in found[0]] + ["</s>"]
+        src_labels = [*self.tokenizer.src_pieces_of(found[0]), "</s>"]
         tgt_labels = [*self.tokenizer.tgt_pieces_of(hyp), *(["</s>"] if eos_row else [])]
         return self.tokenizer.decode_tgt([hyp])[0], weights, src_labels, tgt_labels
 

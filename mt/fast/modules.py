@@ -44,7 +44,9 @@ def position_wise(x: torch.Tensor, rows: torch.Tensor | None, sublayer) -> torch
 
 
 class FastFeedForward(FeedForward):
-    def __init__(self, d_model: int, d_ff: int, dropout: float):
+    def __init__(self, d_model: int, d_ff: int, dropout: float, activation: str = "relu"):
+        if activation != "relu":  # (the fused node is ReLU's; model_parts keeps the reference)
+            raise ValueError(f"mt/fast's feed-forward layer is ReLU's, not {activation}'s")
         super().__init__(d_model, d_ff, dropout)
         self.net[2] = HashDropout(dropout)
 

@@ -44,6 +44,8 @@ def build_model(cfg, src_vocab: int, tgt_vocab: int, parts: Parts = REFERENCE) -
         pre_norm=cfg.norm == "pre",
         positional=cfg.positional,
         max_relative=cfg.max_relative,
+        activation=cfg.activation,
+        output_bias=cfg.output_bias,
         **common,
     )
     if cfg.arch == "decoder_only":

@@ -23,6 +23,7 @@ class Seq2Seq(nn.Module):
     src_embed: nn.Embedding
     tgt_embed: nn.Embedding
     output: nn.Linear | None  # None: the output layer is the target embedding (tied)
+    output_bias: nn.Parameter | None  # (V,) added to the logits (model.output_bias), or None
     # True where decode() accepts a cross cache of one row per sentence for consecutive
     # groups of hypothesis rows (beam search then keeps no K copies of it).
     cross_cache_per_sentence: bool = False
@@ -52,13 +53,12 @@ class Seq2Seq(nn.Module):
         raise NotImplementedError
 
     def project(self, h: torch.Tensor) -> torch.Tensor:
-        if self.output is not None:
-            return self.output(h)
-        return F.linear(h, self.tgt_embed.weight)  # (..., V): tied with the target embedding
+        """(..., V) logits = h @ output_weight.T (+ output_bias)."""
+        return F.linear(h, self.output_weight, self.output_bias)
 
     @property
     def output_weight(self) -> torch.Tensor:
-        """(V, D): logits = states @ output_weight.T (no bias)."""
+        """(V, D): the output layer's, or the target embedding when they are tied."""
         return self.output.weight if self.output is not None else self.tgt_embed.weight
 
     def forward(
@@ -68,8 +68,11 @@ class Seq2Seq(nn.Module):
         return self.project(self.decode(tgt_in, self.encode(src, src_pad_mask), src_pad_mask))
 
 
-def make_embeddings(model: Seq2Seq, src_vocab: int, tgt_vocab: int, d_model: int, tie: str) -> None:
-    """src_embed, tgt_embed and output (None when the output layer is the target embedding)."""
+def make_embeddings(
+    model: Seq2Seq, src_vocab: int, tgt_vocab: int, d_model: int, tie: str, bias: bool = False
+) -> None:
+    """src_embed, tgt_embed and output (None when the output layer is the target embedding),
+    and output_bias when `bias` (a learned bias per output token, as Marian's models have)."""
     model.tgt_embed = nn.Embedding(tgt_vocab, d_model, padding_idx=PAD)
     if tie == "all":
         if src_vocab != tgt_vocab:
@@ -78,6 +81,7 @@ def make_embeddings(model: Seq2Seq, src_vocab: int, tgt_vocab: int, d_model: int
     else:
         model.src_embed = nn.Embedding(src_vocab, d_model, padding_idx=PAD)
     model.output = None if tie != "none" else nn.Linear(d_model, tgt_vocab, bias=False)
+    model.register_parameter("output_bias", nn.Parameter(torch.zeros(tgt_vocab)) if bias else None)
 
 
 def init_weights(model: Seq2Seq) -> None:

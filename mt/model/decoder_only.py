@@ -39,6 +39,8 @@ class DecoderOnly(Seq2Seq):
         positional: str = "sinusoidal",
         max_relative: int = 16,
         act_dropout: float | None = None,
+        activation: str = "relu",
+        output_bias: bool = False,
         parts: Parts = REFERENCE,
     ):
         super().__init__()
@@ -46,7 +48,7 @@ class DecoderOnly(Seq2Seq):
         # Source and target share the position range: search and translation limit each side
         # to half of it; training only needs the sum to fit.
         self.max_positions = max_positions // 2
-        make_embeddings(self, src_vocab, tgt_vocab, d_model, tie_embeddings)
+        make_embeddings(self, src_vocab, tgt_vocab, d_model, tie_embeddings, output_bias)
         self.positions = AbsolutePositions(positional, max_positions, d_model)
         self.relative = positional == "relative"
         self.dropout = parts.dropout(dropout)
@@ -61,6 +63,7 @@ class DecoderOnly(Seq2Seq):
                 max_relative if self.relative else 0,
                 act_dropout=act_dropout,
                 parts=parts,
+                activation=activation,
             )
             for _ in range(layers)
         )

@@ -10,16 +10,25 @@ from torch import nn
 
 from mt.model.attention import CAUSAL, Mask, MultiHeadAttention
 
+# the feed-forward layer's nonlinearity (`model.activation`): ReLU as in the paper; swish
+# (SiLU, Ramachandran et al. 2017), which Marian's OPUS-MT models use; GELU (Hendrycks & Gimpel
+# 2016, the exact erf form), transformers' default for Marian
+ACTIVATIONS = {"relu": nn.ReLU, "swish": nn.SiLU, "gelu": nn.GELU}
+
 
 class FeedForward(nn.Module):
     """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2, applied to each position alone (sec. 3.3), with
     dropout on the hidden activation (tensor2tensor's relu_dropout, fairseq's
-    activation_dropout; `model.act_dropout`)."""
+    activation_dropout; `model.act_dropout`). activation: another nonlinearity in max's place
+    (ACTIVATIONS)."""
 
-    def __init__(self, d_model: int, d_ff: int, dropout: float):
+    def __init__(self, d_model: int, d_ff: int, dropout: float, activation: str = "relu"):
         super().__init__()
         self.net = nn.Sequential(
-            nn.Linear(d_model, d_ff), nn.ReLU(), nn.Dropout(dropout), nn.Linear(d_ff, d_model)
+            nn.Linear(d_model, d_ff),
+            ACTIVATIONS[activation](),
+            nn.Dropout(dropout),
+            nn.Linear(d_ff, d_model),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -72,13 +81,14 @@ class EncoderLayer(nn.Module):
         relative=0,
         act_dropout=None,
         parts: Parts = REFERENCE,
+        activation: str = "relu",
     ):
         super().__init__()
         self.self_attn = parts.attention(
             d_model, n_heads, attn_dropout, self_attention=True, relative=relative
         )
         self.ffn = parts.feed_forward(
-            d_model, d_ff, dropout if act_dropout is None else act_dropout
+            d_model, d_ff, dropout if act_dropout is None else act_dropout, activation
         )
         self.res1 = parts.residual(d_model, dropout, pre_norm)
         self.res2 = parts.residual(d_model, dropout, pre_norm)
@@ -109,6 +119,7 @@ class DecoderLayer(nn.Module):
         relative=0,
         act_dropout=None,
         parts: Parts = REFERENCE,
+        activation: str = "relu",
     ):
         super().__init__()
         self.self_attn = parts.attention(
@@ -116,7 +127,7 @@ class DecoderLayer(nn.Module):
         )
         self.cross_attn = parts.attention(d_model, n_heads, attn_dropout, self_attention=False)
         self.ffn = parts.feed_forward(
-            d_model, d_ff, dropout if act_dropout is None else act_dropout
+            d_model, d_ff, dropout if act_dropout is None else act_dropout, activation
         )
         self.res1 = parts.residual(d_model, dropout, pre_norm)
         self.res2 = parts.residual(d_model, dropout, pre_norm)

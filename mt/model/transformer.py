@@ -39,11 +39,13 @@ class Transformer(Seq2Seq):
         positional: str = "sinusoidal",
         max_relative: int = 16,
         act_dropout: float | None = None,
+        activation: str = "relu",
+        output_bias: bool = False,
         parts: Parts = REFERENCE,
     ):
         super().__init__()
         self.d_model, self.max_positions = d_model, max_positions
-        make_embeddings(self, src_vocab, tgt_vocab, d_model, tie_embeddings)
+        make_embeddings(self, src_vocab, tgt_vocab, d_model, tie_embeddings, output_bias)
         self.positions = AbsolutePositions(positional, max_positions, d_model)
         self.relative = positional == "relative"
         self.dropout = parts.dropout(dropout)
@@ -57,11 +59,11 @@ class Transformer(Seq2Seq):
             max_relative if self.relative else 0,
         )
         self.encoder = nn.ModuleList(
-            EncoderLayer(*layer_args, act_dropout=act_dropout, parts=parts)
+            EncoderLayer(*layer_args, act_dropout=act_dropout, parts=parts, activation=activation)
             for _ in range(enc_layers)
         )
         self.decoder = nn.ModuleList(
-            DecoderLayer(*layer_args, act_dropout=act_dropout, parts=parts)
+            DecoderLayer(*layer_args, act_dropout=act_dropout, parts=parts, activation=activation)
             for _ in range(dec_layers)
         )
         # Pre-LN leaves the residual stream unnormalised, so each stack ends with a LayerNorm.

@@ -193,6 +193,8 @@ def _data(cfg: Config, run_dir: Path, dist, log, allow_config_change: bool):
     """(the tokenizer, the training pairs, (valid sources, references, pairs)), the corpus
     checked against the run's and recorded (mt.data.prepare)."""
     inherited = functools.partial(pretrained_tokenizer, cfg.model.init_encoder, log)
+    if cfg.model.init_from is not None:
+        inherited = functools.partial(imported_tokenizer, cfg.model.init_from, log)
     renew = check_corpus_unchanged(cfg, run_dir, allow_config_change, log)  # every rank
     data = prepare_data(cfg, run_dir, dist, log, cfg.train.bpe_dropout, inherited=inherited)
     if dist.is_main:
@@ -200,6 +202,14 @@ def _data(cfg: Config, run_dir: Path, dist, log, allow_config_change: bool):
         tokenizer = data[0]
         write_run_info(run_dir, vocab=(tokenizer.src_vocab_size, tokenizer.tgt_vocab_size))
     return data
+
+
+def imported_tokenizer(source: str, log):
+    """The tokenizer of the transformers model a new run starts from (model.init_from)."""
+    from mt.hub.imports import imported
+
+    log(f"using the tokenizer of {source} (model.init_from)")
+    return imported(source).tokenizer
 
 
 def _optimization(cfg: Config, model, device, pretraining: bool):
@@ -223,6 +233,10 @@ def _model(cfg: Config, tokenizer, run_dir: Path, device, pretraining: bool, log
     model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, parts)
     if cfg.model.init_encoder and not has_checkpoint(run_dir):  # a resumed run has its own
         init_encoder(model, cfg.model.init_encoder, tokenizer, log)
+    if cfg.model.init_from and not has_checkpoint(run_dir):
+        from mt.hub.imports import init_from
+
+        init_from(model, cfg.model.init_from, cfg.model.output_bias, log)
     return model.to(device), parts is not REFERENCE and not compiles  # (Flex: compiled)
 
 

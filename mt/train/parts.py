@@ -61,6 +61,8 @@ def model_parts(
         return Parts(attention=FlexMultiHeadAttention, transformer=FlexTransformer)
     if pretraining or compile or t.pack_width or not fast_paths_apply(t.fast_paths, device):
         return REFERENCE
+    if model is not None and (model.activation != "relu" or model.output_bias):
+        return REFERENCE  # (mt/fast's fused feed-forward is ReLU's; its loss has no bias)
     return fast.PARTS
 
 

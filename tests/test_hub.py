@@ -1,0 +1,420 @@
+"""transformers' Marian models: a run exported for `transformers` computes and translates as mt
+does, loaded by transformers alone; a Marian model that follows OPUS-MT's conventions,
+imported with model.init_from, computes as transformers does, fine-tunes and exports back."""
+
+import gzip
+import json
+
+import pytest
+import torch
+
+from mt.tokens import BOS, EOS, PAD
+from tests.conftest import MULTI30K, ROOT, mt_here
+from tests.marian_models import make_opus_like
+
+transformers = pytest.importorskip("transformers")
+needs_multi30k = pytest.mark.skipif(
+    not MULTI30K.is_dir(), reason="real Multi30k not found at ../shared/data/multi30k"
+)
+
+
+def _lines(name: str, n: int) -> list[str]:
+    with gzip.open(MULTI30K / f"{name}.gz", "rt", encoding="utf-8") as f:
+        return [next(f).rstrip("\n") for _ in range(n)]
+
+
+def _corpus(folder, n_train: int = 10000, n_valid: int = 60):
+    """A Multi30k De-En sample as a data.dir: train and valid splits."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for side in ("de", "en"):
+        (folder / f"train.{side}").write_text("\n".join(_lines(f"train.{side}", n_train)) + "\n")
+        (folder / f"valid.{side}").write_text("\n".join(_lines(f"val.{side}", n_valid)) + "\n")
+    return folder
+
+
+def _batch(rows: list[list[int]]) -> torch.Tensor:
+    out = torch.full((len(rows), max(map(len, rows))), PAD)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.tensor(row)
+    return out
+
+
+def logits_gap(model, tokenizer, hf, hf_tok, sources, targets, orders=None) -> float:
+    """max |mt's teacher-forced logit - transformers'| over the real target positions of the
+    pairs (sources: text; targets: mt's target ids), both models on the same tokens; orders:
+    (source, target) mt's id -> the Marian model's (None: the same ids)."""
+    c = hf.config
+    if orders is None:
+        orders = (range(c.vocab_size), range(c.decoder_vocab_size))
+    src_order, order = (torch.tensor(list(o)) for o in orders)
+    src = _batch([[*ids, EOS] for ids in tokenizer.encode_src(sources)])
+    tgt_in = _batch([[BOS, *ids] for ids in targets])
+    enc = hf_tok(sources, return_tensors="pt", padding=True)
+    assert torch.equal(
+        src_order[src].masked_fill(src == PAD, 0),
+        enc["input_ids"].masked_fill(enc["attention_mask"] == 0, 0),
+    )
+    with torch.no_grad():
+        ours = model.eval()(src, tgt_in, src == PAD)  # (B, T, mt's V)
+        theirs = hf.eval()(**enc, decoder_input_ids=order[tgt_in]).logits  # (B, T, V)
+    real = torch.ones_like(tgt_in, dtype=torch.bool)
+    for i, ids in enumerate(targets):
+        real[i, len(ids) + 1 :] = False
+    return (ours - theirs[..., order])[real].abs().max().item()
+
+
+def check_transformers_translates_as_mt(run, out, sources: list[str]) -> None:
+    """transformers alone, on the folder `mt export --format transformers` wrote: the same
+    token ids as mt's tokenizer, teacher-forced logits within 1e-4, and the same translations
+    greedy and with the run's beam and length penalty (length limits that never bind)."""
+    from transformers import MarianMTModel, MarianTokenizer
+
+    from mt.decode.translator import Translator
+
+    hf, hf_tok = MarianMTModel.from_pretrained(out), MarianTokenizer.from_pretrained(out)
+    t = Translator.load(run, "cpu")
+    ids = hf_tok(sources)["input_ids"]
+    assert ids == [[*x, EOS] for x in t.tokenizer.encode_src(sources)]
+    greedy = t.search(sources, beam=1, max_len_a=0, max_len_b=200)
+    outputs = [found[1][0][0] for found in greedy]
+    assert logits_gap(t.model, t.tokenizer, hf, hf_tok, sources, outputs) < 1e-4
+    assert hf.generation_config.num_beams == t.cfg.beam
+    assert hf.generation_config.length_penalty == t.cfg.length_penalty
+    enc = hf_tok(sources, return_tensors="pt", padding=True)
+    for beam in (1, t.cfg.beam):
+        ours = t.translate(sources, beam=beam, max_len_a=0, max_len_b=200)
+        with torch.no_grad():
+            gen = hf.generate(**enc, num_beams=beam, max_length=256)
+        theirs = hf_tok.batch_decode(gen, skip_special_tokens=True)
+        assert max(len(row) for row in gen) < 200  # (the limits never bound)
+        assert theirs == ours, [(a, b) for a, b in zip(theirs, ours, strict=True) if a != b][:3]
+
+
+@pytest.fixture(scope="module")
+def m30k_run(tmp_path_factory):
+    """A small post-LN Transformer trained briefly on a Multi30k De-En sample, in this
+    process, with the length penalty its decode section keeps."""
+    if not MULTI30K.is_dir():
+        pytest.skip("real Multi30k not found at ../shared/data/multi30k")
+    base = tmp_path_factory.mktemp("m30k")
+    code, _, err = mt_here(
+        "train",
+        ROOT / "configs/tiny.yaml",
+        "--run-dir",
+        base / "run",
+        "--set",
+        f"data.dir={_corpus(base / 'data')}",
+        "data.src_lang=de",
+        "data.tgt_lang=en",
+        "data.dataset=null",
+        "tokenizer.vocab_size=1000",
+        "model.norm=post",
+        "train.max_steps=500",
+        "train.warmup=100",
+        "train.valid_every=500",
+        "train.save_every=500",
+        "train.valid_beam=1",
+        "decode.tune_beams=[]",
+        "decode.beam=5",
+        "decode.length_penalty=1.3",
+        "train.device=cpu",
+    )
+    assert code == 0, err
+    return base / "run"
+
+
+@needs_multi30k
+def test_an_exported_run_translates_in_transformers_as_in_mt(m30k_run, tmp_path):
+    out = tmp_path / "de-en"
+    code, _, err = mt_here("export", m30k_run, out, "--format", "transformers")
+    assert code == 0, err
+    names = {p.name for p in out.iterdir()}
+    assert {
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "source.spm",
+        "target.spm",
+        "vocab.json",
+        "tokenizer_config.json",
+        "README.md",
+    } <= names
+    config = json.loads((out / "config.json").read_text())
+    assert config["scale_embedding"] and config["decoder_start_token_id"] == BOS
+    assert config["forced_eos_token_id"] == EOS and config["activation_function"] == "relu"
+    card = (out / "README.md").read_text()
+    assert "license:" in card and "Not evaluated" in card and "mt train" in card
+    # with the scores of mt eval --json, the card shows them with their signatures
+    test_de, test_en = tmp_path / "test.de", tmp_path / "test.en"
+    test_de.write_text("\n".join(_lines("test_2016_flickr.de", 50)) + "\n")
+    test_en.write_text("\n".join(_lines("test_2016_flickr.en", 50)) + "\n")
+    code, scores, err = mt_here("eval", m30k_run, "--src", test_de, "--ref", test_en, "--json")
+    assert code == 0, err
+    (tmp_path / "scores.json").write_text(scores)
+    code, _, err = mt_here(
+        "export",
+        m30k_run,
+        tmp_path / "scored",
+        "--format",
+        "transformers",
+        "--scores",
+        tmp_path / "scores.json",
+    )
+    assert code == 0, err
+    card = (tmp_path / "scored" / "README.md").read_text()
+    bleu = json.loads(scores)
+    assert f"| BLEU | {bleu['bleu']:.2f} | `{bleu['bleu_signature']}` |" in card
+    check_transformers_translates_as_mt(m30k_run, out, _lines("test_2016_flickr.de", 50))
+
+    # mt -> transformers -> mt leaves every weight equal (and the run's model settings)
+    from mt.artifacts import checkpoint
+    from mt.hub.imports import Imported
+
+    trained = checkpoint.open_trained(m30k_run)
+    back = Imported(str(out))
+    fixed = back.settings()
+    assert fixed["model.output_bias"] is False
+    assert all(getattr(trained.config.model, k[6:]) == v for k, v in fixed.items() if "model." in k)
+    assert back.tokenizer.pieces("tgt") == trained.tokenizer.pieces("tgt")
+    ours, theirs = trained.model.state_dict(), back.weights(output_bias=False)
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+@pytest.mark.parametrize(
+    "tie,joint,activation",
+    [
+        ("all", True, "relu"),
+        ("decoder", False, "gelu"),
+        ("none", False, "swish"),
+        ("none", True, "relu"),
+    ],
+)
+def test_tie_modes_and_separate_vocabularies_survive_save_and_load(
+    tmp_path, tie, joint, activation
+):
+    """Through save_pretrained and from_pretrained: transformers' logits equal mt's, and the
+    weights read back equal mt's, for each embedding tie, one vocabulary or two, each
+    activation, with an output bias."""
+    from transformers import MarianMTModel
+
+    from mt.hub.export import marian_config
+    from mt.hub.marian import from_marian, tie_mode, to_marian
+    from mt.model import Transformer
+
+    src_v, tgt_v = (60, 60) if joint else (60, 45)
+    torch.manual_seed(0)
+    model = Transformer(
+        src_vocab=src_v,
+        tgt_vocab=tgt_v,
+        d_model=32,
+        n_heads=4,
+        enc_layers=2,
+        dec_layers=3,
+        d_ff=48,
+        dropout=0.0,
+        attn_dropout=0.0,
+        pre_norm=False,
+        tie_embeddings=tie,
+        max_positions=64,
+        activation=activation,
+        output_bias=True,
+    ).eval()
+    with torch.no_grad():
+        model.output_bias.normal_()
+
+    class Sizes:  # what marian_config reads of a tokenizer
+        src_vocab_size, tgt_vocab_size = src_v, tgt_v
+
+    from mt.config import load_config
+
+    cfg = load_config(
+        "tiny",
+        [
+            "model.norm=post",
+            f"model.tie_embeddings={tie}",
+            f"tokenizer.joint={joint}",
+            f"model.activation={activation}",
+            "model.d_ff=48",
+            "model.d_model=32",
+            "model.dec_layers=3",
+            "model.max_positions=64",
+        ],
+    )
+    hf = MarianMTModel(marian_config(transformers, cfg, Sizes()))
+    missing, unexpected = hf.load_state_dict(to_marian(model.state_dict(), 2, 3, tie), False)
+    assert not unexpected and all("embed_positions" in k for k in missing)
+    hf.save_pretrained(tmp_path / "m")
+    hf = MarianMTModel.from_pretrained(tmp_path / "m").eval()
+    g = torch.Generator().manual_seed(1)
+    src = torch.randint(4, src_v, (3, 9), generator=g)
+    src[:, -1], src[0, 6:] = EOS, PAD
+    src[0, 5] = EOS
+    tgt = torch.randint(4, tgt_v, (3, 7), generator=g)
+    tgt[:, 0] = BOS
+    with torch.no_grad():
+        ours = model(src, tgt, src == PAD)
+        theirs = hf(input_ids=src, attention_mask=(src != PAD).long(), decoder_input_ids=tgt)
+    assert (ours - theirs.logits).abs().max() < 1e-4
+    c = hf.config
+    assert tie_mode(c.share_encoder_decoder_embeddings, c.tie_word_embeddings) == tie
+    back = from_marian(hf.state_dict(), 2, 3, tie, torch.arange(src_v), torch.arange(tgt_v), True)
+    state = model.state_dict()
+    assert state.keys() == back.keys()
+    assert all(torch.equal(state[k], back[k]) for k in state)
+
+
+@pytest.fixture(scope="module")
+def opus_like(tmp_path_factory):
+    """An OPUS-MT-like Marian model with random weights, made here (tests/marian_models.py)."""
+    if not MULTI30K.is_dir():
+        pytest.skip("real Multi30k not found at ../shared/data/multi30k")
+    base = tmp_path_factory.mktemp("opus")
+    return make_opus_like(base / "model", _lines("train.de", 3000), _lines("train.en", 3000))
+
+
+def _finetune_config(path, model, data, *more: str):
+    lines = [
+        "data:",
+        f"  dir: {data}",
+        "  src_lang: de",
+        "  tgt_lang: en",
+        "model:",
+        f"  init_from: {model}",
+        "  dropout: 0.0",
+        *more,
+        "train:",
+        "  max_steps: 20",
+        "  max_tokens: 2000",
+        "  warmup: 10",
+        "  log_every: 5",
+        "  valid_every: 20",
+        "  save_every: 20",
+        "  device: cpu",
+        "decode:",
+        "  beam: 2",
+        "  tune_beams: []",
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@needs_multi30k
+def test_an_opus_mt_like_model_imports_computes_as_transformers_and_fine_tunes(opus_like, tmp_path):
+    from transformers import MarianMTModel, MarianTokenizer
+
+    from mt.config import load_config
+    from mt.decode.translator import Translator
+    from mt.hub.imports import imported
+    from mt.model import build_model
+
+    hf = MarianMTModel.from_pretrained(opus_like).eval()
+    hf_tok = MarianTokenizer.from_pretrained(opus_like)
+    data = _corpus(tmp_path / "data", n_train=2000)
+    cfg = load_config(_finetune_config(tmp_path / "ft.yaml", opus_like, data))
+    m = cfg.model
+    assert (m.activation, m.output_bias, m.tie_embeddings, m.d_model) == ("swish", True, "all", 32)
+    imp = imported(str(opus_like))
+    tok = imp.tokenizer
+    pad = hf.config.pad_token_id
+    # mt's ids: the model's pad, <unk>, decoder start (its pad again) and </s> first
+    assert [imp.tgt_order[i] for i in range(4)] == [pad, 1, pad, 0]
+    model = build_model(m, tok.src_vocab_size, tok.tgt_vocab_size)
+    model.load_state_dict(imp.weights(m.output_bias))
+    sources, refs = _lines("val.de", 100), _lines("val.en", 100)
+    # the vocabulary's ids are not the sentencepiece models': a test that they are mapped
+    sp_ids = imp.tokenizer.src.Encode(sources[:5])
+    assert [[imp.src_order[i] for i in x] for x in tok.encode_src(sources[:5])] != sp_ids
+    orders = (imp.src_order, imp.tgt_order)
+    gap = logits_gap(model, tok, hf, hf_tok, sources, tok.encode_tgt(refs), orders)
+    assert gap < 1e-4, gap
+
+    # greedy: the same outputs, with the same limit (30 tokens, </s> included) on both sides
+    t = Translator(model, tok, cfg.decode, torch.device("cpu"))
+    found = t.search(sources, beam=1, max_len_a=0, max_len_b=30)
+    ours = [[imp.tgt_order[i] for i in f[1][0][0]] for f in found]
+    enc = hf_tok(sources, return_tensors="pt", padding=True)
+    with torch.no_grad():  # (mt never emits <unk>: banned here too)
+        gen = hf.generate(**enc, num_beams=1, max_length=31, bad_words_ids=[[pad], [1]])
+    theirs = [[i for i in row.tolist()[1:] if i not in (0, pad)] for row in gen]
+    assert ours == theirs
+    assert len({tuple(x) for x in ours}) > 10 and min(map(len, ours)) < 29  # (not one output)
+
+    # a short fine-tune trains and translates, and its export loads back with equal logits
+    run = tmp_path / "run"
+    code, _, err = mt_here("train", tmp_path / "ft.yaml", "--run-dir", run)
+    assert code == 0, err
+    losses = [
+        json.loads(x).get("loss")
+        for x in (run / "train_log.jsonl").read_text().split("\n")
+        if x and "loss" in json.loads(x) and "valid_loss" not in json.loads(x)
+    ]
+    assert losses[-1] < losses[0], losses
+    code, out, err = mt_here("translate", run, input="\n".join(sources[:5]) + "\n")
+    assert code == 0 and len(out.splitlines()) == 5, err
+    code, _, err = mt_here("export", run, tmp_path / "back", "--format", "transformers")
+    assert code == 0, err
+    tuned = Translator.load(run, "cpu")
+    back = MarianMTModel.from_pretrained(tmp_path / "back")
+    back_tok = MarianTokenizer.from_pretrained(tmp_path / "back")
+    targets = tuned.tokenizer.encode_tgt(refs[:20])
+    assert logits_gap(tuned.model, tuned.tokenizer, back, back_tok, sources[:20], targets) < 1e-4
+
+
+def _refused(*args, needles=()):
+    code, out, err = mt_here(*args)
+    assert code == 2, (code, out, err)
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    for needle in needles:
+        assert needle in err, (needle, err)
+
+
+@needs_multi30k
+def test_what_cannot_be_imported_or_exported_is_one_line(opus_like, tiny_run, tmp_path):
+    data = _corpus(tmp_path / "data", n_train=50, n_valid=5)
+    not_a_model = tmp_path / "folder"
+    not_a_model.mkdir()
+    bert = tmp_path / "bert"
+    bert.mkdir()
+    (bert / "config.json").write_text('{"model_type": "bert"}')
+    for source, needle in [
+        (not_a_model, "no config.json"),
+        (bert, "is a bert model"),
+        ("Helsinki-NLP/opus-mt-de-en", "hub cannot give it"),
+        ("no/such/folder/here", "no such folder"),
+    ]:
+        config = _finetune_config(tmp_path / "c.yaml", source, data)
+        _refused("train", config, "--run-dir", tmp_path / "r", needles=[str(source), needle])
+    assert not (tmp_path / "r").exists()
+    # a config that says otherwise than the imported model, or sets the tokenizer it brings
+    for more, needle in [
+        ("  d_model: 64", "model.d_model is 64"),
+        ("  activation: relu", "model.activation is relu"),
+    ]:
+        config = _finetune_config(tmp_path / "c.yaml", opus_like, data, more)
+        _refused("train", config, "--run-dir", tmp_path / "r", needles=[needle, "remove"])
+    config = _finetune_config(tmp_path / "c.yaml", opus_like, data)
+    _refused(
+        "train",
+        config,
+        "--run-dir",
+        tmp_path / "r",
+        "--set",
+        "tokenizer.vocab_size=500",
+        needles=["tokenizer.vocab_size", "brings its own tokenizer"],
+    )
+    # what a Marian model cannot hold (tiny_run is pre-LN), and flags of the other format
+    (tmp_path / "s.json").write_text("BLEU = 30")
+    to_x = ("export", tiny_run, tmp_path / "x", "--format")
+    for more, needle in [
+        ((), "model.norm pre"),
+        (("--quantization", "int8"), "--quantization"),
+        (("--scores", tmp_path / "s.json"), "mt eval --json"),
+    ]:
+        _refused(*to_x, "transformers", *more, needles=[needle])
+    _refused(*to_x, "onnx", needles=["transformers"])
+    assert not (tmp_path / "x").exists()
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "mine.txt").write_text("kept")
+    _refused("export", tiny_run, tmp_path / "x", "--format", "transformers", needles=["--force"])
+    assert (tmp_path / "x" / "mine.txt").read_text() == "kept"
