@@ -101,6 +101,15 @@ def test_multi30k_validation_bleu_rises(tmp_path):
     assert sum(a == b for a, b in zip(ct2, ours, strict=True)) >= 98, [
         (a, b) for a, b in zip(ct2, ours, strict=True) if a != b
     ][:3]
+    # and exported for transformers, 200 test sentences translate there as in mt, greedy and
+    # with the run's beam, with teacher-forced logits within 1e-4
+    pytest.importorskip("transformers")
+    from tests.test_hub import check_transformers_translates_as_mt
+
+    out = tmp_path / "marian"
+    assert run_mt("export", tmp_path / "r", out, "--format", "transformers").returncode == 0
+    sources = (tmp_path / "m" / "test.de").read_text().splitlines()[:200]
+    check_transformers_translates_as_mt(tmp_path / "r", out, sources)
 
 
 @pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])

@@ -322,6 +322,7 @@ def test_an_opus_mt_like_model_imports_computes_as_transformers_and_fine_tunes(o
     model = build_model(m, tok.src_vocab_size, tok.tgt_vocab_size)
     model.load_state_dict(imp.weights(m.output_bias))
     sources, refs = _lines("val.de", 100), _lines("val.en", 100)
+    sources[7] = ">>fr<< " + sources[7]  # (a target-language token: one piece, as Marian's)
     # the vocabulary's ids are not the sentencepiece models': a test that they are mapped
     sp_ids = imp.tokenizer.src.Encode(sources[:5])
     assert [[imp.src_order[i] for i in x] for x in tok.encode_src(sources[:5])] != sp_ids
@@ -355,6 +356,9 @@ def test_an_opus_mt_like_model_imports_computes_as_transformers_and_fine_tunes(o
     code, _, err = mt_here("export", run, tmp_path / "back", "--format", "transformers")
     assert code == 0, err
     tuned = Translator.load(run, "cpu")
+    code, _, err = mt_here("attention", run, sources[0], "-o", tmp_path / "a.png")
+    assert code == 0 and (tmp_path / "a.png").is_file(), err
+    _ct2_translates_as_mt(run, tmp_path / "ct2", tuned, sources[:20])
     back = MarianMTModel.from_pretrained(tmp_path / "back")
     back_tok = MarianTokenizer.from_pretrained(tmp_path / "back")
     targets = tuned.tokenizer.encode_tgt(refs[:20])
@@ -418,3 +422,43 @@ def test_what_cannot_be_imported_or_exported_is_one_line(opus_like, tiny_run, tm
     (tmp_path / "x" / "mine.txt").write_text("kept")
     _refused("export", tiny_run, tmp_path / "x", "--format", "transformers", needles=["--force"])
     assert (tmp_path / "x" / "mine.txt").read_text() == "kept"
+
+
+@needs_multi30k
+@pytest.mark.parametrize("joint", [True, False])
+def test_the_exported_tokenizer_encodes_and_decodes_as_mt(tmp_path, joint):
+    """MarianTokenizer on the files the export writes: mt's ids for sources and targets (one
+    vocabulary, or a source and a target one), and mt's text for target ids."""
+    from transformers import MarianTokenizer
+
+    from mt.data.tokenizer import Tokenizer
+    from mt.hub.export import _write_tokenizer
+
+    de, en = _lines("train.de", 2000), _lines("train.en", 2000)
+    tok = Tokenizer.train(
+        de, en, vocab_size=400, joint=joint, character_coverage=1.0, max_sentences=2000, seed=0
+    )
+    _write_tokenizer(transformers, tok, tmp_path)
+    assert (tmp_path / "target_vocab.json").is_file() != joint
+    hf = MarianTokenizer.from_pretrained(tmp_path)
+    sources, targets = _lines("val.de", 30), _lines("val.en", 30)
+    assert hf(sources)["input_ids"] == [[*x, EOS] for x in tok.encode_src(sources)]
+    ids = tok.encode_tgt(targets)
+    assert hf(text_target=targets)["input_ids"] == [[*x, EOS] for x in ids]
+    assert hf.batch_decode(ids, skip_special_tokens=True) == tok.decode_tgt(ids)
+
+
+def _ct2_translates_as_mt(run, out, translator, sources) -> None:
+    """The run exported to CTranslate2 (swish, an output bias, the model's own vocabulary)
+    gives mt's greedy outputs, the same limit on both sides."""
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    code, _, err = mt_here("export", run, out)
+    assert code == 0, err
+    tok = translator.tokenizer
+    pieces = [tok.src_pieces_of(ids) for ids in tok.encode_src(sources)]
+    model = ctranslate2.Translator(str(out), device="cpu")
+    found = model.translate_batch(pieces, beam_size=1, max_decoding_length=29)
+    index = {piece: i for i, piece in enumerate(tok.pieces("tgt"))}
+    theirs = [[index[p] for p in r.hypotheses[0]] for r in found]
+    ours = [f[1][0][0] for f in translator.search(sources, beam=1, max_len_a=0, max_len_b=30)]
+    assert theirs == ours

@@ -127,7 +127,11 @@ class _Side:
         if self.ids is None:
             return _encode(self.sp, lines, dropout)
         ids = self.ids
-        return [[ids.get(p, UNK) for p in line] for line in _pieces(self.sp, lines, dropout)]
+        codes, texts = zip(*map(_language_code, lines), strict=True) if lines else ((), ())
+        return [
+            [ids.get(p, UNK) for p in (*code, *pieces)]
+            for code, pieces in zip(codes, _pieces(self.sp, list(texts), dropout), strict=True)
+        ]
 
     def decode(self, ids: list[list[int]]) -> list[str]:
         if self.pieces is None:
@@ -149,6 +153,13 @@ class _Side:
             if self.pieces is not None
             else [self.sp.IdToPiece(i) for i in range(self.sp.GetPieceSize())]
         )
+
+
+def _language_code(line: str) -> tuple[tuple[str, ...], str]:
+    """A multilingual Marian model's target-language token that starts a source line (">>fr<<
+    Hello"), a piece of its own, and the rest of the line, as MarianTokenizer splits them."""
+    end = line.find("<<") if line.startswith(">>") else -1
+    return ((line[: end + 2],), line[end + 2 :]) if end != -1 else ((), line)
 
 
 def _pieces(sp: spm.SentencePieceProcessor, lines: list[str], dropout: float) -> list[list[str]]:

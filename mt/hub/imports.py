@@ -47,13 +47,10 @@ class Imported:
         except (OSError, ValueError, KeyError, AssertionError) as e:
             raise MTError(f"model.init_from {source}: cannot load it ({_first_line(e)})") from None
         self.config = self.model.config
-        self.src_order, src_pieces = _order(self.hf_tokenizer.encoder, self, self.config.vocab_size)
-        if self.hf_tokenizer.separate_vocabs:
-            self.tgt_order, tgt_pieces = _order(
-                self.hf_tokenizer.target_encoder, self, self.config.decoder_vocab_size
-            )
-        else:
-            self.tgt_order, tgt_pieces = self.src_order, src_pieces
+        hf_tok, c = self.hf_tokenizer, self.config
+        target = hf_tok.target_encoder if hf_tok.separate_vocabs else hf_tok.encoder
+        self.src_order, src_pieces = _order(hf_tok.encoder, self, c.vocab_size)
+        self.tgt_order, tgt_pieces = _order(target, self, c.decoder_vocab_size)
         src_spm, tgt_spm = (Path(f).read_bytes() for f in self.hf_tokenizer.spm_files)
         self.tokenizer = Tokenizer(src_spm, tgt_spm, Vocabulary(src_pieces, tgt_pieces))
 
