@@ -63,10 +63,12 @@ def logits_gap(model, tokenizer, hf, hf_tok, sources, targets, orders=None) -> f
     return (ours - theirs[..., order])[real].abs().max().item()
 
 
-def check_transformers_translates_as_mt(run, out, sources: list[str]) -> None:
+def check_transformers_translates_as_mt(run, out, sources: list[str], limit: int = 200) -> None:
     """transformers alone, on the folder `mt export --format transformers` wrote: the same
     token ids as mt's tokenizer, teacher-forced logits within 1e-4, and the same translations
-    greedy and with the run's beam and length penalty (length limits that never bind)."""
+    greedy and with the run's beam and length penalty. Both searches get the same length limit
+    for every sentence (`limit` tokens, </s> included; transformers has one limit per batch,
+    mt one per sentence), so that a sentence that loops ends alike on both sides."""
     from transformers import MarianMTModel, MarianTokenizer
 
     from mt.decode.translator import Translator
@@ -75,18 +77,18 @@ def check_transformers_translates_as_mt(run, out, sources: list[str]) -> None:
     t = Translator.load(run, "cpu")
     ids = hf_tok(sources)["input_ids"]
     assert ids == [[*x, EOS] for x in t.tokenizer.encode_src(sources)]
-    greedy = t.search(sources, beam=1, max_len_a=0, max_len_b=200)
+    same_limit = {"max_len_a": 0, "max_len_b": limit}
+    greedy = t.search(sources, beam=1, **same_limit)
     outputs = [found[1][0][0] for found in greedy]
     assert logits_gap(t.model, t.tokenizer, hf, hf_tok, sources, outputs) < 1e-4
     assert hf.generation_config.num_beams == t.cfg.beam
     assert hf.generation_config.length_penalty == t.cfg.length_penalty
     enc = hf_tok(sources, return_tensors="pt", padding=True)
     for beam in (1, t.cfg.beam):
-        ours = t.translate(sources, beam=beam, max_len_a=0, max_len_b=200)
-        with torch.no_grad():
-            gen = hf.generate(**enc, num_beams=beam, max_length=256)
+        ours = t.translate(sources, beam=beam, **same_limit)
+        with torch.no_grad():  # (max_length counts the decoder's start token)
+            gen = hf.generate(**enc, num_beams=beam, max_length=limit + 1)
         theirs = hf_tok.batch_decode(gen, skip_special_tokens=True)
-        assert max(len(row) for row in gen) < 200  # (the limits never bound)
         assert theirs == ours, [(a, b) for a, b in zip(theirs, ours, strict=True) if a != b][:3]
 
 
