@@ -357,6 +357,7 @@ def test_an_opus_mt_like_model_imports_computes_as_transformers_and_fine_tunes(o
     assert code == 0 and len(out.splitlines()) == 5, err
     code, _, err = mt_here("export", run, tmp_path / "back", "--format", "transformers")
     assert code == 0, err
+    assert f"started from {opus_like}" in (tmp_path / "back" / "README.md").read_text()
     tuned = Translator.load(run, "cpu")
     code, _, err = mt_here("attention", run, sources[0], "-o", tmp_path / "a.png")
     assert code == 0 and (tmp_path / "a.png").is_file(), err

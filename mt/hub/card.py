@@ -32,6 +32,7 @@ def _scores(evaluated: dict | None, run: Path, src: str, tgt: str) -> list[str]:
             "",
             "```bash",
             f"mt eval {run} --src test.{src} --ref test.{tgt} --json > scores.json",
+            f"mt export {run} OUT --format transformers --scores scores.json",
             "```",
         ]
     rows = ["| metric | score | sacreBLEU signature |", "|---|---|---|"]
@@ -78,8 +79,13 @@ def model_card(trained, run: Path, out: Path, evaluated: dict | None) -> str:
         "",
         f"- corpus: {corpus}, {d.src_lang} -> {d.tgt_lang}; pairs longer than {d.max_len} "
         f"subwords left out",
-        f"- vocabulary: sentencepiece BPE, {tok.src_vocab_size} source and "
-        f"{tok.tgt_vocab_size} target pieces ({'shared' if tok.shared_ids else 'separate'})",
+        f"- vocabulary: sentencepiece, {tok.src_vocab_size} source and {tok.tgt_vocab_size} "
+        f"target pieces ({'shared' if tok.shared_ids else 'separate'})",
+        *(
+            [f"- started from {m.init_from} (model.init_from), fine-tuned on this corpus"]
+            if m.init_from
+            else []
+        ),
         "",
         "## Architecture",
         "",
