@@ -396,6 +396,7 @@ def test_what_cannot_be_imported_or_exported_is_one_line(opus_like, tiny_run, tm
     # a config that says otherwise than the imported model, or sets the tokenizer it brings
     for more, needle in [
         ("  d_model: 64", "model.d_model is 64"),
+        ("tokenizer:\n  vocab_size: 500\n", "tokenizer.vocab_size is 500"),
         ("  activation: relu", "model.activation is relu"),
     ]:
         config = _finetune_config(tmp_path / "c.yaml", opus_like, data, more)
@@ -407,8 +408,8 @@ def test_what_cannot_be_imported_or_exported_is_one_line(opus_like, tiny_run, tm
         "--run-dir",
         tmp_path / "r",
         "--set",
-        "tokenizer.vocab_size=500",
-        needles=["tokenizer.vocab_size", "brings its own tokenizer"],
+        "tokenizer.character_coverage=0.9",
+        needles=["tokenizer.character_coverage", "brings its own tokenizer"],
     )
     # what a Marian model cannot hold (tiny_run is pre-LN), and flags of the other format
     (tmp_path / "s.json").write_text("BLEU = 30")

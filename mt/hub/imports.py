@@ -95,6 +95,7 @@ class Imported:
             "model.activation": ACTIVATIONS[c.activation_function],
             "model.output_bias": bool(bias.any()),
             "tokenizer.joint": self.tokenizer.shared_ids,
+            "tokenizer.vocab_size": self.tokenizer.src_vocab_size,  # (what config.yaml says)
         }
 
     def weights(self, output_bias: bool) -> dict[str, torch.Tensor]:
