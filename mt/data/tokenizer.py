@@ -64,13 +64,16 @@ def _load(model: bytes) -> spm.SentencePieceProcessor:
     return sp
 
 
-def _encode(sp: spm.SentencePieceProcessor, lines: list[str], dropout: float) -> list[list[int]]:
+def _encode(sp: spm.SentencePieceProcessor, lines: list[str], dropout: float, out_type=int):
+    """The lines as ids (out_type int) or pieces (str)."""
     if not dropout:
-        return sp.Encode(lines)
+        return sp.Encode(lines, out_type=out_type)
     # For a BPE model, sentencepiece's sampling with alpha = p is BPE-dropout (each merge
     # skipped with probability p). One thread: with several, the segmentation a seed gives
     # depends on the thread schedule, and the ranks (or a resumed run) would disagree.
-    return sp.Encode(lines, enable_sampling=True, alpha=dropout, nbest_size=-1, num_threads=1)
+    return sp.Encode(
+        lines, out_type=out_type, enable_sampling=True, alpha=dropout, nbest_size=-1, num_threads=1
+    )
 
 
 # the files of a run's tokenizer: one joint BPE model, or a source and a target one, and the
@@ -130,7 +133,7 @@ class _Side:
         codes, texts = zip(*map(_language_code, lines), strict=True) if lines else ((), ())
         return [
             [ids.get(p, UNK) for p in (*code, *pieces)]
-            for code, pieces in zip(codes, _pieces(self.sp, list(texts), dropout), strict=True)
+            for code, pieces in zip(codes, _encode(self.sp, list(texts), dropout, str), strict=True)
         ]
 
     def decode(self, ids: list[list[int]]) -> list[str]:
@@ -160,14 +163,6 @@ def _language_code(line: str) -> tuple[tuple[str, ...], str]:
     Hello"), a piece of its own, and the rest of the line, as MarianTokenizer splits them."""
     end = line.find("<<") if line.startswith(">>") else -1
     return ((line[: end + 2],), line[end + 2 :]) if end != -1 else ((), line)
-
-
-def _pieces(sp: spm.SentencePieceProcessor, lines: list[str], dropout: float) -> list[list[str]]:
-    if not dropout:
-        return sp.Encode(lines, out_type=str)
-    return sp.Encode(
-        lines, out_type=str, enable_sampling=True, alpha=dropout, nbest_size=-1, num_threads=1
-    )
 
 
 class Tokenizer:
@@ -214,9 +209,6 @@ class Tokenizer:
 
     def decode_tgt(self, ids: list[list[int]]) -> list[str]:
         return self._tgt.decode(ids)
-
-    def src_pieces(self, line: str) -> list[str]:
-        return self.src.EncodeAsPieces(line)
 
     def src_pieces_of(self, ids: list[int]) -> list[str]:
         return [self._src.piece(i) for i in ids]
