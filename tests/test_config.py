@@ -211,12 +211,13 @@ def test_compile_and_forced_fast_paths_are_refused_together():
         load_config(ROOT / "configs/tiny.yaml", ["train.compile=true", "train.fast_paths=true"])
     cfg = load_config(ROOT / "configs/tiny.yaml", ["train.compile=true"])  # auto steps aside
     from mt.model import REFERENCE
-    from mt.train.parts import compile_applies, model_parts
+    from mt.train.parts import for_device, model_parts
 
     cpu = torch.device("cpu")
-    assert model_parts(cfg.train, cpu, compile=compile_applies(cfg, cpu)) is REFERENCE
     plain = load_config(ROOT / "configs/tiny.yaml")
-    assert model_parts(plain.train, cpu, compile=compile_applies(plain, cpu)) is not REFERENCE
+    for given, fast in ((cfg, False), (plain, True)):
+        t = for_device(given, cpu)[0].train
+        assert (model_parts(t, cpu, compile=bool(t.compile)) is not REFERENCE) is fast
 
 
 @pytest.mark.parametrize(

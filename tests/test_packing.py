@@ -238,7 +238,7 @@ def test_flex_attention_is_chosen_for_a_compiled_packed_step_on_a_gpu(device, se
     model = ModelConfig(attn_dropout=sets.get("attn_dropout", 0.0),
                         positional=sets.get("positional", "sinusoidal"))  # fmt: skip
     if sets.get("pack_width") == 0:
-        train = TrainConfig(fast_paths="auto")
+        train = TrainConfig(fast_paths="auto", pack_width=0)
     parts = model_parts(train, torch.device(device), compile=sets.get("compile", True),
                         model=model)  # fmt: skip
     assert (parts.attention.__name__ == "FlexMultiHeadAttention") is flex

@@ -313,21 +313,67 @@ def test_bpe_dropout_segments_each_epoch_anew_and_the_same_on_every_rank_and_res
     )
 
 
-def test_forecast_is_revised_from_the_recent_speed():
-    """The first forecast comes from the first updates; a revision uses the speed since then,
-    so a run whose first updates were slow (a GPU's, docs/gpu.md) is forecast to reach
-    max_steps once it is fast, and a budget still cuts it when the speed does not allow it."""
-    from mt.train.progress import Forecast
+class _Run:
+    """A run's clock and compile count for a Forecast: `steps(n, each)` makes n updates of
+    `each` seconds, the first compiling where asked, and returns the last forecast made."""
 
-    f = Forecast(step=0, seconds=0.0)
-    assert f.revise(100, 10.0, 30_000, 3600.0) is None  # nothing forecast yet
-    assert f.update(50, 12.5, 30_000, 3600.0) == 50 + int(3587.5 / 0.25)  # 0.25 s/update
-    assert f.update(60, 15.0, 30_000, 3600.0) is None  # said once
-    assert f.revise(1050, 62.5, 30_000, 3600.0) == 30_000  # 0.05 s/update since
-    assert f.sec_per_step == pytest.approx(0.05)
-    assert f.revise(1050, 62.5, 30_000, 3600.0) is None  # no step since
-    assert f.revise(2050, 362.5, 30_000, 3600.0) == 2050 + int(3237.5 / 0.3)
-    assert f.revise(3050, 400.0, 30_000, 0.0) == 30_000  # no budget: max_steps
+    def __init__(self, max_steps=30_000, budget=3600.0):
+        from mt.train.progress import Forecast
+
+        self.now, self.graphs, self.step, self.syncs = 0.0, 0, 0, 0
+        self.max_steps, self.budget = max_steps, budget
+        self.f = Forecast(0, clock=lambda: self.now, sync=self._sync, compiles=lambda: self.graphs)
+
+    def _sync(self):
+        self.syncs += 1
+
+    def steps(self, n, each, compiles=False, log_every=100):
+        end = None
+        for i in range(n):
+            self.now += each
+            self.step += 1
+            self.graphs += compiles and i == 0
+            got = self.f.update(self.step, self.now, self.max_steps, self.budget,
+                                self.step % log_every == 0)  # fmt: skip
+            end = got if got is not None else end
+        return end
+
+
+def test_a_forecast_measures_the_steady_rate_after_the_compile():
+    """A first update that compiles for 40 s, then 0.01 s updates: the forecast is the
+    steady rate's (max_steps within the hour), not the 27-hour one of the first updates;
+    nothing is forecast before the window after the compile is long enough, and a compile
+    later (validation's decoder step) opens a new window."""
+    run = _Run()
+    assert run.steps(1, 40.0, compiles=True) is None
+    assert run.steps(3, 0.01) is None  # warm-up: no window yet
+    assert run.steps(100, 0.01) is None  # 5 steps but under 5 s: no forecast yet
+    assert run.steps(500, 0.01) == 30_000  # 300 s at 0.01 s/update fits the budget
+    assert run.f.sec_per_step == pytest.approx(0.01) and run.f.done
+    assert run.syncs == 3  # the window's opening, the first forecast, step 600's log line
+    short = _Run(budget=120.0)
+    short.steps(1, 40.0, compiles=True)
+    while not short.f.done:
+        end = short.steps(1, 0.01)
+    assert end == short.step + int((120.0 - short.now) / 0.01)  # the budget's end, steady rate
+    run.steps(1, 30.0, compiles=True)  # a compile: the window opens again after it
+    assert run.steps(3, 0.02, log_every=1) is None  # warm-up: no revision
+    assert run.steps(200, 0.02, log_every=1) is None  # not 5 s in the window yet
+    assert run.steps(400, 0.02, log_every=1) == 30_000  # revised from the new window
+    assert run.f.sec_per_step == pytest.approx(0.02)
+
+
+def test_forecast_is_revised_at_log_lines():
+    """Later forecasts come at log lines, from the window's rate: a run that slows down is
+    forecast to end earlier under its budget; without a budget it ends at max_steps."""
+    run = _Run(budget=1000.0)
+    run.steps(104, 0.1, log_every=1000)
+    assert run.f.done
+    first = run.f.end_step
+    assert run.steps(99, 0.1, log_every=1000) is None  # no log line: no revision
+    end = run.steps(1000, 2.0, log_every=100)  # much slower
+    assert end is not None and end < first
+    assert _Run(budget=0.0).steps(700, 0.01) == 30_000
 
 
 def test_a_budget_far_short_of_the_expected_updates_is_said():
@@ -335,15 +381,24 @@ def test_a_budget_far_short_of_the_expected_updates_is_said():
     2,957 of the 14,000 the config's results came from: said, with what to do."""
     from mt.train.progress import Forecast
 
-    f = Forecast(step=0, seconds=0.0)
-    end = f.update(10, 28.0, 30_000, 138 * 60.0)
-    assert end == 10 + int((138 * 60 - 28) / 2.8)
+    clock = [0.0]
+    f = Forecast(0, clock=lambda: clock[0], compiles=lambda: 0)
+    step = end = 0
+    while end is None or not f.done:  # after the warm-up, 5 updates of the window
+        step += 1
+        clock[0] = 2.8 * step
+        end = f.update(step, clock[0], 30_000, 138 * 60.0)
+    assert step == Forecast.WARMUP_STEPS + Forecast.MEASURE_STEPS
+    assert end == step + int((138 * 60 - clock[0]) / 2.8)
     msg = f.shortfall(30_000, 138, 14_000)
     assert f"near step {end:,}" in msg and "14,000 updates" in msg
     assert "train.max_minutes=0 train.max_steps=14000" in msg and "10 h 53 min" in msg
     assert f.shortfall(30_000, 138, 0) is None  # the config names no expectation
-    fast = Forecast(step=0, seconds=0.0)
-    fast.update(25, 10.0, 30_000, 138 * 60.0)  # 0.4 s per update: 20,700 updates
+    fast = Forecast(0, clock=lambda: clock[0], compiles=lambda: 0)
+    for step in range(1, 26):  # 0.4 s per update: 20,700 updates
+        clock[0] = 0.4 * step
+        fast.update(step, clock[0], 30_000, 138 * 60.0)
+    assert fast.done
     assert fast.shortfall(30_000, 138, 14_000) is None
     assert fast.shortfall(3_000, 138, 14_000) is None  # max_steps itself is the choice
 

@@ -61,7 +61,7 @@ class Config(Section):
     @model_validator(mode="after")
     def _packing_fits_the_model(self) -> Config:
         width = self.train.pack_width
-        if not width:
+        if not width or width == "auto":  # (auto packs only where it fits: mt.train.parts)
             return self
         if self.model.arch != "transformer":
             raise ValueError(

@@ -3,7 +3,7 @@ logging and checkpoints, the device and the step's speed paths."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -97,14 +97,14 @@ class TrainConfig(Section):
         "or CUDA-graphed step; mt/data/batching.py bucket_batches); 0 = the length-sorted "
         "batches of least padding",
     )
-    pack_width: int = Field(
-        0,
-        ge=0,
-        le=1 << 20,
+    pack_width: Annotated[int, Field(ge=0, le=1 << 20)] | Literal["auto"] = Field(
+        "auto",
         description="pack several sentence pairs into each row of fixed blocks of "
         "max_tokens // (2 * pack_width) rows of this many source and target positions (one "
         "batch shape for the whole run, little padding; each pair attends to itself alone); "
-        "0 = one pair per row",
+        "0 = one pair per row; auto: packed where the step is compiled on a GPU (train.compile) "
+        "and the objective packs (a Transformer's plain label-smoothed cross-entropy), "
+        "data.max_len rounded up to a multiple of 64 wide; one pair per row elsewhere",
     )
     prefetch_batches: int = Field(
         2,
@@ -275,7 +275,7 @@ class TrainConfig(Section):
         "false: the reference model and loss as written; true: on any device",
     )
     compile: Literal["auto", True, False] = Field(
-        False,
+        "auto",
         description="torch.compile the training forward/backward of the reference model and "
         "its loss (dynamic shapes; static ones, one compilation per shape, with shape_buckets "
         "or pack_width, each shape's step then replayed as a CUDA graph on a GPU); "
@@ -283,6 +283,18 @@ class TrainConfig(Section):
         "compiles (label-smoothed cross-entropy of a Transformer; not R-Drop, scheduled "
         "sampling, the NAT or the RNN), with fast_paths auto or false",
     )
+
+    @field_validator("pack_width", mode="before")
+    @classmethod
+    def _width_or_auto(cls, v: Any) -> Any:
+        if v == "auto":
+            return v
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 1 << 20:
+            raise ValueError(
+                f"give a whole number of positions, 0 to {1 << 20} (0: one pair per row), "
+                f"or auto (got {v!r})"
+            )
+        return v
 
     @field_validator("fast_paths", "compile", mode="before")
     @classmethod
@@ -311,7 +323,7 @@ class TrainConfig(Section):
 
     @model_validator(mode="after")
     def _packing_fits(self) -> TrainConfig:
-        if not self.pack_width:
+        if not self.pack_width or self.pack_width == "auto":  # (auto: decided per device)
             return self
         if self.shape_buckets:
             raise ValueError(

@@ -66,7 +66,7 @@ def sampler(
             probs = sorted_logits.softmax(-1)
             # drop a token when the more likely ones already reach topp (the first never)
             drop = (probs.cumsum(-1) - probs) >= topp
-            drop[:, 0] = False  # (a topp below float32's least number would drop it too)
+            drop[:, 0].fill_(False)  # (a topp below float32's least number would drop it too)
             logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, -float("inf")))
         return torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(1)
 

@@ -151,7 +151,7 @@ def _constrain(lprobs, step: int, min_len: int, at_limit, forced: Sequence[int],
     (N,) bool), the forced prefix while it lasts (its token the only choice, its log-prob kept
     so that scores stay comparable). Returns the constrained (N, V)."""
     if step < min_len:
-        lprobs[:, EOS] = -float("inf")
+        lprobs[:, EOS].fill_(-float("inf"))  # (a fill: no number copied from the host)
     if pace.check_every == 1:  # the host looks anyway: touch the rows at their limit only
         idx = at_limit.nonzero().squeeze(1)
         if len(idx):
@@ -159,7 +159,7 @@ def _constrain(lprobs, step: int, min_len: int, at_limit, forced: Sequence[int],
             lprobs[idx, EOS] = 0.0
     else:  # a select over all rows, without a read of the device
         eos_only = torch.full_like(lprobs[:1], -float("inf"))
-        eos_only[:, EOS] = 0.0
+        eos_only[:, EOS].fill_(0.0)
         lprobs = torch.where(at_limit[:, None], eos_only, lprobs)
     if step < len(forced):
         keep = lprobs[:, forced[step]].clone()
@@ -216,7 +216,7 @@ class Beam:
     def __init__(self, b: int, k: int, steps: int, dev):
         self.k = k
         self.scores = torch.full((b, k), -float("inf"), device=dev)  # (n, K)
-        self.scores[:, 0] = 0.0  # one live hypothesis per sentence at first
+        self.scores[:, 0].fill_(0.0)  # one live hypothesis per sentence at first
         self.hyps = torch.full((b * k, 1), BOS, dtype=torch.long, device=dev)  # (n * K, t + 1)
         self.finished = Finished(b, k, steps, dev)
 

@@ -1,7 +1,8 @@
 """Counting the places where Python waits for a tensor's values (a host sync on a GPU): every
 `.item()`, `.tolist()`, `bool()`/`int()`/`float()` of a tensor, `nonzero()`, `.cpu()`,
-`.numpy()`, `.to("cpu")`, and indexing with a boolean mask (whose result's size depends on the
-values). On a GPU each one stalls the host until the device has caught up, so a decoding or
+`.numpy()`, `.to("cpu")`, indexing with a boolean mask (whose result's size depends on the
+values), and a Python number written through a basic index (`t[i] = 0.0`: a copy from the
+host). On a GPU each one stalls the host until the device has caught up, so a decoding or
 training step written to stay on the device keeps them out of its loop. They are counted the
 same way on the CPU, where a test can see them without a GPU:
 
@@ -40,6 +41,17 @@ def _to_host(args, kwargs) -> bool:
     return "cpu" in (*args[1:2], kwargs.get("device"))
 
 
+def _scalar_write(args) -> bool:
+    """t[i] = 0.0 with a basic index (ints, slices): the number becomes a CPU tensor that is
+    copied to the device, and a copy from the host waits for it (t[i].fill_(0.0) passes the
+    number to the kernel instead). An index of tensors or lists writes through index_put_,
+    which takes the number as it is."""
+    if len(args) < 3 or isinstance(args[2], torch.Tensor) or not isinstance(args[2], int | float):
+        return False
+    items = args[1] if isinstance(args[1], tuple) else (args[1],)
+    return not any(isinstance(i, torch.Tensor | list) for i in items)
+
+
 def _bool_index(args) -> bool:
     index = args[1] if len(args) > 1 else None
     items = index if isinstance(index, tuple) else (index,)
@@ -60,6 +72,7 @@ class HostSyncs(TorchFunctionMode):
         reads = (
             func in _READS
             or (func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__) and _bool_index(args))
+            or (func is torch.Tensor.__setitem__ and _scalar_write(args))
             or (func is torch.Tensor.to and _to_host(args, kwargs))
         )
         if reads and not (func in (torch.Tensor.nonzero, torch.nonzero) and _sized(kwargs)):

@@ -18,7 +18,7 @@ from mt.runtime.device import PRECISION_NAMES, amp_dtype, pick_device
 from mt.runtime.distributed import setup
 from mt.runtime.memory import prefer_huge_pages
 from mt.runtime.threads import choose_threads
-from mt.train.parts import build_objective, compile_applies, model_parts
+from mt.train.parts import build_objective, for_device, model_parts
 from mt.train.pretrained import (
     encoder_parameters,
     init_encoder,
@@ -153,7 +153,12 @@ def _build(
     torch.manual_seed(t.seed)
     tokenizer, train_data, valid = _data(cfg, run_dir, dist, log, allow_config_change)
     device = pick_device(device_name)
-    compiles = compile_applies(cfg, device, pretraining)
+    run_config = cfg.to_dict()  # (as the user gave it: auto is decided again on resuming)
+    cfg, chosen = for_device(cfg, device, pretraining)
+    if chosen:
+        log(chosen)
+    t = cfg.train
+    compiles = bool(t.compile)
     model, fused = _model(cfg, tokenizer, run_dir, device, pretraining, log, compiles)
     seed = t.seed + dist.rank  # this rank's draws
     objective = build_objective(
@@ -175,7 +180,7 @@ def _build(
         validation=validation,
         tokenizer=tokenizer,
         cfg=t,
-        run_config=cfg.to_dict(),
+        run_config=run_config,
         objective=objective,
         run_dir=run_dir,
         device=device,
@@ -227,8 +232,6 @@ def _model(cfg: Config, tokenizer, run_dir: Path, device, pretraining: bool, log
     """(the model on `device`, whether the loss is mt/fast's fused one): built from mt/fast's
     modules where they apply (not under torch.compile: `compiles`), starting from a pretrained
     encoder where the config names one."""
-    if cfg.train.compile == "auto" and compiles:
-        log("train.compile auto: the training step runs through torch.compile on this GPU")
     parts = model_parts(cfg.train, device, pretraining, compiles, model=cfg.model)
     model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, parts)
     if cfg.model.init_encoder and not has_checkpoint(run_dir):  # a resumed run has its own

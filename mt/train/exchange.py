@@ -77,7 +77,7 @@ def settle(
         factor = factor * (clip_norm / (norm + 1e-6)).clamp(max=1.0)
     for g in grads:
         g.mul_(factor.to(g.dtype))
-    extras[OUT_OF_MEMORY] = 0.0  # (set again by the next update that runs out)
+    extras[OUT_OF_MEMORY : OUT_OF_MEMORY + 1].zero_()  # (a kernel: no number from the host)
     return skip, 1.0 - skip, row
 
 

@@ -46,6 +46,64 @@ def compile_applies(cfg, device: torch.device, pretraining: bool = False) -> boo
     return device.type == "cuda" and plain and t.fast_paths is not True
 
 
+# train.pack_width auto: data.max_len rounded up to a multiple of this (FlexAttention's blocks
+# are 128 positions; half of one keeps short corpora's rows short)
+PACK_MULTIPLE = 64
+
+
+def for_device(cfg: Config, device: torch.device, pretraining: bool = False):
+    """(the run's config with train.compile and train.pack_width as this device takes them,
+    a line saying what was chosen and why, or None where nothing was left to choose). auto
+    compiles the step on a GPU (compile_applies) and then packs the batches into blocks of one
+    shape (packs_automatically), so the compiled step is one CUDA graph replayed; on a CPU
+    both stay off, the step eager over mt/fast's paths."""
+    t = cfg.train
+    compile = compile_applies(cfg, device, pretraining)
+    width = t.pack_width
+    if width == "auto":
+        width = auto_pack_width(cfg) if compile and packs_automatically(cfg, pretraining) else 0
+    resolved = cfg.model_copy(update={"train": t.model_copy(update={"compile": compile,
+                                                                    "pack_width": width})})  # fmt: skip
+    if device.type != "cuda" or (t.compile != "auto" and t.pack_width != "auto"):
+        return resolved, None
+    how = "compiled (train.compile auto)" if compile else "eager"
+    if t.compile == "auto" and not compile:
+        how += " (train.compile auto compiles a Transformer's plain cross-entropy, not this step)"
+    if t.pack_width == "auto":
+        how += (
+            f", on packed blocks {width} positions wide (train.pack_width auto: data.max_len "
+            f"{cfg.data.max_len} rounded up to a multiple of {PACK_MULTIPLE})"
+            if width
+            else ", one pair per row (train.pack_width auto packs a compiled plain step)"
+        )
+    return resolved, f"the training step on this GPU: {how}"
+
+
+def packs_automatically(cfg: Config, pretraining: bool = False) -> bool:
+    """Whether train.pack_width auto packs a compiled step: a Transformer's plain
+    label-smoothed cross-entropy (R-Drop and scheduled sampling train on one pair per row),
+    without shape buckets or mt/fast forced, with room for a row in a batch."""
+    t = cfg.train
+    width = auto_pack_width(cfg)
+    return (
+        not pretraining
+        and cfg.model.arch == "transformer"
+        and t.rdrop_alpha == 0
+        and t.scheduled_sampling is None
+        and not t.shape_buckets
+        and t.fast_paths is not True
+        and cfg.data.max_len <= width <= cfg.model.max_positions
+        and t.max_tokens >= 2 * width
+    )
+
+
+def auto_pack_width(cfg: Config) -> int:
+    """train.pack_width auto's width: data.max_len rounded up to a multiple of PACK_MULTIPLE,
+    within model.max_positions."""
+    width = -(-cfg.data.max_len // PACK_MULTIPLE) * PACK_MULTIPLE
+    return min(width, cfg.model.max_positions)
+
+
 def model_parts(
     t, device: torch.device, pretraining: bool = False, compile: bool = False, model=None
 ) -> Parts:
@@ -59,11 +117,17 @@ def model_parts(
         from mt.fast.flex import FlexMultiHeadAttention, FlexTransformer  # (imports dynamo)
 
         return Parts(attention=FlexMultiHeadAttention, transformer=FlexTransformer)
-    if pretraining or compile or t.pack_width or not fast_paths_apply(t.fast_paths, device):
+    if pretraining or compile or packed(t) or not fast_paths_apply(t.fast_paths, device):
         return REFERENCE
     if model is not None and (model.activation != "relu" or model.output_bias):
         return REFERENCE  # (mt/fast's fused feed-forward is ReLU's; its loss has no bias)
     return fast.PARTS
+
+
+def packed(t) -> bool:
+    """Whether the train config `t` packs its batches (auto counts as not yet: the Trainer
+    takes a config decided for its device, for_device)."""
+    return t.pack_width not in (0, "auto")
 
 
 def flex_applies(t, model, device: torch.device, pretraining: bool, compile: bool) -> bool:
@@ -72,7 +136,7 @@ def flex_applies(t, model, device: torch.device, pretraining: bool, compile: boo
     train.fast_paths auto or true, no attention-weight dropout and absolute positions."""
     return (
         model is not None
-        and t.pack_width > 0
+        and packed(t)
         and compile
         and not pretraining
         and device.type == "cuda"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import time
 from contextlib import contextmanager
 
 from mt.errors import Interrupted
@@ -53,39 +54,59 @@ def lost_work_message(step: int, saved_step: int) -> str:
     )
 
 
+def compiles_so_far() -> int:
+    """The graphs torch.compile has made in this process (0 where nothing imported it)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    return 0 if utils is None else int(utils.counters["stats"]["unique_graphs"])
+
+
 class Forecast:
-    """How long the run will take, from the speed of its first updates in this process."""
+    """How long the run will take at its steady rate: measured over a window that opens
+    WARMUP_STEPS updates after the start or after the last compile (torch.compile's graphs
+    are made, and CUDA graphs recorded, in the first updates of a shape; a compile opens the
+    window again), closed by a device sync at both ends (a GPU's host runs ahead of it). The
+    first forecast comes once the window holds MEASURE_STEPS updates and MEASURE_SECONDS
+    seconds, later ones at every log line. clock: seconds (tests give their own); sync: waits
+    for the device; compiles: the count of compiled graphs so far."""
 
-    MEASURE_STEPS, MEASURE_SECONDS = 5, 10.0
+    WARMUP_STEPS, MEASURE_STEPS, MEASURE_SECONDS = 3, 5, 5.0
 
-    def __init__(self, step: int, seconds: float):
-        self.start_step, self.start_seconds, self.done = step, seconds, False
-        self.sec_per_step = 0.0
+    def __init__(self, step: int, clock=time.perf_counter, sync=None, compiles=compiles_so_far):
+        self.clock, self.sync, self.compiles = clock, sync or (lambda: None), compiles
+        self.seen = compiles()
+        self.quiet_since = step  # the step of the last compile seen, or the start
+        self.window: tuple[int, float] | None = None  # (step, clock) where the rate is measured
+        self.done = False  # whether the first forecast was made
+        self.sec_per_step, self.now_step, self.end_step = 0.0, step, step
 
-    def update(self, step: int, seconds: float, max_steps: int, budget: float) -> int | None:
-        """The step the run will end at, once (when enough has been measured); else None."""
-        steps, elapsed = step - self.start_step, seconds - self.start_seconds
-        if self.done or steps < self.MEASURE_STEPS or elapsed < self.MEASURE_SECONDS:
+    def update(
+        self, step: int, seconds: float, max_steps: int, budget: float, revise: bool = False
+    ) -> int | None:
+        """After each update: the step the run will end at, when a forecast is due (the first
+        once the window is long enough; later ones where `revise`: at a log line); else None.
+        seconds: the training time the budget (`budget` seconds; 0: none) counts so far."""
+        count = self.compiles()
+        if count != self.seen:  # this update compiled: what came before was warm-up
+            self.seen, self.quiet_since, self.window = count, step, None
             return None
+        if self.window is None:
+            if step - self.quiet_since >= self.WARMUP_STEPS:
+                self.sync()
+                self.window = (step, self.clock())
+            return None
+        if self.done and not revise:
+            return None
+        start, opened = self.window
+        if step - start < self.MEASURE_STEPS or self.clock() - opened < self.MEASURE_SECONDS:
+            return None
+        self.sync()
         self.done = True
-        return self._end(step, seconds, elapsed / steps, max_steps, budget)
-
-    def revise(self, step: int, seconds: float, max_steps: int, budget: float) -> int | None:
-        """The end step again, from the speed since the last forecast (validations included,
-        which the time budget counts too); None before the first forecast. On a GPU the first
-        updates ran about 5 times slower than later ones (docs/gpu.md), so a forecast made from
-        them alone would end the progress bar thousands of steps early."""
-        if not self.done or step <= self.now_step or seconds <= self.now_seconds:
-            return None
-        return self._end(
-            step, seconds, (seconds - self.now_seconds) / (step - self.now_step), max_steps, budget
-        )
+        return self._end(step, seconds, (self.clock() - opened) / (step - start), max_steps, budget)
 
     def _end(
         self, step: int, seconds: float, sec_per_step: float, max_steps: int, budget: float
     ) -> int:
-        self.sec_per_step = sec_per_step
-        self.now_step, self.now_seconds = step, seconds
+        self.sec_per_step, self.now_step = sec_per_step, step
         end = max_steps
         if budget > 0:
             end = min(max_steps, step + int(max(0.0, budget - seconds) / sec_per_step))
@@ -141,15 +162,15 @@ def show_progress(bar, st, cfg, forecast: Forecast, last_update, say) -> None:
         loss, _, tokens = last_update.tolist()
         if tokens:  # (0: skipped on the device)
             bar.set_postfix(loss=round(loss / tokens, 3))
-    end_step = forecast.update(st.step, st.train_seconds, cfg.max_steps, 60 * cfg.max_minutes)
-    if end_step is not None:
+    first = not forecast.done
+    end_step = forecast.update(
+        st.step, st.train_seconds, cfg.max_steps, 60 * cfg.max_minutes, st.step % cfg.log_every == 0
+    )
+    if end_step is not None and first:  # (revisions move the bar alone)
         say(forecast.describe(cfg.max_steps, cfg.max_minutes))
         short = forecast.shortfall(cfg.max_steps, cfg.max_minutes, cfg.expected_steps)
         if short:
             say(short)
-    elif st.step % cfg.valid_every == 0:
-        # silently, from the speed since: the first updates can be unrepresentative
-        end_step = forecast.revise(st.step, st.train_seconds, cfg.max_steps, 60 * cfg.max_minutes)
     if end_step is not None and end_step != bar.total:
         bar.total = end_step  # a time budget ends the bar (and its ETA) earlier
         bar.refresh()

@@ -45,8 +45,8 @@ class Trainer:
     translate (encoder pretraining). epoch_data(epoch) -> ParallelData: the training data of
     each epoch where it changes from epoch to epoch (BPE-dropout), and then train_data is None:
     the plain segmentation would be a second copy of the split kept for nothing; None:
-    train_data always. compile: train.compile as resolved for this device and objective
-    (mt.train.parts.compile_applies)."""
+    train_data always. cfg and compile: train.compile and train.pack_width as resolved for
+    this device and objective (mt.train.parts.for_device)."""
 
     def __init__(
         self,
@@ -71,6 +71,8 @@ class Trainer:
         epoch_data: Callable[[int], ParallelData] | None = None,
         compile: bool | None = None,
     ):
+        if cfg.pack_width == "auto":
+            raise ValueError("train.pack_width auto is decided per device (parts.for_device)")
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.scaler, self.objective = scaler, objective
         self.dist = dist = dist or Dist()  # (None: one process, no ranks)
@@ -93,7 +95,7 @@ class Trainer:
         self.budget = TimeBudget(cfg.max_steps, cfg.max_minutes, dist, device)
         self.checkpoints, self.validator, self.run_end = self._outputs(run_config, validation)
         self.window = LogWindow()  # the updates since the last log line
-        self.forecast = Forecast(0, 0.0)  # made again when fit() starts
+        self.forecast = Forecast(0)  # made again when fit() starts
         # the last update's (loss sum, NLL sum, tokens) on the device, for the first steps'
         # display (zeros for one skipped there)
         self.last_update: torch.Tensor | None = None
@@ -313,7 +315,8 @@ class Trainer:
         )
         if st.step:  # resumed: last.pt holds this step
             self.checkpoints.last_step = st.step
-        self.forecast = Forecast(st.step, st.train_seconds)
+        sync = functools.partial(torch.cuda.synchronize, self.device)
+        self.forecast = Forecast(st.step, sync=sync if self.device.type == "cuda" else None)
         self.budget.start(st)
         while st.step < cfg.max_steps:
             updated = self.train_step([next(batches) for _ in range(cfg.accum_steps)])

@@ -188,10 +188,11 @@ def mt_trainer(
     from mt.config import Config
     from mt.model import REFERENCE, build_model
     from mt.objectives import Objective
-    from mt.train.parts import build_objective, model_parts
+    from mt.train.parts import build_objective, for_device, model_parts
     from mt.train.schedule import build_optimizer
     from mt.train.trainer import Trainer
 
+    train_cfg = for_device(Config(model=model_cfg, train=train_cfg), device)[0].train
     compile = train_cfg.compile is True
     parts = model_parts(train_cfg, device, compile=compile)  # as mt train chooses
     model = build_model(model_cfg, vocab, vocab, parts).to(device)
