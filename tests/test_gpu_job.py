@@ -43,3 +43,65 @@ def test_auto_packs_a_compiled_plain_step_alone(sets, compiled, packed):
     cfg = load_config(ROOT / "configs/multi30k_en_de.yaml", sets)
     t = for_device(cfg, CUDA)[0].train
     assert t.compile is compiled and bool(t.pack_width) is packed
+
+
+@pytest.fixture(scope="module")
+def test_set_translator():
+    """The 1,000 Multi30k test sentences and a Translator that takes the GPU's route on the
+    CPU (the search on the device, the compiled step over a static cache), with a small
+    untrained model (its outputs run to their length limits: the most shapes) and a BPE model
+    of the real text."""
+    import gzip
+
+    from mt.config import DecodeConfig
+    from mt.data.tokenizer import Tokenizer, train_bpe
+    from mt.decode.translator import Translator
+    from mt.model import Transformer
+    from tests.conftest import MULTI30K
+
+    if not (MULTI30K / "test_2016_flickr.en.gz").is_file():
+        pytest.skip("real Multi30k not found at ../shared/data/multi30k")
+
+    def read(name):
+        with gzip.open(MULTI30K / name, "rt", encoding="utf-8") as f:
+            return f.read().splitlines()
+
+    train = read("train.en.gz")[:4000] + read("train.de.gz")[:4000]
+    tokenizer = Tokenizer(train_bpe(train, 1000))
+    torch.manual_seed(0)
+    model = Transformer(src_vocab=1000, tgt_vocab=1000, d_model=16, n_heads=2, enc_layers=1,
+                        dec_layers=1, d_ff=32, dropout=0.0, attn_dropout=0.0, pre_norm=False,
+                        tie_embeddings="all", max_positions=256).eval()  # fmt: skip
+    cfg = DecodeConfig(compile_step="always", device_search="always")
+    return read("test_2016_flickr.en.gz"), Translator(model, tokenizer, cfg, CPU)
+
+
+def test_the_test_set_on_the_gpus_route_compiles_the_step_at_most_twice(test_set_translator):
+    """Every batch size, source length and cache room of the job share one compiled step
+    (Dynamo's backend eager: its graphs are counted, no kernels made): beam 5 compiles once,
+    greedy search (one cross-attention row per hypothesis) once more, and beam 5 again
+    nothing."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from mt.decode.step import CompiledStep
+
+    lines, translator = test_set_translator
+    torch._dynamo.reset()
+    counters.clear()
+    translator._compiled = CompiledStep(CPU, backend="eager")
+    shapes = set()
+    step_fn = translator._compiled.fn
+
+    def seen(model, tokens, memory, pad_mask, cache, position):
+        shapes.add((tokens.shape[0], memory.shape[1], cache[0].self.k.shape[2]))
+        return step_fn(model, tokens, memory, pad_mask, cache, position)
+
+    translator._compiled.fn = seen
+    graphs = []
+    for beam in (5, 1, 5):
+        translator.search(lines, beam=beam)
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert len(shapes) >= 20 and graphs == [1, 2, 2], (graphs, len(shapes))
+    assert not counters["graph_break"]
+    torch._dynamo.reset()

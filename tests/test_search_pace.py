@@ -13,7 +13,7 @@ from mt.data.batching import pad_sources
 from mt.data.synthetic import generate
 from mt.decode.cache import BufferPool
 from mt.decode.sampling import Sampling
-from mt.decode.search import ON_DEVICE, max_lengths
+from mt.decode.search import ON_DEVICE, Pace, max_lengths
 from mt.decode.step import CompiledStep, decoder_step
 from mt.decode.translator import Translator
 from mt.runtime.host_syncs import HostSyncs
@@ -117,7 +117,7 @@ def test_translate_gives_the_same_translations_with_either_search(tiny_run):
 
 
 def test_done_sentences_leave_the_batch_in_power_of_two_steps():
-    bucketed_keep = ON_DEVICE.keep
+    bucketed_keep = Pace(check_every=8, buckets=True).keep
 
     assert bucketed_keep([True] * 5) == []
     assert bucketed_keep([False] * 6) == list(range(6))  # nothing to drop below 8
@@ -126,6 +126,10 @@ def test_done_sentences_leave_the_batch_in_power_of_two_steps():
     assert bucketed_keep([True, True, False, True]) == [2]
     assert bucketed_keep([False, True, True, True, False, True, True, True, True]) == [0, 4]
     assert bucketed_keep([False] * 5 + [True] * 4) == list(range(8))
+    # the GPU's pace stops at 8 sentences (a batch of one would be a compiled shape of its own)
+    assert ON_DEVICE.keep([True, True, False, True]) == [0, 1, 2, 3]
+    assert ON_DEVICE.keep([True] * 12 + [False]) == [*range(7), 12]
+    assert ON_DEVICE.keep([False] * 9 + [True] * 7) == list(range(16))
 
 
 def test_the_batch_shapes_of_a_search_are_few(tiny_run):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import re
 import signal
 from pathlib import Path
@@ -235,6 +236,7 @@ def _load(name: str, paths: list[Path], device: str, precision: str, batching: d
     from mt.serve.decoding import decode_batch, model_info
 
     translator = Translator.load(paths, device, precision)
+    translator.repeats = math.inf  # a server's job has no end: a compile always pays
     info = model_info(translator, [checkpoint.load(p) for p in paths], paths)
     _err(f"{name}: {translator.describe(paths, translator.options())}")
 

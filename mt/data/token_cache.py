@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -24,19 +23,12 @@ from pathlib import Path
 import numpy as np
 
 from mt.data.corpus import ParallelData, Stats, TokenArray
+from mt.runtime.env import cache_root
 
 FORMAT = 1
 # data.token_cache auto: the training files at least this large (WMT14 en-de: 1.4 GB)
 AUTO_BYTES = 100 * 2**20
 _ARRAYS = ("data", "lengths", "offsets")
-
-
-def cache_root() -> Path:
-    explicit = os.environ.get("MT_CACHE_DIR", "").strip()
-    if explicit:
-        return Path(explicit).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "mt"
 
 
 def wanted(setting: str | bool, paths: Sequence[Path]) -> bool:

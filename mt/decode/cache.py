@@ -120,8 +120,9 @@ class CrossCache:
         self.values: tuple[torch.Tensor, ...] | None = None
 
     def memory(self, compute: Callable[[], tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...]:
-        if self.values is None:
-            self.values = compute()
+        if self.values is None:  # tensors of their own, contiguous, as a reorder leaves them:
+            # a compiled step then sees one layout (a view's base and strides are guarded)
+            self.values = tuple(x.clone(memory_format=torch.contiguous_format) for x in compute())
         return self.values
 
     def attend(self, q, k, v, mask):

@@ -36,21 +36,23 @@ class Pace:
 
     check_every: int = 1  # steps between looks
     buckets: bool = False  # keep frozen sentences to fill a power-of-two batch
+    smallest: int = 1  # with buckets: the fewest sentences a batch shrinks to
 
     def keep(self, done: list[bool]) -> list[int]:
         """The sentences kept at a look: every one still searched, and with buckets as many
-        done ones (frozen) as fill the batch up to the next power of two; [] when all are
-        done. In order, so that the kept rows stay sorted."""
+        done ones (frozen) as fill the batch up to the next power of two, and to `smallest`;
+        [] when all are done. In order, so that the kept rows stay sorted."""
         live = [i for i, d in enumerate(done) if not d]
         if not live or not self.buckets:
             return live
-        size = min(len(done), 1 << (len(live) - 1).bit_length())
+        size = min(len(done), max(self.smallest, 1 << (len(live) - 1).bit_length()))
         filler = [i for i, d in enumerate(done) if d][: size - len(live)]
         return sorted(live + filler)
 
 
 EVERY_STEP = Pace()
-ON_DEVICE = Pace(check_every=8, buckets=True)
+# (a batch of one sentence would be a shape of its own to a compiled step: size 1 broadcasts)
+ON_DEVICE = Pace(check_every=8, buckets=True, smallest=8)
 
 
 def max_lengths(
@@ -122,8 +124,11 @@ class Live:
     def __init__(self, memory, src_pad_mask, limits, k: int, per_sentence: bool):
         b, dev = memory.shape[0], memory.device
         self.k, self.per_sentence, self.limits = k, per_sentence, limits
-        self.memory = memory if per_sentence or k == 1 else memory.repeat_interleave(k, 0)
-        self.pad_mask = src_pad_mask if k == 1 else src_pad_mask.repeat_interleave(k, 0)
+        # (copies, not repeat_interleave's views: a compiled step guards a view's base, which
+        # the rows kept at a look no longer have)
+        rows = torch.arange(b, device=dev).repeat_interleave(k)
+        self.memory = memory if per_sentence or k == 1 else memory[rows]
+        self.pad_mask = src_pad_mask if k == 1 else src_pad_mask[rows]
         self.alive = torch.arange(b, device=dev)  # (n,)
         self.done = torch.zeros(b, dtype=torch.bool, device=dev)  # (n,)
 

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable
 
 import torch
+import torch.fx.experimental._config as shape_config
 
 from mt.decode.cache import BufferPool, DecodeCache, Static
 from mt.tokens import BOS, PAD, UNK
@@ -35,25 +36,51 @@ def decoder_step(model, tokens, memory, pad_mask, cache, step):
     return lprobs
 
 
+# A compile of the decoder step costs seconds to tens of seconds on a GPU (less from Inductor's
+# cache), and each CUDA-graphed step then saves a few milliseconds of launches over the eager
+# one: decode.compile_step auto compiles for a job of at least this many decoder steps
+# (scripts/gpu_check.sh decode measures both sides; docs/gpu.md).
+COMPILE_PAYS_STEPS = 4000
+
+
+def compile_pays(choice: str, device: torch.device, steps: float) -> bool:
+    """decode.compile_step: always, never, or auto: on a GPU for a job of `steps` decoder steps
+    (math.inf: a server's) that repays the compile."""
+    if choice != "auto":
+        return choice == "always"
+    return device.type == "cuda" and steps >= COMPILE_PAYS_STEPS
+
+
 class CompiledStep:
     """decoder_step under torch.compile, one graph without breaks, and the static caches'
-    buffers, kept by a translator from one search to the next. On a GPU with CUDA graphs (mode
-    reduce-overhead): a step is one replay instead of a few hundred launches; each batch shape
-    records its graph once. A compiler or GPU that cannot take the graph makes decoding
-    slower, never impossible: the step falls back to decoder_step, said once on stderr.
-    backend: another backend (tests use aot_eager on the CPU)."""
+    buffers, kept by a translator from one search to the next. Compiled once for every batch
+    size, source length and cache room (dynamic shapes: a job's batches differ in all three);
+    on a GPU each shape's step is then recorded as a CUDA graph (mode reduce-overhead), a
+    replay instead of a few hundred launches. A compiler or GPU that cannot take the graph
+    makes decoding slower, never impossible: the step falls back to decoder_step, said once
+    on stderr. backend: another backend (tests use aot_eager or eager on the CPU)."""
 
     def __init__(self, device: torch.device, backend: str | None = None, warn=None):
+        from mt.runtime.env import use_compile_cache
+
+        use_compile_cache()
         if backend is None and device.type == "cuda":
-            self.fn = torch.compile(decoder_step, fullgraph=True, mode="reduce-overhead")
+            self.fn = torch.compile(
+                decoder_step, fullgraph=True, dynamic=True, mode="reduce-overhead"
+            )
         else:
-            self.fn = torch.compile(decoder_step, fullgraph=True, backend=backend or "inductor")
+            self.fn = torch.compile(
+                decoder_step, fullgraph=True, dynamic=True, backend=backend or "inductor"
+            )
         self.pool = BufferPool()
         self.warn = warn or (lambda message: print(message, file=sys.stderr))
 
     def __call__(self, *args) -> torch.Tensor:
         try:
-            return self.fn(*args)
+            # each size its own symbol: two sizes equal at the first call (a source length
+            # and the model's width, say) would otherwise be assumed equal, and recompiled
+            with shape_config.patch(use_duck_shape=False):
+                return self.fn(*args)
         except Exception as e:  # Dynamo's, Inductor's and CUDA graphs' errors alike
             if self.fn is decoder_step:
                 raise

@@ -3,6 +3,7 @@ and validation during training, so their BLEU scores agree."""
 
 from __future__ import annotations
 
+import math
 import secrets
 import sys
 from collections.abc import Callable, Sequence
@@ -21,7 +22,7 @@ from mt.decode.mask_predict import mask_predict
 from mt.decode.options import DecodeOptions, OptionError
 from mt.decode.sampling import Sampling
 from mt.decode.search import EVERY_STEP, ON_DEVICE, max_lengths, search
-from mt.decode.step import CompiledStep
+from mt.decode.step import CompiledStep, compile_pays
 from mt.errors import MTError
 from mt.model import Seq2Seq
 from mt.runtime.device import autocast, decode_dtype, pick_device
@@ -55,6 +56,9 @@ class Translator:
         self.model, self.tokenizer, self.cfg, self.device = model, tokenizer, decode_cfg, device
         self.amp_dtype = amp_dtype
         self._compiled: CompiledStep | None = None  # see compiled()
+        # how many jobs like each search call this translator will decode (validation: one per
+        # validation of the run; a server: without end), for decode.compile_step auto
+        self.repeats: float = 1
 
     @classmethod
     def load(
@@ -118,18 +122,29 @@ class Translator:
         choice = self.cfg.device_search
         return choice == "always" or (choice == "auto" and self.device.type == "cuda")
 
-    @property
-    def compiles_step(self) -> bool:
-        """decode.compile_step: the search on the device runs a compiled decoder step over a
-        static cache (auto: on a GPU, where CUDA graphs replay it)."""
-        choice = self.cfg.compile_step
-        on = choice == "always" or (choice == "auto" and self.device.type == "cuda")
+    def compiles_for(self, steps: float) -> bool:
+        """decode.compile_step for a job of `steps` decoder steps (times `repeats`): the search
+        on the device runs a compiled decoder step over a static cache (auto: on a GPU, where
+        CUDA graphs replay it, for a job that repays the compile: compile_pays)."""
+        on = compile_pays(self.cfg.compile_step, self.device, steps * self.repeats)
         return on and self.searches_on_device and bool(getattr(self.model, "static_cache", False))
 
-    def compiled(self) -> CompiledStep | None:
-        """The compiled step and its static buffers (decode.compile_step), made at the first
-        batch that uses them and kept for the next (their CUDA graphs too); None if off."""
-        if self._compiled is None and self.compiles_step:
+    @property
+    def compiles_step(self) -> bool:
+        """Whether a job without end (a server's) would run the compiled step."""
+        return self.compiles_for(math.inf)
+
+    def compiled(self, steps: float = math.inf) -> CompiledStep | None:
+        """The compiled step and its static buffers, made for the first job that repays it
+        (`steps`: its decoder steps) and kept for the next jobs (their CUDA graphs too); None
+        while off."""
+        if self._compiled is None and self.compiles_for(steps):
+            print(
+                f"compiling the decoder step for {self.device} first (decode.compile_step "
+                f"{self.cfg.compile_step}: {_job(steps * self.repeats)} repays it; the compiled "
+                f"kernels are cached for later runs)",
+                file=sys.stderr,
+            )
             self._compiled = CompiledStep(self.device)
         return self._compiled
 
@@ -204,10 +219,12 @@ class Translator:
         lens = np.array([len(x) + 1 for x in ids], dtype=np.int64)
         bar = _progress_bar(len(ids), progress)
         # Sorted by length (no shuffling) so each batch has little padding.
-        for batch in token_batches(lens, np.zeros_like(lens), self.cfg.max_tokens, seed=None):
+        batches = token_batches(lens, np.zeros_like(lens), self.cfg.max_tokens, seed=None)
+        compiled = self.compiled(self._decoder_steps(lens, batches, opts, len(forced)))
+        for batch in batches:
             src = pad_sources([np.asarray(ids[i], dtype=np.int64) for i in batch]).to(self.device)
             with autocast(self.device, self.amp_dtype):
-                hyps = self._decode(src, opts, forced, generator, on_step)
+                hyps = self._decode(src, opts, forced, generator, on_step, compiled)
             for i, hyp in zip(batch, hyps, strict=True):
                 out[todo[i]] = (ids[i], hyp)
             bar.update(len(batch))
@@ -225,6 +242,17 @@ class Translator:
         ids = self.tokenizer.encode_src([t for t in texts if t])
         it = iter(ids)
         return [len(next(it)) if t else 0 for t in texts]
+
+    def _decoder_steps(self, lens, batches, opts: DecodeOptions, forced: int) -> int:
+        """The most decoder steps a search of these batches can take (each batch runs to its
+        longest output's limit at most; lens: each source's length with EOS): known before
+        the first step, what decode.compile_step auto weighs against a compile."""
+        if self.non_autoregressive:
+            return 0
+        limit = self.model.max_positions - 1
+        longest = (np.asarray(lens) * opts.max_len_a + opts.max_len_b).astype(np.int64)
+        longest = np.clip(np.maximum(longest, forced + 1), 1, limit)
+        return int(sum(longest[b].max() for b in batches if len(b)))
 
     def _source_ids(self, texts: list[str]) -> list[list[int]]:
         ids = self.tokenizer.encode_src(texts)
@@ -253,6 +281,7 @@ class Translator:
         forced: list[int],
         generator: torch.Generator | None,
         on_step: Callable[[int], None] | None,
+        compiled: CompiledStep | None,
     ) -> list[list[tuple[list[int], float | None]]]:
         if self.non_autoregressive:
             if opts.nbest > 1 or opts.sampling is not None or forced:
@@ -263,7 +292,7 @@ class Translator:
             return self._mask_predict(src, src == PAD, opts)
         pace = ON_DEVICE if self.searches_on_device else EVERY_STEP
         return search(
-            self.model, src, src == PAD, opts, forced, generator, pace, self.compiled(), on_step
+            self.model, src, src == PAD, opts, forced, generator, pace, compiled, on_step
         )
 
     def _mask_predict(
@@ -373,6 +402,10 @@ class Translator:
         src_labels = [*self.tokenizer.src_pieces_of(found[0]), "</s>"]
         tgt_labels = [*self.tokenizer.tgt_pieces_of(hyp), *(["</s>"] if eos_row else [])]
         return self.tokenizer.decode_tgt([hyp])[0], weights, src_labels, tgt_labels
+
+
+def _job(steps: float) -> str:
+    return "a job without end" if math.isinf(steps) else f"a job of {int(steps):,} decoder steps"
 
 
 def _progress_bar(n: int, progress: bool) -> tqdm[Any]:

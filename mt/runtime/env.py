@@ -5,12 +5,14 @@ the variable takes is a one-line error naming the variable and what it takes.
     WORLD_SIZE, RANK, LOCAL_RANK,   set by torchrun for each process of a multi-process run
     LOCAL_WORLD_SIZE, MASTER_PORT
     MT_API_KEY                      mt serve: the token requests must carry (text)
-    MT_CACHE_DIR                    the token cache's folder (text; mt/data/token_cache.py)
+    MT_CACHE_DIR                    the token cache's folder (text; mt/data/token_cache.py),
+                                    and Inductor's compiled kernels' (inductor/ in it)
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from mt.errors import MTError, shorten
 
@@ -32,8 +34,8 @@ VARIABLES = {
 TEXT_VARIABLES = {
     "MT_API_KEY": "mt serve: the token every /translate and /info request must carry "
     "(the same as --api-key)",
-    "MT_CACHE_DIR": "where the token cache lives (data.token_cache); unset: "
-    "$XDG_CACHE_HOME/mt, else ~/.cache/mt",
+    "MT_CACHE_DIR": "where the token cache and compiled kernels live (data.token_cache, "
+    "torch.compile); unset: $XDG_CACHE_HOME/mt, else ~/.cache/mt",
 }
 
 
@@ -58,3 +60,21 @@ def check_environment() -> None:
     for name in VARIABLES:
         if name != "MASTER_PORT" or env_int("WORLD_SIZE") > 1:  # (read only by a group)
             env_int(name)
+
+
+def cache_root() -> Path:
+    """mt's cache folder: MT_CACHE_DIR, else $XDG_CACHE_HOME/mt, else ~/.cache/mt."""
+    explicit = os.environ.get("MT_CACHE_DIR", "").strip()
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "mt"
+
+
+def use_compile_cache() -> None:
+    """torch.compile's kernels (Inductor's FX graph and autograd caches) kept in mt's cache
+    folder, so that a later run compiles the same graphs from disk in seconds (Inductor's own
+    default is a folder in /tmp, which a reboot empties); TORCHINDUCTOR_CACHE_DIR, where the
+    user set it, is kept."""
+    if not os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_root() / "inductor")

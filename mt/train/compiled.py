@@ -20,6 +20,9 @@ def compiled(loss, static_shapes: bool, cuda_graphs: bool = False):
     as CUDA graphs and replayed (torch.compile's reduce-overhead mode), so the host launches
     one graph instead of every kernel; a replay writes its outputs where the previous replay
     of that graph wrote them, so whatever outlives a call is copied (Trainer._backward)."""
+    from mt.runtime.env import use_compile_cache
+
+    use_compile_cache()
     if not static_shapes:
         return torch.compile(loss, dynamic=True)
     from torch._dynamo import config as dynamo_config

@@ -128,6 +128,7 @@ class Trainer:
             ema=self.ema,
             checkpoints=checkpoints,
             write_log=self.write_log,
+            decodes=_valid_decodes(self.cfg, validation.decode),
         )
 
     # -- data -----------------------------------------------------------------------------
@@ -404,3 +405,10 @@ class Trainer:
         teardown(self.dist)
         if self.lock is not None:
             self.lock.release()
+
+
+def _valid_decodes(cfg, decode) -> int:
+    """About how many times a run decodes its valid split: every validation, then the end's
+    average and tuning grid (cfg: the train section; decode: the validation's)."""
+    grid = len(decode.tune_beams) * len(decode.tune_length_penalties)
+    return -(-cfg.max_steps // cfg.valid_every) + 1 + grid

@@ -26,7 +26,9 @@ class Validator:
     """Scores the model on the valid split and keeps the best (rank 0's). objective: the
     run's, whose loss (or valid_loss) is the valid loss; max_tokens: the size of the loss's
     batches; ema: the weight average, which is what is scored when the run keeps one
-    (train.ema_decay); write_log: a record for train_log.jsonl."""
+    (train.ema_decay); write_log: a record for train_log.jsonl; decodes: about how many times
+    the run decodes the valid split (its validations and the end's), which decides with the
+    split's size whether the decoder step is worth compiling (decode.compile_step auto)."""
 
     def __init__(
         self,
@@ -41,11 +43,14 @@ class Validator:
         ema: WeightAverage | None,
         checkpoints: Checkpoints,
         write_log: Callable[[dict], None],
+        decodes: int = 1,
     ):
         self.model, self.validation, self.tokenizer = model, validation, tokenizer
         self.objective, self.max_tokens = objective, max_tokens
         self.device, self.amp_dtype, self.ema = device, amp_dtype, ema
         self.checkpoints, self.write_log = checkpoints, write_log
+        self.decodes = decodes
+        self._translator: Translator | None = None  # made at the first validation, kept
 
     def validate(self, st: TrainState) -> dict:
         """The log record of a validation at st.step; best.pt, and st's best_bleu and
@@ -96,10 +101,14 @@ class Validator:
 
     def translator(self) -> Translator:
         """The model as it decodes the valid split (also for the end of the run's averaging
-        and tuning)."""
-        return Translator(
-            self.model, self.tokenizer, self.validation.decode, self.device, self.amp_dtype
-        )
+        and tuning), one Translator for the whole run: a compiled decoder step and its CUDA
+        graphs are made once."""
+        if self._translator is None:
+            self._translator = Translator(
+                self.model, self.tokenizer, self.validation.decode, self.device, self.amp_dtype
+            )
+            self._translator.repeats = self.decodes
+        return self._translator
 
     def bleu_with(self, weights: dict) -> tuple[float, float]:
         """(BLEU, chrF) of decoding the valid split with `weights` in the model."""
