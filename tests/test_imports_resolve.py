@@ -21,8 +21,8 @@ _ONE_LINE = re.compile(r"python3? -c \"([^\"$]*)\"")
 
 def python_sources() -> list[tuple[str, str, Path]]:
     """(a label, the Python source, the folder its own modules are imported from)."""
-    out = [(str(p.relative_to(ROOT)), p.read_text(encoding="utf-8"), p.parent)
-           for p in [*sorted((ROOT / "tests").glob("*.py")), *sorted((ROOT / "scripts").rglob("*.py"))]]  # fmt: skip
+    files = [*sorted((ROOT / "tests").glob("*.py")), *sorted((ROOT / "scripts").rglob("*.py"))]
+    out = [(str(p.relative_to(ROOT)), p.read_text(encoding="utf-8"), p.parent) for p in files]
     for sh in sorted((ROOT / "scripts").rglob("*.sh")):
         text = sh.read_text(encoding="utf-8")
         for i, m in enumerate(_HEREDOC.finditer(text)):

@@ -25,7 +25,7 @@ from mt.decode.search import EVERY_STEP, ON_DEVICE, max_lengths, search
 from mt.decode.step import CompiledStep, compile_pays
 from mt.errors import MTError
 from mt.model import Seq2Seq
-from mt.runtime.device import autocast, decode_dtype, pick_device
+from mt.runtime.device import autocast, decode_dtype, fp32_matmuls, pick_device
 from mt.tokens import EOS, PAD, UNK
 
 # one line's search result: (its source ids, [(output ids, score or None), ...] best first)
@@ -55,6 +55,7 @@ class Translator:
         layer and log-softmax are fp32 either way (mt.decode.search)."""
         self.model, self.tokenizer, self.cfg, self.device = model, tokenizer, decode_cfg, device
         self.amp_dtype = amp_dtype
+        fp32_matmuls(device, amp_dtype)
         self._compiled: CompiledStep | None = None  # see compiled()
         # how many jobs like each search call this translator will decode (validation: one per
         # validation of the run; a server: without end), for decode.compile_step auto
@@ -291,9 +292,7 @@ class Translator:
                 )
             return self._mask_predict(src, src == PAD, opts)
         pace = ON_DEVICE if self.searches_on_device else EVERY_STEP
-        return search(
-            self.model, src, src == PAD, opts, forced, generator, pace, compiled, on_step
-        )
+        return search(self.model, src, src == PAD, opts, forced, generator, pace, compiled, on_step)
 
     def _mask_predict(
         self,

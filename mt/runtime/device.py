@@ -52,6 +52,15 @@ def amp_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     return AMP_DTYPES[precision]
 
 
+def fp32_matmuls(device: torch.device, dtype: torch.dtype | None) -> None:
+    """On a GPU under a bf16 or fp16 autocast (`dtype`), the matrix products that stay fp32
+    (decoding's output layer and log-softmax, what autocast keeps fp32) run on TF32 tensor
+    cores: 10 bits of mantissa against bf16's 7, with fp32 sums. A run or decoding in fp32
+    (dtype None) keeps full fp32. A CPU has no TF32: nothing changes."""
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high" if dtype is not None else "highest")
+
+
 def autocast(device: torch.device, dtype: torch.dtype | None):
     """The run's autocast around a forward pass (dtype None: plain fp32, no autocast)."""
     return torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None)

@@ -14,7 +14,7 @@ from mt.data.prepare import bpe_dropout_epochs, prepare_data
 from mt.errors import MTError
 from mt.model import REFERENCE, build_model
 from mt.outputs import write_text
-from mt.runtime.device import PRECISION_NAMES, amp_dtype, pick_device
+from mt.runtime.device import PRECISION_NAMES, amp_dtype, fp32_matmuls, pick_device
 from mt.runtime.distributed import setup
 from mt.runtime.memory import prefer_huge_pages
 from mt.runtime.threads import choose_threads
@@ -224,6 +224,7 @@ def _optimization(cfg: Config, model, device, pretraining: bool):
     params = encoder_parameters(model) if pretraining else model.parameters()
     optimizer, scheduler = build_optimizer(params, t, cfg.model.d_model)
     dtype = amp_dtype(t.precision, device)
+    fp32_matmuls(device, dtype)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     return optimizer, scheduler, scaler, dtype
 

@@ -62,8 +62,8 @@ def for_device(cfg: Config, device: torch.device, pretraining: bool = False):
     width = t.pack_width
     if width == "auto":
         width = auto_pack_width(cfg) if compile and packs_automatically(cfg, pretraining) else 0
-    resolved = cfg.model_copy(update={"train": t.model_copy(update={"compile": compile,
-                                                                    "pack_width": width})})  # fmt: skip
+    train = t.model_copy(update={"compile": compile, "pack_width": width})
+    resolved = cfg.model_copy(update={"train": train})
     if device.type != "cuda" or (t.compile != "auto" and t.pack_width != "auto"):
         return resolved, None
     how = "compiled (train.compile auto)" if compile else "eager"

@@ -74,6 +74,8 @@ class Forecast:
     def __init__(self, step: int, clock=time.perf_counter, sync=None, compiles=compiles_so_far):
         self.clock, self.sync, self.compiles = clock, sync or (lambda: None), compiles
         self.seen = compiles()
+        self.began = clock()
+        self.warmup_seconds = 0.0  # from the start to the window's opening (compiles included)
         self.quiet_since = step  # the step of the last compile seen, or the start
         self.window: tuple[int, float] | None = None  # (step, clock) where the rate is measured
         self.done = False  # whether the first forecast was made
@@ -93,6 +95,8 @@ class Forecast:
             if step - self.quiet_since >= self.WARMUP_STEPS:
                 self.sync()
                 self.window = (step, self.clock())
+                if not self.done:
+                    self.warmup_seconds = self.window[1] - self.began
             return None
         if self.done and not revise:
             return None
@@ -115,10 +119,17 @@ class Forecast:
 
     def describe(self, max_steps: int, max_minutes: float) -> str:
         left = (self.end_step - self.now_step) * self.sec_per_step
-        msg = (
-            f"{self.sec_per_step:.2f} s per update on this machine: "
-            f"{_duration(left)} of training left"
+        rate = (
+            f"{self.sec_per_step:.2f} s per update"
+            if self.sec_per_step >= 0.1
+            else f"{1 / self.sec_per_step:.0f} updates/s"
         )
+        warm = (
+            f" after {self.warmup_seconds:.0f} s of compiling and warm-up"
+            if self.warmup_seconds >= 1
+            else ""
+        )
+        msg = f"{rate} on this machine{warm}: {_duration(left)} of training left"
         if self.end_step < max_steps:
             msg += (
                 f"; the {max_minutes:g}-minute budget (train.max_minutes) stops it near "

@@ -5,6 +5,7 @@ best.pt when the BLEU is the best so far."""
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 
 import torch
@@ -71,6 +72,7 @@ class Validator:
 
     @torch.no_grad()
     def _validate(self, step: int) -> tuple[dict, float]:
+        began = time.perf_counter()
         release_free_memory()  # what training freed, before decoding allocates its own
         self.model.eval()
         v = self.validation
@@ -93,6 +95,7 @@ class Validator:
             "valid_ppl": round(math.exp(min(nll_sum / n, 50)), 2),
             "valid_bleu": round(s.bleu, 2),
             "valid_chrf": round(s.chrf, 2),
+            "valid_seconds": round(time.perf_counter() - began, 2),  # (loss and decoding)
         }
         if self.objective.valid_loss_over:
             record["valid_loss_over"] = self.objective.valid_loss_over
