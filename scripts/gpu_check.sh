@@ -16,6 +16,12 @@
 #   bash scripts/gpu_check.sh --dry-run OUT mfu m30k   the same parts on the CPU at tiny sizes
 #                                                      (the tests run this)
 # PARTs:
+#   job          the user's whole job as the README gives it: the shipped En->De config trained
+#                to its end with the defaults, test_2016_flickr translated (beam 5) and scored
+#                (scripts/bench/gpu_job.py job): each phase's seconds and the BLEU, 5-7 min
+#   decode       the 1,000 test sentences with the run `job` trained, greedy and beam 5, eager
+#                against the compiled step: first call (compiles), second call, a second
+#                process on the warm compile cache; sentences/s, graphs, equal outputs, 2-3 min
 #   mfu          the base model (6+6, d 512, vocabulary 32k) on packed blocks of one shape,
 #                compiled once, bf16: target tokens/s and MFU (scripts/bench/gpu_figures.py)
 #   m30k         the shipped En->De config packed and compiled: updates/s after the compile and
@@ -26,7 +32,7 @@
 #   probe        why the first steps are slow, 1-2 min
 #   tests        the rest of the suite, 4+ min; each failure's traceback is written to
 #                OUTDIR/failures.log as it happens; PYTEST_FILES="tests/a.py" runs only those
-#   decode       one CPU-trained checkpoint decoded on the GPU against its CPU output, 1 min
+#   cpudecode    one CPU-trained checkpoint decoded on the GPU against its CPU output, 1 min
 #   gpudecode    beam-5 decoding speed: the search on the device (with and without its static
 #                cache and compiled, CUDA-graphed decoder step) against the batch-shrinking
 #                search and HF generate, small and base models, bf16 and fp32, 5-8 min
@@ -104,6 +110,8 @@ python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.versio
 fi
 
 failed=0  # a part that fails leaves the others to run; the status says it failed
+run=${JOB_RUN:-runs/gpu_job}  # the run `job` trains and `decode` translates with
+[ -n "$dry" ] && run=$out/run
 for part in $parts; do case $part in
 mfu)
     step "the base model on packed blocks, compiled, bf16: target tokens/s and MFU"
@@ -114,11 +122,21 @@ m30k)
     timeout "${M30K_SECONDS:-120}" python3 scripts/bench/gpu_figures.py "$out" m30k \
         --data-dir data/multi30k $dry || failed=1
     ;;
+job)
+    step "the user's job: the shipped En->De config trained with the defaults, translated, scored"
+    timeout "${JOB_SECONDS:-480}" python3 scripts/bench/gpu_job.py "$out" job --run "$run" $dry \
+        || failed=1
+    ;;
+decode)
+    step "decoding the test split: eager against the compiled step, greedy and beam 5"
+    timeout "${DECODE_SECONDS:-200}" python3 scripts/bench/gpu_job.py "$out" decode \
+        --run "$run" $dry || failed=1
+    ;;
 esac; done
 [ -n "$dry" ] && { step done; exit "$failed"; }
 
 for part in $parts; do case $part in
-mfu|m30k) ;;  # above
+mfu|m30k|job|decode) ;;  # above
 probe)
     step "why the first steps are slow: the first sight of a batch shape against the second"
     timeout "${PROBE_SECONDS:-100}" python3 scripts/bench/gpu_shape_probe.py --size tiny
@@ -138,7 +156,7 @@ tests)
     grep -c " PASSED " "$out/pytest.log"
     grep -E " (FAILED|ERROR) |^(FAILED|ERROR) |passed|failed" "$out/pytest.log" | tail -40
     ;;
-decode)
+cpudecode)
     step "one CPU-trained checkpoint decoded on the GPU (auto precision, then fp32)"
     for prec in auto fp32; do
         t0=$(date +%s.%N)

@@ -612,3 +612,32 @@ def test_bench_host_compares_the_base_commit_with_the_working_tree():
     lines = proc.stdout.splitlines()
     eager = next(x for x in lines if " eager " in x)
     assert eager.split()[0] == "2" and "->" in eager, proc.stdout
+
+
+def test_gpu_check_dry_run_writes_the_jobs_and_the_decodings_figures(tmp_path):
+    """scripts/gpu_check.sh --dry-run OUT job decode: the user's job (train, translate, score)
+    and the decoding comparison run on the CPU at a tiny size, each phase's JSON line with
+    every key; the compiled step gives the eager step's outputs and compiles once a search."""
+    job = _load("gpu_job")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run(
+        ["bash", str(SCRIPTS / "gpu_check.sh"), "--dry-run", str(tmp_path), "job", "decode"],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=240,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    for part, phases in job.KEYS.items():
+        lines = [json.loads(x) for x in (tmp_path / f"{part}.json").read_text().splitlines()]
+        assert [x["phase"] for x in lines] == [
+            p for p in phases for _ in range(1 + (p == "decode"))
+        ]
+        for line in lines:
+            assert sorted(line) == sorted(phases[line["phase"]]), line
+    job_lines = {x["phase"]: x for x in map(json.loads, (tmp_path / "job.json").open())}
+    assert job_lines["training"]["updates"] == 60 and job_lines["validations"]["count"] == 3
+    assert job_lines["translation"]["sentences"] == 40 and job_lines["scoring"]["bleu"] >= 0
+    total = job_lines["total"]
+    assert total["train_translate_score_seconds"] <= total["seconds"]
+    decodes = [json.loads(x) for x in (tmp_path / "decode.json").read_text().splitlines()]
+    assert [d["beam"] for d in decodes] == [1, 5]
+    assert all(d["same_outputs"] == d["sentences"] == 40 and d["graphs"] == 1 for d in decodes)
+    assert all(d["warm_process_first_s"] is not None for d in decodes)

@@ -69,9 +69,8 @@ class CompiledStep:
                 decoder_step, fullgraph=True, dynamic=True, mode="reduce-overhead"
             )
         else:
-            self.fn = torch.compile(
-                decoder_step, fullgraph=True, dynamic=True, backend=backend or "inductor"
-            )
+            chosen = {"backend": backend} if backend else {}  # (else torch.compile's default)
+            self.fn = torch.compile(decoder_step, fullgraph=True, dynamic=True, **chosen)
         self.pool = BufferPool()
         self.warn = warn or (lambda message: print(message, file=sys.stderr))
 

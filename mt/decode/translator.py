@@ -140,10 +140,14 @@ class Translator:
         (`steps`: its decoder steps) and kept for the next jobs (their CUDA graphs too); None
         while off."""
         if self._compiled is None and self.compiles_for(steps):
+            why = (
+                "always"
+                if self.cfg.compile_step == "always"
+                else f"auto: {_job(steps * self.repeats)} repays it"
+            )
             print(
                 f"compiling the decoder step for {self.device} first (decode.compile_step "
-                f"{self.cfg.compile_step}: {_job(steps * self.repeats)} repays it; the compiled "
-                f"kernels are cached for later runs)",
+                f"{why}; the compiled kernels are cached for later runs)",
                 file=sys.stderr,
             )
             self._compiled = CompiledStep(self.device)
