@@ -84,6 +84,9 @@ def _allowed(field: Any) -> str:
     args = typing.get_args(field.annotation)
     if typing.get_origin(field.annotation) is Literal:
         return ", ".join(f"`{_yaml(a)}`" for a in args)
+    choices = [c for a in args if typing.get_origin(a) is Literal for c in typing.get_args(a)]
+    if choices:  # a number or a word (train.pack_width: a width or auto)
+        return ", ".join(f"`{_yaml(c)}`" for c in choices) + " or a number"
     bounds = []
     for rule in field.metadata:
         for attr, sign in (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<")):

@@ -30,9 +30,11 @@ class DecodeConfig(Section):
     compile_step: Literal["auto", "always", "never"] = Field(
         "auto",
         description="the search on the device keeps its self-attention cache in preallocated "
-        "buffers and runs its decoder step through torch.compile, with CUDA graphs on a GPU "
-        "(one per batch shape, replayed at every step): auto = on a GPU; always also on a CPU "
-        "(needs a C compiler); the same hypotheses either way",
+        "buffers and runs its decoder step through torch.compile (compiled once for every "
+        "batch shape), with CUDA graphs on a GPU (one per batch shape, replayed at every "
+        "step): auto = on a GPU, for a job whose decoder steps repay the compile (a few "
+        "thousand: a run's validations, a large file, a server); always also on a CPU (needs "
+        "a C compiler); the same hypotheses either way",
     )
     device_search: Literal["auto", "always", "never"] = Field(
         "auto",

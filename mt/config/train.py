@@ -3,12 +3,13 @@ logging and checkpoints, the device and the step's speed paths."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from mt.config.decode import MAX_BEAM
 from mt.config.section import STEPS, Section, no_number
+from mt.errors import shorten
 
 
 class ScheduledSamplingConfig(Section):
@@ -97,7 +98,7 @@ class TrainConfig(Section):
         "or CUDA-graphed step; mt/data/batching.py bucket_batches); 0 = the length-sorted "
         "batches of least padding",
     )
-    pack_width: Annotated[int, Field(ge=0, le=1 << 20)] | Literal["auto"] = Field(
+    pack_width: int | Literal["auto"] = Field(  # (0 to 1 << 20: _width_or_auto)
         "auto",
         description="pack several sentence pairs into each row of fixed blocks of "
         "max_tokens // (2 * pack_width) rows of this many source and target positions (one "
@@ -292,7 +293,7 @@ class TrainConfig(Section):
         if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 1 << 20:
             raise ValueError(
                 f"give a whole number of positions, 0 to {1 << 20} (0: one pair per row), "
-                f"or auto (got {v!r})"
+                f"or auto (got {shorten(repr(v))})"
             )
         return v
 

@@ -64,13 +64,15 @@ class CompiledStep:
         from mt.runtime.env import use_compile_cache
 
         use_compile_cache()
+        self.fn: Callable[..., torch.Tensor]
         if backend is None and device.type == "cuda":
             self.fn = torch.compile(
                 decoder_step, fullgraph=True, dynamic=True, mode="reduce-overhead"
             )
+        elif backend is None:  # (torch.compile's default backend: Inductor)
+            self.fn = torch.compile(decoder_step, fullgraph=True, dynamic=True)
         else:
-            chosen = {"backend": backend} if backend else {}  # (else torch.compile's default)
-            self.fn = torch.compile(decoder_step, fullgraph=True, dynamic=True, **chosen)
+            self.fn = torch.compile(decoder_step, fullgraph=True, dynamic=True, backend=backend)
         self.pool = BufferPool()
         self.warn = warn or (lambda message: print(message, file=sys.stderr))
 
@@ -78,7 +80,7 @@ class CompiledStep:
         try:
             # each size its own symbol: two sizes equal at the first call (a source length
             # and the model's width, say) would otherwise be assumed equal, and recompiled
-            with shape_config.patch(use_duck_shape=False):
+            with shape_config.patch(use_duck_shape=False):  # type: ignore[attr-defined]
                 return self.fn(*args)
         except Exception as e:  # Dynamo's, Inductor's and CUDA graphs' errors alike
             if self.fn is decoder_step:

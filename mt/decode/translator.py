@@ -248,7 +248,9 @@ class Translator:
         it = iter(ids)
         return [len(next(it)) if t else 0 for t in texts]
 
-    def _decoder_steps(self, lens, batches, opts: DecodeOptions, forced: int) -> int:
+    def _decoder_steps(
+        self, lens: np.ndarray, batches: list[np.ndarray], opts: DecodeOptions, forced: int
+    ) -> int:
         """The most decoder steps a search of these batches can take (each batch runs to its
         longest output's limit at most; lens: each source's length with EOS): known before
         the first step, what decode.compile_step auto weighs against a compile."""
