@@ -194,3 +194,37 @@ def test_training_picture_marks_best_and_draws_a_single_point(tmp_path):
         line.get_marker() == "o" and len(line.get_xdata()) == 1 for line in loss_ax.get_lines()
     )  # one point is still seen
     assert "best.pt: 12.30" in [t.get_text() for t in bleu_ax.get_legend().get_texts()]
+
+
+def test_snapshots_of_two_runs_of_one_shape_are_not_averaged(tiny_run, tmp_path):
+    """A snapshot copied in from another run (another seed, the same model shape) is refused
+    by its run id, and, in checkpoints from before runs had one, by its seed."""
+    from tests.conftest import mt_here
+
+    other = tmp_path / "other"
+    code, _, err = mt_here("train", "tiny", "--run-dir", other, "--set",
+                           f"data.dir={tmp_path / 'data'}", "train.seed=99", "train.max_steps=30",
+                           "train.save_every=30", "train.valid_every=30")  # fmt: skip
+    assert code == 0, err
+    mixed = tmp_path / "mixed"
+    shutil.copytree(tiny_run, mixed)
+    last = checkpoint.snapshots(mixed)[-1]
+    step = int(last.stem.split("_")[1])
+    intruder = mixed / f"step_{step + 1}.pt"
+    shutil.copy(checkpoint.snapshots(other)[-1], intruder)
+    assert_user_error(
+        run_mt("average", mixed, "--last", "2", "-o", tmp_path / "avg.pt"),
+        "comes from another run",
+        "step_",
+        "--last",
+    )
+    assert not (tmp_path / "avg.pt").exists()
+    for path in (last, intruder):  # as saved before runs had an id
+        ckpt = checkpoint.load(path)
+        del ckpt["train_state"]["run_id"]
+        checkpoint.atomic_save(ckpt, path)
+    assert_user_error(
+        run_mt("average", mixed, "--last", "2", "-o", tmp_path / "avg.pt"), "train.seed", "99"
+    )
+    intruder.unlink()  # one run's snapshots still average
+    assert run_mt("average", mixed, "--last", "2", "-o", tmp_path / "avg.pt").returncode == 0

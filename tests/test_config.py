@@ -348,3 +348,35 @@ def test_every_number_in_a_config_has_bounds_named_in_one_line(huge):
             raise AssertionError(f"{override} was taken")
         assert key.split(".")[-1] in message and "\n" not in message, (key, message)
         assert len(message) < 400, message
+
+
+def test_set_options_apply_in_command_line_order(monkeypatch):
+    """However --set and the KEY=VALUE after it are arranged (a --set before every override,
+    or several after one), the overrides reach the config in command-line order: the later of
+    two settings of a key wins, as config.yaml then says."""
+    import itertools
+
+    import mt.config
+    from mt.config.load import apply_overrides
+    from tests.conftest import mt_here
+
+    seen = []
+
+    def load_config(path, overrides, log=None):
+        seen.append(list(overrides))
+        raise MTError("stop here")
+
+    monkeypatch.setattr(mt.config, "load_config", load_config)
+    settings = ["train.max_steps=3", "train.device=cpu", "train.max_steps=5", "train.seed=7"]
+    for order in itertools.permutations(settings):
+        for marks in itertools.product([True, False], repeat=len(order) - 1):
+            args = ["--set", order[0]]
+            for mark, s in zip(marks, order[1:], strict=True):
+                args += ["--set", s] if mark else [s]
+            seen.clear()
+            code, _, err = mt_here("train", "tiny", *args)
+            assert code == 2 and "stop here" in err
+            steps = [s for s in order if s.startswith("train.max_steps")][-1].split("=")[1]
+            got = apply_overrides({}, seen[0])
+            assert got["train"]["max_steps"] == int(steps), args
+            assert seen[0] == list(order), args

@@ -258,3 +258,23 @@ def test_a_run_s_other_files_damaged_or_replaced_are_one_line_or_restored(tmp_pa
         assert code == 0, err
         assert "written again from last.pt" in err, err
         assert (run / "spm.model").read_bytes() == bpe
+
+
+def test_a_resumed_run_decodes_with_the_decode_settings_it_was_given(tmp_path):
+    """config.yaml never says one decoding while the run uses another: a resume with --set
+    decode.beam=6 leaves best.pt (what mt translate RUN uses) decoding with beam 6 too."""
+    from mt.artifacts import checkpoint
+    from mt.config import load_config
+    from tests.conftest import mt_here
+
+    run, data = tmp_path / "run", tmp_path / "data"
+    common = ["train", "tiny", "--run-dir", run, "--set", f"data.dir={data}", "train.max_steps=4",
+              "train.valid_every=2", "train.save_every=2", "train.average_last=0"]  # fmt: skip
+    assert mt_here(*common)[0] == 0
+    assert checkpoint.load(run / "best.pt")["config"]["decode"]["beam"] != 6
+    code, _, err = mt_here(*common, "decode.beam=6", "decode.length_penalty=0.5")
+    assert code == 0, err
+    assert load_config(run / "config.yaml").decode.beam == 6
+    decode = checkpoint.load(run / "best.pt")["config"]["decode"]
+    assert decode["beam"] == 6 and decode["length_penalty"] == 0.5, decode
+    assert "decode.beam" in err and "best.pt" in err

@@ -341,6 +341,13 @@ def average(paths: list[Path]) -> dict[str, Any]:
                 f"{p} has a different model than {paths[-1]}: only checkpoints of one "
                 f"run can be averaged"
             )
+        other = _other_run(c, last)
+        if other:
+            raise MTError(
+                f"{p} comes from another run than {paths[-1]} ({other}): the weights of two "
+                f"runs do not average into a model; move it out of the folder, or average "
+                f"fewer (--last)"
+            )
     avg = {}
     for key, value in last["model"].items():
         if value.is_floating_point():
@@ -356,6 +363,19 @@ def average(paths: list[Path]) -> dict[str, Any]:
         "train_state": last.get("train_state", {}),
         "averaged_from": [Path(p).name for p in paths],
     }
+
+
+def _other_run(a: dict[str, Any], b: dict[str, Any]) -> str | None:
+    """How two checkpoints show they come from different runs (their run ids; for those saved
+    before runs had one, their seeds, data or BPE models); None if they may be one run's."""
+    ids = a.get("train_state", {}).get("run_id"), b.get("train_state", {}).get("run_id")
+    if all(ids):
+        return None if ids[0] == ids[1] else f"run {ids[0]} against {ids[1]}"
+    for section, key in (("train", "seed"), ("data", "dir"), ("data", "src_lang")):
+        x, y = a["config"][section].get(key), b["config"][section].get(key)
+        if x != y:
+            return f"{section}.{key} {x!r} against {y!r}"
+    return None if same_tokenizer(a, b) else "another BPE model"
 
 
 def rng_state() -> dict[str, Any]:

@@ -4,6 +4,7 @@ and exit status 2, never a traceback) and the checks several commands share."""
 from __future__ import annotations
 
 import functools
+import re
 
 import typer
 from typer.core import TyperArgument, TyperCommand
@@ -96,7 +97,13 @@ def command(name: str):
 
 class _PlainCommand(TyperCommand):
     """--help's usage line and argument list name each argument as usage lines do
-    (`mt translate [OPTIONS] MODEL...`), without Typer's braces and type labels."""
+    (`mt translate [OPTIONS] MODEL...`), without Typer's braces and type labels; a command
+    with --set takes its overrides in command-line order (sets_in_order)."""
+
+    def parse_args(self, ctx, args):
+        if any(p.name == "overrides" for p in self.params):
+            args = sets_in_order(args)
+        return super().parse_args(ctx, args)
 
     def get_params(self, ctx):
         params = super().get_params(ctx)
@@ -204,3 +211,25 @@ def _finite(value: str) -> float:
     if not math.isfinite(number):
         raise typer.BadParameter(f"{value!r}: must be a finite number")
     return number
+
+
+# a KEY=VALUE override: a dotted key, then =
+_OVERRIDE = re.compile(r"[A-Za-z_][\w-]*(\.[\w-]+)*=")
+
+
+def sets_in_order(args: list[str]) -> list[str]:
+    """`--set A B --set C`: click would give --set's values [A, C] and the arguments after
+    them [B], and the later of two settings of a key would not always win. Each KEY=VALUE
+    that follows a --set's value is made a --set of its own, so that the overrides keep the
+    command line's order."""
+    out: list[str] = []
+    following = False  # whether the last tokens were a --set and its values
+    for i, arg in enumerate(args):
+        if arg == "--":
+            return out + args[i:]
+        if following and not arg.startswith("-") and _OVERRIDE.match(arg):
+            out += ["--set", arg]
+            continue
+        following = arg.startswith("--set=") or (i > 0 and args[i - 1] == "--set")
+        out.append(arg)
+    return out

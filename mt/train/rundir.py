@@ -222,6 +222,25 @@ def check_config_change(cfg: Config, run_dir: Path, allow_config_change: bool) -
     return changed
 
 
+def _decode_as_said(cfg: Config, run_dir: Path, changed: list[str], log) -> None:
+    """A resumed run whose decode settings changed: best.pt, which `mt translate RUN_DIR`
+    decodes with, takes them too (its own were the run's old ones, or tuned on valid), so that
+    config.yaml never says one decoding and the run uses another. Later saves write the new
+    ones into every checkpoint; the end's tuning (decode.tune_*) may still choose for best.pt."""
+    keys = [_key(c).split(".", 1)[1] for c in changed if _key(c).startswith("decode.")]
+    best = run_dir / "best.pt"
+    if not keys or not best.is_file():
+        return
+    try:
+        ckpt = checkpoint.load(best)
+    except MTError:
+        return  # (a damaged best.pt is said where it is read)
+    new = cfg.decode.model_dump()
+    checkpoint.set_decoding(ckpt, {k: new[k] for k in keys})
+    checkpoint.atomic_save(ckpt, best)
+    log(f"{best} decodes with the new {', '.join(f'decode.{k}' for k in keys)} too")
+
+
 def _key(change: str) -> str:
     return change.split(":")[0]
 
@@ -282,10 +301,11 @@ def prepare_run_dir(
         check_resumable(run_dir, restart)  # as the lock holder sees it
         if restart:
             set_aside(run_dir, log)
-        check_config_change(cfg, run_dir, allow_config_change)
+        changed = check_config_change(cfg, run_dir, allow_config_change)
         if not has_checkpoint(run_dir):
             _drop_stale_tokenizer(cfg, run_dir, log)
         save_config(cfg, run_dir / "config.yaml")
+        _decode_as_said(cfg, run_dir, changed, log)
         for stale in run_dir.glob(".*.tmp"):  # left by a save that was killed half-way
             stale.unlink()
     except BaseException:

@@ -4,6 +4,7 @@ scores, and the window of updates between two log lines."""
 from __future__ import annotations
 
 import math
+import secrets
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -32,6 +33,9 @@ class TrainState:
     both_directions: bool = False
     # what is trained: "translation" (mt train) or "masked_lm" (mt pretrain's encoder)
     objective: str = "translation"
+    # which run this is: drawn when it starts, kept when it resumes, so that its snapshots are
+    # told from another run's of the same shape (mt average)
+    run_id: str = field(default_factory=lambda: secrets.token_hex(8))
 
     def state_dict(self) -> dict:
         return asdict(self)
