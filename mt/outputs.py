@@ -210,6 +210,48 @@ def atomic_file(path: str | Path, mode: str = "wb", keep_as: Path | None = None)
 
 
 @contextmanager
+def atomic_folder(out: Path) -> Iterator[Path]:
+    """A temporary folder beside `out` for the caller to fill; when the caller is done it takes
+    `out`'s name (an earlier folder there, which the caller checked may go, removed only then),
+    with the permissions the umask gives a new folder. On any failure it is removed and `out`
+    is untouched: a half-written export never sits under the final name. OS and writer errors
+    (a full disk) become one-line MTErrors naming `out`."""
+    try:
+        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
+    except OSError as e:
+        raise MTError(describe_write_error(out, e)) from None
+    try:
+        yield tmp
+        _readable(tmp)
+        if out.exists():
+            old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".old"))
+            os.replace(out, old / "x")
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    except (OSError, RuntimeError) as e:  # (CTranslate2's writer raises RuntimeError)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise MTError(describe_write_error(out, e)) from None
+    except MTError as e:  # a file's own atomic write: named where it was going
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise MTError(str(e).replace(str(tmp), str(out))) from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _readable(folder: Path) -> None:
+    """A folder and its files as the user's umask makes new ones (mkdtemp's folder is 0700,
+    and some writers make their files 0600)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    folder.chmod(0o777 & ~umask)
+    for path in folder.rglob("*"):
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
+
+
+@contextmanager
 def _into_special(path: Path, mode: str) -> Iterator:
     """`path` opened for writing as it is (no temp file, no rename); errors are one line."""
     try:
@@ -238,3 +280,8 @@ def _remove(tmp: str) -> None:
 def write_text(path: str | Path, text: str) -> None:
     with atomic_file(path, "w") as f:
         f.write(text)
+
+
+def write_bytes(path: str | Path, data: bytes) -> None:
+    with atomic_file(path, "wb") as f:
+        f.write(data)

@@ -269,3 +269,61 @@ def test_an_output_through_a_symbolic_link_writes_its_target_and_needs_force(tmp
     dangling.symlink_to(tmp_path / "missing" / "x.txt")
     code, _, err = mt_here("translate", run, "-o", dangling, "--force", input="a b\n")
     assert code == 2 and "missing" in err and "does not exist" in err, err
+
+
+def _on_full_disk(tmp_path, run, *args, copy_run=False):
+    """`mt ARGS` with FULL (tmp_path/full) a tmpfs filled to the last byte before mt starts
+    (with a copy of `run` in FULL/run first where asked): (the process, FULL's listing after
+    it, one name a line)."""
+    full, listing = tmp_path / "full", tmp_path / "listing"
+    full.mkdir()
+    copy = f'mkdir "{full}/run" && cp "{run}/best.pt" "{full}/run/" && ' if copy_run else ""
+    command = " ".join(f"'{a}'" for a in map(str, args))
+    script = (
+        f'mount -t tmpfs -o size=8m tmpfs "{full}" && {copy}'
+        f'{{ cat /dev/zero > "{full}/filler"; }} 2>/dev/null; '
+        f'"{sys.executable}" -m mt {command}; rc=$?; '
+        f'find "{full}" -mindepth 1 -printf "%P\\n" | sort > "{listing}"; exit $rc'
+    )
+    proc = subprocess.run(["unshare", "-rm", "sh", "-c", script], cwd=ROOT, env=cli_env(),
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    return proc, listing.read_text().split()
+
+
+WRITERS = {  # a writing command on a full disk, and the path it must not leave behind
+    "translate": (["translate", "{run}", "-i", "{src}", "-o", "{full}/out.txt"], "out.txt"),
+    "average": (["average", "{run}", "--last", "2", "-o", "{full}/avg.pt"], "avg.pt"),
+    "export": (["export", "{run}", "{full}/ct2"], "ct2"),
+    "attention": (["attention", "{run}", "mi lo", "-o", "{full}/attn.png"], "attn.png"),
+    "plot": (["plot", "{run}", "-o", "{full}/plot.png"], "plot.png"),
+    "report": (["report", "{run}", "-o", "{full}/report.html"], "report.html"),
+    "download": (["download", "synthetic", "--out", "{full}/data"], "data"),
+    "tune": (["tune", "{full}/run", "--beams", "1,2", "--length-penalties", "1.0"], None),
+}  # fmt: skip
+
+
+@needs_mount
+@pytest.mark.parametrize("name", sorted(WRITERS))
+def test_a_writing_command_on_a_full_disk_is_one_line_and_leaves_no_file(
+    name, tiny_run, src_file, tmp_path
+):
+    """Every command that writes, on a disk with no byte left: exit 2, one line naming the
+    path and the full disk, and nothing under the output's name, half-written or empty, nor a
+    temporary file left behind (the command's files are written to temporary names and
+    renamed when whole); tune leaves best.pt as it was."""
+    if name == "export":
+        pytest.importorskip("ctranslate2")
+    args, target = WRITERS[name]
+    full = tmp_path / "full"
+    args = [a.format(run=tiny_run, src=src_file, full=full) for a in args]
+    proc, listing = _on_full_disk(tmp_path, tiny_run, *args, copy_run=name == "tune")
+    assert_user_error(proc, "disk is full")
+    errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and errors[0].startswith("error: "), proc.stderr  # one line
+    left = [p for p in listing if p != "filler" and not p.startswith("run")]
+    assert left == [], left  # (the output's name included: target, or a temporary one)
+    if target is not None:
+        assert str(full / target) in proc.stderr
+    else:  # the run's copy as it was: best.pt, no temporary file beside it
+        assert "best.pt" in proc.stderr
+        assert [p for p in listing if p.startswith("run/")] == ["run/best.pt"], listing

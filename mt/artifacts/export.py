@@ -7,14 +7,13 @@ and the sentencepiece model(s) are copied beside the model."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import torch
 
 from mt.artifacts import checkpoint
 from mt.errors import MTError
-from mt.outputs import check_folder_creatable
+from mt.outputs import atomic_folder, check_folder_creatable
 
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int16", "float16", "bfloat16", "float32")
 
@@ -127,17 +126,22 @@ def export(run: Path, out: Path, quantization: str | None = None, force: bool = 
     cfg, tokenizer, model = trained.config, trained.tokenizer, trained.model
     check_exportable(cfg)
     check_out(out, force)
-    if out.exists():  # (an earlier export, --force)
-        shutil.rmtree(out)
 
     # ctranslate2 is imported when export runs (an optional extra)
     class Converter(ct2.converters.Converter):  # type: ignore[name-defined]
         def _load(self):
             return model_spec(model.eval(), cfg, tokenizer)
 
-    Converter().convert(str(out), quantization=quantization, force=True)
-    tokenizer.save(out)  # spm.model, or spm.src/tgt.model
-    (out / "mt_export.json").write_text(
+    with atomic_folder(out) as folder:  # an earlier export (--force) replaced when this is whole
+        Converter().convert(str(folder), quantization=quantization, force=True)
+        _describe(folder, trained, cfg, tokenizer, quantization)
+    return out
+
+
+def _describe(folder: Path, trained, cfg, tokenizer, quantization: str | None) -> None:
+    """The export's BPE model(s) and mt_export.json (what it came from, how it decodes)."""
+    tokenizer.save(folder)  # spm.model, or spm.src/tgt.model
+    (folder / "mt_export.json").write_text(
         json.dumps(
             {
                 "from": str(trained.path),
@@ -151,7 +155,6 @@ def export(run: Path, out: Path, quantization: str | None = None, force: bool = 
         + "\n",
         encoding="utf-8",
     )
-    return out
 
 
 def check_out(out: Path, force: bool, marker: str = "model.bin") -> None:

@@ -14,7 +14,7 @@ from typing import Any
 from mt.data import synthetic
 from mt.data.corpus import SPLITS, read_lines
 from mt.errors import MTError
-from mt.outputs import check_folder_creatable, write_text
+from mt.outputs import atomic_folder, check_folder_creatable, write_text
 
 # Short names -> (hub id, dataset config). Any other name is passed to the hub as it is.
 HUB_ALIASES = {
@@ -69,15 +69,25 @@ def write_splits(
         if len(set(counts.values())) > 1:
             raise MTError(f"split {split} has different line counts per language: {counts}")
     own = downloaded_into(out) is not None or is_empty_folder(out)
+    fresh = not out.exists() or is_empty_folder(out)
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        (out.parent if fresh else out).mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise MTError(f"cannot create {out} ({e.strerror}); choose another --out") from None
-    if own and name:
-        write_text(out / MARKER, name + "\n")
-    for split, by_lang in splits.items():
-        for lang, lines in by_lang.items():
-            write_text(out / f"{split}.{lang}", "".join(_one_line(x) + "\n" for x in lines))
+
+    def write(folder: Path) -> None:
+        if own and name:
+            write_text(folder / MARKER, name + "\n")
+        for split, by_lang in splits.items():
+            for lang, lines in by_lang.items():
+                text = "".join(_one_line(x) + "\n" for x in lines)
+                write_text(folder / f"{split}.{lang}", text)
+
+    if fresh:  # a new folder appears whole or not at all
+        with atomic_folder(out) as folder:
+            write(folder)
+    else:  # the user's folder (--force): each file whole
+        write(out)
     return {split: len(next(iter(by_lang.values()))) for split, by_lang in splits.items()}
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import sentencepiece as spm
 
 from mt.errors import MTError
+from mt.outputs import write_bytes
 from mt.tokens import BOS, EOS, PAD, UNK
 
 
@@ -222,13 +223,14 @@ class Tokenizer:
 
     # -- files in the run directory -------------------------------------------------------
     def save(self, run_dir: Path) -> None:
+        """The BPE model(s) and vocabulary into `run_dir`, each file whole or not at all."""
         if self.joint:
-            (run_dir / "spm.model").write_bytes(self.src_model)
+            write_bytes(run_dir / "spm.model", self.src_model)
         else:
-            (run_dir / "spm.src.model").write_bytes(self.src_model)
-            (run_dir / "spm.tgt.model").write_bytes(self.tgt_model)
+            write_bytes(run_dir / "spm.src.model", self.src_model)
+            write_bytes(run_dir / "spm.tgt.model", self.tgt_model)
         if self.vocab is not None:
-            (run_dir / VOCAB_FILE).write_bytes(self.vocab.to_json())
+            write_bytes(run_dir / VOCAB_FILE, self.vocab.to_json())
 
     @classmethod
     def load(cls, run_dir: Path) -> Tokenizer | None:

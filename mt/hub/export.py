@@ -8,9 +8,6 @@ folder is written by transformers itself (save_pretrained) from the mapped weigh
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from mt.artifacts import checkpoint
@@ -18,6 +15,7 @@ from mt.artifacts.export import check_out
 from mt.errors import MTError
 from mt.hub.card import model_card
 from mt.hub.marian import to_marian
+from mt.outputs import atomic_folder
 from mt.tokens import BOS, EOS, PAD, UNK
 
 ACTIVATION_NAMES = {"relu": "relu", "swish": "swish", "gelu": "gelu"}  # mt's -> transformers'
@@ -137,9 +135,7 @@ def export(run: Path, out: Path, scores: Path | None = None, force: bool = False
     check_exportable(cfg)
     out.parent.mkdir(parents=True, exist_ok=True)
     m = cfg.model
-    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as tmp:
-        folder = Path(tmp) / "model"
-        folder.mkdir()
+    with atomic_folder(out) as folder:  # an earlier export (--force) replaced when this is whole
         marian = transformers.MarianMTModel(marian_config(transformers, cfg, tokenizer))
         state = to_marian(model.state_dict(), m.enc_layers, m.dec_layers, m.tie_embeddings)
         missing, unexpected = marian.load_state_dict(state, strict=False)
@@ -153,19 +149,7 @@ def export(run: Path, out: Path, scores: Path | None = None, force: bool = False
         (folder / "README.md").write_text(
             model_card(trained, run, out, evaluated), encoding="utf-8"
         )
-        _readable(folder)
-        if out.exists():  # (an earlier export, --force)
-            shutil.rmtree(out)
-        folder.rename(out)
     return out
-
-
-def _readable(folder: Path) -> None:
-    """The files as the user's umask makes new ones (safetensors writes the weights 0600)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    for path in folder.iterdir():
-        path.chmod(0o666 & ~umask)
 
 
 def _read_scores(path: Path) -> dict:
