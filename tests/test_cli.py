@@ -634,3 +634,43 @@ def test_every_whole_number_flag_refuses_a_long_digit_string_in_one_short_line(t
                 tried += 1
     assert tried >= 20
     assert not list(tmp_path.glob("*.p*"))
+
+
+@pytest.mark.parametrize("env", [{"PYTHONIOENCODING": "ascii"},
+                                 {"LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0"}])  # fmt: skip
+def test_output_text_is_utf8_whatever_the_locale(tmp_path, env):
+    """A model whose outputs hold non-ASCII letters, translating to standard output under a
+    locale that says ASCII: the translations come out in UTF-8, as a file -o would hold them,
+    and a message naming a non-ASCII path comes out whole on standard error."""
+    import subprocess
+    import sys
+
+    from mt.data.synthetic import generate
+    from tests.conftest import cli_env, mt_here
+
+    data = tmp_path / "data"
+    data.mkdir()
+    umlauts = str.maketrans("AOU", "ÄÖÜ")
+    for split, n, seed in (("train", 300, 0), ("valid", 20, 1), ("test", 20, 2)):
+        src, tgt = generate(n, seed)
+        (data / f"{split}.src").write_text("\n".join(src) + "\n", encoding="utf-8")
+        (data / f"{split}.tgt").write_text("\n".join(t.translate(umlauts) for t in tgt) + "\n",
+                                           encoding="utf-8")  # fmt: skip
+    run = tmp_path / "run"
+    code, _, err = mt_here("train", "tiny", "--run-dir", run, "--set", f"data.dir={data}",
+                           "train.max_steps=40", "train.valid_every=40", "train.save_every=40",
+                           "train.average_last=0")  # fmt: skip
+    assert code == 0, err
+    lines = (data / "test.src").read_text(encoding="utf-8")
+    expected = tmp_path / "expected.txt"
+    assert mt_here("translate", run, "-i", data / "test.src", "-o", expected)[0] == 0
+    want = expected.read_bytes()
+    assert any(c in want.decode() for c in "ÄÖÜ")  # (the case holds what it is about)
+    proc = subprocess.run([sys.executable, "-m", "mt", "translate", str(run)], input=lines.encode(),
+                          capture_output=True, env=cli_env(**env), cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0 and b"Traceback" not in proc.stderr, proc.stderr.decode()
+    assert proc.stdout == want
+    missing = tmp_path / "nö.txt"
+    proc = subprocess.run([sys.executable, "-m", "mt", "translate", str(run), "-i", str(missing)],
+                          capture_output=True, env=cli_env(**env), cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 2 and str(missing).encode() in proc.stderr, proc.stderr

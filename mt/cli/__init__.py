@@ -20,12 +20,13 @@ from mt.cli import (
     use,  # noqa: F401
 )
 from mt.cli.app import INTERRUPTED, _err, app
-from mt.cli.streams import name_stdout, stdout_failed
+from mt.cli.streams import name_stdout, stdout_failed, utf8_streams
 
 
 def main() -> None:
     from mt.errors import Interrupted
 
+    utf8_streams()
     name_stdout()
     try:
         try:

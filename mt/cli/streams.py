@@ -4,6 +4,7 @@ instead of a traceback from wherever the text happened to be written or flushed.
 
 from __future__ import annotations
 
+import codecs
 import errno
 import io
 import os
@@ -33,6 +34,27 @@ class _NamedFd(io.RawIOBase):
             return os.write(self._fd, data)
         except OSError as e:
             raise OSError(e.errno, e.strerror, STDOUT) from None  # EPIPE: BrokenPipeError
+
+
+def utf8_streams() -> None:
+    """Standard output and error in UTF-8 whatever the locale says (LC_ALL=C, or
+    PYTHONIOENCODING=ascii): a translation, or a path in a message, holds any character, and
+    an encoding that cannot write it would end the command in a traceback. (Input is read
+    as bytes and decoded as UTF-8: mt.cli.textio.)"""
+    codecs.register_error("mt.bytes_or_escape", _bytes_or_escape)
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper) and codecs.lookup(stream.encoding).name != "utf-8":
+            stream.reconfigure(encoding="utf-8", errors="mt.bytes_or_escape")
+
+
+def _bytes_or_escape(error: UnicodeError) -> tuple[str | bytes, int]:
+    """A path's bytes that the C locale could not decode (argv's surrogate escapes) written
+    back as they were; anything else unencodable written as a backslash escape, never an
+    error."""
+    try:
+        return codecs.lookup_error("surrogateescape")(error)
+    except UnicodeError:
+        return codecs.lookup_error("backslashreplace")(error)
 
 
 def name_stdout() -> None:
