@@ -387,7 +387,7 @@ def test_what_cannot_be_imported_or_exported_is_one_line(opus_like, tiny_run, tm
     for source, needle in [
         (not_a_model, "no config.json"),
         (bert, "is a bert model"),
-        ("Helsinki-NLP/opus-mt-de-en", "hub cannot give it"),
+        ("Helsinki-NLP/opus-mt-de-en", "hf download"),
         ("no/such/folder/here", "no such folder"),
     ]:
         config = _finetune_config(tmp_path / "c.yaml", source, data)
@@ -442,7 +442,7 @@ def test_the_exported_tokenizer_encodes_and_decodes_as_mt(tmp_path, joint):
     tok = Tokenizer.train(
         de, en, vocab_size=400, joint=joint, character_coverage=1.0, max_sentences=2000, seed=0
     )
-    _write_tokenizer(transformers, tok, tmp_path)
+    _write_tokenizer(transformers, tok, tmp_path, ("de", "en"))
     assert (tmp_path / "target_vocab.json").is_file() != joint
     hf = MarianTokenizer.from_pretrained(tmp_path)
     sources, targets = _lines("val.de", 30), _lines("val.en", 30)
@@ -450,6 +450,8 @@ def test_the_exported_tokenizer_encodes_and_decodes_as_mt(tmp_path, joint):
     ids = tok.encode_tgt(targets)
     assert hf(text_target=targets)["input_ids"] == [[*x, EOS] for x in ids]
     assert hf.batch_decode(ids, skip_special_tokens=True) == tok.decode_tgt(ids)
+    # the direction is said in tokenizer_config.json, where an import checks it
+    assert (hf.init_kwargs["source_lang"], hf.init_kwargs["target_lang"]) == ("de", "en")
 
 
 def _ct2_translates_as_mt(run, out, translator, sources) -> None:
@@ -466,3 +468,48 @@ def _ct2_translates_as_mt(run, out, translator, sources) -> None:
     theirs = [[index[p] for p in r.hypotheses[0]] for r in found]
     ours = [f[1][0][0] for f in translator.search(sources, beam=1, max_len_a=0, max_len_b=30)]
     assert theirs == ours
+
+
+@needs_multi30k
+def test_an_imported_folder_is_checked_before_it_is_used(opus_like, tmp_path):
+    """Every file model.init_from reads is named when missing (no TypeError from deep inside
+    transformers), a vocabulary that numbers pieces past the model's size and a direction
+    that contradicts tokenizer_config.json are refused, and a mistyped local path is never
+    looked up on the hub."""
+    import json
+    import shutil
+
+    data = _corpus(tmp_path / "data", n_train=50, n_valid=5)
+
+    def variant(name, change):
+        folder = tmp_path / name
+        shutil.copytree(opus_like, folder)
+        change(folder)
+        return folder
+
+    def drop(*names):
+        return lambda f: [(f / n).unlink() for n in names]
+
+    def vocab_past_its_size(f):
+        vocab = json.loads((f / "vocab.json").read_text(encoding="utf-8"))
+        vocab["▁extra"] = max(vocab.values()) + 5
+        (f / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+
+    def english_to_german(f):
+        tc = json.loads((f / "tokenizer_config.json").read_text(encoding="utf-8"))
+        tc.update(source_lang="en", target_lang="de")
+        (f / "tokenizer_config.json").write_text(json.dumps(tc), encoding="utf-8")
+
+    cases = [
+        (variant("no_tok", drop("source.spm", "target.spm", "vocab.json")),
+         ["lacks source.spm, target.spm, vocab.json"]),
+        (variant("no_vocab", drop("vocab.json")), ["lacks vocab.json"]),
+        (variant("no_weights", drop("model.safetensors")), ["lacks model.safetensors or"]),
+        (variant("past", vocab_past_its_size), ["'▁extra'", "vocabulary size"]),
+        (variant("en_de", english_to_german), ["translates en -> de", "de -> en"]),
+        ("tests/no_such_model", ["no such folder", str(ROOT)]),
+    ]  # fmt: skip
+    for source, needles in cases:
+        config = _finetune_config(tmp_path / "c.yaml", source, data)
+        _refused("train", config, "--run-dir", tmp_path / "r", needles=[str(source), *needles])
+    assert not (tmp_path / "r").exists()

@@ -101,7 +101,7 @@ def generation_config(transformers, cfg):
     )
 
 
-def _write_tokenizer(transformers, tokenizer, out: Path) -> None:
+def _write_tokenizer(transformers, tokenizer, out: Path, langs: tuple[str, str]) -> None:
     """source.spm, target.spm and vocab.json (target_vocab.json where the sides' ids differ):
     MarianTokenizer looks each sentencepiece piece up in the vocabulary, which holds mt's ids."""
     (out / "source.spm").write_bytes(tokenizer.src_model)
@@ -121,6 +121,8 @@ def _write_tokenizer(transformers, tokenizer, out: Path) -> None:
         unk_token=pieces[UNK],
         eos_token=pieces[EOS],
         pad_token=pieces[PAD],
+        source_lang=langs[0],  # (tokenizer_config.json: the direction, which an import checks)
+        target_lang=langs[1],
     )
     marian.save_pretrained(str(out))
 
@@ -145,7 +147,7 @@ def export(run: Path, out: Path, scores: Path | None = None, force: bool = False
         )
         marian.generation_config = generation_config(transformers, cfg)
         marian.save_pretrained(str(folder))
-        _write_tokenizer(transformers, tokenizer, folder)
+        _write_tokenizer(transformers, tokenizer, folder, (cfg.data.src_lang, cfg.data.tgt_lang))
         (folder / "README.md").write_text(
             model_card(trained, run, out, evaluated), encoding="utf-8"
         )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -44,15 +45,32 @@ class Imported:
         try:
             self.model = transformers.MarianMTModel.from_pretrained(source).eval()
             self.hf_tokenizer = transformers.MarianTokenizer.from_pretrained(source)
-        except (OSError, ValueError, KeyError, AssertionError) as e:
+        except (OSError, ValueError, KeyError, AssertionError, TypeError) as e:
             raise MTError(f"model.init_from {source}: cannot load it ({_first_line(e)})") from None
         self.config = self.model.config
         hf_tok, c = self.hf_tokenizer, self.config
         target = hf_tok.target_encoder if hf_tok.separate_vocabs else hf_tok.encoder
+        sides = [("vocab.json", hf_tok.encoder, c.vocab_size),
+                 ("target vocabulary", target, c.decoder_vocab_size)]  # fmt: skip
+        for name, vocab, size in sides:
+            past = [p for p, i in vocab.items() if not 0 <= i < size]
+            if past:
+                raise MTError(
+                    f"model.init_from {source}: its {name} numbers {len(past)} piece(s) "
+                    f"({', '.join(map(repr, past[:3]))}) at or past the model's vocabulary "
+                    f"size {size}: the vocabulary and the weights are not one model's; restore "
+                    f"the folder as it was saved"
+                )
         self.src_order, src_pieces = _order(hf_tok.encoder, self, c.vocab_size)
         self.tgt_order, tgt_pieces = _order(target, self, c.decoder_vocab_size)
         src_spm, tgt_spm = (Path(f).read_bytes() for f in self.hf_tokenizer.spm_files)
         self.tokenizer = Tokenizer(src_spm, tgt_spm, Vocabulary(src_pieces, tgt_pieces))
+
+    @property
+    def languages(self) -> tuple[str | None, str | None]:
+        """(source, target) as its tokenizer_config.json says them (None where it does not)."""
+        kwargs = self.hf_tokenizer.init_kwargs
+        return kwargs.get("source_lang"), kwargs.get("target_lang")
 
     def settings(self) -> dict[str, Any]:
         """The run settings (dotted keys) the model fixes; what mt cannot hold is refused."""
@@ -133,8 +151,19 @@ def _check_is_marian(source: str, transformers) -> None:
             kind = json.loads((path / "config.json").read_text(encoding="utf-8")).get("model_type")
         except (ValueError, UnicodeDecodeError, AttributeError):
             raise MTError(f"{where}: its config.json is not JSON; restore it") from None
-    elif not _HUB_ID.fullmatch(source):
-        raise MTError(f"{where}: no such folder, and not a Hugging Face hub id (OWNER/NAME)")
+        if kind == "marian":
+            _check_files(path, where)
+    elif not _HUB_ID.fullmatch(source) or _looks_local(source):
+        raise MTError(
+            f"{where}: no such folder (relative to {Path.cwd()}), and not a Hugging Face "
+            f"hub id (OWNER/NAME)"
+        )
+    elif os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        raise MTError(
+            f"{where}: no such folder here, and HF_HUB_OFFLINE is set: download it where the "
+            f"hub is reachable (hf download {source} --local-dir DIR) and set "
+            f"model.init_from: DIR"
+        )
     else:
         try:
             kind = transformers.AutoConfig.from_pretrained(source).model_type
@@ -148,6 +177,30 @@ def _check_is_marian(source: str, transformers) -> None:
         raise MTError(
             f"{where} is a {kind} model; mt starts from Marian models (MarianMTModel, as OPUS-MT's)"
         )
+
+
+# what a Marian model folder holds: save_pretrained's of the model and of MarianTokenizer
+_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+_TOKENIZER = ("source.spm", "target.spm", "vocab.json")
+
+
+def _check_files(path: Path, where: str) -> None:
+    """Every file the import reads, named when one is missing (transformers would fail on it
+    with a TypeError far from the cause)."""
+    missing = [name for name in _TOKENIZER if not (path / name).is_file()]
+    if not any((path / name).is_file() for name in _WEIGHTS):
+        missing.insert(0, " or ".join(_WEIGHTS))
+    if missing:
+        raise MTError(
+            f"{where} lacks {', '.join(missing)}: a Marian model folder holds the model's "
+            f"weights and its MarianTokenizer's files (save_pretrained of both); copy them in"
+        )
+
+
+def _looks_local(source: str) -> bool:
+    """A path mistyped rather than a hub id: its first part is a folder here (runs/typo)."""
+    first = source.split("/")[0]
+    return "/" in source and Path(first).expanduser().is_dir()
 
 
 def _order(vocab: dict[str, int], imported: Imported, size: int) -> tuple[list[int], tuple]:
@@ -183,7 +236,16 @@ def with_imported_settings(cfg, written: set[str], where: str):
     dotted keys) that says otherwise is refused, as is any tokenizer setting but joint (the
     model brings its tokenizer)."""
     source = cfg.model.init_from
-    fixed = imported(source).settings()
+    model = imported(source)
+    fixed = model.settings()
+    theirs, ours = model.languages, (cfg.data.src_lang, cfg.data.tgt_lang)
+    if None not in theirs and theirs != ours:
+        raise MTError(
+            f"{where}: model.init_from {source} translates {theirs[0]} -> {theirs[1]} (its "
+            f"tokenizer_config.json), but this run's data is {ours[0]} -> {ours[1]}: set "
+            f"data.src_lang and data.tgt_lang to its direction, or start from a "
+            f"{ours[0]} -> {ours[1]} model"
+        )
     for key in sorted(written):
         if key.startswith("tokenizer.") and key not in fixed:
             raise MTError(
