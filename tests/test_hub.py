@@ -165,7 +165,8 @@ def test_an_exported_run_translates_in_transformers_as_in_mt(m30k_run, tmp_path)
     assert code == 0, err
     card = (tmp_path / "scored" / "README.md").read_text()
     bleu = json.loads(scores)
-    assert f"| BLEU | {bleu['bleu']:.2f} | `{bleu['bleu_signature']}` |" in card
+    check_card_renders(card, bleu, test_set="test")
+    assert str(tmp_path) not in card and str(m30k_run) not in card  # no local path
     check_transformers_translates_as_mt(m30k_run, out, _lines("test_2016_flickr.de", 50))
 
     # mt -> transformers -> mt leaves every weight equal (and the run's model settings)
@@ -357,7 +358,9 @@ def test_an_opus_mt_like_model_imports_computes_as_transformers_and_fine_tunes(o
     assert code == 0 and len(out.splitlines()) == 5, err
     code, _, err = mt_here("export", run, tmp_path / "back", "--format", "transformers")
     assert code == 0, err
-    assert f"started from {opus_like}" in (tmp_path / "back" / "README.md").read_text()
+    card = (tmp_path / "back" / "README.md").read_text()
+    assert f"started from {opus_like.name} (model.init_from)" in card  # (its name: no path)
+    assert str(opus_like) not in card and "base_model" not in card  # (a local folder)
     tuned = Translator.load(run, "cpu")
     code, _, err = mt_here("attention", run, sources[0], "-o", tmp_path / "a.png")
     assert code == 0 and (tmp_path / "a.png").is_file(), err
@@ -418,6 +421,7 @@ def test_what_cannot_be_imported_or_exported_is_one_line(opus_like, tiny_run, tm
         ((), "model.norm pre"),
         (("--quantization", "int8"), "--quantization"),
         (("--scores", tmp_path / "s.json"), "mt eval --json"),
+        (("--license", "my license"), "hub license id"),
     ]:
         _refused(*to_x, "transformers", *more, needles=[needle])
     _refused(*to_x, "onnx", needles=["transformers"])
@@ -513,3 +517,31 @@ def test_an_imported_folder_is_checked_before_it_is_used(opus_like, tmp_path):
         config = _finetune_config(tmp_path / "c.yaml", source, data)
         _refused("train", config, "--run-dir", tmp_path / "r", needles=[str(source), *needles])
     assert not (tmp_path / "r").exists()
+
+
+def check_card_renders(card: str, scores: dict, test_set: str) -> None:
+    """The card as the hub reads it: a YAML header with the keys its pages use, and a scores
+    table whose every row has its three cells (a signature's | escaped), rendered by a
+    Markdown parser (markdown-it, GitHub's tables)."""
+    import yaml
+    from markdown_it import MarkdownIt
+
+    _, header, body = card.split("---\n", 2)
+    meta = yaml.safe_load(header)
+    assert {"license", "language", "datasets", "metrics", "model-index"} <= set(meta), meta
+    assert meta["license"] == "unknown" and meta["language"] == ["de", "en"]
+    (entry,) = meta["model-index"]
+    (result,) = entry["results"]
+    assert result["dataset"]["name"] == test_set and result["task"]["type"] == "translation"
+    got = {m["type"]: m["value"] for m in result["metrics"]}
+    assert got["bleu"] == round(scores["bleu"], 2) and "chrf" in got and "ter" in got
+    tokens = MarkdownIt("commonmark").enable("table").parse(body)
+    rows, cells = [], 0
+    for tok in tokens:
+        if tok.type == "tr_close":
+            rows.append(cells)
+            cells = 0
+        cells += tok.type in ("th_open", "td_open")
+    assert len(rows) == 5 and set(rows) == {3}, rows  # header, BLEU, chrF, chrF++, TER
+    inline = [t.content for t in tokens if t.type == "inline"]
+    assert any(scores["bleu_signature"] in c.replace("\\|", "|") for c in inline)

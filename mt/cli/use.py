@@ -153,7 +153,10 @@ def eval_cmd(
     refs = compare.references(ref)
     if len(systems) == 1:
         result = compare.one_system(systems[0][1], refs, ci, moses_lang)
-        typer.echo(json.dumps(result) if as_json else compare.describe_one(result, moses_lang))
+        if as_json:  # (the files' names, which a model card shows as the test set's)
+            typer.echo(json.dumps({**result, "references": [p.name for p in ref]}))
+        else:
+            typer.echo(compare.describe_one(result, moses_lang))
     else:
         rows = paired_significance(systems, refs)
         typer.echo(json.dumps({"systems": rows}) if as_json else compare.describe_table(rows))
@@ -222,6 +225,12 @@ def export_cmd(
         help="transformers: the JSON of mt eval --json on a test set, for the model card",
     ),
     force: bool = typer.Option(False, "--force", help="replace an earlier export in OUT"),
+    license_id: str | None = typer.Option(
+        None,
+        "--license",
+        help="transformers: the model card's license (a hub license id, e.g. cc-by-4.0), "
+        "which the training data's terms decide; default: unknown",
+    ),
 ):
     """Export a Transformer run for a fast inference engine (CTranslate2) or as a transformers
     Marian model (a folder from_pretrained loads, with a model card, ready to upload).
@@ -237,12 +246,12 @@ def export_cmd(
                 "--quantization applies to --format ctranslate2; a transformers model is "
                 "saved in float32 (quantize it with transformers' own tools)"
             )
-        typer.echo(f"wrote {to_transformers(run, out, scores, force)}")
+        typer.echo(f"wrote {to_transformers(run, out, scores, force, license_id or 'unknown')}")
         return
     if to != "ctranslate2":
         raise MTError(f"--format {to!r}: use ctranslate2 or transformers")
-    if scores is not None:
-        raise MTError("--scores applies to --format transformers (its model card)")
+    if scores is not None or license_id is not None:
+        raise MTError("--scores and --license apply to --format transformers (its model card)")
     from mt.artifacts.export import export
 
     typer.echo(f"wrote {export(run, out, quantization, force)}")

@@ -1,28 +1,64 @@
 """The model card (README.md) of a run exported for transformers: what the hub shows of it,
 generated from the run itself: its data, architecture, training budget, test scores with
-sacreBLEU's signatures (or "not evaluated") and the commands that reproduce them. The license
-is left for the user, who alone knows the data's terms."""
+sacreBLEU's signatures (or "not evaluated") and the commands that reproduce them, under a
+YAML header the hub reads (license, languages, datasets, metrics, base model, model-index).
+The license is the user's to give (mt export --license), who alone knows the data's terms.
+No local path is written: a card is published."""
 
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from pathlib import Path
 
+import yaml
+
 from mt.artifacts import checkpoint
+from mt.errors import MTError, shorten
+from mt.hub import HUB_ID
 
 _METRICS = (("bleu", "BLEU"), ("chrf", "chrF"), ("chrf_pp", "chrF++"), ("ter", "TER"))
 
 
 def _train_command(run: Path) -> str:
-    """The `mt train` command of the run as run_info.json recorded it, else a generic one."""
+    """The `mt train` command of the run as run_info.json recorded it (a local path as its
+    last part alone), else a generic one."""
+    generic = f"mt train CONFIG --run-dir runs/{run.name}"
     try:
         argv = json.loads((run / "run_info.json").read_text(encoding="utf-8"))["argv"]
     except (OSError, ValueError, KeyError, TypeError):
-        return f"mt train CONFIG --run-dir {run}"
+        return generic
     if isinstance(argv, list) and argv[1:2] == ["train"] and all(isinstance(a, str) for a in argv):
-        return shlex.join(["mt", *argv[1:]])  # (argv[0]: the mt program's path)
-    return f"mt train CONFIG --run-dir {run}"
+        return shlex.join(["mt", *(_published(a) for a in argv[1:])])  # (argv[0]: mt's path)
+    return generic
+
+
+def _published(arg: str) -> str:
+    """An argument as a card may show it: an absolute path (or KEY=/abs/path) cut to its
+    last part."""
+    key, eq, value = arg.rpartition("=")
+    return f"{key}{eq}{Path(value).name}" if value.startswith(("/", "~")) else arg
+
+
+def _cell(text: str) -> str:
+    """Text in a Markdown table cell: a | would end the cell (sacreBLEU's signatures hold
+    several), so it is escaped, as GitHub's and the hub's tables read it."""
+    return text.replace("|", "\\|")
+
+
+def _tuned(run: Path) -> bool:
+    """Whether the run chose its decoding on the valid split (a tuning record in its log)."""
+    try:
+        text = (run / "train_log.jsonl").read_text(encoding="utf-8")
+    except OSError:
+        return False
+    return '"tuned_decoding"' in text
+
+
+def _test_set(evaluated: dict) -> str:
+    refs = evaluated.get("references") or []
+    return Path(str(refs[0])).stem if refs else "a test set"
 
 
 def _scores(evaluated: dict | None, run: Path, src: str, tgt: str) -> list[str]:
@@ -31,32 +67,75 @@ def _scores(evaluated: dict | None, run: Path, src: str, tgt: str) -> list[str]:
             "Not evaluated. Score it on a test set with:",
             "",
             "```bash",
-            f"mt eval {run} --src test.{src} --ref test.{tgt} --json > scores.json",
-            f"mt export {run} OUT --format transformers --scores scores.json",
+            f"mt eval runs/{run.name} --src test.{src} --ref test.{tgt} --json > scores.json",
+            f"mt export runs/{run.name} OUT --format transformers --scores scores.json",
             "```",
         ]
     rows = ["| metric | score | sacreBLEU signature |", "|---|---|---|"]
     for key, label in _METRICS:
         if key in evaluated and f"{key}_signature" in evaluated:
-            rows.append(f"| {label} | {evaluated[key]:.2f} | `{evaluated[key + '_signature']}` |")
-    return [*rows, "", "Scored with `mt eval RUN --src TEST --ref REF --json` on the run itself."]
+            signature = _cell(str(evaluated[key + "_signature"]))
+            rows.append(f"| {label} | {evaluated[key]:.2f} | `{signature}` |")
+    return [
+        *rows,
+        "",
+        f"On {_test_set(evaluated)}, scored with `mt eval RUN --src TEST --ref REF --json` on "
+        f"the run itself (mt's decoding, its length limit included).",
+    ]
 
 
-def model_card(trained, run: Path, out: Path, evaluated: dict | None) -> str:
+def _header(cfg, evaluated: dict | None, license_id: str, name: str) -> str:
+    """The card's YAML front matter, as the hub reads it."""
+    d, m = cfg.data, cfg.model
+    meta: dict = {
+        "library_name": "transformers",
+        "pipeline_tag": "translation",
+        "license": license_id,
+        "language": [d.src_lang, d.tgt_lang],
+        "tags": ["translation", "marian", "mt"],
+        "datasets": [d.dataset] if d.dataset else [],
+        "metrics": ["bleu", "chrf", "ter"],
+    }
+    if m.init_from and HUB_ID.fullmatch(m.init_from) and not Path(m.init_from).exists():
+        meta["base_model"] = m.init_from  # (a local folder is not a hub model)
+    if evaluated is not None:
+        results = [{"type": key, "name": label, "value": round(float(evaluated[key]), 2)}
+                   for key, label in _METRICS if key in evaluated]  # fmt: skip
+        meta["model-index"] = [{
+            "name": name,
+            "results": [{
+                "task": {"type": "translation", "name": f"Translation {d.src_lang}-{d.tgt_lang}"},
+                "dataset": {"name": _test_set(evaluated), "type": d.dataset or "custom"},
+                "metrics": results,
+            }],
+        }]  # fmt: skip
+    return "---\n" + yaml.safe_dump(meta, sort_keys=False, allow_unicode=True) + "---"
+
+
+def check_license(license_id: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9][\w.+-]{0,63}", license_id):
+        raise MTError(
+            f"--license {shorten(repr(license_id))}: give a hub license id (e.g. apache-2.0, "
+            f"cc-by-4.0, other)"
+        )
+    return license_id
+
+
+def model_card(trained, run: Path, out: Path, evaluated: dict | None, license_id="unknown") -> str:
     cfg, tok, model = trained.config, trained.tokenizer, trained.model
     d, m, t = cfg.data, cfg.model, cfg.train
     counters = checkpoint.train_counters(trained.ckpt)
     params = sum(p.numel() for p in model.parameters())
     corpus = d.dataset or "a parallel corpus of the user's"
     hours = counters.get("train_seconds", 0) / 3600
+    chosen = (
+        "the settings the run chose on its valid split"
+        if _tuned(run)
+        else "the run's decode settings (not tuned on a valid split)"
+    )
+    started = Path(m.init_from).name if m.init_from and Path(m.init_from).exists() else m.init_from
     lines = [
-        "---",
-        "library_name: transformers",
-        "pipeline_tag: translation",
-        f"language: [{d.src_lang}, {d.tgt_lang}]",
-        "tags: [translation, marian, mt]",
-        "license: # the license of this model and of its training data: fill it in",
-        "---",
+        _header(cfg, evaluated, license_id, out.name),
         "",
         f"# {d.src_lang}-{d.tgt_lang} translation: a Transformer trained with mt",
         "",
@@ -72,8 +151,10 @@ def model_card(trained, run: Path, out: Path, evaluated: dict | None) -> str:
         "```",
         "",
         f"`generate` searches with beam {cfg.decode.beam} and length penalty "
-        f"{cfg.decode.length_penalty} (generation_config.json), the settings the run chose on "
-        f"its valid split.",
+        f"{cfg.decode.length_penalty} (generation_config.json), {chosen}. It stops a sentence "
+        f"at {m.max_positions} tokens (max_length), where mt stops each at "
+        f"{cfg.decode.max_len_a:g} x its source length + {cfg.decode.max_len_b}: for the same "
+        f"output on a sentence that would run on, pass `max_new_tokens` per batch.",
         "",
         "## Data",
         "",
@@ -82,7 +163,7 @@ def model_card(trained, run: Path, out: Path, evaluated: dict | None) -> str:
         f"- vocabulary: sentencepiece, {tok.src_vocab_size} source and {tok.tgt_vocab_size} "
         f"target pieces ({'shared' if tok.shared_ids else 'separate'})",
         *(
-            [f"- started from {m.init_from} (model.init_from), fine-tuned on this corpus"]
+            [f"- started from {started} (model.init_from), fine-tuned on this corpus"]
             if m.init_from
             else []
         ),
@@ -108,7 +189,7 @@ def model_card(trained, run: Path, out: Path, evaluated: dict | None) -> str:
         "",
         "```bash",
         _train_command(run),
-        f"mt export {run} {out.name} --format transformers",
+        f"mt export runs/{run.name} {out.name} --format transformers",
         "```",
         "",
     ]

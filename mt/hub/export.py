@@ -13,7 +13,7 @@ from pathlib import Path
 from mt.artifacts import checkpoint
 from mt.artifacts.export import check_out
 from mt.errors import MTError
-from mt.hub.card import model_card
+from mt.hub.card import check_license, model_card
 from mt.hub.marian import to_marian
 from mt.outputs import atomic_folder
 from mt.tokens import BOS, EOS, PAD, UNK
@@ -127,8 +127,11 @@ def _write_tokenizer(transformers, tokenizer, out: Path, langs: tuple[str, str])
     marian.save_pretrained(str(out))
 
 
-def export(run: Path, out: Path, scores: Path | None = None, force: bool = False) -> Path:
+def export(
+    run: Path, out: Path, scores: Path | None = None, force: bool = False, license_id="unknown"
+) -> Path:
     """Write the transformers Marian model of a run (its best.pt, else last.pt) into `out`."""
+    check_license(license_id)
     transformers = transformers_modules()
     trained = checkpoint.open_trained(run)
     cfg, tokenizer, model = trained.config, trained.tokenizer, trained.model
@@ -149,7 +152,7 @@ def export(run: Path, out: Path, scores: Path | None = None, force: bool = False
         marian.save_pretrained(str(folder))
         _write_tokenizer(transformers, tokenizer, folder, (cfg.data.src_lang, cfg.data.tgt_lang))
         (folder / "README.md").write_text(
-            model_card(trained, run, out, evaluated), encoding="utf-8"
+            model_card(trained, run, out, evaluated, license_id), encoding="utf-8"
         )
     return out
 

@@ -1,4 +1,4 @@
-"""`model.init_from: PATH_OR_HUB_ID`: a run that starts from a transformers Marian model (an
+"""`model.init_from: PATH_ORHUB_ID`: a run that starts from a transformers Marian model (an
 OPUS-MT model, or an mt export), so that fine-tuning a published model on one's own corpus is
 one config. The model's architecture becomes the run's model settings (a config that says
 otherwise is refused), its tokenizer the run's, its weights the first step's. Afterwards the
@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import re
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +25,12 @@ import torch
 from mt.config.load import config_from_dict
 from mt.data.tokenizer import Tokenizer, Vocabulary
 from mt.errors import MTError
+from mt.hub import HUB_ID
 from mt.hub.export import transformers_modules
 from mt.hub.marian import from_marian, tie_mode
 from mt.tokens import BOS, EOS, PAD, UNK
 
 ACTIVATIONS = {"relu": "relu", "swish": "swish", "silu": "swish", "gelu": "gelu"}
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 
 
 class Imported:
@@ -153,7 +152,7 @@ def _check_is_marian(source: str, transformers) -> None:
             raise MTError(f"{where}: its config.json is not JSON; restore it") from None
         if kind == "marian":
             _check_files(path, where)
-    elif not _HUB_ID.fullmatch(source) or _looks_local(source):
+    elif not HUB_ID.fullmatch(source) or _looks_local(source):
         raise MTError(
             f"{where}: no such folder (relative to {Path.cwd()}), and not a Hugging Face "
             f"hub id (OWNER/NAME)"
