@@ -66,6 +66,15 @@ def load_for_resume(path: Path, warn: Callable[[str], None]) -> tuple[dict[str, 
     return None
 
 
+def _instead(path: Path) -> str:
+    """What to use in place of a damaged checkpoint: the run's other one, where it is there."""
+    others = [path.parent / n for n in ("last.pt", "best.pt", "last.pt.prev") if n != path.name]
+    found = [str(p) for p in others if p.is_file()]
+    if found:
+        return f"use {found[0]} instead"
+    return "use another checkpoint of the run (a step_N.pt snapshot), or train again"
+
+
 def load(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
@@ -90,8 +99,7 @@ def load(path: str | Path) -> dict[str, Any]:
         reason = str(e).strip().splitlines()[0].split(". ")[0][:160] if str(e).strip() else ""
         raise MTError(
             f"checkpoint {path} is corrupt or not an mt checkpoint "
-            f"({reason or type(e).__name__}); "
-            f"use another checkpoint (e.g. last.pt or best.pt)"
+            f"({reason or type(e).__name__}); {_instead(path)}"
         ) from None
     if not isinstance(ckpt, dict) or ckpt.get("format_version") != FORMAT_VERSION:
         raise MTError(f"checkpoint {path} is not an mt checkpoint of format {FORMAT_VERSION}")

@@ -173,12 +173,17 @@ def _check_beam(beam: int | None) -> None:
 
 
 def _number_list(text: str, cast, flag: str) -> list:
+    """Comma-separated numbers; none at all (--beams "") is refused, never read as the
+    default."""
     try:
-        return [cast(x) for x in text.split(",") if x.strip()]
+        values = [cast(x) for x in text.split(",") if x.strip()]
     except ValueError:
+        values = []
+    if not values:
         raise MTError(
-            f"{flag} {text!r}: give comma-separated numbers, e.g. {flag} 1,5,10"
-        ) from None
+            f"{flag} {shorten(repr(text))}: give comma-separated numbers, e.g. {flag} 1,5,10"
+        )
+    return values
 
 
 def _user_path(value: str):

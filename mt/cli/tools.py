@@ -102,7 +102,13 @@ def tune_cmd(
     Example: mt tune runs/multi30k_de_en --beams 1,5,10 --length-penalties 0.6,1.0,1.4
     """
     from mt.artifacts import checkpoint
-    from mt.evaluate.tuning import describe_settings, tune_best, tuning_pairs
+    from mt.evaluate.tuning import (
+        describe_settings,
+        log_tuning,
+        refuse_test_split,
+        tune_best,
+        tuning_pairs,
+    )
     from mt.outputs import check_not_training
 
     if not (run_dir / "best.pt").is_file():
@@ -110,12 +116,15 @@ def tune_cmd(
     check_not_training(run_dir / "best.pt")
     if (src is None) != (ref is None):
         raise MTError("give both --src and --ref, or neither (the run's valid split)")
-    nat = checkpoint.config_of(checkpoint.load(run_dir / "best.pt"), "best.pt").model.arch == "nat"
-    lists = _tuning_lists(nat, beams, penalties, nat_length_beams, nat_iterations)
+    cfg = checkpoint.config_of(checkpoint.load(run_dir / "best.pt"), "best.pt")
+    lists = _tuning_lists(cfg.model.arch == "nat", beams, penalties, nat_length_beams,
+                          nat_iterations)  # fmt: skip
+    refuse_test_split(cfg, src, ref)
     src_lines, ref_lines = tuning_pairs(run_dir / "best.pt", src, ref)
     rec = tune_best(run_dir / "best.pt", src_lines, ref_lines, device, **lists)
     for g in rec["grid"]:
         typer.echo(f"{describe_settings(g):<50} BLEU {g['valid_bleu']:.2f}")
+    log_tuning(run_dir, rec)
     typer.echo(f"stored in {run_dir / 'best.pt'}: {describe_settings(rec['tuned_decoding'])}")
 
 
@@ -127,8 +136,8 @@ def _tuning_lists(nat: bool, beams, penalties, nat_length_beams, nat_iterations)
                 "--beams and --length-penalties: this run (model.arch nat) decodes by "
                 "mask-predict; tune --nat-length-beams and --nat-iterations"
             )
-        lengths = _number_list(nat_length_beams or "1,3,5", int, "--nat-length-beams")
-        its = _number_list(nat_iterations or "4,10", int, "--nat-iterations")
+        lengths = _number_list(_or(nat_length_beams, "1,3,5"), int, "--nat-length-beams")
+        its = _number_list(_or(nat_iterations, "4,10"), int, "--nat-iterations")
         if not lengths or not its or min(lengths + its) < 1:
             raise MTError("--nat-length-beams and --nat-iterations need values >= 1")
         return {"beams": [], "penalties": [], "nat_length_beams": lengths, "nat_iterations": its}
@@ -137,12 +146,16 @@ def _tuning_lists(nat: bool, beams, penalties, nat_length_beams, nat_iterations)
             "--nat-length-beams and --nat-iterations apply to model.arch nat runs; this run "
             "searches: tune --beams and --length-penalties"
         )
-    beam_list = _number_list(beams or "1,5,10", int, "--beams")
-    lp_list = _number_list(penalties or "0.6,1.0,1.4", float, "--length-penalties")
+    beam_list = _number_list(_or(beams, "1,5,10"), int, "--beams")
+    lp_list = _number_list(_or(penalties, "0.6,1.0,1.4"), float, "--length-penalties")
     if not beam_list or min(beam_list) < 1 or not lp_list or min(lp_list) < 0:
         raise MTError("--beams needs sizes >= 1 and --length-penalties values >= 0")
     _check_beam(max(beam_list))
     return {"beams": beam_list, "penalties": lp_list}
+
+
+def _or(given: str | None, default: str) -> str:
+    return default if given is None else given  # ("" is given: refused, not the default)
 
 
 @command("plot")
@@ -160,7 +173,10 @@ def plot_cmd(
 
     if output is None:  # the run's own picture, redrawn as training redraws it
         if run_dir.is_dir():
-            check_folder_writable(run_dir, "run")
+            try:
+                check_folder_writable(run_dir, "run")
+            except MTError as e:
+                raise MTError(f"{e}; or draw it elsewhere with -o PICTURE.png") from None
     else:
         check_output(output, force=force, inputs=[run_dir / "train_log.jsonl"], what="picture")
     typer.echo(f"wrote {plot_run(run_dir, output)}")

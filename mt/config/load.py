@@ -51,7 +51,7 @@ def _describe(err: ErrorDetails) -> str:
         parent = _section_class(loc)
         hint = ""
         if parent is not None:
-            close = difflib.get_close_matches(loc[-1], list(parent.model_fields), n=1)
+            close = _closest(loc[-1], list(parent.model_fields))
             valid = ", ".join(parent.model_fields)
             hint = f" (did you mean '{close[0]}'?)" if close else f" (valid keys: {valid})"
         return f"{key}: unknown key{hint}"
@@ -110,6 +110,15 @@ def _parse_value(text: str) -> Any:
         except ValueError:
             pass
     return text
+
+
+def _closest(key: str, fields: list[str]) -> list[str]:
+    """The field a mistyped key most likely meant: one the key starts with or that starts
+    with it (warmup_steps: warmup, as other toolkits spell it), else difflib's nearest."""
+    prefixed = [f for f in fields if key.startswith(f) or f.startswith(key)]
+    if prefixed:
+        return [max(prefixed, key=len)]
+    return difflib.get_close_matches(key, fields, n=1)
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:

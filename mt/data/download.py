@@ -8,12 +8,13 @@ or the built-in synthetic task.
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
 from mt.data import synthetic
 from mt.data.corpus import SPLITS, read_lines
-from mt.errors import MTError
+from mt.errors import MTError, shorten
 from mt.outputs import atomic_folder, check_folder_creatable, write_text
 
 # Short names -> (hub id, dataset config). Any other name is passed to the hub as it is.
@@ -174,6 +175,17 @@ def download(
     force: bool = False,
 ) -> dict[str, int]:
     check_folder_creatable(out, "--out")  # before anything is fetched
+    if config is not None and (name == "synthetic" or from_path is not None):
+        raise MTError(
+            f"--config {shorten(config)} chooses a hub dataset's configuration; "
+            f"{'synthetic' if name == 'synthetic' else '--from-dir'} has none: leave it out "
+            f"(--src and --tgt choose the languages)"
+        )
+    if config is not None and name in HUB_ALIASES and HUB_ALIASES[name][1] is None:
+        raise MTError(
+            f"--config {shorten(config)}: {name} ({HUB_ALIASES[name][0]}) has one "
+            f"configuration holding every language; choose the pair with --src and --tgt"
+        )
     if name == "synthetic":
         splits = {s: {"src": a, "tgt": b} for s, (a, b) in synthetic.splits().items()}
     elif from_path is not None:
@@ -186,4 +198,13 @@ def download(
                 f"split {split} has only the language(s) {list(splits[split])}; "
                 f"a parallel corpus needs two"
             )
-    return write_splits(splits, out, force, name)
+    missing = [split for split in SPLITS if split not in splits]
+    counts = write_splits(splits, out, force, name)
+    if missing:  # (a corpus without them still trains: validation needs valid, mt eval a test)
+        print(
+            f"note: no {' or '.join(missing)} split found; {out} holds "
+            f"{', '.join(counts)} alone (mt train needs valid; give mt eval --src and --ref "
+            f"of your own test set)",
+            file=sys.stderr,
+        )
+    return counts

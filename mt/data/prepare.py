@@ -169,6 +169,14 @@ def ensure_data(cfg: Config, log) -> None:
     missing = [s for s in ("train", "valid") if not has_split(d.dir, s, d.src_lang, d.tgt_lang)]
     if not missing:
         return
+    for split in missing:  # (a download would write into it, or wait on a FIFO for ever)
+        for path in split_paths(d.dir, split, d.src_lang, d.tgt_lang):
+            if path.exists() and not path.is_file():
+                kind = "a folder" if path.is_dir() else "not a regular file (a FIFO, socket...)"
+                raise MTError(
+                    f"{path} is {kind}: the {split} split is read from text files; put the "
+                    f"{split}.{d.src_lang} and {split}.{d.tgt_lang} files in {d.dir}"
+                )
     folder = Path(d.dir)
     own = downloaded_into(folder)
     if d.dataset is None or not (is_empty_folder(folder) or own == d.dataset):

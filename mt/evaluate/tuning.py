@@ -87,6 +87,47 @@ def tuning_pairs(best: Path, src: Path | None, ref: Path | None) -> tuple[list, 
     return drop_empty(*read_parallel(src, ref), Stats())
 
 
+def refuse_test_split(cfg, src: Path | None, ref: Path | None) -> None:
+    """Tuning files that are the run's test split (cfg: best.pt's config) are refused: a test
+    score after tuning on the test set estimates nothing."""
+    from mt.data.corpus import split_paths
+    from mt.errors import MTError
+
+    d = cfg.data
+    test = split_paths(d.dir, "test", d.src_lang, d.tgt_lang)
+    for given, split in zip((src, ref), test, strict=True):
+        if given is not None and Path(given).is_file() and _same(Path(given), Path(split)):
+            raise MTError(
+                f"{given} is the run's test split: tune on held-out data that is not the "
+                f"test set (the run's valid split when --src and --ref are left out), or "
+                f"the test score estimates nothing"
+            )
+
+
+def _same(a: Path, b: Path) -> bool:
+    return b.is_file() and a.resolve() == b.resolve()
+
+
+def log_tuning(run_dir: Path, rec: dict) -> None:
+    """mt tune's record appended to the run's train_log.jsonl (at best.pt's step, where the
+    end of mt train writes its own), which mt report then shows."""
+    import json
+
+    from mt.outputs import write_text
+
+    log = run_dir / "train_log.jsonl"
+    if not log.is_file():
+        return
+    step = checkpoint.train_counters(checkpoint.load(run_dir / "best.pt")).get("step", 0)
+    text = log.read_text(encoding="utf-8")
+    text += (
+        ("" if not text or text.endswith("\n") else "\n")
+        + json.dumps({"step": step, "tuned_by": "mt tune", **rec})
+        + "\n"
+    )
+    write_text(log, text)
+
+
 def tune_best(path: Path, src: list[str], refs: list[str], device: str, **lists) -> dict:
     """`mt tune`: best.pt read once, tuned over decoding_grid(**lists), its decode config
     rewritten."""

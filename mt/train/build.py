@@ -4,6 +4,7 @@ and the state of an earlier run when there is one to resume."""
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 
 import torch
@@ -119,6 +120,9 @@ def build_trainer(
         cfg = cfg.model_copy(update={"train": translation_options_off(cfg.train)})
     t = cfg.train
     dist, device_name = setup(t.device, t.dist_timeout_minutes, t.dist_wait_minutes, log)
+    if t.data_parallel == "ddp" and not dist.enabled:
+        log("note: train.data_parallel ddp applies to several processes (torchrun "
+            "--nproc_per_node N -m mt train ...); this run is one process")  # fmt: skip
     if not dist.is_main:
         log = _quiet
     lock = prepare_run_dir(
@@ -244,10 +248,28 @@ def _model(cfg: Config, tokenizer, run_dir: Path, device, pretraining: bool, log
     return model.to(device), parts is not REFERENCE and not compiles  # (Flex: compiled)
 
 
+def _set_aside_damaged_best(trainer: Trainer, best: Path, log) -> None:
+    """A best.pt that cannot be read (a disk error, a copy cut short) is moved aside, said,
+    and the run's best BLEU forgotten, so that its next validation writes best.pt again
+    rather than the run ending without a model to translate with."""
+    if not best.is_file():
+        return
+    try:
+        checkpoint.load(best)
+    except MTError as e:
+        aside = best.with_name("best.pt.damaged")
+        os.replace(best, aside)
+        trainer.state.best_bleu, trainer.state.bad_validations = -1.0, 0
+        log(f"warning: {str(e).split('; ')[0]}: moved to {aside}; the next validation "
+            f"writes best.pt again")  # fmt: skip
+
+
 def _resume_if_saved(trainer: Trainer, run_dir: Path, log) -> None:
     found = checkpoint.load_for_resume(run_dir / "last.pt", log)
     if found is not None:
         _resume(trainer, *found, log)
+        if trainer.dist.is_main:
+            _set_aside_damaged_best(trainer, run_dir / "best.pt", log)
     elif not has_checkpoint(run_dir):  # a new run: a log left by one that saved nothing
         _truncate_log(run_dir / "train_log.jsonl", 0, log)  # (goes with it)
     else:

@@ -62,13 +62,29 @@ def pretrained_tokenizer(path: str | None, log=print):
     if not path:
         return None
     log(f"using the BPE model of {path} (model.init_encoder)")
-    return checkpoint.tokenizer_from(checkpoint.load(Path(path)))
+    return checkpoint.tokenizer_from(checkpoint.load(encoder_checkpoint(path)))
+
+
+def encoder_checkpoint(path: str) -> Path:
+    """model.init_encoder's checkpoint: the file given, or in a run directory (as every
+    command takes one) mt pretrain's pretrained.pt, else a training's best.pt or last.pt."""
+    found = Path(path)
+    if not found.is_dir():
+        return found
+    names = ("pretrained.pt", "best.pt", "last.pt")
+    for name in names:
+        if (found / name).is_file():
+            return found / name
+    raise MTError(
+        f"model.init_encoder {path}: a folder without {', '.join(names)}; give the --run-dir "
+        f"of mt pretrain (or of mt train), or a checkpoint"
+    )
 
 
 def init_encoder(model, path: str, tokenizer, log=print) -> None:
     """Load a pretrained encoder (RUN_DIR/pretrained.pt, or any mt checkpoint) into `model`:
     the same tokenizer and the same shapes, or a one-line error."""
-    ckpt = checkpoint.load(Path(path))
+    ckpt = checkpoint.load(encoder_checkpoint(path))
     pre_tok = checkpoint.tokenizer_from(ckpt)
     if pre_tok.src_model != tokenizer.src_model:
         raise MTError(
