@@ -121,3 +121,15 @@ def test_plot_on_a_read_only_run_folder_suggests_another_output(tiny_run, monkey
     monkeypatch.setattr(mt.outputs, "check_folder_writable", read_only)
     code, _, err = mt_here("plot", tiny_run)
     assert code == 2 and "Read-only" in err and "-o PICTURE.png" in err, err
+
+
+def test_a_relative_data_dir_that_cannot_be_fetched_says_where_it_was_looked_for(
+    tmp_path, monkeypatch
+):
+    """A config run from another folder than its paths start from: the download it falls
+    back on fails (no hub here), and the line says data.dir was relative to this folder."""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = mt_here("train", "tiny", "--run-dir", "r", "--set", "data.dir=corpus/m30k",
+                           "data.dataset=multi30k", "data.src_lang=en", "data.tgt_lang=de")  # fmt: skip
+    assert code == 2 and "is relative to the current folder" in err and str(tmp_path) in err, err
+    assert not (tmp_path / "corpus").exists() or not any((tmp_path / "corpus").rglob("*.en"))

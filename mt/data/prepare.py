@@ -187,13 +187,21 @@ def ensure_data(cfg: Config, log) -> None:
         f"{d.dataset} corpus (data.dataset) into it; to train on your own files, set data.dir "
         f"to their folder ..."
     )
-    download(
-        d.dataset,
-        folder,
-        config=d.dataset_config,
-        langs=(d.src_lang, d.tgt_lang) if d.dataset != "synthetic" else None,
-        force=own is not None,
-    )
+    try:
+        download(
+            d.dataset,
+            folder,
+            config=d.dataset_config,
+            langs=(d.src_lang, d.tgt_lang) if d.dataset != "synthetic" else None,
+            force=own is not None,
+        )
+    except MTError as e:
+        if folder.is_absolute():
+            raise
+        raise MTError(
+            f"{e} (data.dir {d.dir} is relative to the current folder, {Path.cwd()}: run from "
+            f"the folder the config's paths start from, or make data.dir absolute)"
+        ) from None
     for split in missing:
         if not has_split(d.dir, split, d.src_lang, d.tgt_lang):
             raise MTError(_no_split_message(cfg, split, d.dataset))
