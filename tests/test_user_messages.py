@@ -129,7 +129,7 @@ def test_a_relative_data_dir_that_cannot_be_fetched_says_where_it_was_looked_for
     """A config run from another folder than its paths start from: the download it falls
     back on fails (no hub here), and the line says data.dir was relative to this folder."""
     monkeypatch.chdir(tmp_path)
-    code, _, err = mt_here("train", "tiny", "--run-dir", "r", "--set", "data.dir=corpus/m30k",
-                           "data.dataset=multi30k", "data.src_lang=en", "data.tgt_lang=de")  # fmt: skip
+    sets = ["data.dir=corpus/m30k", "data.dataset=multi30k", "data.src_lang=en", "data.tgt_lang=de"]
+    code, _, err = mt_here("train", "tiny", "--run-dir", "r", "--set", *sets)
     assert code == 2 and "is relative to the current folder" in err and str(tmp_path) in err, err
     assert not (tmp_path / "corpus").exists() or not any((tmp_path / "corpus").rglob("*.en"))
