@@ -115,6 +115,38 @@ def test_a_costly_request_is_refused_before_any_work(server, sentences):
     assert server.http.get("/health").json()["ready"]
 
 
+def test_a_forced_prefix_is_priced_by_the_steps_it_forces(server, tiny_run):
+    """A prefix longer than any sentence's length limit makes the search take as many steps
+    for every sentence: the request is priced by them (it was priced by its one-word
+    sentences, 64 x 100 x 2, and held the model for 30 s), and so is its attention."""
+    from mt.decode.translator import Translator
+
+    prefix = "VIFO " * 199
+    forced = len(Translator.load(tiny_run, "cpu").tokenizer.encode_tgt([prefix])[0])
+    assert forced >= 199  # (the case holds what it is about)
+    started = time.monotonic()
+    heavy = server.post({"sentences": ["a"] * 64, "beam": 100, "prefix": prefix})
+    error = _one_line(heavy, 413, "--max-cost", "the prefix included")
+    assert f"{64 * 100 * (forced + 1):,}" in error["error"]
+    assert time.monotonic() - started < 2
+    looking = server.post({"sentences": ["a"] * 32, "beam": 1, "prefix": prefix, "attention": True})
+    _one_line(looking, 413, "--max-attention-cells")
+
+
+def test_the_price_is_the_hypotheses_times_each_sentences_steps():
+    """Counted by hand: sources of 3 and 5 subwords (4 and 6 with EOS) at max_len 1.5 x + 10
+    may take 16 and 19 steps; a 30-subword prefix makes each take 31; a beam of 4 keeps 4
+    hypotheses for each: 4 x (16 + 19) without the prefix, 4 x (31 + 31) with it."""
+    from mt.decode.options import DecodeOptions
+    from mt.serve.limits import BadRequest, Limits, admit
+
+    opts = DecodeOptions(beam=4, max_len_a=1.5, max_len_b=10)
+    for forced, price in ((0, 4 * (16 + 19)), (30, 4 * (31 + 31))):
+        admit([3, 5], opts, False, 255, (1, 1), Limits(max_cost=price), forced=forced)
+        with pytest.raises(BadRequest, match=f"request cost {price:,}"):
+            admit([3, 5], opts, False, 255, (1, 1), Limits(max_cost=price - 1), forced=forced)
+
+
 def test_a_request_nobody_waits_for_stops_being_decoded_and_health_says_when_stuck():
     """The worker decodes step by step: a request that timed out, or whose client left,
     stops within a step, and the next request is answered; a decode that never looks (a

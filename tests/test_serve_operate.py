@@ -75,6 +75,23 @@ def test_a_log_line_and_an_id_per_request(two):
     assert len(health) >= 2
 
 
+def test_the_access_log_cannot_be_forged(two):
+    """A client that names itself in X-Forwarded-For (trusted only from --forwarded-allow-ips
+    proxies) is logged by its connection's address; a quote, a line break or a long method in
+    what it sends is escaped and bounded, so a line is one request's."""
+    two.http.get("/health", headers={"X-Forwarded-For": '6.6.6.6" 200 0.1 ms id=x',
+                                     "X-Request-ID": "forged-1"})  # fmt: skip
+    two.http.get('/a"%20200%201.0%20ms%0a', headers={"X-Request-ID": "forged-2"})
+    two.http.request("A" * 200, "/health", headers={"X-Request-ID": "forged-3"})
+    lines = _log_lines(two)
+    (first,) = [x for x in lines if "id=forged-1" in x]
+    assert ' 127.0.0.1 "GET /health" 200' in first and "6.6.6.6" not in first, first
+    (second,) = [x for x in lines if "id=forged-2" in x]
+    assert second.count('"') - second.count('\\"') == 2 and "\\n" in second, second
+    (third,) = [x for x in lines if "id=forged-3" in x]
+    assert len(third) < 200 and '"' + "A" * 16 + "..." in third, third
+
+
 def _log_lines(server) -> list[str]:
     import time
 

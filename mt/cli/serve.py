@@ -76,7 +76,8 @@ def serve_cmd(
         "--max-cost",
         min=1,
         max=1 << 40,
-        help="per request: the beam x the source subwords of its sentences, at most",
+        help="per request: the beam x the decoding steps its sentences may take (each one's "
+        "length limit, or the prefix), at most",
     ),
     max_attention_cells: int = typer.Option(
         500_000,
@@ -129,6 +130,13 @@ def serve_cmd(
     access_log: bool = typer.Option(
         True, "--access-log/--no-access-log", help="a line on stderr per request"
     ),
+    forwarded_allow_ips: str | None = typer.Option(
+        None,
+        "--forwarded-allow-ips",
+        help="the proxies (comma-separated addresses) whose X-Forwarded-For and "
+        "X-Forwarded-Proto name the client; default: none, the connection's own address is "
+        "the client (a client cannot name itself in the log)",
+    ),
 ):
     """Serve translations over HTTP, with a web page that shows the cross-attention.
 
@@ -173,6 +181,9 @@ def serve_cmd(
         timeout_graceful_shutdown=int(timeout) + 1,
         timeout_keep_alive=int(keep_alive),
         http=guarded(header_timeout, body_timeout, _within_open_files(max_connections)),
+        # uvicorn trusts X-Forwarded-For from loopback by default: off, unless proxies are named
+        proxy_headers=forwarded_allow_ips is not None,
+        forwarded_allow_ips=forwarded_allow_ips or "",
     )
     server = uvicorn.Server(config)
     names = ", ".join(f"{m.name} ({m.info['source_language']}->{m.info['target_language']})"

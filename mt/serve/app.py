@@ -205,9 +205,11 @@ def create_app(
         request.state.model = model.name
         settings = settings_of(req, model.translator, model.info)
         lengths = model.translator.source_lengths(req.sentences)
+        prefix = settings.options.prefix
+        forced = len(model.translator.tokenizer.encode_tgt([prefix])[0]) if prefix else 0
         admit(lengths, settings.options, req.attention, model.translator.max_source_len,
               attention_shape(model.info), limits,
-              model.info["architecture"] == "nat")  # fmt: skip
+              model.info["architecture"] == "nat", forced)  # fmt: skip
         tokens = [n + 1 for n in lengths]
         timing: dict[str, float] = {}
         try:

@@ -18,7 +18,8 @@ class Limits:
     max_chars: int = 1000  # per sentence
     max_body: int = 1 << 20  # bytes
     timeout: float = 30.0  # seconds a request may wait for its answer
-    # the decoding work: hypotheses kept (the beam) x source subwords, summed over sentences
+    # the decoding work: hypotheses kept (the beam) x the decoding steps a sentence may take
+    # (its length limit or the forced prefix), summed over sentences
     max_cost: int = 100_000
     # the attention weights returned: layers x heads x target x source, summed over sentences
     max_attention_cells: int = 500_000
@@ -71,10 +72,13 @@ def admit(
     attention_shape: tuple[int, int],
     limits: Limits,
     non_autoregressive: bool = False,
+    forced: int = 0,
 ) -> None:
     """Refuse a request the model would cut (a sentence longer than it reads) or whose cost
-    is over the limits. lengths: each sentence's source subwords; attention_shape: the
-    decoder's (layers, heads) of cross-attention."""
+    is over the limits, priced by what the search will do: each sentence's decoding steps
+    (its length limit, or the forced prefix when that is longer) x the hypotheses kept.
+    lengths: each sentence's source subwords; attention_shape: the decoder's (layers, heads)
+    of cross-attention; forced: the prefix's target subwords."""
     for i, n in enumerate(lengths):
         if n > max_source_len:
             raise BadRequest(
@@ -84,19 +88,21 @@ def admit(
                 f"sentences.{i}",
             )
     width = opts.nat_length_beam if non_autoregressive else _hypotheses(opts)
-    cost = sum((n + 1) * width for n in lengths if n)
+    steps = [decoding_steps(n, opts, forced, max_source_len) for n in lengths if n]
+    cost = width * sum(steps)
     if cost > limits.max_cost:
         raise BadRequest(
             413,
-            f"request cost {cost:,} (the beam, {width}, x the source subwords, "
-            f"{sum(n + 1 for n in lengths if n):,}): at most {limits.max_cost:,} (--max-cost); "
-            f"send fewer or shorter sentences, or a smaller beam",
+            f"request cost {cost:,} (the beam, {width}, x the decoding steps its sentences may "
+            f"take, {sum(steps):,}{', the prefix included' if forced else ''}): at most "
+            f"{limits.max_cost:,} (--max-cost); send fewer or shorter sentences, a shorter "
+            f"prefix, or a smaller beam",
             "sentences",
         )
     if attention:
         layers, heads = attention_shape
         cells = sum(
-            layers * heads * (n + 1) * _longest_output(n, opts, max_source_len)
+            layers * heads * (n + 1) * (decoding_steps(n, opts, forced, max_source_len) + 1)
             for n in lengths
             if n
         )
@@ -117,10 +123,11 @@ def _hypotheses(opts: DecodeOptions) -> int:
     return max(opts.beam, 1)
 
 
-def _longest_output(n: int, opts: DecodeOptions, max_source_len: int) -> int:
-    """The most target positions the search may write for a source of n subwords (its
-    max_len_a * length + max_len_b, capped by the model), EOS included."""
-    return min(int(opts.max_len_a * (n + 1) + opts.max_len_b), max_source_len) + 1
+def decoding_steps(n: int, opts: DecodeOptions, forced: int, max_steps: int) -> int:
+    """The most decoder steps the search may take for a source of n subwords, as
+    mt.decode.search.max_lengths sets them: max_len_a x (n + EOS) + max_len_b, at least the
+    forced prefix and EOS, within the model's positions."""
+    return min(max(int(opts.max_len_a * (n + 1) + opts.max_len_b), forced + 1), max_steps)
 
 
 def attention_shape(info: dict[str, Any]) -> tuple[int, int]:

@@ -106,14 +106,23 @@ class Observe:
 
 
 def _line(scope: dict, state: dict, status: int, seconds: float, rid: str) -> str:
-    """One access-log line: client, request, status, sentences, time, decoding time, model, id."""
-    client = scope.get("client") or ("-", 0)
-    path = scope["path"].encode("unicode_escape").decode("ascii")  # (no line break from a URL)
-    path = shorten(path, 80)
-    what = f'{client[0]} "{scope["method"]} {path}" {status} {seconds * 1000:.1f} ms'
+    """One access-log line: client, request, status, sentences, time, decoding time, model, id.
+    What a client chose (the method, the path; the client's address where a trusted proxy
+    gave it) is escaped and bounded: no line break, no quote that would end the request's
+    field, no field that grows the line without end."""
+    client = (scope.get("client") or ("-", 0))[0]
+    method, path = _field(scope["method"], 16), _field(scope["path"], 80)
+    what = f'{_field(str(client), 64)} "{method} {path}" {status} {seconds * 1000:.1f} ms'
     if "sentences" in state:
         what += (
             f" {state['sentences']} sentence{'s' * (state['sentences'] != 1)}, decoding "
             f"{state.get('decode_seconds', 0.0) * 1000:.1f} ms, model {state.get('model', '-')}"
         )
     return f"{what} id={rid}"
+
+
+def _field(text: str, limit: int) -> str:
+    """A client's text as one log field: non-ASCII and control characters escaped (no line
+    break from a URL), a quote escaped, at most `limit` characters."""
+    escaped = text.encode("unicode_escape").decode("ascii").replace('"', '\\"')
+    return shorten(escaped, limit)
