@@ -432,3 +432,36 @@ def test_over_the_cap_a_stalled_connection_goes_before_an_answered_idle_one():
         server.should_exit = True
         thread.join(10)
         batcher.close(5)
+
+
+# -- strict input -----------------------------------------------------------------------------
+
+
+def test_what_a_request_says_twice_or_encoded_or_unnamed_is_refused(server):
+    """A key given twice (the first value would be dropped unseen), a compressed body (read as
+    JSON without being decoded) and a request naming no host (the Host check passed it) are
+    each refused in one line."""
+    twice = server.post(b'{"sentences": ["a b"], "sentences": ["c d"]}')
+    assert _one_line(twice, 400, '"sentences"', "twice")["field"] == "sentences"
+    nested = server.post(b'{"sentences": ["a b"], "beam": 2, "beam": 3}')
+    _one_line(nested, 400, '"beam"', "twice")
+    packed = server.post(b'{"sentences": ["a b"]}', **{"Content-Encoding": "br"})
+    _one_line(packed, 415, "Content-Encoding br")
+    assert server.post(b'{"sentences": ["a b"]}', **{"Content-Encoding": "identity"}).is_success
+    for host in (b"Host: \r\n", b""):  # an empty Host, and HTTP/1.0 without one
+        with _connect(server) as sock:
+            version = b"1.1" if host else b"1.0"
+            sock.sendall(b"GET /health HTTP/" + version + b"\r\n" + host + b"\r\n")
+            head = sock.recv(4096).split(b"\r\n")[0]
+        assert b" 421 " in head, (host, head)
+
+
+@pytest.mark.parametrize("key,needle", [("", "is empty"), ("clé", "printable ASCII"),
+                                        (" key", "printable ASCII")])  # fmt: skip
+def test_a_key_no_client_could_send_is_refused_at_start(tiny_run, key, needle):
+    from tests.conftest import run_mt
+
+    # (a subprocess with a time limit: a server that started anyway would never return)
+    proc = run_mt("serve", tiny_run, "--api-key", key, "--port", free_port(), timeout=60)
+    err = proc.stderr
+    assert proc.returncode == 2 and needle in err and len(err.strip().splitlines()) == 1, err

@@ -159,6 +159,7 @@ def serve_cmd(
     from mt.serve.connections import guarded
 
     _check_device(device)
+    _check_api_key(api_key)
     specs = _model_specs(models or [], model)
     choose_threads(threads, _err)
     _check_address(host, port)
@@ -270,6 +271,24 @@ def _access_log():
     ACCESS_LOG.setLevel(logging.INFO)
     ACCESS_LOG.propagate = False
     return ACCESS_LOG.info
+
+
+def _check_api_key(key: str | None) -> None:
+    """A key no client could send is refused before the server starts: an empty one (an unset
+    "$KEY", MT_API_KEY="") would serve without a key in silence, and one that is not
+    printable ASCII cannot travel in an HTTP header."""
+    if key is None:
+        return
+    if not key.strip():
+        raise MTError(
+            "the API key (--api-key or MT_API_KEY) is empty: give a key, or leave both unset "
+            "to serve without one"
+        )
+    if not (key.isascii() and key.isprintable()) or key != key.strip():
+        raise MTError(
+            "the API key (--api-key or MT_API_KEY) must be printable ASCII without spaces at "
+            "its ends: an HTTP header carries it, and no client could send this one"
+        )
 
 
 def _allowed_hosts(host: str, given: list[str]) -> tuple[str, ...] | None:

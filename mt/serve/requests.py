@@ -15,6 +15,7 @@ from starlette.requests import ClientDisconnect
 
 from mt.decode.options import OptionError
 from mt.decode.sampling import Sampling
+from mt.errors import shorten
 from mt.serve.decoding import Settings
 from mt.serve.limits import BadRequest
 from mt.serve.schemas import TranslateRequest
@@ -49,14 +50,22 @@ async def answer(request: Request, future: asyncio.Future, timeout: float) -> An
 
 def check_json_type(request: Request) -> None:
     """application/json only: a browser sends another site's JSON only after a preflight that
-    CORS allows, while a form or text/plain POST would reach the server unasked."""
+    CORS allows, while a form or text/plain POST would reach the server unasked. A body in an
+    encoding (gzip, br) would be read as JSON without being decoded: refused too."""
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind != "application/json":
         raise BadRequest(
             415,
-            f"Content-Type {kind or '(none)'}: send the body as JSON with "
+            f"Content-Type {shorten(kind, 60) or '(none)'}: send the body as JSON with "
             f"Content-Type: application/json",
             "Content-Type",
+        )
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        raise BadRequest(
+            415,
+            f"Content-Encoding {shorten(encoding, 60)}: send the JSON body uncompressed",
+            "Content-Encoding",
         )
 
 
@@ -76,6 +85,17 @@ async def read_body(request: Request, limit: int) -> bytes:
     return bytes(body)
 
 
+def _no_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, with each key once: of two "sentences" one would be dropped unseen."""
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise BadRequest(400, f"request body: the key {shorten(json.dumps(key), 60)} is "
+                             f"given twice; give each setting once", key[:60])  # fmt: skip
+        seen.add(key)
+    return dict(pairs)
+
+
 def _not_json_number(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
@@ -88,7 +108,7 @@ def parse(body: bytes) -> TranslateRequest:
     if not text.strip():
         raise BadRequest(400, 'request body: empty; send JSON such as {"sentences": ["..."]}')
     try:
-        raw = json.loads(text, parse_constant=_not_json_number)
+        raw = json.loads(text, parse_constant=_not_json_number, object_pairs_hook=_no_repeats)
     except json.JSONDecodeError as e:
         raise BadRequest(400, f"request body: not valid JSON ({e.msg}, line {e.lineno} "
                          f"column {e.colno})") from None  # fmt: skip

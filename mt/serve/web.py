@@ -25,7 +25,7 @@ class HostCheck:
         if scope["type"] == "http":
             host = dict(scope["headers"]).get(b"host", b"").decode("latin-1").lower()
             name = re.sub(r":\d*$", "", host).strip("[]") if host else ""
-            if name and name not in self.names:
+            if name not in self.names:  # (no name, or an empty one, is no name of this server)
                 shown = host[:60]
                 response = error(
                     421,
