@@ -465,3 +465,17 @@ def test_a_key_no_client_could_send_is_refused_at_start(tiny_run, key, needle):
     proc = run_mt("serve", tiny_run, "--api-key", key, "--port", free_port(), timeout=60)
     err = proc.stderr
     assert proc.returncode == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_an_error_quotes_a_bounded_part_of_what_it_refuses(server):
+    """A refused value of any length is quoted in at most ~100 characters: a long prefix the
+    model cannot write, an unknown model name, a long path (a 1,197-byte message before)."""
+    answers = [
+        server.post({"sentences": ["a b"], "prefix": "é" * 900}),
+        server.post({"sentences": ["a b"], "model": "m" * 900}),
+        server.http.get("/" + "p" * 900),
+    ]
+    for answer in answers:
+        assert 400 <= answer.status_code < 500, answer.text[:200]
+        message = answer.json()["error"]
+        assert len(message) < 300 and "..." in message, message

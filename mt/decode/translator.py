@@ -23,7 +23,7 @@ from mt.decode.options import DecodeOptions, OptionError
 from mt.decode.sampling import Sampling
 from mt.decode.search import EVERY_STEP, ON_DEVICE, max_lengths, search
 from mt.decode.step import CompiledStep, compile_pays
-from mt.errors import MTError
+from mt.errors import MTError, shorten
 from mt.model import Seq2Seq
 from mt.runtime.device import autocast, decode_dtype, fp32_matmuls, pick_device
 from mt.tokens import EOS, PAD, UNK
@@ -167,7 +167,8 @@ class Translator:
             unseen = sorted({c for c in opts.prefix if UNK in self.tokenizer.encode_tgt([c])[0]})
             raise OptionError(
                 "prefix",
-                f"{opts.prefix!r}: {', '.join(map(repr, unseen)) or 'a piece'} never occurred in "
+                f"{shorten(repr(opts.prefix), 100)}: "
+                f"{shorten(', '.join(map(repr, unseen)), 60) or 'a piece'} never occurred in "
                 f"the model's training data (its BPE has no piece for it), so no output can "
                 f"start so: leave it out, or write it as the training data does",
             )

@@ -24,7 +24,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 
-from mt.errors import MTError
+from mt.errors import MTError, shorten
 from mt.serve.batcher import Batcher, QueueFull
 from mt.serve.decoding import decode_batch
 from mt.serve.limits import BadRequest, Limits, admit, attention_shape, check_sizes
@@ -98,12 +98,13 @@ def create_app(
         if name in served:
             return served[name]
         names = ", ".join(served)
-        what = "give one" if name is None else f"no model {name!r}"
+        what = "give one" if name is None else f"no model {shorten(repr(name), 60)}"
         raise BadRequest(422, f"model: {what} of {names} (GET /models)", "model")
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
-        what = {404: f"no such path: {request.url.path}", 405: f"{request.method} not allowed here"}
+        what = {404: f"no such path: {shorten(request.url.path, 100)}",
+                405: f"{shorten(request.method, 20)} not allowed here"}  # fmt: skip
         return error(e.status_code, what.get(e.status_code, str(e.detail)))
 
     @app.exception_handler(BadRequest)
