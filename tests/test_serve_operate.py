@@ -126,6 +126,29 @@ def test_metrics_move_with_the_requests(two, sentences):
     assert sample("mt_waiting_requests", model="early") == 0
     assert two.http.get("/nowhere/at/all").status_code == 404
     assert sample("mt_requests_total", path="other", status="404") >= 1  # (no label per path)
+    # translation requests by model and outcome: answered, refused before a model was chosen
+    # ("-": no label from what a client sends), too costly for a model
+    outcomes = {
+        (m, o): sample("mt_translate_requests_total", model=m, outcome=o)
+        for m, o in (("early", "answered"), ("-", "refused"), ("best", "too_costly"))
+    }
+    assert outcomes[("early", "answered")] >= 3 and outcomes[("-", "refused")] >= 1
+    costly = two.post({"sentences": [" ".join(sentences)] * 64, "beam": 100, "model": "best"})
+    assert costly.status_code == 413
+    assert sample("mt_translate_requests_total", model="best", outcome="too_costly") == (
+        outcomes[("best", "too_costly")] + 1
+    )
+    assert sample("mt_translate_request_seconds_count", model="early") >= 3
+
+
+def test_each_way_a_translation_request_ends_has_its_outcome():
+    """The statuses the /translate route answers with, each its own outcome in the metrics."""
+    from mt.serve.observe import outcome
+
+    ends = {200: "answered", 499: "cancelled", 503: "timeout", 429: "queue_full",
+            401: "unauthorised", 413: "too_costly", 422: "refused", 400: "refused",
+            415: "refused", 500: "failed"}  # fmt: skip
+    assert {status: outcome(status) for status in ends} == ends
 
 
 def test_the_schema_describes_every_answer_and_error(two):

@@ -49,6 +49,16 @@ class Metrics:
         self.waiting = Gauge(
             "mt_waiting_requests", "requests queued or part-way decoded", ["model"], registry=r
         )
+        # /translate by model (a configured name; "-" before one was chosen) and by how it
+        # ended: what the expensive and the refused requests cost is seen per model
+        self.translations = Counter(
+            "mt_translate_requests", "translation requests by model and outcome",
+            ["model", "outcome"], registry=r,
+        )  # fmt: skip
+        self.translate_latency = Histogram(
+            "mt_translate_request_seconds", "a translation request's time, by model", ["model"],
+            buckets=_SECONDS, registry=r,
+        )  # fmt: skip
 
     def batch_done(self, model: str, sentences: int, seconds: float) -> None:
         self.decode.labels(model).observe(seconds)
@@ -102,7 +112,24 @@ class Observe:
             path = scope["path"] if scope["path"] in ROUTES else "other"
             self.metrics.requests.labels(path, str(status)).inc()
             self.metrics.latency.labels(path).observe(seconds)
+            if path == "/translate":
+                model = str(state.get("model", "-"))
+                self.metrics.translations.labels(model, outcome(status)).inc()
+                self.metrics.translate_latency.labels(model).observe(seconds)
             self.log(_line(scope, state, status, seconds, rid))
+
+
+# how a translation request ended, by its status (mt.serve.app answers each case so)
+OUTCOMES = {200: "answered", 499: "cancelled", 503: "timeout", 429: "queue_full",
+            401: "unauthorised", 413: "too_costly"}  # fmt: skip
+
+
+def outcome(status: int) -> str:
+    """answered, cancelled (the client left), timeout, queue_full, unauthorised, too_costly,
+    refused (another 4xx: a bad request) or failed (a 5xx)."""
+    if status in OUTCOMES:
+        return OUTCOMES[status]
+    return "refused" if 400 <= status < 500 else "failed"
 
 
 def _line(scope: dict, state: dict, status: int, seconds: float, rid: str) -> str:
