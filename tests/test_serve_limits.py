@@ -184,6 +184,13 @@ def test_a_request_nobody_waits_for_stops_being_decoded_and_health_says_when_stu
             while len(stopped_after) < 2 and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert len(stopped_after) == 2 and stopped_after[1] - left < 1.0
+            # each counted with the model's name, the stopped batches' decoding time too
+            metrics = http.get("/metrics").text
+            for outcome in ("timeout", "cancelled"):
+                assert f'mt_translate_requests_total{{model="m",outcome="{outcome}"}} 1.0' in (
+                    metrics
+                ), metrics
+            assert 'mt_batch_decode_seconds_count{model="m"} 2.0' in metrics, metrics
 
             with ThreadPoolExecutor(1) as pool:
                 stuck = pool.submit(http.post, "/translate", json={"sentences": ["stuck"]})

@@ -103,7 +103,8 @@ class Batcher:
         on_batch: Callable[[int, float], None] | None = None,
     ) -> None:
         self.decode, self.max_tokens, self.max_wait = decode, max_tokens, max_wait
-        self.on_batch = on_batch  # (sentences, seconds) after each decoded batch: the metrics
+        # (sentences, seconds) after each batch, one stopped part-way included: the metrics
+        self.on_batch = on_batch
         self.max_queue, self.batching = max_queue, batching
         self._jobs: list[_Job] = []
         self._cond = threading.Condition()
@@ -186,7 +187,9 @@ class Batcher:
         self.busy_since = started = time.monotonic()
         try:
             results = self.decode(sentences, live[0].settings, lambda: _all_done(live))
-        except Stopped:
+        except Stopped:  # nobody waits: the work it did until then still counts
+            if self.on_batch is not None:
+                self.on_batch(len(sentences), time.monotonic() - started)
             return
         except BaseException as e:  # the error is a request's answer, not the worker's end
             if len(live) == 1:
