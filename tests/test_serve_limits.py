@@ -150,7 +150,8 @@ def test_the_price_is_the_hypotheses_times_each_sentences_steps():
 def test_a_request_nobody_waits_for_stops_being_decoded_and_health_says_when_stuck():
     """The worker decodes step by step: a request that timed out, or whose client left,
     stops within a step, and the next request is answered; a decode that never looks (a
-    stuck model) makes /health 503 (not ready) while /health/live stays 200."""
+    stuck model) makes /health 503 (not ready) while /health/live stays 200, and the other
+    model's own readiness (/health?model=) stays 200."""
     steps, stopped_after, release = [], [], threading.Event()
 
     def decode(sentences, settings, stopped):
@@ -166,19 +167,21 @@ def test_a_request_nobody_waits_for_stops_being_decoded_and_health_says_when_stu
         return [s.upper() for s in sentences]
 
     batcher = Batcher(decode, max_wait=0.0)
-    app = create_app(Served("m", ScriptedTranslator(), INFO, batcher), Limits(timeout=1.0))
+    other = Batcher(lambda sentences, settings, stopped: sentences, max_wait=0.0)
+    app = create_app([Served("m", ScriptedTranslator(), INFO, batcher),
+                      Served("n", ScriptedTranslator(), INFO, other)], Limits(timeout=1.0))  # fmt: skip
     url, thread, server = _serve_in_thread(app)
     try:
         with httpx.Client(base_url=url, timeout=30) as http:
             started = time.monotonic()
-            answer = http.post("/translate", json={"sentences": ["long"]})
+            answer = http.post("/translate", json={"sentences": ["long"], "model": "m"})
             assert answer.status_code == 503 and "timed out" in answer.json()["error"]
             time.sleep(0.3)
             assert len(stopped_after) == 1 and stopped_after[0] - started < 2.0
 
             with httpx.Client(base_url=url, timeout=0.4) as impatient:  # the client leaves
                 with pytest.raises(httpx.TimeoutException):
-                    impatient.post("/translate", json={"sentences": ["long"]})
+                    impatient.post("/translate", json={"sentences": ["long"], "model": "m"})
                 left = time.monotonic()
             deadline = time.monotonic() + 3
             while len(stopped_after) < 2 and time.monotonic() < deadline:
@@ -193,11 +196,18 @@ def test_a_request_nobody_waits_for_stops_being_decoded_and_health_says_when_stu
             assert 'mt_batch_decode_seconds_count{model="m"} 2.0' in metrics, metrics
 
             with ThreadPoolExecutor(1) as pool:
-                stuck = pool.submit(http.post, "/translate", json={"sentences": ["stuck"]})
+                stuck = pool.submit(
+                    http.post, "/translate", json={"sentences": ["stuck"], "model": "m"}
+                )
                 time.sleep(1.5)  # past the timeout, and the decode does not look
                 health = http.get("/health")
                 assert health.status_code == 503 and health.json()["ready"] is False
                 assert http.get("/health/live").status_code == 200
+                # each model answers for itself: the other one stays ready, and answers
+                assert http.get("/health", params={"model": "m"}).status_code == 503
+                fine = http.get("/health", params={"model": "n"})
+                assert fine.status_code == 200 and fine.json()["models"]["m"]["ready"] is False
+                assert http.post("/translate", json={"sentences": ["x"], "model": "n"}).is_success
                 release.set()
                 assert stuck.result().status_code == 503
             assert http.get("/health").status_code == 200

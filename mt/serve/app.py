@@ -40,6 +40,7 @@ from mt.serve.requests import (
 )
 from mt.serve.schemas import (
     Health,
+    ModelHealth,
     Models,
     TranslateAnswer,
     TranslateRequest,
@@ -136,17 +137,28 @@ def create_app(
         response_model=Health,
         responses={503: {"model": Health, "description": "a model is stuck: not ready"}},
     )
-    async def health() -> JSONResponse:
-        busy = max(m.batcher.busy_for() for m in served.values())
-        ready = busy <= limits.timeout  # (a decode past any request's timeout is stuck)
+    async def health(model: str | None = None) -> JSONResponse:
+        """?model=NAME: that model's readiness alone (a load balancer per model); else every
+        model's. A decode past any request's timeout is stuck."""
+        asked = [choose(model)] if model is not None else list(served.values())
+        each = {
+            m.name: ModelHealth(
+                ready=m.batcher.busy_for() <= limits.timeout,
+                busy_seconds=round(m.batcher.busy_for(), 1),
+                waiting=m.batcher.waiting,
+            )
+            for m in served.values()
+        }
+        ready = all(each[m.name].ready for m in asked)
         body = Health(
             status="ok" if ready else "busy",
             live=True,
             ready=ready,
-            busy_seconds=round(busy, 1),
+            busy_seconds=max(each[m.name].busy_seconds for m in asked),
             waiting=sum(m.batcher.waiting for m in served.values()),
             requests_decoded=sum(m.batcher.decoded for m in served.values()),
             batches=sum(m.batcher.batches for m in served.values()),
+            models=each,
         )
         return JSONResponse(body.model_dump(), status_code=200 if ready else 503)
 

@@ -67,14 +67,24 @@ class ErrorBody(BaseModel):
     field: str | None = Field(None, description="the field at fault (sentences.3, beam, ...)")
 
 
+class ModelHealth(BaseModel):
+    ready: bool = Field(description="false while this model decodes one batch past --timeout")
+    busy_seconds: float = Field(description="its decode under way, in seconds")
+    waiting: int = Field(description="its requests queued or part-way decoded")
+
+
 class Health(BaseModel):
-    status: str = Field(description="ok, or busy: a model has decoded one batch past --timeout")
+    status: str = Field(description="ok, or busy: a model asked about (?model=, else any) has "
+                        "decoded one batch past --timeout")  # fmt: skip
     live: bool
-    ready: bool = Field(description="false (with status 503) while a model is stuck")
+    ready: bool = Field(description="false (with status 503) while a model asked about is stuck")
     busy_seconds: float = Field(description="the longest decode under way, in seconds")
     waiting: int = Field(description="requests queued or part-way decoded")
     requests_decoded: int
     batches: int
+    models: dict[str, ModelHealth] = Field(
+        default_factory=dict, description="each served model's own readiness, by name"
+    )
 
 
 class ModelEntry(BaseModel):
