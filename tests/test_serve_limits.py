@@ -168,8 +168,9 @@ def test_a_request_nobody_waits_for_stops_being_decoded_and_health_says_when_stu
 
     batcher = Batcher(decode, max_wait=0.0)
     other = Batcher(lambda sentences, settings, stopped: sentences, max_wait=0.0)
-    app = create_app([Served("m", ScriptedTranslator(), INFO, batcher),
-                      Served("n", ScriptedTranslator(), INFO, other)], Limits(timeout=1.0))  # fmt: skip
+    models = [Served("m", ScriptedTranslator(), INFO, batcher),
+              Served("n", ScriptedTranslator(), INFO, other)]  # fmt: skip
+    app = create_app(models, Limits(timeout=1.0))
     url, thread, server = _serve_in_thread(app)
     try:
         with httpx.Client(base_url=url, timeout=30) as http:
