@@ -497,3 +497,18 @@ def test_an_error_quotes_a_bounded_part_of_what_it_refuses(server):
         assert 400 <= answer.status_code < 500, answer.text[:200]
         message = answer.json()["error"]
         assert len(message) < 300 and "..." in message, message
+
+
+def test_a_body_with_two_lengths_is_refused(server):
+    """Content-Length beside Transfer-Encoding: chunked (a request smuggled past a proxy that
+    reads the other one): h11 reads it by its chunks, and mt serve answers 400 and closes
+    the connection."""
+    body = b'{"sentences": ["a b"]}'
+    chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    with _connect(server) as sock:
+        sock.sendall(b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: 5\r\n"
+                     b"Transfer-Encoding: chunked\r\n\r\n" + chunked)  # fmt: skip
+        head = sock.recv(4096).split(b"\r\n")[0]
+        assert b" 400 " in head, head
+        assert _closed_within(sock, 5)

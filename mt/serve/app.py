@@ -211,6 +211,10 @@ def create_app(
         if not authorised(request):
             return _unauthorised()
         check_json_type(request)
+        if "transfer-encoding" in request.headers and "content-length" in request.headers:
+            # two lengths for one body: a request smuggled past a proxy that reads the other
+            said = "Content-Length and Transfer-Encoding given together: send one"
+            return error(400, said, "Content-Length", Connection="close")
         req = parse(await read_body(request, limits.max_body))
         request.state.sentences = len(req.sentences)
         check_sizes(req.sentences, req.prefix, limits)
