@@ -135,9 +135,14 @@ def create_app(
         "/health",
         summary="Ready for requests (503 while a model is stuck past --timeout), how busy",
         response_model=Health,
-        responses={503: {"model": Health, "description": "a model is stuck: not ready"}},
+        responses={
+            503: {"model": Health, "description": "a model is stuck: not ready"},
+            **errors(421, 422),
+        },  # fmt: skip
     )
-    async def health(model: str | None = None) -> JSONResponse:
+    async def health(
+        model: str | None = Query(None, description="one model's readiness; unset: every one's"),
+    ) -> JSONResponse:
         """?model=NAME: that model's readiness alone (a load balancer per model); else every
         model's. A decode past any request's timeout is stuck."""
         asked = [choose(model)] if model is not None else list(served.values())
