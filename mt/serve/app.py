@@ -138,7 +138,7 @@ def create_app(
         responses={
             503: {"model": Health, "description": "a model is stuck: not ready"},
             **errors(421, 422),
-        },  # fmt: skip
+        },
     )
     async def health(
         model: str | None = Query(None, description="one model's readiness; unset: every one's"),
