@@ -1,4 +1,4 @@
-"""`model.init_from: PATH_ORHUB_ID`: a run that starts from a transformers Marian model (an
+"""`model.init_from: PATH_OR_HUB_ID`: a run that starts from a transformers Marian model (an
 OPUS-MT model, or an mt export), so that fine-tuning a published model on one's own corpus is
 one config. The model's architecture becomes the run's model settings (a config that says
 otherwise is refused), its tokenizer the run's, its weights the first step's. Afterwards the
