@@ -350,3 +350,17 @@ def test_a_compiled_step_that_fails_falls_back_to_the_eager_step_once(tiny_run):
 
     with pytest.raises(AttributeError):  # the eager step's own errors are not swallowed
         step(t.model, None, None, None, None, None)
+
+
+def test_the_hosts_count_of_decoding_steps_is_the_searchs():
+    """decoding_steps (what a compile and a server's admission weigh before the search) gives
+    max_lengths' limit for every source length, with and without a forced prefix."""
+    from mt.decode.options import DecodeOptions
+    from mt.decode.search import decoding_steps
+
+    opts = DecodeOptions(beam=4, max_len_a=1.5, max_len_b=10)
+    for n in range(0, 300, 7):
+        for forced in (0, 30, 400):
+            mask = torch.zeros(1, n + 1, dtype=torch.bool)  # n subwords and EOS
+            want = int(max_lengths(mask, 1.5, 10, 255, forced)[0])
+            assert decoding_steps(n, opts, forced, 255) == want, (n, forced)

@@ -64,6 +64,12 @@ def max_lengths(
     return (src_len.float() * a + b).long().clamp(min=forced + 1).clamp(1, limit)
 
 
+def decoding_steps(n: int, opts: DecodeOptions, forced: int, max_steps: int) -> int:
+    """max_lengths for one source of n subwords, on the host: the most decoder steps the search
+    may take for it (what a compile or a server's admission weighs before the search)."""
+    return min(max(int(opts.max_len_a * (n + 1) + opts.max_len_b), forced + 1), max_steps)
+
+
 @torch.no_grad()
 def search(
     model: Seq2Seq,

@@ -21,7 +21,7 @@ from mt.data.tokenizer import Tokenizer
 from mt.decode.mask_predict import mask_predict
 from mt.decode.options import DecodeOptions, OptionError
 from mt.decode.sampling import Sampling
-from mt.decode.search import EVERY_STEP, ON_DEVICE, max_lengths, search
+from mt.decode.search import EVERY_STEP, ON_DEVICE, decoding_steps, max_lengths, search
 from mt.decode.step import CompiledStep, compile_pays
 from mt.errors import MTError, shorten
 from mt.model import Seq2Seq
@@ -258,9 +258,11 @@ class Translator:
         if self.non_autoregressive:
             return 0
         limit = self.model.max_positions - 1
-        longest = (np.asarray(lens) * opts.max_len_a + opts.max_len_b).astype(np.int64)
-        longest = np.clip(np.maximum(longest, forced + 1), 1, limit)
-        return int(sum(longest[b].max() for b in batches if len(b)))
+        return sum(
+            max(decoding_steps(int(lens[i]) - 1, opts, forced, limit) for i in b)
+            for b in batches
+            if len(b)
+        )
 
     def _source_ids(self, texts: list[str]) -> list[list[int]]:
         ids = self.tokenizer.encode_src(texts)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mt.decode.options import DecodeOptions
+from mt.decode.search import decoding_steps
 
 
 @dataclass(frozen=True)
@@ -121,13 +122,6 @@ def _hypotheses(opts: DecodeOptions) -> int:
     if opts.sampling is not None:
         return 1
     return max(opts.beam, 1)
-
-
-def decoding_steps(n: int, opts: DecodeOptions, forced: int, max_steps: int) -> int:
-    """The most decoder steps the search may take for a source of n subwords, as
-    mt.decode.search.max_lengths sets them: max_len_a x (n + EOS) + max_len_b, at least the
-    forced prefix and EOS, within the model's positions."""
-    return min(max(int(opts.max_len_a * (n + 1) + opts.max_len_b), forced + 1), max_steps)
 
 
 def attention_shape(info: dict[str, Any]) -> tuple[int, int]:
