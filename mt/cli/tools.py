@@ -116,15 +116,16 @@ def tune_cmd(
     check_not_training(run_dir / "best.pt")
     if (src is None) != (ref is None):
         raise MTError("give both --src and --ref, or neither (the run's valid split)")
-    cfg = checkpoint.config_of(checkpoint.load(run_dir / "best.pt"), "best.pt")
+    best = checkpoint.load(run_dir / "best.pt")  # (its settings; tune_best reads it for the work)
+    cfg = checkpoint.config_of(best, "best.pt")
     lists = _tuning_lists(cfg.model.arch == "nat", beams, penalties, nat_length_beams,
                           nat_iterations)  # fmt: skip
     refuse_test_split(cfg, src, ref)
-    src_lines, ref_lines = tuning_pairs(run_dir / "best.pt", src, ref)
+    src_lines, ref_lines = tuning_pairs(cfg, src, ref)
     rec = tune_best(run_dir / "best.pt", src_lines, ref_lines, device, **lists)
     for g in rec["grid"]:
         typer.echo(f"{describe_settings(g):<50} BLEU {g['valid_bleu']:.2f}")
-    log_tuning(run_dir, rec)
+    log_tuning(run_dir, rec, checkpoint.train_counters(best).get("step", 0))
     typer.echo(f"stored in {run_dir / 'best.pt'}: {describe_settings(rec['tuned_decoding'])}")
 
 

@@ -70,14 +70,14 @@ def describe_settings(settings: dict) -> str:
     )
 
 
-def tuning_pairs(best: Path, src: Path | None, ref: Path | None) -> tuple[list, list]:
-    """The tuning sentences: `src` and `ref`, or the run's valid split (from best.pt's
+def tuning_pairs(cfg, src: Path | None, ref: Path | None) -> tuple[list, list]:
+    """The tuning sentences: `src` and `ref`, or the run's valid split (cfg: best.pt's
     config); pairs with an empty side dropped."""
     from mt.data.corpus import Stats, drop_empty, read_parallel, split_paths
     from mt.errors import MTError
 
     if src is None:
-        d = checkpoint.config_of(checkpoint.load(best), str(best)).data
+        d = cfg.data
         src, ref = split_paths(d.dir, "valid", d.src_lang, d.tgt_lang)
     if ref is None:
         raise MTError("--src needs --ref: the references to tune against")
@@ -108,8 +108,8 @@ def _same(a: Path, b: Path) -> bool:
     return b.is_file() and a.resolve() == b.resolve()
 
 
-def log_tuning(run_dir: Path, rec: dict) -> None:
-    """mt tune's record appended to the run's train_log.jsonl (at best.pt's step, where the
+def log_tuning(run_dir: Path, rec: dict, step: int) -> None:
+    """mt tune's record appended to the run's train_log.jsonl (at `step`, best.pt's, where the
     end of mt train writes its own), which mt report then shows."""
     import json
 
@@ -118,7 +118,6 @@ def log_tuning(run_dir: Path, rec: dict) -> None:
     log = run_dir / "train_log.jsonl"
     if not log.is_file():
         return
-    step = checkpoint.train_counters(checkpoint.load(run_dir / "best.pt")).get("step", 0)
     text = log.read_text(encoding="utf-8")
     text += (
         ("" if not text or text.endswith("\n") else "\n")
