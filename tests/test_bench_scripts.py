@@ -511,16 +511,21 @@ def test_bench_token_cache_builds_maps_and_measures_ranks(tmp_path):
     assert len(list((tmp_path / "tokens").iterdir())) == 1  # written where it was told
 
 
+def _gpu_check_dry_run(out, *parts: str) -> None:
+    """scripts/gpu_check.sh --dry-run OUT PARTS, one thread a process; it must succeed."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run(
+        ["bash", str(SCRIPTS / "gpu_check.sh"), "--dry-run", str(out), *parts],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=240,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+
+
 def test_gpu_check_dry_run_writes_every_figure_of_both_parts(tmp_path):
     """scripts/gpu_check.sh --dry-run runs the GPU check's two parts on the CPU (tiny sizes,
     aot_eager): each writes its JSON line with every key, the packed step compiled once."""
     figures = _load("gpu_figures")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    r = subprocess.run(
-        ["bash", str(SCRIPTS / "gpu_check.sh"), "--dry-run", str(tmp_path), "mfu", "m30k"],
-        capture_output=True, text=True, cwd=ROOT, env=env, timeout=240,
-    )  # fmt: skip
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    _gpu_check_dry_run(tmp_path, "mfu", "m30k")
     for part, keys in figures.KEYS.items():
         lines = (tmp_path / f"{part}.json").read_text().splitlines()
         assert len(lines) == 1, part
@@ -619,12 +624,7 @@ def test_gpu_check_dry_run_writes_the_jobs_and_the_decodings_figures(tmp_path):
     and the decoding comparison run on the CPU at a tiny size, each phase's JSON line with
     every key; the compiled step gives the eager step's outputs and compiles once a search."""
     job = _load("gpu_job")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    r = subprocess.run(
-        ["bash", str(SCRIPTS / "gpu_check.sh"), "--dry-run", str(tmp_path), "job", "decode"],
-        capture_output=True, text=True, cwd=ROOT, env=env, timeout=240,
-    )  # fmt: skip
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    _gpu_check_dry_run(tmp_path, "job", "decode")
     for part, phases in job.KEYS.items():
         lines = [json.loads(x) for x in (tmp_path / f"{part}.json").read_text().splitlines()]
         assert [x["phase"] for x in lines] == [
