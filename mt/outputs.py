@@ -244,8 +244,7 @@ def atomic_folder(out: Path) -> Iterator[Path]:
 def _readable(folder: Path) -> None:
     """A folder and its files as the user's umask makes new ones (mkdtemp's folder is 0700,
     and some writers make their files 0600)."""
-    umask = os.umask(0)
-    os.umask(umask)
+    umask = _umask()
     folder.chmod(0o777 & ~umask)
     for path in folder.rglob("*"):
         path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
@@ -267,9 +266,14 @@ def _file_mode(path: Path) -> int:
     try:
         return path.stat().st_mode & 0o7777
     except OSError:
-        umask = os.umask(0)
-        os.umask(umask)
-        return 0o666 & ~umask
+        return 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    """The process's umask (read by setting it, then put back)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
 
 
 def _remove(tmp: str) -> None:
