@@ -22,7 +22,7 @@ pytest.importorskip("fastapi")
 uvicorn = pytest.importorskip("uvicorn")
 
 from mt.serve.app import Limits, Served, create_app  # noqa: E402
-from mt.serve.batcher import Batcher, QueueFull  # noqa: E402
+from mt.serve.batcher import Batcher, QueueFull, Stopped, TimedOut, decode_seconds  # noqa: E402
 from tests.conftest import ROOT, assert_user_error, cli_env, free_port, run_mt  # noqa: E402
 
 
@@ -394,6 +394,49 @@ def test_the_queue_bound_holds():
     finally:
         gate.set()
         batcher.close(5)
+
+
+def test_a_batch_ends_at_its_oldest_requests_deadline():
+    """A request merged into a batch late does not keep the batch past the oldest one's
+    deadline: the batch stops there (the worker is free for the requests behind it), the
+    younger request ends with it (TimedOut), and each is told the time its batch decoded."""
+    gate, steps = threading.Event(), []
+
+    def decode(sentences, settings, stopped):
+        if settings == "gate":
+            gate.wait(10)
+            return sentences
+        while not stopped():  # a decode as long as its stopped() lets it be
+            steps.append(time.monotonic())
+            time.sleep(0.01)
+        raise Stopped
+
+    async def main(batcher):
+        blocker = batcher.submit(["g"], "gate", [1])
+        await asyncio.sleep(0.1)  # the worker is busy: the next two queue up
+        old_timing, young_timing = {}, {}
+        old = batcher.submit(["old"], "k", [1], timing=old_timing)
+        born = time.monotonic()
+        await asyncio.sleep(1.0)
+        young = batcher.submit(["young"], "k", [1], timing=young_timing)
+        gate.set()  # one batch of both, 1 s into the old one's 2 s
+        await blocker
+        results = await asyncio.gather(old, young, return_exceptions=True)
+        return born, results, old_timing, young_timing
+
+    batcher = Batcher(decode, max_wait=0.0, timeout=2.0)
+    try:
+        born, results, old_timing, young_timing = asyncio.run(main(batcher))
+    finally:
+        gate.set()
+        batcher.close(5)
+    old, young = results  # the old one at its own timeout, the young one by its batch's
+    assert isinstance(old, asyncio.TimeoutError) and isinstance(young, TimedOut), results
+    assert steps and steps[0] - born < 1.5  # (the two decoded together, after the gate)
+    ended = steps[-1] - born
+    assert 1.9 < ended < 2.6, ended  # the old one's deadline, not the young one's (3 s)
+    for timing in (old_timing, young_timing):  # the decoding time of a batch that stopped
+        assert 0.6 < decode_seconds(timing) < 1.7 and "decoding_since" not in timing, timing
 
 
 # -- the web page -----------------------------------------------------------------------------

@@ -133,6 +133,48 @@ def test_a_forced_prefix_is_priced_by_the_steps_it_forces(server, tiny_run):
     _one_line(looking, 413, "--max-attention-cells")
 
 
+@pytest.mark.slow
+def test_a_stream_of_prefixed_requests_does_not_starve_a_normal_client(
+    server, tiny_run, sentences, tmp_path
+):
+    """For 30 s, one request a second of 64 one-word sentences at beam 100 with a 199-word
+    prefix (it held the model for 30 s each when priced by its source), beside a client
+    translating four sentences after another: every heavy request refused (413), the normal
+    client's 99th percentile under 2 s, and each of its answers what `mt translate` writes."""
+    from tests.test_serve import _translate_cli
+
+    heavy_body = {"sentences": ["a"] * 64, "beam": 100, "prefix": "VIFO " * 199}
+    lines = sentences[:4]
+    expected = _translate_cli(tiny_run, tmp_path, lines)
+    heavy, normal, wrong = [], [], []
+    end = time.monotonic() + 30
+
+    def heavy_client() -> None:  # (a connection each: a second's pause meets --keep-alive 1)
+        while (now := time.monotonic()) < end:
+            answer = httpx.post(f"{server.url}/translate", json=heavy_body, timeout=60)
+            heavy.append(answer.status_code)
+            time.sleep(max(0.0, now + 1.0 - time.monotonic()))
+
+    def normal_client() -> None:
+        with httpx.Client(base_url=server.url, timeout=60) as http:
+            while time.monotonic() < end:
+                started = time.monotonic()
+                answer = http.post("/translate", json={"sentences": lines})
+                normal.append(time.monotonic() - started)
+                ok = answer.is_success
+                got = [t["text"] for t in answer.json()["translations"]] if ok else answer.text
+                if got != expected:
+                    wrong.append(got)
+
+    with ThreadPoolExecutor(2) as pool:
+        for done in [pool.submit(heavy_client), pool.submit(normal_client)]:
+            done.result()
+    assert len(heavy) >= 25 and set(heavy) == {413}, heavy
+    assert len(normal) >= 30 and not wrong, wrong[:2]
+    p99 = sorted(normal)[int(0.99 * (len(normal) - 1))]
+    assert p99 < 2.0, (p99, len(normal))
+
+
 def test_the_price_is_the_hypotheses_times_each_sentences_steps():
     """Counted by hand: sources of 3 and 5 subwords (4 and 6 with EOS) at max_len 1.5 x + 10
     may take 16 and 19 steps; a 30-subword prefix makes each take 31; a beam of 4 keeps 4
@@ -170,7 +212,8 @@ def test_a_request_nobody_waits_for_stops_being_decoded_and_health_says_when_stu
     other = Batcher(lambda sentences, settings, stopped: sentences, max_wait=0.0)
     models = [Served("m", ScriptedTranslator(), INFO, batcher),
               Served("n", ScriptedTranslator(), INFO, other)]  # fmt: skip
-    app = create_app(models, Limits(timeout=1.0))
+    lines: list[str] = []
+    app = create_app(models, Limits(timeout=1.0), log=lines.append)
     url, thread, server = _serve_in_thread(app)
     try:
         with httpx.Client(base_url=url, timeout=30) as http:
@@ -179,6 +222,9 @@ def test_a_request_nobody_waits_for_stops_being_decoded_and_health_says_when_stu
             assert answer.status_code == 503 and "timed out" in answer.json()["error"]
             time.sleep(0.3)
             assert len(stopped_after) == 1 and stopped_after[0] - started < 2.0
+            # the log tells the decoding time it had when it timed out, not 0
+            decoding = float(re.search(r"decoding ([0-9.]+) ms", lines[-1]).group(1))
+            assert " 503 " in lines[-1] and 800 < decoding < 1500, lines[-1]
 
             with httpx.Client(base_url=url, timeout=0.4) as impatient:  # the client leaves
                 with pytest.raises(httpx.TimeoutException):
@@ -201,6 +247,8 @@ def test_a_request_nobody_waits_for_stops_being_decoded_and_health_says_when_stu
                     http.post, "/translate", json={"sentences": ["stuck"], "model": "m"}
                 )
                 time.sleep(1.5)  # past the timeout, and the decode does not look
+                busy = {m: _gauge(http, "mt_busy_seconds", m) for m in ("m", "n")}
+                assert busy["m"] > 1.2 and busy["n"] == 0, busy  # the gauge is per model
                 health = http.get("/health")
                 assert health.status_code == 503 and health.json()["ready"] is False
                 assert http.get("/health/live").status_code == 200
@@ -217,6 +265,12 @@ def test_a_request_nobody_waits_for_stops_being_decoded_and_health_says_when_stu
         server.should_exit = True
         thread.join(10)
         batcher.close(5)
+
+
+def _gauge(http, name: str, model: str) -> float:
+    found = re.search(rf'^{name}{{model="{model}"}} (\S+)$', http.get("/metrics").text, re.M)
+    assert found, name
+    return float(found.group(1))
 
 
 def test_the_real_search_stops_at_its_next_step(tiny_run):

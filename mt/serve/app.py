@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 
 from mt.errors import MTError, shorten
-from mt.serve.batcher import Batcher, QueueFull
+from mt.serve.batcher import Batcher, QueueFull, TimedOut, decode_seconds
 from mt.serve.decoding import decode_batch
 from mt.serve.limits import BadRequest, Limits, admit, attention_shape, check_sizes
 from mt.serve.observe import ACCESS_LOG, Metrics, Observe
@@ -73,8 +73,9 @@ def create_app(
     log: where the access log's lines go."""
     served = {m.name: m for m in (models if isinstance(models, list) else [models])}
     metrics = Metrics()
-    for m in served.values():
+    for m in served.values():  # (the batcher counts into the metrics, and ends at the timeout)
         m.batcher.on_batch = lambda n, seconds, name=m.name: metrics.batch_done(name, n, seconds)
+        m.batcher.timeout = limits.timeout
     app = FastAPI(
         title="mt serve",
         version=_version(),
@@ -175,7 +176,9 @@ def create_app(
     async def metrics_text() -> Response:
         from prometheus_client import CONTENT_TYPE_LATEST
 
-        body = metrics.render({m.name: m.batcher.waiting for m in served.values()})
+        body = metrics.render(
+            {m.name: (m.batcher.waiting, m.batcher.busy_for()) for m in served.values()}
+        )
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/models", summary="The models served, by name", response_model=Models,
@@ -243,13 +246,16 @@ def create_app(
                          **{"Retry-After": "1"})  # fmt: skip
         try:
             results = await answer(request, future, limits.timeout)
+        except TimedOut:  # merged into a batch that an older request's deadline ended
+            return error(503, f"the batch this request shared reached an earlier request's "
+                         f"timeout ({limits.timeout:g} s); try again", None)  # fmt: skip
         except asyncio.TimeoutError:
             return error(503, f"timed out after {limits.timeout:g} s waiting for the model; "
                          "send fewer or shorter sentences, or try again", None)  # fmt: skip
         except MTError as e:
             raise BadRequest(422, str(e)) from None
         finally:
-            request.state.decode_seconds = timing.get("decode_seconds", 0.0)
+            request.state.decode_seconds = decode_seconds(timing)
         if results is None:  # the client has gone: nobody reads this
             return Response(status_code=499)
         # (a large answer, attention weights, is written out by a thread: the event loop

@@ -10,8 +10,11 @@ request with a seed is never merged with another: its draws are then those of `m
 
 A batch that fails is decoded again one request (chunk) at a time, so that only the request
 at fault gets the error. `decode` is handed a `stopped()` that says when every request of its
-batch has gone (timed out, or its client left): it stops there, at its next decoder step,
-and the worker is free for the others.
+batch has gone (timed out, or its client left), or when the batch reaches its oldest request's
+deadline: it stops there, at its next decoder step, and the worker is free for the others. A
+request that joined the batch later ends with it (TimedOut; the oldest with
+asyncio.TimeoutError, as at its own timeout), so that a client's timeout is the
+longest any batch holds the worker, whatever was merged into it.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import math
 import threading
 import time
 from collections.abc import Callable, Hashable
@@ -38,11 +42,18 @@ class Stopped(Exception):
     """Raised by a decode whose batch nobody waits for any more."""
 
 
+class TimedOut(Exception):
+    """A request's answer when its batch was stopped at an older request's deadline."""
+
+
 class _Request:
     """One request: its future, and its chunks' results as they come."""
 
-    def __init__(self, n_chunks: int, loop: asyncio.AbstractEventLoop, timing: dict) -> None:
+    def __init__(
+        self, n_chunks: int, loop: asyncio.AbstractEventLoop, timing: dict, deadline: float
+    ) -> None:
         self.loop, self.future, self.timing = loop, loop.create_future(), timing
+        self.deadline = deadline  # (monotonic) when its client stops waiting
         self.results: list[list[Any] | None] = [None] * n_chunks
         self.remaining = n_chunks
         self.turns = 0  # batches that took a chunk of it
@@ -91,7 +102,8 @@ class Batcher:
     in chunks of at most that, one chunk per batch, so that the requests after it are not held
     until it is all done; max_wait: seconds the worker waits for more requests with the oldest
     one's settings once it has it; max_queue: requests waiting at most; batching False decodes
-    every request alone, whole (batches of one request), for comparison."""
+    every request alone, whole (batches of one request), for comparison; timeout: the seconds
+    a request waits for its answer at most (None: no limit), which also ends its batch."""
 
     def __init__(
         self,
@@ -101,8 +113,10 @@ class Batcher:
         max_queue: int = 256,
         batching: bool = True,
         on_batch: Callable[[int, float], None] | None = None,
+        timeout: float | None = None,
     ) -> None:
         self.decode, self.max_tokens, self.max_wait = decode, max_tokens, max_wait
+        self.timeout = math.inf if timeout is None else timeout
         # (sentences, seconds) after each batch, one stopped part-way included: the metrics
         self.on_batch = on_batch
         self.max_queue, self.batching = max_queue, batching
@@ -140,14 +154,16 @@ class Batcher:
         estimate will do). alone: never merged with another request nor cut into chunks (a
         seeded sample then draws what `mt translate --seed` draws for the same lines).
         timing: a dict whose "decode_seconds" the worker adds the request's batches' decoding
-        time to."""
+        time to, and its "decoding_since" the start of the batch decoding it now (see
+        `decode_seconds`)."""
         loop = asyncio.get_running_loop()
         whole = alone or not self.batching
         key = (settings, next(self._unique)) if whole else settings
         chunks = (
             [(sentences, sum(tokens))] if whole else _chunks(sentences, tokens, self.max_tokens)
         )
-        request = _Request(len(chunks), loop, timing if timing is not None else {})
+        deadline = time.monotonic() + self.timeout
+        request = _Request(len(chunks), loop, timing if timing is not None else {}, deadline)
         with self._cond:
             if self._stopping:
                 raise QueueFull("the server is shutting down")
@@ -179,19 +195,34 @@ class Batcher:
 
     def _run(self, batch: list[_Job]) -> None:
         """Decode a batch and answer its requests; a batch of several that fails is decoded
-        again one job at a time (the error is the answer of the one at fault alone)."""
+        again one job at a time (the error is the answer of the one at fault alone). The
+        batch stops when nobody waits for it, or at its oldest request's deadline."""
         live = [job for job in batch if not job.request.done()]  # timed out or left: skip
         if not live:
             return
         sentences = [s for job in live for s in job.sentences]
+        deadline = min(job.request.deadline for job in live)
+
+        def stopped() -> bool:
+            return _all_done(live) or time.monotonic() >= deadline
+
         self.busy_since = started = time.monotonic()
+        for job in live:
+            job.request.timing["decoding_since"] = started
         try:
-            results = self.decode(sentences, live[0].settings, lambda: _all_done(live))
-        except Stopped:  # nobody waits: the work it did until then still counts
-            if self.on_batch is not None:
-                self.on_batch(len(sentences), time.monotonic() - started)
+            results = self.decode(sentences, live[0].settings, stopped)
+        except Stopped:  # the work it did until then still counts
+            self._decoded(live, len(sentences), started)
+            now = time.monotonic()
+            for job in live:  # (a request answered or gone meanwhile is left as it is)
+                job.request.settle(
+                    error=asyncio.TimeoutError()  # its own deadline
+                    if now >= job.request.deadline
+                    else TimedOut("its batch reached an older request's timeout")
+                )
             return
         except BaseException as e:  # the error is a request's answer, not the worker's end
+            self._decoded(live, 0, started)
             if len(live) == 1:
                 live[0].request.settle(error=e)
             else:
@@ -201,17 +232,23 @@ class Batcher:
         finally:
             self.busy_since = None
         self.batches += 1
-        seconds = time.monotonic() - started
-        if self.on_batch is not None:
-            self.on_batch(len(sentences), seconds)
+        self._decoded(live, len(sentences), started)
         start = 0
         for job in live:
-            timing = job.request.timing
-            timing["decode_seconds"] = timing.get("decode_seconds", 0.0) + seconds
             if job.request.chunk_done(job.index, results[start : start + len(job.sentences)]):
                 self.decoded += 1
                 job.request.settle()
             start += len(job.sentences)
+
+    def _decoded(self, jobs: list[_Job], sentences: int, started: float) -> None:
+        """A batch's decoding time: each request's share (its timing), and the metrics'."""
+        seconds = time.monotonic() - started
+        for job in jobs:
+            timing = job.request.timing
+            timing["decode_seconds"] = timing.get("decode_seconds", 0.0) + seconds
+            timing.pop("decoding_since", None)
+        if sentences and self.on_batch is not None:
+            self.on_batch(sentences, seconds)
 
     def _next_batch(self) -> list[_Job] | None:
         with self._cond:
@@ -250,6 +287,14 @@ class Batcher:
             tokens += job.tokens
             requests.add(id(job.request))
         return batch
+
+
+def decode_seconds(timing: dict) -> float:
+    """A request's decoding time so far: its batches' time, the one under way included (a
+    request that timed out or left is told what its batch had decoded by then)."""
+    since = timing.get("decoding_since")
+    running = 0.0 if since is None else time.monotonic() - since
+    return timing.get("decode_seconds", 0.0) + running
 
 
 def _all_done(jobs: list[_Job]) -> bool:

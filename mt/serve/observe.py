@@ -49,6 +49,10 @@ class Metrics:
         self.waiting = Gauge(
             "mt_waiting_requests", "requests queued or part-way decoded", ["model"], registry=r
         )
+        self.busy = Gauge(
+            "mt_busy_seconds", "how long the model's batch under way has decoded (0: idle)",
+            ["model"], registry=r,
+        )  # fmt: skip
         # /translate by model (a configured name; "-" before one was chosen) and by how it
         # ended: what the expensive and the refused requests cost is seen per model
         self.translations = Counter(
@@ -65,11 +69,13 @@ class Metrics:
         self.batch.labels(model).observe(sentences)
         self.sentences.labels(model).inc(sentences)
 
-    def render(self, waiting: dict[str, int]) -> bytes:
+    def render(self, models: dict[str, tuple[int, float]]) -> bytes:
+        """The metrics' text; models: each model's (requests waiting, seconds busy) now."""
         from prometheus_client import generate_latest
 
-        for model, n in waiting.items():
-            self.waiting.labels(model).set(n)
+        for model, (waiting, busy) in models.items():
+            self.waiting.labels(model).set(waiting)
+            self.busy.labels(model).set(busy)
         return generate_latest(self.registry)
 
 
