@@ -289,16 +289,16 @@ def test_ab_train_b_precision_trains_b_alone_under_bf16_autocast(ab_train, monke
     patch at all (an A/A otherwise, 0.0 apart) the weights differ after one step."""
     import torch
 
-    import mt.train.trainer as trainer_module
+    import mt.train.step as step_module
 
     seen = []
-    original = trainer_module.Trainer._loss
+    original = step_module.forward
 
-    def recording(self, batch, loss=None):
-        seen.append(self.amp_dtype)
-        return original(self, batch, loss)
+    def recording(model, loss, batch, device, amp_dtype):
+        seen.append(amp_dtype)
+        return original(model, loss, batch, device, amp_dtype)
 
-    monkeypatch.setattr(trainer_module.Trainer, "_loss", recording)
+    monkeypatch.setattr(step_module, "forward", recording)
     size = dict(ab_train.bt.SIZES["tiny"], max_tokens=600)
     r = ab_train.run_ab(
         size,

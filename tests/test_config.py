@@ -356,17 +356,17 @@ def test_set_options_apply_in_command_line_order(monkeypatch):
     two settings of a key wins, as config.yaml then says."""
     import itertools
 
-    import mt.config
+    import mt.train.build
     from mt.config.load import apply_overrides
     from tests.conftest import mt_here
 
     seen = []
 
-    def load_config(path, overrides, log=None):
+    def load_run_config(path, overrides, log=None):
         seen.append(list(overrides))
         raise MTError("stop here")
 
-    monkeypatch.setattr(mt.config, "load_config", load_config)
+    monkeypatch.setattr(mt.train.build, "load_run_config", load_run_config)
     settings = ["train.max_steps=3", "train.device=cpu", "train.max_steps=5", "train.seed=7"]
     for order in itertools.permutations(settings):
         for marks in itertools.product([True, False], repeat=len(order) - 1):

@@ -342,8 +342,8 @@ def test_a_ranked_update_on_cuda_makes_no_host_sync(tmp_path):
     tdist.init_process_group("nccl", store=tdist.HashStore(), rank=0, world_size=1)
     try:
         ranked = Dist(rank=0, world=2)  # (a rank's exchange; its group has one rank here)
-        t.dist = t.budget.dist = ranked
-        t.exchange = Flat(t.optimizer.param_groups[0]["params"], ranked, t.device, 4096)
+        t.dist = t.budget.dist = t.update.dist = ranked
+        t.update.exchange = Flat(t.optimizer.param_groups[0]["params"], ranked, t.device, 4096)
         t.budget.start(t.state)
         batches, bar = t.batches(), tqdm(disable=True)
         for update in range(3):  # (the first allocates Adam's state)

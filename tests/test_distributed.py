@@ -521,7 +521,7 @@ def _ddp_worker(rank, world, ports, data_dir, tmp, out):
             assert t.train_step([next(batches), next(batches)])
         t.settle_skips()
         seen[name] = {
-            "exchange": type(t.exchange).__name__,
+            "exchange": type(t.update.exchange).__name__,
             "step": t.state.step,
             "moved": [k for k, v in t.model.state_dict().items() if not torch.equal(v, before[k])],
             "model": t.model.state_dict(),

@@ -119,7 +119,8 @@ def test_a_compiled_update_runs_a_few_kernels_outside_its_graphs(
         ROOT / "configs/tiny.yaml",
         [f"data.dir={tmp_path / 'd'}", "train.device=cpu", "train.compile=true",
          "train.pack_width=64", "train.max_tokens=2048", f"train.accum_steps={accum}",
-         "train.valid_every=1000", "train.log_every=1000", "model.dropout=0"],
+         "train.valid_every=1000", "train.log_every=1000", "model.dropout=0",
+         "train.update=device"],
     )  # fmt: skip
     t = build_trainer(cfg, tmp_path / "run", log=lambda *_: None)
     batches = t.batches()

@@ -306,15 +306,15 @@ def _finetune_config(path, model, data, *more: str):
 def test_an_opus_mt_like_model_imports_computes_as_transformers_and_fine_tunes(opus_like, tmp_path):
     from transformers import MarianMTModel, MarianTokenizer
 
-    from mt.config import load_config
     from mt.decode.translator import Translator
     from mt.hub.imports import imported
     from mt.model import build_model
+    from mt.train.build import load_run_config
 
     hf = MarianMTModel.from_pretrained(opus_like).eval()
     hf_tok = MarianTokenizer.from_pretrained(opus_like)
     data = _corpus(tmp_path / "data", n_train=2000)
-    cfg = load_config(_finetune_config(tmp_path / "ft.yaml", opus_like, data))
+    cfg = load_run_config(_finetune_config(tmp_path / "ft.yaml", opus_like, data))
     m = cfg.model
     assert (m.activation, m.output_bias, m.tie_embeddings, m.d_model) == ("swish", True, "all", 32)
     imp = imported(str(opus_like))

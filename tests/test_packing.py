@@ -158,7 +158,8 @@ def test_a_compiled_step_on_packed_blocks_is_one_graph_with_the_eager_losses(tmp
     def trainer(name, *more):
         cfg = load_config(ROOT / "configs/tiny.yaml", [
             f"data.dir={tmp_path / 'd'}", "train.device=cpu", "model.dropout=0.0",
-            "train.pack_width=64", "train.max_tokens=1024", *more])  # fmt: skip
+            "train.pack_width=64", "train.max_tokens=1024", "train.update=device",
+            *more])  # fmt: skip
         return build_trainer(cfg, tmp_path / name, log=lambda *_: None)
 
     torch._dynamo.reset()

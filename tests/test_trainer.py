@@ -670,10 +670,9 @@ def test_compiled_training_on_bucketed_batches_compiles_each_shape_once(tmp_path
     monkeypatch.setattr(torch, "compile", aot_eager)
     torch._dynamo.reset()
     counters.clear()
-    eager = _trainer(tmp_path / "e", "model.dropout=0.0", "train.shape_buckets=8")
-    comp = _trainer(
-        tmp_path / "c", "model.dropout=0.0", "train.shape_buckets=8", "train.compile=true"
-    )
+    common = ("model.dropout=0.0", "train.shape_buckets=8", "train.update=device")
+    eager = _trainer(tmp_path / "e", *common)
+    comp = _trainer(tmp_path / "c", *common, "train.compile=true")
     comp.model.load_state_dict(eager.model.state_dict())
     assert seen == [  # the loss, model inside; then settle
         {"dynamic": False, "fn": comp.objective.loss},
@@ -700,7 +699,8 @@ def test_an_update_reads_nothing_from_the_device(tmp_path):
     from mt.runtime.host_syncs import HostSyncs
 
     # the reference model, as on a GPU (mt/fast's feed-forward on real rows reads lengths)
-    t = _trainer(tmp_path, "train.max_steps=4", "train.valid_every=100", "train.fast_paths=false")
+    t = _trainer(tmp_path, "train.max_steps=4", "train.valid_every=100", "train.fast_paths=false",
+                 "train.update=device")  # fmt: skip
     batches = t.batches()
     t.train_step([next(batches)])  # the first update allocates Adam's state
     batch = [next(batches)]
@@ -711,7 +711,7 @@ def test_an_update_reads_nothing_from_the_device(tmp_path):
 
 def test_a_deferred_nonfinite_update_changes_no_weight_and_is_taken_back(tmp_path):
     t = _trainer(tmp_path, "train.max_steps=12", "train.valid_every=100", "train.log_every=4",
-                 "train.save_every=100")  # fmt: skip
+                 "train.save_every=100", "train.update=device")  # fmt: skip
     _poison(t, {2})
     batches = t.batches()
     t.train_step([next(batches)])
@@ -761,10 +761,11 @@ def test_a_cuda_graphed_step_keeps_nothing_a_replay_overwrites(tmp_path, accum):
     """Through CUDA graphs (train.compile with static shapes on a GPU) a replay writes over the
     previous replay's outputs and the gradients its backward allocated: the losses logged and
     the weights after three updates of `accum` batches each equal the eager step's exactly."""
-    common = ("model.dropout=0.0", f"train.accum_steps={accum}")
+    common = ("model.dropout=0.0", f"train.accum_steps={accum}", "train.update=device")
     eager, graphed = _trainer(tmp_path / "e", *common), _trainer(tmp_path / "g", *common)
     graphed.model.load_state_dict(eager.model.state_dict())
-    graphed.cuda_graphs, graphed.compiled_loss = True, _ReplayOverwrites(graphed.objective.loss)
+    graphed.cuda_graphs = True
+    graphed.update.loss = _ReplayOverwrites(graphed.objective.loss)
     batches = [collate(eager.train_data, np.arange(i, i + 8)) for i in range(0, 48, 8)]
     for i in range(0, len(batches), accum):
         assert eager.train_step(batches[i : i + accum])
@@ -772,6 +773,22 @@ def test_a_cuda_graphed_step_keeps_nothing_a_replay_overwrites(tmp_path, accum):
     assert torch.equal(torch.stack(graphed.window.sums), torch.stack(eager.window.sums))
     for k, v in graphed.model.state_dict().items():
         assert torch.equal(v, eager.model.state_dict()[k]), k
+
+
+def test_the_plain_update_is_never_replayed_through_cuda_graphs(monkeypatch):
+    """The plain update's backward adds a micro-batch's gradients into the previous one's,
+    which a CUDA graph's replay would have overwritten (the fake above fails it at accum 2):
+    on a GPU with static shapes it compiles without graphs, the device update with them."""
+    from types import SimpleNamespace
+
+    from mt.train import compiled
+
+    monkeypatch.setattr(compiled, "compiled", lambda loss, static, graphs: (static, graphs))
+    cfg = SimpleNamespace(compile=True, shape_buckets=0, pack_width=64)
+    objective, gpu = SimpleNamespace(loss=None), torch.device("cuda")
+    for kind, graphs in (("device", True), ("plain", False)):
+        step = compiled.compiled_step(objective, cfg, None, gpu, graphs=kind == "device")
+        assert step == (graphs, (True, graphs)), kind
 
 
 def test_static_shapes_on_a_gpu_compile_into_cuda_graphs(monkeypatch):

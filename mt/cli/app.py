@@ -126,12 +126,15 @@ def _plain_metavars(fn) -> None:
 
     from typer.models import ArgumentInfo, OptionInfo
 
-    hints = typing.get_type_hints(fn)
+    hints = typing.get_type_hints(fn, include_extras=True)
     for name, param in inspect.signature(fn).parameters.items():
+        kind = hints.get(name)
         info = param.default
+        if typing.get_origin(kind) is typing.Annotated:  # (the flag declared in its type)
+            kind, *extras = typing.get_args(kind)
+            info = next((x for x in extras if isinstance(x, ArgumentInfo | OptionInfo)), info)
         if not isinstance(info, ArgumentInfo | OptionInfo) or info.metavar is not None:
             continue
-        kind = hints.get(name)
         args = [a for a in typing.get_args(kind) if a is not type(None)]
         many = typing.get_origin(kind) is list or any(typing.get_origin(a) is list for a in args)
         while args:  # Optional[...] and list[...] down to the element's type

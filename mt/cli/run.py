@@ -89,10 +89,9 @@ def train_cmd(
 
     Example: mt train configs/multi30k_de_en.yaml --set data.dir=data/multi30k
     """
-    from mt.config import load_config
-    from mt.train.build import build_trainer
+    from mt.train.build import build_trainer, load_run_config
 
-    cfg = load_config(config, list(overrides) + list(more or []), log=_err)
+    cfg = load_run_config(config, list(overrides) + list(more or []), log=_err)
     run_dir = run_dir or Path("runs") / config.stem
     trainer = build_trainer(cfg, run_dir, allow_config_change, log=_err, restart=restart)
     try:
@@ -131,10 +130,10 @@ def pretrain_cmd(
 
     Example: mt pretrain multi30k_de_en --run-dir runs/mlm_de --set train.max_steps=2000
     """
-    from mt.config import load_config
+    from mt.train.build import load_run_config
     from mt.train.pretrain import pretrain
 
-    cfg = load_config(config, list(overrides) + list(more or []), log=_err)
+    cfg = load_run_config(config, list(overrides) + list(more or []), log=_err)
     record = pretrain(cfg, run_dir, log=_err, restart=restart)
     if record["stopped"]:
         if record["is_main"]:

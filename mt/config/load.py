@@ -240,11 +240,21 @@ def load_config(
     config's use is said. A setting the user wrote that the architecture ignores is refused
     (READ_BY_ARCH): --set's against the final model.arch, the file's against the file's own
     (unless --set changes model.arch: then the file's settings for another one stay aside).
-    The defaults are never checked so (config.yaml and checkpoints hold them all)."""
+    The defaults are never checked so (config.yaml and checkpoints hold them all). The
+    settings an imported model fixes (model.init_from) are applied where the run is built
+    (mt.train.build.load_run_config), with written_settings."""
+    return read_config(path, overrides, log)[0]
+
+
+def read_config(
+    path: str | Path, overrides: Sequence[str] = (), log: Callable[[str], None] | None = None
+) -> tuple[Config, set[str], str]:
+    """(load_config's Config, the dotted keys the user wrote in the file or with --set, where
+    the config came from)."""
     path = find_config(path, log)
     raw = read_yaml(path)
     if not isinstance(raw, dict):
-        return validate(raw, str(path))
+        return validate(raw, str(path)), set(), str(path)
     cfg = validate(raw, str(path))  # file errors are reported against the file
     written = {".".join(parse_override(o)[0]) for o in overrides}
     saved = path.read_text(encoding="utf-8").startswith(SAVED_HEADER)  # (a run's own)
@@ -254,11 +264,7 @@ def load_config(
     if overrides:
         cfg = validate(apply_overrides(raw, list(overrides)), "--set")
         check_written(written, cfg, "--set")
-    if cfg.model.init_from is not None:  # (its model fixes the architecture and tokenizer)
-        from mt.hub.imports import with_imported_settings
-
-        cfg = with_imported_settings(cfg, in_file | written, str(path))
-    return cfg
+    return cfg, in_file | written, str(path)
 
 
 # the settings that only some architectures read, and which (model.arch); the others ignore

@@ -285,6 +285,16 @@ class TrainConfig(Section):
         "sampling, the NAT or the RNN), with fast_paths auto or false",
     )
 
+    update: Literal["auto", "plain", "device"] = Field(
+        "auto",
+        description="how one optimizer update is made (mt/train/step.py). plain: as a "
+        "textbook writes it (loss.backward(), clip_grad_norm_, optimizer.step(), a "
+        "non-finite loss read and skipped on the host), one process; device: gradients in "
+        "flat buffers exchanged in one all-reduce, divided, clipped and skipped on the device "
+        "with no read by the host; auto: device on a GPU or under torchrun, plain in one CPU "
+        "process. Both give the same weights; a run resumes across them",
+    )
+
     @field_validator("pack_width", mode="before")
     @classmethod
     def _width_or_auto(cls, v: Any) -> Any:

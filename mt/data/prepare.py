@@ -22,7 +22,7 @@ from mt.data.corpus import (
     split_paths,
 )
 from mt.data.download import download, downloaded_into, is_empty_folder
-from mt.data.tokenizer import MODEL_FILES, Tokenizer
+from mt.data.tokenizer import Tokenizer
 from mt.errors import MTError
 
 
@@ -33,6 +33,7 @@ def prepare_data(
     log,
     bpe_dropout: float = 0.0,
     inherited: Callable[[], Tokenizer | None] | None = None,
+    saved: Callable[[str], Tokenizer | None] | None = None,
 ):
     """From the data config and the run directory to what training reads: the corpus fetched
     if the config names one and data.dir has none (rank 0), the run's BPE model (trained by
@@ -41,7 +42,9 @@ def prepare_data(
     bpe_dropout > 0: the training data is epoch 0's BPE-dropout segmentation (the plain one is
     never trained on), so the logged counts are those of what the first epoch walks.
     inherited() -> the BPE model a new run adopts instead of training its own (that of a
-    pretrained encoder, model.init_encoder), or None."""
+    pretrained encoder, model.init_encoder), or None; saved(why) -> the BPE model a run's
+    checkpoint holds, written again into the run directory when its own file is missing or
+    damaged (why), or None."""
     if dist.is_main:  # one rank downloads and trains BPE; the others wait, then read
         ensure_data(cfg, log)
     dist.wait_for_main()
@@ -54,9 +57,9 @@ def prepare_data(
     if not vsrc:
         raise MTError(f"{d.dir}: the valid split has no non-empty pairs")
     if dist.is_main:
-        load_tokenizer(cfg, run_dir, train_paths, log, inherited)
+        load_tokenizer(cfg, run_dir, train_paths, log, inherited, saved)
     dist.wait_for_main()
-    tokenizer = load_tokenizer(cfg, run_dir, train_paths, log)
+    tokenizer = load_tokenizer(cfg, run_dir, train_paths, log, saved=saved)
     if bpe_dropout == 0 and token_cache.wanted(d.token_cache, train_paths):
         train_data = cached_train(cfg, tokenizer, train_paths, dist, log)
         train_stats = train_data.stats
@@ -121,27 +124,6 @@ def cached_train(cfg: Config, tokenizer: Tokenizer, paths, dist, log) -> Paralle
         log(f"no token cache at {folder}: encoding the training split in memory")
         encoded = encode_train(cfg, tokenizer, Stats(), 0.0, epoch=0)
     return encoded
-
-
-def _from_checkpoint(run_dir: Path, what: str, log) -> Tokenizer | None:
-    """Write again the BPE model of a run that has a checkpoint, from the checkpoint's own copy
-    (the model's ids mean nothing in a BPE model trained anew), and return it; None: no
-    checkpoint."""
-    from mt.artifacts import checkpoint
-
-    last = run_dir / "last.pt"
-    for path in (last, checkpoint.previous(last)):
-        if path.is_file():
-            try:
-                tok = checkpoint.tokenizer_from(checkpoint.load(path))
-            except MTError:
-                continue
-            for name in MODEL_FILES:
-                (run_dir / name).unlink(missing_ok=True)
-            tok.save(run_dir)
-            log(f"warning: {run_dir} had a checkpoint but {what}: written again from {path.name}")
-            return tok
-    return None
 
 
 def bpe_dropout_epochs(cfg: Config, tokenizer: Tokenizer, first: ParallelData):
@@ -231,18 +213,20 @@ def load_tokenizer(
     train_paths: tuple[Path, Path],
     log,
     inherited: Callable[[], Tokenizer | None] | None = None,
+    saved: Callable[[str], Tokenizer | None] | None = None,
 ) -> Tokenizer:
-    """The run's BPE model: the one it saved (a run with a checkpoint: the checkpoint's copy
-    when that file is missing or damaged), else inherited()'s, else trained on (a sample of)
-    the training split the first time."""
+    """The run's BPE model: the one it saved (a run with a checkpoint: saved()'s copy when
+    that file is missing or damaged), else inherited()'s, else trained on (a sample of) the
+    training split the first time."""
+    saved = saved or (lambda _why: None)
     try:
         tok = Tokenizer.load(run_dir)
     except MTError as e:
-        tok = _from_checkpoint(run_dir, f"its BPE model is damaged ({e})", log)
+        tok = saved(f"its BPE model is damaged ({e})")
         if tok is None:
             raise
     if tok is None:
-        tok = _from_checkpoint(run_dir, "its BPE model is missing", log)
+        tok = saved("its BPE model is missing")
     if tok is None and inherited is not None:
         tok = inherited()
         if tok is not None:

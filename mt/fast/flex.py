@@ -18,9 +18,8 @@ from __future__ import annotations
 
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
-from mt.data.packing import Packing
 from mt.model.attention import MultiHeadAttention
-from mt.model.transformer import Transformer
+from mt.model.transformer import Packing, Transformer
 
 
 def encoder_mask_mod(src_segments):

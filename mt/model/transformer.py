@@ -4,7 +4,7 @@ search live outside it."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -14,8 +14,22 @@ from mt.model.base import Seq2Seq, init_weights, make_embeddings
 from mt.model.layers import REFERENCE, DecoderLayer, EncoderLayer, Parts
 from mt.model.positions import AbsolutePositions
 
-if TYPE_CHECKING:
-    from mt.data.packing import Packing
+
+class Packing(Protocol):
+    """What the model reads of a packed batch (several pairs per row, each attending to
+    itself alone; mt/data/packing.py makes them): each position's pair (1, 2, ...; 0:
+    padding) and place in it, and the attention masks that keep the pairs apart."""
+
+    src_segments: torch.Tensor  # (B, S)
+    tgt_segments: torch.Tensor  # (B, T)
+    src_positions: torch.Tensor  # (B, S)
+    tgt_positions: torch.Tensor  # (B, T)
+
+    def encoder_mask(self) -> torch.Tensor: ...
+
+    def decoder_mask(self) -> torch.Tensor: ...
+
+    def cross_mask(self) -> torch.Tensor: ...
 
 
 class Transformer(Seq2Seq):

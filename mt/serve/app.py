@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from fastapi import FastAPI, Query, Request
+from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -60,6 +60,36 @@ class Served:
     batcher: Batcher
 
 
+@dataclass
+class Service:
+    """What the routes share (the app's state "mt"): the models by name, the limits, the API
+    key (None: none asked) and the metrics."""
+
+    served: dict[str, Served]
+    limits: Limits
+    api_key: str | None
+    metrics: Metrics
+
+    def authorised(self, request: Request) -> bool:
+        if not self.api_key:
+            return True
+        given = request.headers.get("x-api-key") or ""
+        auth = request.headers.get("authorization") or ""
+        if auth.lower().startswith("bearer "):
+            given = given or auth[7:].strip()
+        return hmac.compare_digest(given.encode(), self.api_key.encode())
+
+    def choose(self, name: str | None) -> Served:
+        """The model a request names (None: the only one), else 422 naming the choices."""
+        if name is None and len(self.served) == 1:
+            return next(iter(self.served.values()))
+        if name in self.served:
+            return self.served[name]
+        names = ", ".join(self.served)
+        what = "give one" if name is None else f"no model {shorten(repr(name), 60)}"
+        raise BadRequest(422, f"model: {what} of {names} (GET /models)", "model")
+
+
 def create_app(
     models: Served | list[Served],
     limits: Limits,
@@ -84,185 +114,12 @@ def create_app(
         docs_url=None,  # Swagger's page loads its scripts from the internet; /openapi.json stays
         redoc_url=None,
     )
-
-    def authorised(request: Request) -> bool:
-        if not api_key:
-            return True
-        given = request.headers.get("x-api-key") or ""
-        auth = request.headers.get("authorization") or ""
-        if auth.lower().startswith("bearer "):
-            given = given or auth[7:].strip()
-        return hmac.compare_digest(given.encode(), api_key.encode())
-
-    def choose(name: str | None) -> Served:
-        if name is None and len(served) == 1:
-            return next(iter(served.values()))
-        if name in served:
-            return served[name]
-        names = ", ".join(served)
-        what = "give one" if name is None else f"no model {shorten(repr(name), 60)}"
-        raise BadRequest(422, f"model: {what} of {names} (GET /models)", "model")
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
-        what = {404: f"no such path: {shorten(request.url.path, 100)}",
-                405: f"{shorten(request.method, 20)} not allowed here"}  # fmt: skip
-        return error(e.status_code, what.get(e.status_code, str(e.detail)))
-
-    @app.exception_handler(BadRequest)
-    async def _bad(request: Request, e: BadRequest) -> JSONResponse:
-        return error(e.status, e.message, e.field)
-
-    @app.exception_handler(RequestValidationError)  # FastAPI's own checks (a query parameter)
-    async def _invalid(request: Request, e: RequestValidationError) -> JSONResponse:
-        return await _bad(request, as_bad_request(e.errors()))
-
-    @app.exception_handler(Exception)
-    async def _crash(request: Request, e: Exception) -> JSONResponse:
-        return error(500, f"internal error: {type(e).__name__}: {e}")
-
-    html = resources.files("mt.serve").joinpath("page.html").read_text(encoding="utf-8")
-    page_headers = {
-        "Content-Security-Policy": page_policy(html),
-        "X-Content-Type-Options": "nosniff",
-        "Referrer-Policy": "no-referrer",
-    }
-
-    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
-    async def page() -> HTMLResponse:
-        return HTMLResponse(html, headers=page_headers)
-
-    @app.get(
-        "/health",
-        summary="Ready for requests (503 while a model is stuck past --timeout), how busy",
-        response_model=Health,
-        responses={
-            503: {"model": Health, "description": "a model is stuck: not ready"},
-            **errors(421, 422),
-        },
-    )
-    async def health(
-        model: str | None = Query(None, description="one model's readiness; unset: every one's"),
-    ) -> JSONResponse:
-        """?model=NAME: that model's readiness alone (a load balancer per model); else every
-        model's. A decode past any request's timeout is stuck."""
-        asked = [choose(model)] if model is not None else list(served.values())
-        each = {
-            m.name: ModelHealth(
-                ready=m.batcher.busy_for() <= limits.timeout,
-                busy_seconds=round(m.batcher.busy_for(), 1),
-                waiting=m.batcher.waiting,
-            )
-            for m in served.values()
-        }
-        ready = all(each[m.name].ready for m in asked)
-        body = Health(
-            status="ok" if ready else "busy",
-            live=True,
-            ready=ready,
-            busy_seconds=max(each[m.name].busy_seconds for m in asked),
-            waiting=sum(m.batcher.waiting for m in served.values()),
-            requests_decoded=sum(m.batcher.decoded for m in served.values()),
-            batches=sum(m.batcher.batches for m in served.values()),
-            models=each,
-        )
-        return JSONResponse(body.model_dump(), status_code=200 if ready else 503)
-
-    @app.get("/health/live", summary="The server answers (whatever its models are doing)")
-    async def live() -> dict[str, Any]:
-        return {"status": "ok", "live": True}
-
-    @app.get("/metrics", summary="Prometheus metrics (text format)", response_class=Response)
-    async def metrics_text() -> Response:
-        from prometheus_client import CONTENT_TYPE_LATEST
-
-        body = metrics.render(
-            {m.name: (m.batcher.waiting, m.batcher.busy_for()) for m in served.values()}
-        )
-        return Response(body, media_type=CONTENT_TYPE_LATEST)
-
-    @app.get("/models", summary="The models served, by name", response_model=Models,
-             responses=errors(401, 421))  # fmt: skip
-    async def models_list(request: Request) -> Any:
-        if not authorised(request):
-            return _unauthorised()
-        keys = ("source_language", "target_language", "architecture", "ensemble")
-        return {"models": [{"name": m.name, **{k: m.info[k] for k in keys}}
-                           for m in served.values()]}  # fmt: skip
-
-    @app.get(
-        "/info",
-        summary="A model: languages, architecture, size, training, decoding",
-        responses=errors(401, 421, 422),
-    )
-    async def model_info(
-        request: Request,
-        model: str | None = Query(None, description="the model's name; unset: the only one"),
-    ) -> Any:
-        if not authorised(request):
-            return _unauthorised()
-        return {"name": (chosen := choose(model)).name, **chosen.info}
-
-    @app.post(
-        "/translate",
-        summary="Translate sentences",
-        response_model=TranslateAnswer,
-        responses=errors(400, 401, 413, 415, 421, 422, 429, 503),
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {"application/json": {"schema": TranslateRequest.model_json_schema()}},
-            }
-        },
-    )
-    async def translate(request: Request) -> Any:
-        if not authorised(request):
-            return _unauthorised()
-        check_json_type(request)
-        if "transfer-encoding" in request.headers and "content-length" in request.headers:
-            # two lengths for one body: a request smuggled past a proxy that reads the other
-            said = "Content-Length and Transfer-Encoding given together: send one"
-            return error(400, said, "Content-Length", Connection="close")
-        req = parse(await read_body(request, limits.max_body))
-        request.state.sentences = len(req.sentences)
-        check_sizes(req.sentences, req.prefix, limits)
-        model = choose(req.model)
-        request.state.model = model.name
-        settings = settings_of(req, model.translator, model.info)
-        lengths = model.translator.source_lengths(req.sentences)
-        prefix = settings.options.prefix
-        forced = len(model.translator.tokenizer.encode_tgt([prefix])[0]) if prefix else 0
-        admit(lengths, settings.options, req.attention, model.translator.max_source_len,
-              attention_shape(model.info), limits,
-              model.info["architecture"] == "nat", forced)  # fmt: skip
-        tokens = [n + 1 for n in lengths]
-        timing: dict[str, float] = {}
-        try:
-            future = model.batcher.submit(
-                req.sentences, settings, tokens, alone=req.seed is not None, timing=timing
-            )
-        except QueueFull as e:
-            return error(429, f"too many requests waiting ({e}); try again shortly", None,
-                         **{"Retry-After": "1"})  # fmt: skip
-        try:
-            results = await answer(request, future, limits.timeout)
-        except TimedOut:  # merged into a batch that an older request's deadline ended
-            return error(503, f"the batch this request shared reached an earlier request's "
-                         f"timeout ({limits.timeout:g} s); try again", None)  # fmt: skip
-        except asyncio.TimeoutError:
-            return error(503, f"timed out after {limits.timeout:g} s waiting for the model; "
-                         "send fewer or shorter sentences, or try again", None)  # fmt: skip
-        except MTError as e:
-            raise BadRequest(422, str(e)) from None
-        finally:
-            request.state.decode_seconds = decode_seconds(timing)
-        if results is None:  # the client has gone: nobody reads this
-            return Response(status_code=499)
-        # (a large answer, attention weights, is written out by a thread: the event loop
-        # keeps answering the others meanwhile)
-        body = await asyncio.to_thread(json.dumps, {"translations": results, "model": model.name})
-        return Response(body, media_type="application/json")
-
+    app.state.mt = Service(served, limits, api_key, metrics)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(BadRequest, _bad)
+    app.add_exception_handler(RequestValidationError, _invalid)  # (a query parameter's)
+    app.add_exception_handler(Exception, _crash)
+    app.include_router(router)
     if allowed_hosts is not None:
         app.add_middleware(HostCheck, names=allowed_hosts)
     if cors_origins:
@@ -275,6 +132,207 @@ def create_app(
         )
     app.add_middleware(Observe, metrics=metrics, log=log)  # (outermost: every answer counted)
     return app
+
+
+# -- errors: one line of JSON each --------------------------------------------------------------
+
+
+async def _http_error(request: Request, e: Exception) -> JSONResponse:
+    assert isinstance(e, StarletteHTTPException)
+    what = {404: f"no such path: {shorten(request.url.path, 100)}",
+            405: f"{shorten(request.method, 20)} not allowed here"}  # fmt: skip
+    return error(e.status_code, what.get(e.status_code, str(e.detail)))
+
+
+async def _bad(request: Request, e: Exception) -> JSONResponse:
+    assert isinstance(e, BadRequest)
+    return error(e.status, e.message, e.field)
+
+
+async def _invalid(request: Request, e: Exception) -> JSONResponse:
+    assert isinstance(e, RequestValidationError)
+    return await _bad(request, as_bad_request(e.errors()))
+
+
+async def _crash(request: Request, e: Exception) -> JSONResponse:
+    return error(500, f"internal error: {type(e).__name__}: {e}")
+
+
+# -- the routes ---------------------------------------------------------------------------------
+
+router = APIRouter()
+
+
+def _service(request: Request) -> Service:
+    return request.app.state.mt
+
+
+_HTML = resources.files("mt.serve").joinpath("page.html").read_text(encoding="utf-8")
+_PAGE_HEADERS = {
+    "Content-Security-Policy": page_policy(_HTML),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+
+
+@router.get("/", response_class=HTMLResponse, include_in_schema=False)
+async def page() -> HTMLResponse:
+    return HTMLResponse(_HTML, headers=_PAGE_HEADERS)
+
+
+@router.get(
+    "/health",
+    summary="Ready for requests (503 while a model is stuck past --timeout), how busy",
+    response_model=Health,
+    responses={
+        503: {"model": Health, "description": "a model is stuck: not ready"},
+        **errors(421, 422),
+    },
+)
+async def health(
+    request: Request,
+    model: str | None = Query(None, description="one model's readiness; unset: every one's"),
+) -> JSONResponse:
+    """?model=NAME: that model's readiness alone (a load balancer per model); else every
+    model's. A decode past any request's timeout is stuck."""
+    service = _service(request)
+    served = service.served.values()
+    asked = [service.choose(model)] if model is not None else list(served)
+    each = {
+        m.name: ModelHealth(
+            ready=m.batcher.busy_for() <= service.limits.timeout,
+            busy_seconds=round(m.batcher.busy_for(), 1),
+            waiting=m.batcher.waiting,
+        )
+        for m in served
+    }
+    ready = all(each[m.name].ready for m in asked)
+    body = Health(
+        status="ok" if ready else "busy",
+        live=True,
+        ready=ready,
+        busy_seconds=max(each[m.name].busy_seconds for m in asked),
+        waiting=sum(m.batcher.waiting for m in served),
+        requests_decoded=sum(m.batcher.decoded for m in served),
+        batches=sum(m.batcher.batches for m in served),
+        models=each,
+    )
+    return JSONResponse(body.model_dump(), status_code=200 if ready else 503)
+
+
+@router.get("/health/live", summary="The server answers (whatever its models are doing)")
+async def live() -> dict[str, Any]:
+    return {"status": "ok", "live": True}
+
+
+@router.get("/metrics", summary="Prometheus metrics (text format)", response_class=Response)
+async def metrics_text(request: Request) -> Response:
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    service = _service(request)
+    now = {m.name: (m.batcher.waiting, m.batcher.busy_for()) for m in service.served.values()}
+    return Response(service.metrics.render(now), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/models", summary="The models served, by name", response_model=Models,
+            responses=errors(401, 421))  # fmt: skip
+async def models_list(request: Request) -> Any:
+    service = _service(request)
+    if not service.authorised(request):
+        return _unauthorised()
+    keys = ("source_language", "target_language", "architecture", "ensemble")
+    return {"models": [{"name": m.name, **{k: m.info[k] for k in keys}}
+                       for m in service.served.values()]}  # fmt: skip
+
+
+@router.get(
+    "/info",
+    summary="A model: languages, architecture, size, training, decoding",
+    responses=errors(401, 421, 422),
+)
+async def model_info(
+    request: Request,
+    model: str | None = Query(None, description="the model's name; unset: the only one"),
+) -> Any:
+    service = _service(request)
+    if not service.authorised(request):
+        return _unauthorised()
+    return {"name": (chosen := service.choose(model)).name, **chosen.info}
+
+
+@router.post(
+    "/translate",
+    summary="Translate sentences",
+    response_model=TranslateAnswer,
+    responses=errors(400, 401, 413, 415, 421, 422, 429, 503),
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": TranslateRequest.model_json_schema()}},
+        }
+    },
+)
+async def translate(request: Request) -> Any:
+    service = _service(request)
+    if not service.authorised(request):
+        return _unauthorised()
+    check_json_type(request)
+    if "transfer-encoding" in request.headers and "content-length" in request.headers:
+        # two lengths for one body: a request smuggled past a proxy that reads the other
+        said = "Content-Length and Transfer-Encoding given together: send one"
+        return error(400, said, "Content-Length", Connection="close")
+    req = parse(await read_body(request, service.limits.max_body))
+    request.state.sentences = len(req.sentences)
+    check_sizes(req.sentences, req.prefix, service.limits)
+    model = service.choose(req.model)
+    request.state.model = model.name
+    settings = settings_of(req, model.translator, model.info)
+    lengths = _admitted(model, req, settings, service.limits)
+    return await _translated(request, model, req, settings, lengths, service.limits)
+
+
+def _admitted(model: Served, req: TranslateRequest, settings, limits: Limits) -> list[int]:
+    """The sentences' source lengths, once the request's price is within the limits
+    (mt/serve/limits.py: the decoding steps its sentences and its prefix may take)."""
+    lengths = model.translator.source_lengths(req.sentences)
+    prefix = settings.options.prefix
+    forced = len(model.translator.tokenizer.encode_tgt([prefix])[0]) if prefix else 0
+    admit(lengths, settings.options, req.attention, model.translator.max_source_len,
+          attention_shape(model.info), limits,
+          model.info["architecture"] == "nat", forced)  # fmt: skip
+    return lengths
+
+
+async def _translated(
+    request: Request, model: Served, req: TranslateRequest, settings, lengths, limits: Limits
+) -> Response:
+    """The request queued for its model's worker and answered: its translations, or 429 (a
+    full queue), 503 (its timeout), 499 (its client left)."""
+    timing: dict[str, float] = {}
+    try:
+        future = model.batcher.submit(req.sentences, settings, [n + 1 for n in lengths],
+                                      alone=req.seed is not None, timing=timing)  # fmt: skip
+    except QueueFull as e:
+        return error(429, f"too many requests waiting ({e}); try again shortly", None,
+                     **{"Retry-After": "1"})  # fmt: skip
+    try:
+        results = await answer(request, future, limits.timeout)
+    except TimedOut:  # merged into a batch that an older request's deadline ended
+        return error(503, f"the batch this request shared reached an earlier request's "
+                     f"timeout ({limits.timeout:g} s); try again", None)  # fmt: skip
+    except asyncio.TimeoutError:
+        return error(503, f"timed out after {limits.timeout:g} s waiting for the model; "
+                     "send fewer or shorter sentences, or try again", None)  # fmt: skip
+    except MTError as e:
+        raise BadRequest(422, str(e)) from None
+    finally:
+        request.state.decode_seconds = decode_seconds(timing)
+    if results is None:  # the client has gone: nobody reads this
+        return Response(status_code=499)
+    # (a large answer, attention weights, is written out by a thread: the event loop keeps
+    # answering the others meanwhile)
+    body = await asyncio.to_thread(json.dumps, {"translations": results, "model": model.name})
+    return Response(body, media_type="application/json")
 
 
 def _version() -> str:

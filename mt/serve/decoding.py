@@ -67,6 +67,13 @@ def _attention(translator: Any, found: Any, opts: DecodeOptions) -> dict[str, An
     }
 
 
+# what /info says of a model's shape: a Transformer's (False), an RNN's (True)
+_SHAPE = {
+    False: ("d_model", "n_heads", "enc_layers", "dec_layers", "d_ff", "norm", "positional"),
+    True: ("d_model", "enc_layers", "dec_layers", "attention"),
+}
+
+
 def model_info(translator: Any, ckpts: list[dict[str, Any]], paths: list[Path]) -> dict[str, Any]:
     """GET /info: what the server translates with (ckpts: the checkpoints, as loaded)."""
     import torch
@@ -84,22 +91,7 @@ def model_info(translator: Any, ckpts: list[dict[str, Any]], paths: list[Path]) 
         "source_language": cfg.data.src_lang,
         "target_language": cfg.data.tgt_lang,
         "architecture": cfg.model.arch,
-        "model": {
-            k: getattr(cfg.model, k)
-            for k in (
-                ("d_model", "enc_layers", "dec_layers", "attention")
-                if cfg.model.arch == "rnn"
-                else (
-                    "d_model",
-                    "n_heads",
-                    "enc_layers",
-                    "dec_layers",
-                    "d_ff",
-                    "norm",
-                    "positional",
-                )
-            )
-        },
+        "model": {k: getattr(cfg.model, k) for k in _SHAPE[cfg.model.arch == "rnn"]},
         "parameters": sum(p.numel() for p in translator.model.parameters()),
         "training_steps": [checkpoint.trained_steps(c) for c in ckpts],
         "trained_precision": checkpoint.trained_precision(ckpts[0]),

@@ -11,7 +11,9 @@ import torch
 
 from mt.artifacts import checkpoint
 from mt.config import Config
+from mt.config.load import read_config
 from mt.data.prepare import bpe_dropout_epochs, prepare_data
+from mt.data.tokenizer import MODEL_FILES
 from mt.errors import MTError
 from mt.model import REFERENCE, build_model
 from mt.outputs import write_text
@@ -104,6 +106,18 @@ def _truncate_log(path: Path, step: int, log) -> None:
         write_text(path, "".join(x + "\n" for x in kept))
 
 
+def load_run_config(path, overrides=(), log=None) -> Config:
+    """The config of a run to train (mt.config.load_config), with the settings the model it
+    imports fixes (model.init_from: its architecture and tokenizer; a setting the user wrote
+    that contradicts them is refused)."""
+    cfg, written, where = read_config(path, overrides, log)
+    if cfg.model.init_from is not None:
+        from mt.hub.imports import with_imported_settings
+
+        cfg = with_imported_settings(cfg, written, where)
+    return cfg
+
+
 def build_trainer(
     cfg: Config,
     run_dir: Path,
@@ -162,13 +176,7 @@ def _build(
     if chosen:
         log(chosen)
     t = cfg.train
-    compiles = bool(t.compile)
-    model, fused = _model(cfg, tokenizer, run_dir, device, pretraining, log, compiles)
-    seed = t.seed + dist.rank  # this rank's draws
-    objective = build_objective(
-        cfg, fused=fused, seed=seed, pretraining=pretraining, vocab_size=tokenizer.src_vocab_size
-    )
-    torch.manual_seed(seed)  # same initial weights everywhere, own dropout masks
+    model, objective = _model_and_objective(cfg, tokenizer, run_dir, device, dist, pretraining, log)
     ranks = f" x {dist.world} ranks" if dist.enabled else ""
     log(f"model: {sum(p.numel() for p in model.parameters()):,} parameters on {device}{ranks}")
     optimizer, scheduler, scaler, dtype = _optimization(cfg, model, device, pretraining)
@@ -194,8 +202,21 @@ def _build(
         tensorboard=t.tensorboard,
         epoch_data=bpe_dropout_epochs(cfg, tokenizer, train_data) if t.bpe_dropout > 0 else None,
         state=TrainState(objective=OBJECTIVE_NAMES[pretraining]),
-        compile=compiles,
+        compile=bool(t.compile),
     )
+
+
+def _model_and_objective(cfg: Config, tokenizer, run_dir: Path, device, dist, pretraining, log):
+    """(the model on `device`, the objective it trains with), this rank's draws seeded."""
+    model, fused = _model(
+        cfg, tokenizer, run_dir, device, pretraining, log, bool(cfg.train.compile)
+    )
+    seed = cfg.train.seed + dist.rank  # this rank's draws
+    objective = build_objective(
+        cfg, fused=fused, seed=seed, pretraining=pretraining, vocab_size=tokenizer.src_vocab_size
+    )
+    torch.manual_seed(seed)  # same initial weights everywhere, own dropout masks
+    return model, objective
 
 
 def _data(cfg: Config, run_dir: Path, dist, log, allow_config_change: bool):
@@ -205,12 +226,34 @@ def _data(cfg: Config, run_dir: Path, dist, log, allow_config_change: bool):
     if cfg.model.init_from is not None:
         inherited = functools.partial(imported_tokenizer, cfg.model.init_from, log)
     renew = check_corpus_unchanged(cfg, run_dir, allow_config_change, log)  # every rank
-    data = prepare_data(cfg, run_dir, dist, log, cfg.train.bpe_dropout, inherited=inherited)
+    saved = functools.partial(saved_tokenizer, run_dir, log)
+    data = prepare_data(
+        cfg, run_dir, dist, log, cfg.train.bpe_dropout, inherited=inherited, saved=saved
+    )
     if dist.is_main:
         record_corpus(cfg, run_dir, renew)
         tokenizer = data[0]
         write_run_info(run_dir, vocab=(tokenizer.src_vocab_size, tokenizer.tgt_vocab_size))
     return data
+
+
+def saved_tokenizer(run_dir: Path, log, why: str):
+    """Write again the BPE model of a run that has a checkpoint, from the checkpoint's own copy
+    (the model's ids mean nothing in a BPE model trained anew), and return it; None: no
+    checkpoint. why: what is wrong with the run directory's own (missing, damaged)."""
+    last = run_dir / "last.pt"
+    for path in (last, checkpoint.previous(last)):
+        if path.is_file():
+            try:
+                tok = checkpoint.tokenizer_from(checkpoint.load(path))
+            except MTError:
+                continue
+            for name in MODEL_FILES:
+                (run_dir / name).unlink(missing_ok=True)
+            tok.save(run_dir)
+            log(f"warning: {run_dir} had a checkpoint but {why}: written again from {path.name}")
+            return tok
+    return None
 
 
 def imported_tokenizer(source: str, log):

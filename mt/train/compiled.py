@@ -37,14 +37,18 @@ def compiled(loss, static_shapes: bool, cuda_graphs: bool = False):
 STATIC_SHAPES_LIMIT = 128
 
 
-def compiled_step(objective: Objective, cfg, compile: bool | None, device: torch.device):
+def compiled_step(
+    objective: Objective, cfg, compile: bool | None, device: torch.device, graphs: bool = True
+):
     """(whether the step runs through CUDA graphs, the compiled loss or None): train.compile
     as resolved for this device and objective (mt.train.parts.compile_applies; None: the
     config's true alone). Static shapes (shape buckets, packed blocks) compile once per
-    shape, and on a GPU each is replayed as a CUDA graph (`compiled`)."""
+    shape, and on a GPU each is replayed as a CUDA graph (`compiled`) where `graphs` allows:
+    the plain update (mt/train/step.py) lets autograd add a micro-batch's gradients into the
+    previous one's, which a replay would have written over, so it compiles without them."""
     compile = cfg.compile is True if compile is None else compile
     if not compile:
         return False, None
     static = bool(cfg.shape_buckets or cfg.pack_width)  # a few batch shapes, or one
-    cuda_graphs = static and device.type == "cuda"
+    cuda_graphs = static and device.type == "cuda" and graphs
     return cuda_graphs, compiled(objective.loss, static, cuda_graphs)

@@ -32,6 +32,7 @@ RESUMABLE = (
     "train.valid_beam",
     "train.compile",
     "train.fast_paths",
+    "train.update",
     "train.tensorboard",
     "train.dist_timeout_minutes",
     "train.dist_wait_minutes",

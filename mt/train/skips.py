@@ -35,18 +35,18 @@ NONFINITE, OUT_OF_MEMORY, FP16_OVERFLOW = (
 
 class Skips:
     """Counts and logs skipped updates, and stops a run of non-finite ones at max_nonfinite in
-    a row. Without fp16's GradScaler (fp16_scaler: whether the run has one) skipped updates
-    are found on the device (`deferred`) and settled by the trainer at the host's reads; with
-    it the trainer reads each update's sums."""
+    a row. deferred: skipped updates are found on the device (`deferred`) and settled at the
+    host's reads (the device update without fp16's GradScaler); else each update's skip is
+    known at once (the plain update, and fp16's, which read each update's sums)."""
 
     def __init__(
         self,
         device: torch.device,
-        fp16_scaler: bool,
+        deferred: bool,
         max_nonfinite: int,
         write_log: Callable[[dict], None],
     ):
-        self.deferred = None if fp16_scaler else DeferredSkips(device)
+        self.deferred = DeferredSkips(device) if deferred else None
         self.max_nonfinite, self.write_log = max_nonfinite, write_log
 
     def skip(self, st: TrainState, reason: str, count: int = 1, **details) -> None:

@@ -11,7 +11,6 @@ config and makes it.
 from __future__ import annotations
 
 import functools
-import math
 import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,17 +22,17 @@ from mt.data.batching import Batch
 from mt.data.corpus import ParallelData
 from mt.data.walk import training_batches
 from mt.objectives import Objective
-from mt.runtime.device import autocast
 from mt.runtime.distributed import Dist, teardown
 from mt.train.budget import TimeBudget
 from mt.train.compiled import compiled_step
 from mt.train.ema import WeightAverage
-from mt.train.exchange import build_exchange, out_of_memory_under_ddp
+from mt.train.exchange import build_exchange
 from mt.train.finish import RunEnd, draw_training_picture
 from mt.train.progress import Forecast, lost_work_message, show_progress, stop_on_signal
 from mt.train.saving import Checkpoints
-from mt.train.skips import FP16_OVERFLOW, NONFINITE, OUT_OF_MEMORY, Skips
+from mt.train.skips import Skips
 from mt.train.state import LogWindow, TrainState, Validation
+from mt.train.step import DeviceUpdate, PlainUpdate, forward, update_kind
 from mt.train.tracking import RunLog, discard, say
 from mt.train.validation import Validator, describe_validation
 
@@ -81,17 +80,12 @@ class Trainer:
         self.tokenizer, self.run_dir = tokenizer, run_dir
         self.device, self.amp_dtype = device, amp_dtype
         self.state, self.lock = state or TrainState(), lock
-        self.cuda_graphs, self.compiled_loss = compiled_step(objective, cfg, compile, device)
-        masked_lm = self.state.objective == "masked_lm"  # (leaves the decoder without gradients)
-        self.exchange = build_exchange(
-            cfg, model, optimizer, objective.loss, dist, masked_lm, self.compiled_loss is not None
-        )
         self.run_log = RunLog(run_dir, tensorboard) if dist.is_main else None
         # (the parts get these, not the trainer's methods: a freed trainer frees its lock)
         self.write_log = self.run_log.write if self.run_log is not None else discard
         self.say = functools.partial(say, dist.is_main)
         self.ema = WeightAverage.for_run(model, cfg.ema_decay, dist.is_main)
-        self.skips = Skips(device, scaler.is_enabled(), cfg.max_nonfinite, self.write_log)
+        self.update = self._make_update(update_kind(cfg.update, device, dist), compile)
         self.budget = TimeBudget(cfg.max_steps, cfg.max_minutes, dist, device)
         self.checkpoints, self.validator, self.run_end = self._outputs(run_config, validation)
         self.window = LogWindow()  # the updates since the last log line
@@ -102,6 +96,27 @@ class Trainer:
         self.last_record: dict = {}  # the last training log record (loss, nll, ppl, lr, ...)
         self.last_valid_step = -1  # the step of this process's last validation (-1: none)
         self.stop_signal = 0  # the number of the signal that stopped training (0: none)
+
+    def _make_update(self, kind: str, compile: bool | None) -> PlainUpdate | DeviceUpdate:
+        """The update train.update chose (mt/train/step.py), with its Skips and its loss,
+        compiled where train.compile says (through CUDA graphs for the device update alone:
+        compiled_step)."""
+        self.cuda_graphs, self.compiled_loss = compiled_step(
+            self.objective, self.cfg, compile, self.device, graphs=kind == "device"
+        )
+        cfg, loss = self.cfg, self.compiled_loss or self.objective.loss
+        fp16 = self.scaler.is_enabled()
+        self.skips = Skips(self.device, kind == "device" and not fp16, cfg.max_nonfinite,
+                           self.write_log)  # fmt: skip
+        if kind == "plain":
+            return PlainUpdate(self.model, loss, self.optimizer, self.scaler, cfg.clip_norm,
+                               self.skips, self.device, self.amp_dtype)  # fmt: skip
+        masked_lm = self.state.objective == "masked_lm"  # (leaves the decoder without gradients)
+        exchange = build_exchange(cfg, self.model, self.optimizer, self.objective.loss,
+                                  self.dist, masked_lm, self.compiled_loss is not None)  # fmt: skip
+        return DeviceUpdate(self.model, loss, exchange, self.optimizer, self.scheduler,
+                            self.scaler, self.ema, self.skips, cfg.clip_norm, self.dist,
+                            self.device, self.amp_dtype)  # fmt: skip
 
     def _outputs(self, run_config: dict, validation: Validation | None) -> tuple:
         """What the run writes: (Checkpoints, the Validator or None, the RunEnd)."""
@@ -155,122 +170,32 @@ class Trainer:
     # -- one update -----------------------------------------------------------------------
     def _loss(self, batch: Batch, loss=None) -> tuple:
         """The objective's loss (or `loss`) of `batch`, under the run's autocast."""
-        with autocast(self.device, self.amp_dtype):
-            return (loss or self.objective.loss)(self.model, batch)
+        return forward(self.model, loss or self.objective.loss, batch, self.device, self.amp_dtype)
 
     def train_step(self, batches: list[Batch]) -> bool:
-        """One optimizer update from `batches` (gradient accumulation) and the other ranks',
-        normalised by all their target tokens, so that accumulation and ranks equal one big
-        batch (mt/train/exchange.py). Returns False, changing nothing, for an update known at
-        once to be skipped (one process out of memory; fp16); one skipped on the device
-        counts until the host's next read takes it back (settle_skips)."""
+        """One optimizer update from `batches` (gradient accumulation; mt/train/step.py),
+        then the schedule, the step count and the weight average. False, changing nothing,
+        for an update known at once to be skipped; one skipped on the device counts until
+        the host's next read takes it back (settle_skips)."""
         if not self.model.training:  # (after validation; a walk of every module each time)
             self.model.train()
-        n_tokens = sum(b.n_tokens for b in batches)
-        self.exchange.begin(n_tokens)
         if self.objective.on_step is not None:
             self.objective.on_step(self.state.step)
-        out_of_memory = not self._backward(batches)
-        if out_of_memory and self.device.type == "cuda":  # (on the rank that ran out, at once)
-            torch.cuda.empty_cache()
-        if out_of_memory and not self.dist.enabled:
-            return self._skipped(OUT_OF_MEMORY, src_shape=list(batches[0].src.shape))
-        # every rank takes part, also one out of memory: the others skip the update with it
-        self.exchange.reduce(out_of_memory)
-        if self.skips.deferred is None:  # fp16's GradScaler reads the device anyway
-            return self._read_and_update(out_of_memory, batches)
-        found_inf, kept, row = self.exchange.finish(self.skips.deferred.count, self.cfg.clip_norm)
-        self.skips.deferred.updates += 1
+        row = self.update(batches, self.state)
+        if row is None:
+            return False
         self.window.add(row)
         self.last_update = row
-        return self._update(found_inf, kept)
-
-    def _read_and_update(self, here: bool, batches: list[Batch]) -> bool:
-        """The update under fp16's GradScaler: skipped at once when a rank ran out of memory
-        or the loss is not finite (one read of the device)."""
-        sums = self.exchange.sums()
-        _, _, row = self.exchange.finish(None, clip_norm=0.0)  # (clipped after unscaling)
-        out_of_memory, loss = torch.stack([sums.out_of_memory, sums.loss]).tolist()
-        if out_of_memory:
-            where = {} if here else {"on": "another rank"}
-            return self._skipped(OUT_OF_MEMORY, src_shape=list(batches[0].src.shape), **where)
-        if not math.isfinite(loss):
-            return self._skipped(NONFINITE)
-        self.state.nonfinite_in_a_row = 0
-        self.window.add(row)
-        self.last_update = row
-        return self._update()
-
-    def _backward(self, batches: list[Batch]) -> bool:
-        """Every batch's loss and gradients added into the exchange's (mt/train/exchange.py).
-        False when this rank ran out of memory (under DDP that ends the run)."""
-        step_loss = self.exchange.wrap(self.compiled_loss or self.objective.loss)
-        try:
-            for i, batch in enumerate(batches):
-                with self.exchange.no_sync(last=i == len(batches) - 1):
-                    loss, nll = self._loss(batch, loss=step_loss)
-                    # (through CUDA graphs the next call writes its outputs over these: they
-                    # are added into the exchange's buffers before it)
-                    self.exchange.backward(loss, nll, self.scaler)
-        except torch.OutOfMemoryError:
-            if not self.exchange.skips_out_of_memory:
-                raise out_of_memory_under_ddp(self.dist.rank, self.state.step, batches) from None
-            return False  # (the failed pass's tensors are freed with the exception)
-        return True
-
-    def _update(
-        self, found_inf: torch.Tensor | None = None, kept: torch.Tensor | None = None
-    ) -> bool:
-        """Clip, step the optimizer (through the GradScaler) and the schedule; False when the
-        fp16 GradScaler skipped the update. found_inf: skip it on the device when 1 (kept:
-        1 - found_inf)."""
-        if self.cfg.clip_norm > 0 and found_inf is None:  # (else clipped in exchange.finish)
-            self.scaler.unscale_(self.optimizer)
-            self.exchange.clip_grad_norm_(self.cfg.clip_norm)
-        scale = self.scaler.get_scale() if self.scaler.is_enabled() else None
-        if found_inf is not None:  # no GradScaler then (defer_skips)
-            self.optimizer.step(found_inf=found_inf, kept=kept)
-        else:
-            self.scaler.step(self.optimizer)
-        self.scaler.update()
-        if scale is not None and self.scaler.get_scale() < scale:
-            # fp16: the GradScaler found inf/NaN gradients, skipped the update and lowered its
-            # scale (fairseq too counts no step then)
-            return self._skipped(FP16_OVERFLOW, loss_scale=self.scaler.get_scale())
         self.scheduler.step()
         self.state.step += 1
         if self.ema is not None:
             self.ema.update()
         return True
 
-    def _skipped(self, reason: str, **details) -> bool:
-        """The one way out of an update that did not happen: the skip counted and logged
-        (Skips, which stops a run of non-finite ones; the gradients are zeroed by the next
-        update). False."""
-        self.skips.skip(self.state, reason, **details)
-        return False
-
     def settle_skips(self) -> None:
-        """Read how many updates since the last read were skipped on the device, and take
-        them back off the step count, the schedule and the weight average, so that nothing
-        saved or logged counts them (mt/train/skips.py; the log window left them out). Nothing
-        to do under fp16's GradScaler, whose skips are known at once."""
-        if self.skips.deferred is None:
-            return
-        count, out_of_memory, updates = self.skips.deferred.take()
-        st = self.state
-        if count < updates:  # a good update among them (the order is not known: the
-            st.nonfinite_in_a_row = 0  # skipped ones count as the latest)
-        if not count:
-            return
-        st.step -= count
-        self.scheduler.rewind(count)
-        if self.ema is not None:
-            self.ema.updates -= count
-        if out_of_memory:
-            self._skipped(OUT_OF_MEMORY, count=out_of_memory)
-        if count > out_of_memory:
-            self._skipped(NONFINITE, count=count - out_of_memory)
+        """Take the updates skipped on the device since the host's last read back off the
+        step count, the schedule and the weight average (DeviceUpdate.settle)."""
+        self.update.settle(self.state)
 
     # -- logging and validation -----------------------------------------------------------
     def log_train(self) -> dict:

@@ -83,7 +83,7 @@ def _rank(rank: int, world: int, port: int, args, mode: str, out: str) -> None:
     torch.manual_seed(0)
     trainer = mt_trainer(model_cfg, train_cfg, size["vocab"], device, None, dist=dist)
     if mode == "copy":
-        trainer.exchange = _Copy(trainer.exchange)
+        trainer.update.exchange = _Copy(trainer.update.exchange)
     batches = [
         Batch(*(x.to(device) for x in b[:3]), b[3])
         for b in make_batches(size, args.warmup + args.steps, seed=1 + rank)

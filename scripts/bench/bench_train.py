@@ -83,6 +83,9 @@ PAD, BOS, EOS = 0, 2, 3
 # device (true), e.g. to measure it again on a GPU (0.82x nn.Transformer on an H200 with it,
 # 1.13x without it: docs/gpu.md).
 FAST_PATHS = "auto"
+# how mt's contender makes an update (train.update; auto: plain in one CPU process, device on
+# a GPU); --compare-updates times the two kinds against each other
+UPDATE = "auto"
 
 
 def make_batches(size: dict, n_batches: int, seed: int = 0):
@@ -138,7 +141,7 @@ def useful_flops(batch, size: dict) -> float:
 
 
 # -- the three contenders: each returns a step(batch) closure --------------------------------
-def ours(size, device, precision="fp32", compile=False, loss_fn=None, dropout=0.1):
+def ours(size, device, precision="fp32", compile=False, loss_fn=None, dropout=0.1, update=None):
     """mt's model and its real training step: Trainer.train_step with the fast paths and the
     loss that mt.train.parts.build_objective chooses (or `loss_fn`, e.g. an R-Drop loss:
     scripts/bench/bench_rdrop.py). Gradient clipping is off here, as the references do none."""
@@ -164,6 +167,7 @@ def ours(size, device, precision="fp32", compile=False, loss_fn=None, dropout=0.
         fast_paths=FAST_PATHS,
         # batches in a few shapes: compiled with static shapes, replayed as CUDA graphs on a GPU
         shape_buckets=size.get("shape_buckets", 0),
+        update=update or UPDATE,
     )
     amp = torch.bfloat16 if precision == "bf16" else None
     trainer = mt_trainer(model_cfg, train_cfg, size["vocab"], device, amp, loss_fn)
@@ -578,6 +582,33 @@ def summarize(
     }
 
 
+def compare_updates(args, device: torch.device) -> None:
+    """mt's plain update against its device update (train.update), in one process taking
+    turns batch by batch, `--repeats` times: the median tokens/s of each and their ratio."""
+    import functools
+    import statistics
+
+    size_name = "small" if args.size == "both" else args.size
+    size = size_of(size_name, args.max_tokens, args.vocab, args.shape_buckets)
+    kinds = {k: functools.partial(ours, update=k) for k in ("plain", "device")}
+    runs = [
+        run_interleaved(size, args.steps, args.warmup, device, args.precision, kinds)
+        for _ in range(args.repeats)
+    ]
+    ratios = [r["plain"] / r["device"] for r in runs]
+    tok_s = {k: statistics.median(r[k] for r in runs) for k in kinds}
+    print(f"{size_name}, {args.precision}, {torch.get_num_threads()} CPU threads"
+          if device.type == "cpu" else f"{size_name}, {args.precision}, {device}")  # fmt: skip
+    for k in kinds:
+        print(f"  train.update {k:6s} {tok_s[k]:10.1f} target tokens/s")
+    print(f"  plain / device: {statistics.median(ratios):.3f} (median of {len(ratios)} runs: "
+          f"{', '.join(f'{r:.3f}' for r in ratios)})")  # fmt: skip
+    if args.json:
+        rates = {f"{k}_tok_s": round(v, 1) for k, v in tok_s.items()}
+        ratio = statistics.median(ratios)
+        print(json.dumps({"size": size_name, **rates, "ratio_plain_device": ratio}))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -635,10 +666,23 @@ def main() -> None:
         action="store_true",
         help="mt's contender with mt/fast on any device (default: on a CPU only)",
     )
+    ap.add_argument(
+        "--update",
+        choices=["auto", "plain", "device"],
+        default="auto",
+        help="mt's update (train.update; auto: plain in one CPU process, device on a GPU)",
+    )
+    ap.add_argument(
+        "--compare-updates",
+        action="store_true",
+        help="time mt's two kinds of update (train.update plain and device) against each "
+        "other, taking turns batch by batch, instead of the three contenders",
+    )
     ap.add_argument("--worker", choices=list(CONTENDERS), help=argparse.SUPPRESS)
     args = ap.parse_args()
-    global FAST_PATHS
+    global FAST_PATHS, UPDATE
     FAST_PATHS = False if args.no_fast_paths else True if args.fast_paths else "auto"
+    UPDATE = args.update
     # the device set up as `mt train` sets it up (on a GPU: no cuDNN attention), for every
     # contender alike
     device = pick_device(args.device, "--device")
@@ -657,6 +701,9 @@ def main() -> None:
                 )
             )
         )
+        return
+    if args.compare_updates:
+        compare_updates(args, device)
         return
     sheet = datasheet_peak(device)
     where = (
