@@ -4,13 +4,14 @@ import shutil
 import torch
 
 from mt.artifacts import checkpoint
+from mt.artifacts.average import average
 from mt.decode.translator import Translator
 from tests.conftest import ROOT, assert_user_error, run_mt
 
 
 def test_averaging_identical_checkpoints_is_identity(tiny_run, tmp_path):
     path = tiny_run / "last.pt"
-    avg = checkpoint.average([path, path, path])
+    avg = average([path, path, path])
     orig = checkpoint.load(path)
     for k, v in orig["model"].items():
         torch.testing.assert_close(avg["model"][k], v, rtol=0, atol=1e-7)
@@ -23,7 +24,7 @@ def test_averaging_different_checkpoints_gives_their_mean(tiny_run, tmp_path):
     first, second = checkpoint.snapshots(tiny_run)[-2:]
     a, b = checkpoint.load(first), checkpoint.load(second)
     assert any(not torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
-    avg = checkpoint.average([first, second])
+    avg = average([first, second])
     for k, v in a["model"].items():
         torch.testing.assert_close(
             avg["model"][k],
@@ -42,7 +43,7 @@ def test_averaged_checkpoint_loads_and_translates(tiny_run, tmp_path):
     assert snaps, "training keeps step_N.pt snapshots"
     proc = run_mt("average", tiny_run, "--last", "1", "-o", tmp_path / "avg.pt")
     assert proc.returncode == 0, proc.stderr
-    a = checkpoint.average([snaps[-1], tiny_run / "last.pt"])
+    a = average([snaps[-1], tiny_run / "last.pt"])
     checkpoint.atomic_save(a, tmp_path / "avg2.pt")
     out = Translator.from_checkpoint(tmp_path / "avg2.pt", "cpu").translate(["lo ka", "", "mi"])
     assert len(out) == 3 and out[1] == ""

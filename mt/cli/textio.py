@@ -62,3 +62,20 @@ def interactive(translator, opts) -> None:
             _say("")
             return
         print(translator.translate([line.rstrip("\n")], opts)[0], flush=True)
+
+
+def output_lines(translator, lines: list[str], opts, alignment: bool = False) -> list[str]:
+    """The output lines of `mt translate`: translations, n-best rows (LINE TAB SCORE TAB
+    TEXT) or translations with their alignment."""
+    if alignment:
+        return [
+            "\t" if f is None else "\t".join(translator.alignment_of(f, opts))
+            for f in translator.search(lines, opts)
+        ]
+    if opts.nbest > 1:
+        return [
+            f"{i}\t{score:.4f}\t{text}"
+            for i, hyps in enumerate(translator.translate_nbest(lines, opts.nbest, opts, True))
+            for text, score in hyps
+        ]
+    return translator.translate(lines, opts, progress=True)

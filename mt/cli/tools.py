@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
 from mt.cli.app import _check_beam, _check_device, _err, _number_list, command
+from mt.cli.flags import Device
 from mt.errors import MTError
 
 
@@ -62,6 +64,7 @@ def average_cmd(
     Example: mt average runs/multi30k_de_en --last 5 -o runs/multi30k_de_en/avg5.pt
     """
     from mt.artifacts import checkpoint
+    from mt.artifacts.average import average
     from mt.outputs import check_output
 
     if not run_dir.is_dir():
@@ -70,8 +73,16 @@ def average_cmd(
     if len(paths) < last:
         raise MTError(f"{run_dir} has {len(paths)} step_N.pt snapshot(s), fewer than --last {last}")
     check_output(output, force=force, inputs=paths, what="checkpoint")
-    checkpoint.atomic_save(checkpoint.average(paths), output)
+    checkpoint.atomic_save(average(paths), output)
     typer.echo(f"averaged {', '.join(p.name for p in paths)} -> {output}")
+
+
+# (declared once here: a flag's type in the signature itself would be made anew at each
+# reading of the annotations, and mt.cli.app's metavars set on another copy than Typer's)
+TuneSource = Annotated[
+    Path | None, typer.Option("--src", help="tuning source (default: the run's valid split)")
+]
+TuneReferences = Annotated[Path | None, typer.Option("--ref", help="tuning references")]
 
 
 @command("tune")
@@ -89,11 +100,9 @@ def tune_cmd(
     nat_iterations: str | None = typer.Option(
         None, "--nat-iterations", help="model.arch nat: mask-predict passes (default 4,10)"
     ),
-    src: Path | None = typer.Option(
-        None, "--src", help="tuning source (default: the run's valid split)"
-    ),
-    ref: Path | None = typer.Option(None, "--ref", help="tuning references"),
-    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda"),
+    src: TuneSource = None,
+    ref: TuneReferences = None,
+    device: Device = "auto",
 ):
     """Choose the decoding settings on the valid split and store them in best.pt (what
     decode.tune_beams does at the end of `mt train`): beam size and length penalty, or for a

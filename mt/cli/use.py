@@ -5,123 +5,161 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
 from mt.cli.app import _check_beam, _check_device, _err, command
+from mt.cli.flags import Beam, Device, Force, LengthPenalty, NatIterations, NatLengthBeam, Precision
 from mt.errors import MTError
+
+# the flags of translate and eval alone (mt/cli/flags.py: those several commands share)
+Inputs = Annotated[
+    list[Path],
+    typer.Argument(
+        help="run directory (best.pt, else last.pt) or checkpoint; several: an ensemble"
+    ),
+]
+InputFile = Annotated[Path | None, typer.Option("-i", "--input", help="default stdin")]
+OutputFile = Annotated[Path | None, typer.Option("-o", "--output", help="default stdout")]
+Greedy = Annotated[bool, typer.Option("--greedy", help="greedy search (= --beam 1)")]
+Nbest = Annotated[
+    int, typer.Option("--nbest", min=1, help="N best per line: LINE TAB SCORE TAB TEXT")
+]
+Sample = Annotated[bool, typer.Option("--sample", help="draw each token instead of searching")]
+Temperature = Annotated[
+    float, typer.Option("--temperature", help="--sample: <1 sharper, >1 flatter")
+]
+TopK = Annotated[
+    int, typer.Option("--topk", min=0, help="--sample: the k likeliest tokens (0: all)")
+]
+TopP = Annotated[float, typer.Option("--topp", help="--sample: the nucleus of this probability")]
+Seed = Annotated[int | None, typer.Option("--seed", help="--sample: repeatable draws")]
+Prefix = Annotated[str | None, typer.Option("--prefix", help="translations start with this")]
+PrintAlignment = Annotated[
+    bool,
+    typer.Option(
+        "--print-alignment", help="append TAB and source-target subword links (s-t, 0-based)"
+    ),
+]
+Scored = Annotated[
+    list[Path] | None,
+    typer.Argument(help="run directories or checkpoints that translate --src (several: compared)"),
+]
+Source = Annotated[Path | None, typer.Option("--src", help="source file to translate")]
+References = Annotated[
+    list[Path],
+    typer.Option(
+        "--ref",
+        help="reference translations (raw text); repeat for several references of the same "
+        "lines (multi-reference BLEU, chrF and TER)",
+    ),
+]
+Hypotheses = Annotated[
+    list[Path] | None,
+    typer.Option("--hyp", help="score this file instead of translating; repeat to compare systems"),
+]
+Intervals = Annotated[
+    bool, typer.Option("--ci", help="bootstrap 95% confidence intervals (1,000 resamples)")
+]
+AsJson = Annotated[bool, typer.Option("--json", help="print one JSON object")]
+LcTok = Annotated[
+    str | None,
+    typer.Option(
+        "--lc-tok",
+        help="also report lowercased Moses-tokenized BLEU for this target language (the "
+        "Multi30k papers' metric), e.g. --lc-tok en",
+    ),
+]
 
 
 @command("translate")
 def translate_cmd(
-    models: list[Path] = typer.Argument(
-        ..., help="run directory (best.pt, else last.pt) or checkpoint; several: an ensemble"
-    ),
-    input: Path | None = typer.Option(None, "-i", "--input", help="default stdin"),
-    output: Path | None = typer.Option(None, "-o", "--output", help="default stdout"),
-    beam: int | None = typer.Option(None, "--beam", min=1, help="default: the config's"),
-    greedy: bool = typer.Option(False, "--greedy", help="greedy search (= --beam 1)"),
-    length_penalty: float | None = typer.Option(None, "--length-penalty", min=0.0),
-    nbest: int = typer.Option(1, "--nbest", min=1, help="N best per line: LINE TAB SCORE TAB TEXT"),
-    nat_iterations: int | None = typer.Option(
-        None, "--nat-iterations", min=1, help="model.arch nat: mask-predict's passes"
-    ),
-    nat_length_beam: int | None = typer.Option(
-        None, "--nat-length-beam", min=1, help="model.arch nat: candidate lengths"
-    ),
-    sample: bool = typer.Option(False, "--sample", help="draw each token instead of searching"),
-    temperature: float = typer.Option(
-        1.0, "--temperature", help="--sample: <1 sharper, >1 flatter"
-    ),
-    topk: int = typer.Option(0, "--topk", min=0, help="--sample: the k likeliest tokens (0: all)"),
-    topp: float = typer.Option(1.0, "--topp", help="--sample: the nucleus of this probability"),
-    seed: int | None = typer.Option(None, "--seed", help="--sample: repeatable draws"),
-    prefix: str | None = typer.Option(None, "--prefix", help="translations start with this"),
-    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda"),
-    precision: str = typer.Option(
-        "auto", "--precision", help="auto (GPU: the run's precision; CPU: fp32), fp32, bf16 or fp16"
-    ),
-    print_alignment: bool = typer.Option(
-        False, "--print-alignment", help="append TAB and source-target subword links (s-t, 0-based)"
-    ),
-    force: bool = typer.Option(False, "--force", help="overwrite --output if it exists"),
+    models: Inputs,
+    input: InputFile = None,
+    output: OutputFile = None,
+    beam: Beam = None,
+    greedy: Greedy = False,
+    length_penalty: LengthPenalty = None,
+    nbest: Nbest = 1,
+    nat_iterations: NatIterations = None,
+    nat_length_beam: NatLengthBeam = None,
+    sample: Sample = False,
+    temperature: Temperature = 1.0,
+    topk: TopK = 0,
+    topp: TopP = 1.0,
+    seed: Seed = None,
+    prefix: Prefix = None,
+    device: Device = "auto",
+    precision: Precision = "auto",
+    print_alignment: PrintAlignment = False,
+    force: Force = False,
 ):
     """Translate a file or stdin, one output line per input line (typed lines are answered one
     by one when stdin is a terminal).
 
     Example: mt translate runs/multi30k_de_en -i test.de -o test.en --beam 5
     """
-    from mt.artifacts import checkpoint
-    from mt.cli.textio import check_input_output, interactive, read_input, write_output
-    from mt.decode.options import OptionError
     from mt.decode.sampling import Sampling
-    from mt.decode.translator import Translator
-    from mt.outputs import is_stdio
-    from mt.runtime.threads import choose_threads
 
     _check_device(device)
     _check_beam(beam)
     sampling = Sampling.from_flags(sample, temperature, topk, topp, seed, beam, nbest)
     if print_alignment and (len(models) > 1 or nbest > 1 or sampling):
         raise MTError("--print-alignment works with one model and one translation per line")
+    given = {"beam": 1 if greedy else beam, "length_penalty": length_penalty,
+             "nat_iterations": nat_iterations, "nat_length_beam": nat_length_beam}  # fmt: skip
+    more = {"nbest": nbest, "sampling": sampling, "prefix": prefix}
+    _translate(models, input, output, force, device, precision, given, more, print_alignment)
+
+
+def _translate(models, input, output, force, device, precision, given, more, alignment) -> None:
+    """mt translate once its flags are checked: given, the settings a run decides unless a
+    flag gives them; more, the other options."""
+    from mt.artifacts import checkpoint
+    from mt.cli.textio import (
+        check_input_output,
+        interactive,
+        output_lines,
+        read_input,
+        write_output,
+    )
+    from mt.decode.options import OptionError
+    from mt.decode.translator import Translator
+    from mt.outputs import is_stdio
+    from mt.runtime.threads import choose_threads
+
     paths = [checkpoint.resolve(m) for m in models]
     check_input_output(input, output, force, paths)
     choose_threads(0, _err)
     translator = Translator.load(paths, device, precision)
-    given = {"beam": 1 if greedy else beam, "length_penalty": length_penalty,
-             "nat_iterations": nat_iterations, "nat_length_beam": nat_length_beam}  # fmt: skip
     translator.check_applies(**given)
     try:
-        opts = translator.options(**given, nbest=nbest, sampling=sampling, prefix=prefix)
+        opts = translator.options(**given, **more)
     except OptionError as e:
         raise e.as_flag() from None
     _err(translator.describe(paths, opts))
-    if (
-        is_stdio(input)
-        and sys.stdin.isatty()
-        and is_stdio(output)
-        and not print_alignment
-        and nbest == 1
-    ):
+    typed = is_stdio(input) and sys.stdin.isatty() and is_stdio(output)
+    if typed and not alignment and more["nbest"] == 1:
         return interactive(translator, opts)
-    write_output(output, translator.translate_lines(read_input(input), opts, print_alignment))
+    write_output(output, output_lines(translator, read_input(input), opts, alignment))
 
 
 @command("eval")
 def eval_cmd(
-    models: list[Path] | None = typer.Argument(
-        None, help="run directories or checkpoints that translate --src (several: compared)"
-    ),
-    src: Path | None = typer.Option(None, "--src", help="source file to translate"),
-    ref: list[Path] = typer.Option(
-        ...,
-        "--ref",
-        help="reference translations (raw text); repeat for several references of the same "
-        "lines (multi-reference BLEU, chrF and TER)",
-    ),
-    hyps: list[Path] | None = typer.Option(
-        None, "--hyp", help="score this file instead of translating; repeat to compare systems"
-    ),
-    beam: int | None = typer.Option(None, "--beam", min=1),
-    length_penalty: float | None = typer.Option(None, "--length-penalty", min=0.0),
-    nat_iterations: int | None = typer.Option(
-        None, "--nat-iterations", min=1, help="model.arch nat: mask-predict's passes"
-    ),
-    nat_length_beam: int | None = typer.Option(
-        None, "--nat-length-beam", min=1, help="model.arch nat: candidate lengths"
-    ),
-    ci: bool = typer.Option(
-        False, "--ci", help="bootstrap 95% confidence intervals (1,000 resamples)"
-    ),
-    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
-    device: str = typer.Option("auto", "--device"),
-    precision: str = typer.Option("auto", "--precision", help="as for mt translate"),
-    moses_lang: str | None = typer.Option(
-        None,
-        "--lc-tok",
-        help="also report lowercased Moses-tokenized BLEU for this target "
-        "language (the Multi30k papers' metric), e.g. --lc-tok en",
-    ),
+    ref: References,
+    models: Scored = None,
+    src: Source = None,
+    hyps: Hypotheses = None,
+    beam: Beam = None,
+    length_penalty: LengthPenalty = None,
+    nat_iterations: NatIterations = None,
+    nat_length_beam: NatLengthBeam = None,
+    ci: Intervals = False,
+    as_json: AsJson = False,
+    device: Device = "auto",
+    precision: Precision = "auto",
+    moses_lang: LcTok = None,
 ):
     """Score with sacreBLEU (BLEU, chrF, chrF++, TER) against raw references, printing the
     signatures. Two or more systems (--hyp files or models) are compared with the first as
@@ -133,23 +171,24 @@ def eval_cmd(
               mt eval --hyp base.en --hyp new.en --ref test.en
     """
     from mt.evaluate import compare
-    from mt.evaluate.metrics import check_moses_lang, paired_significance
+    from mt.evaluate.metrics import check_moses_lang
 
     _check_device(device)
     _check_beam(beam)
     if moses_lang:
         check_moses_lang(moses_lang)  # before any translating
-    systems = compare.systems(
-        list(models or []),
-        list(hyps or []),
-        src,
-        beam=beam,
-        length_penalty=length_penalty,
-        nat_iterations=nat_iterations,
-        nat_length_beam=nat_length_beam,
-        device=device,
-        precision=precision,
-    )
+    settings = {"beam": beam, "length_penalty": length_penalty, "device": device,
+                "nat_iterations": nat_iterations, "nat_length_beam": nat_length_beam,
+                "precision": precision}  # fmt: skip
+    systems = compare.systems(list(models or []), list(hyps or []), src, **settings)
+    _report(systems, ref, ci, moses_lang, as_json)
+
+
+def _report(systems, ref: list[Path], ci: bool, moses_lang: str | None, as_json: bool) -> None:
+    """mt eval's scores: one system's, or a table of several against the first."""
+    from mt.evaluate import compare
+    from mt.evaluate.metrics import paired_significance
+
     refs = compare.references(ref)
     if len(systems) == 1:
         result = compare.one_system(systems[0][1], refs, ci, moses_lang)

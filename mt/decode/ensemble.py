@@ -6,10 +6,39 @@ and its cache layers follow each other in one list."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
 import torch
 from torch import nn
 
+from mt.artifacts import checkpoint
+from mt.errors import MTError
 from mt.model.base import Seq2Seq
+
+
+def ensemble_of(
+    paths: Sequence[str | Path], first_of: Callable[[checkpoint.Trained], Any]
+) -> tuple[Ensemble, Any]:
+    """(the ensemble of the runs or checkpoints at `paths`, the Translator of the first, which
+    first_of makes: its tokenizer, decoding settings, device and precision are the
+    ensemble's). One BPE model is required of them all, checked before any is built."""
+    resolved = [checkpoint.resolve(p) for p in paths]
+    ckpts = [checkpoint.load(p) for p in resolved]
+    for path, ckpt in zip(resolved[1:], ckpts[1:], strict=True):
+        if not checkpoint.same_tokenizer(ckpt, ckpts[0]):
+            raise MTError(
+                f"{path} uses another BPE model than {resolved[0]}: the models of an ensemble "
+                f"must share one tokenizer (trained on the same data with the same tokenizer "
+                f"config)"
+            )
+    runs = [checkpoint.trained_from(c, p) for c, p in zip(ckpts, resolved, strict=True)]
+    if any(run.config.model.arch == "nat" for run in runs):
+        raise MTError("an ensemble decodes autoregressively: model.arch nat runs cannot join one")
+    first = first_of(runs[0])
+    models = [first.model] + [run.model.to(first.device).eval() for run in runs[1:]]
+    return Ensemble(models).eval(), first
 
 
 class Ensemble(Seq2Seq):

@@ -72,29 +72,10 @@ class Translator:
             return cls.from_checkpoint(
                 paths if isinstance(paths, (str, Path)) else paths[0], device, precision
             )
-        from mt.decode.ensemble import Ensemble
+        from mt.decode.ensemble import ensemble_of
 
-        resolved = [checkpoint.resolve(p) for p in paths]
-        ckpts = [checkpoint.load(p) for p in resolved]
-        for path, ckpt in zip(
-            resolved[1:], ckpts[1:], strict=True
-        ):  # before any is built from them
-            if not checkpoint.same_tokenizer(ckpt, ckpts[0]):
-                raise MTError(
-                    f"{path} uses another BPE model than {resolved[0]}: the models "
-                    f"of an ensemble must share one tokenizer (trained on the same "
-                    f"data with the same tokenizer config)"
-                )
-        runs = [checkpoint.trained_from(c, p) for c, p in zip(ckpts, resolved, strict=True)]
-        if any(run.config.model.arch == "nat" for run in runs):
-            raise MTError(
-                "an ensemble decodes autoregressively: model.arch nat runs cannot join one"
-            )
-        first = cls.from_trained(runs[0], device, precision)
-        models = [first.model] + [run.model.to(first.device).eval() for run in runs[1:]]
-        return cls(
-            Ensemble(models).eval(), first.tokenizer, first.cfg, first.device, first.amp_dtype
-        )
+        model, first = ensemble_of(paths, lambda run: cls.from_trained(run, device, precision))
+        return cls(model, first.tokenizer, first.cfg, first.device, first.amp_dtype)
 
     @classmethod
     def from_checkpoint(
@@ -348,24 +329,6 @@ class Translator:
         return [
             [("", None)] if f is None else [(next(it), score) for _, score in f[1]] for f in found
         ]
-
-    def translate_lines(
-        self, lines: list[str], opts: DecodeOptions, alignment: bool = False
-    ) -> list[str]:
-        """The output lines of `mt translate`: translations, n-best rows
-        (LINE TAB SCORE TAB TEXT) or translations with their alignment."""
-        if alignment:
-            return [
-                "\t" if f is None else "\t".join(self.alignment_of(f, opts))
-                for f in self.search(lines, opts)
-            ]
-        if opts.nbest > 1:
-            return [
-                f"{i}\t{score:.4f}\t{text}"
-                for i, hyps in enumerate(self.translate_nbest(lines, opts.nbest, opts, True))
-                for text, score in hyps
-            ]
-        return self.translate(lines, opts, progress=True)
 
     def alignment_of(self, found: Found, opts: DecodeOptions | None = None) -> tuple[str, str]:
         """(the best translation of a line `search` translated with `opts`, its alignment

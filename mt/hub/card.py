@@ -122,23 +122,38 @@ def check_license(license_id: str) -> str:
 
 
 def model_card(trained, run: Path, out: Path, evaluated: dict | None, license_id="unknown") -> str:
-    cfg, tok, model = trained.config, trained.tokenizer, trained.model
-    d, m, t = cfg.data, cfg.model, cfg.train
-    counters = checkpoint.train_counters(trained.ckpt)
-    params = sum(p.numel() for p in model.parameters())
-    corpus = d.dataset or "a parallel corpus of the user's"
-    hours = counters.get("train_seconds", 0) / 3600
-    chosen = (
-        "the settings the run chose on its valid split"
-        if _tuned(run)
-        else "the run's decode settings (not tuned on a valid split)"
-    )
-    started = Path(m.init_from).name if m.init_from and Path(m.init_from).exists() else m.init_from
+    cfg, d = trained.config, trained.config.data
     lines = [
         _header(cfg, evaluated, license_id, out.name),
         "",
         f"# {d.src_lang}-{d.tgt_lang} translation: a Transformer trained with mt",
         "",
+        *_usage(cfg, run, out),
+        *_about(trained),
+        "## Evaluation",
+        "",
+        *_scores(evaluated, run, d.src_lang, d.tgt_lang),
+        "",
+        "## Reproduce",
+        "",
+        "```bash",
+        _train_command(run),
+        f"mt export runs/{run.name} {out.name} --format transformers",
+        "```",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _usage(cfg, run: Path, out: Path) -> list[str]:
+    """How transformers loads and runs the model, and how its search differs from mt's."""
+    m = cfg.model
+    chosen = (
+        "the settings the run chose on its valid split"
+        if _tuned(run)
+        else "the run's decode settings (not tuned on a valid split)"
+    )
+    return [
         "A `MarianMTModel` that `transformers` loads on its own:",
         "",
         "```python",
@@ -156,17 +171,27 @@ def model_card(trained, run: Path, out: Path, evaluated: dict | None, license_id
         f"{cfg.decode.max_len_a:g} x its source length + {cfg.decode.max_len_b}: for the same "
         f"output on a sentence that would run on, pass `max_new_tokens` per batch.",
         "",
+    ]
+
+
+def _about(trained) -> list[str]:
+    """The card's data, architecture and training sections."""
+    cfg, tok, model = trained.config, trained.tokenizer, trained.model
+    d, m, t = cfg.data, cfg.model, cfg.train
+    counters = checkpoint.train_counters(trained.ckpt)
+    params = sum(p.numel() for p in model.parameters())
+    started = Path(m.init_from).name if m.init_from and Path(m.init_from).exists() else m.init_from
+    corpus = d.dataset or "a parallel corpus of the user's"
+    origin = [f"- started from {started} (model.init_from), fine-tuned on this corpus"]
+    origin = origin if m.init_from else []
+    return [
         "## Data",
         "",
         f"- corpus: {corpus}, {d.src_lang} -> {d.tgt_lang}; pairs longer than {d.max_len} "
         f"subwords left out",
         f"- vocabulary: sentencepiece, {tok.src_vocab_size} source and {tok.tgt_vocab_size} "
         f"target pieces ({'shared' if tok.shared_ids else 'separate'})",
-        *(
-            [f"- started from {started} (model.init_from), fine-tuned on this corpus"]
-            if m.init_from
-            else []
-        ),
+        *origin,
         "",
         "## Architecture",
         "",
@@ -179,18 +204,7 @@ def model_card(trained, run: Path, out: Path, evaluated: dict | None, license_id
         f"- {counters.get('step', 0):,} updates of about {t.max_tokens:,} tokens each "
         f"({counters.get('epoch', 0)} epochs), Adam with the inverse-square-root schedule "
         f"({t.warmup} warmup steps), label smoothing {t.label_smoothing}, dropout {m.dropout}",
-        f"- {hours:.2f} hours of training, in {trained.precision}",
-        "",
-        "## Evaluation",
-        "",
-        *_scores(evaluated, run, d.src_lang, d.tgt_lang),
-        "",
-        "## Reproduce",
-        "",
-        "```bash",
-        _train_command(run),
-        f"mt export runs/{run.name} {out.name} --format transformers",
-        "```",
+        f"- {counters.get('train_seconds', 0) / 3600:.2f} hours of training, in "
+        f"{trained.precision}",
         "",
     ]
-    return "\n".join(lines)

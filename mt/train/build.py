@@ -33,10 +33,10 @@ from mt.train.rundir import (
     has_checkpoint,
     prepare_run_dir,
     record_corpus,
-    write_run_info,
 )
 from mt.train.schedule import build_optimizer
 from mt.train.state import TrainState, Validation
+from mt.train.tracking import write_run_info
 from mt.train.trainer import Trainer
 
 

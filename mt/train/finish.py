@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mt.artifacts import checkpoint
+from mt.artifacts.average import average
 from mt.runtime.memory import release_free_memory
 from mt.train.saving import Checkpoints
 from mt.train.state import TrainState
@@ -77,7 +78,7 @@ class RunEnd:
         paths = checkpoint.snapshots(self.run_dir)[-self.average_last :]
         if self.average_last < 2 or len(paths) < 2:
             return None
-        averaged = checkpoint.average(paths)
+        averaged = average(paths)
         checkpoint.atomic_save(averaged, self.run_dir / "averaged.pt")
         bleu, chrf = self.validator.bleu_with(checkpoint.weights_of(averaged))
         record = {

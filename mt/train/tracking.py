@@ -1,6 +1,7 @@
 """The run's log: one JSON object per event in train_log.jsonl (what `mt plot` and resuming
 read), and the same scalars as TensorBoard event files when train.tensorboard is on (through
-torch.utils.tensorboard, the optional `tensorboard` extra)."""
+torch.utils.tensorboard, the optional `tensorboard` extra); and run_info.json, what produced
+the run."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from mt.errors import MTError
-from mt.outputs import describe_write_error
+from mt.outputs import describe_write_error, write_text
 
 
 class RunLog:
@@ -83,3 +84,42 @@ def say(is_main: bool, msg: str) -> None:
 
 def discard(record: dict) -> None:
     """The log of a rank other than 0: rank 0 alone writes train_log.jsonl."""
+
+
+def write_run_info(run_dir: Path, vocab: tuple[int, int] | None = None) -> None:
+    """What produced this run: versions, git commit, device (for reproducing it); vocab: the
+    BPE model's real (source, target) sizes, which tokenizer.vocab_size only bounds."""
+    import platform
+    import subprocess
+
+    import torch
+
+    import mt
+
+    try:
+        commit = (
+            subprocess.run(
+                ["git", "rev-parse", "HEAD"],
+                capture_output=True,
+                text=True,
+                cwd=Path(__file__).parent,
+                timeout=10,
+            ).stdout.strip()
+            or None
+        )
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    info = {
+        "mt_version": mt.__version__,
+        "git_commit": commit,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "argv": sys.argv,
+    }
+    if vocab is not None:
+        info["vocab_size"] = {"source": vocab[0], "target": vocab[1]}
+    write_text(run_dir / "run_info.json", json.dumps(info, indent=1) + "\n")
