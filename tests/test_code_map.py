@@ -1,4 +1,5 @@
-"""docs/code_map.md names every module of mt/: a module added without its line fails here."""
+"""The shape of mt/ as docs/code_map.md describes it: every module named in the
+code map, and functions and files of a size a reader can hold."""
 
 from __future__ import annotations
 
@@ -15,3 +16,22 @@ def test_the_code_map_names_every_module():
         and f"`mt/{rel}`" not in text
     ]
     assert not missing, f"docs/code_map.md does not name: {', '.join(missing)}"
+
+
+def test_every_function_fits_a_screen_and_every_file_a_sitting():
+    """No function in mt/ over 50 lines (its signature and docstring included), no file over
+    400: past that a reader loses the thread."""
+    import ast
+
+    too_long = []
+    for path in sorted((ROOT / "mt").rglob("*.py")):
+        source = path.read_text(encoding="utf-8")
+        name = path.relative_to(ROOT).as_posix()
+        if len(source.splitlines()) > 400:
+            too_long.append(f"{name}: {len(source.splitlines())} lines")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > 50:
+                    too_long.append(f"{name}:{node.name}: {lines} lines")
+    assert not too_long, "; ".join(too_long)
