@@ -258,3 +258,31 @@ def mt_here(*args, input=None):
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise result.exception
     return result.exit_code, result.stdout, result.stderr
+
+
+def trainer_for(tmp_path, *overrides):
+    """configs/tiny.yaml's Trainer for a run in tmp_path/run on data in tmp_path/d, with
+    overrides (as --set takes them), on the CPU."""
+    # on the CPU on every machine: the tests feed CPU batches to train_step, and on a GPU
+    # machine "auto" would put the model on the GPU (a test means the same there as in CI;
+    # tests/test_cuda.py takes the GPU's paths)
+    from mt.config import load_config
+    from mt.train.build import build_trainer
+
+    cfg = load_config(
+        ROOT / "configs/tiny.yaml",
+        [f"data.dir={tmp_path / 'd'}", "train.log_every=2", "train.device=cpu", *overrides],
+    )
+    return build_trainer(cfg, tmp_path / "run", log=lambda *_: None)
+
+
+def poison(trainer, bad_calls):
+    """Make the model's output NaN on the given forward calls (1-based)."""
+    real, calls = trainer.model.decode, [0]
+
+    def forward(*a, **k):
+        calls[0] += 1
+        out = real(*a, **k)
+        return out * float("nan") if calls[0] in bad_calls else out
+
+    trainer.model.decode = forward

@@ -5,42 +5,42 @@ log rows and checkpoints from the same batches, and a run resumes from one into 
 from __future__ import annotations
 
 import json
+import math
+import signal
 
+import numpy as np
 import pytest
 import torch
 
 from mt.artifacts import checkpoint
 from mt.config import load_config
+from mt.data.batching import collate
 from mt.errors import MTError
 from mt.runtime.distributed import Dist
 from mt.train.build import build_trainer
 from mt.train.step import update_kind
-from tests.conftest import EXACT_ADAM, ROOT
+from tests.conftest import (
+    EXACT_ADAM,
+    ROOT,
+    out_of_memory_on_call,
+    poison,
+    tiny_config,
+    trainer_for,
+)
 
 # Adam nearly linear in the gradient (EXACT_ADAM), so that a wrong scale of the gradients
 # shows in the weights
 COMMON = ("train.log_every=4", "train.valid_every=100", "train.save_every=6", *EXACT_ADAM)
 
 
-def _trainer(path, kind: str, *more: str):
+def _kind_trainer(path, kind: str, *more: str):
+    """configs/tiny.yaml's Trainer of this kind of update, its run in `path`."""
     cfg = load_config(
         ROOT / "configs/tiny.yaml",
         [f"data.dir={path.parent / 'd'}", "train.device=cpu", f"train.update={kind}",
          *COMMON, *more],
     )  # fmt: skip
     return build_trainer(cfg, path, log=lambda *_: None)
-
-
-def _poison(trainer, bad_call: int) -> None:
-    """The model's output NaN on its `bad_call`-th forward call."""
-    real, calls = trainer.model.decode, [0]
-
-    def decode(*a, **k):
-        calls[0] += 1
-        out = real(*a, **k)
-        return out * float("nan") if calls[0] == bad_call else out
-
-    trainer.model.decode = decode
 
 
 def _log(run) -> list[dict]:
@@ -55,14 +55,14 @@ def test_both_kinds_train_the_same_weights_skips_logs_and_checkpoints(tmp_path, 
     8th batch's loss NaN (skipped by both: by the host's read in the plain update, on the
     device and taken back at the check step of update 4 in the device one)."""
     more = ("train.max_steps=12", f"train.clip_norm={clip}", "train.accum_steps=2")
-    runs = {kind: _trainer(tmp_path / kind, kind, *more) for kind in ("plain", "device")}
+    runs = {kind: _kind_trainer(tmp_path / kind, kind, *more) for kind in ("plain", "device")}
     plain, device = runs["plain"], runs["device"]
     assert type(plain.update).__name__ == "PlainUpdate"
     assert type(device.update).__name__ == "DeviceUpdate"
     for name, v in plain.model.state_dict().items():  # (the same seed: the same start)
         assert torch.equal(v, device.model.state_dict()[name]), name
     for t in runs.values():
-        _poison(t, 8)
+        poison(t, {8})
         t.fit()
     for name, v in plain.model.state_dict().items():
         torch.testing.assert_close(v, device.model.state_dict()[name], rtol=1e-4, atol=1e-6,
@@ -97,9 +97,9 @@ def test_a_run_resumes_from_one_kind_into_the_other(tmp_path):
     """6 plain updates, then resumed to 12 as device updates: the same steps, learning rates
     and losses as 12 plain updates in one go."""
     every = "train.log_every=2"  # (a log row where the first part stops)
-    _trainer(tmp_path / "whole", "plain", "train.max_steps=12", every).fit()
-    _trainer(tmp_path / "split", "plain", "train.max_steps=6", every).fit()
-    resumed = _trainer(tmp_path / "split", "device", "train.max_steps=12", every)
+    _kind_trainer(tmp_path / "whole", "plain", "train.max_steps=12", every).fit()
+    _kind_trainer(tmp_path / "split", "plain", "train.max_steps=6", every).fit()
+    resumed = _kind_trainer(tmp_path / "split", "device", "train.max_steps=12", every)
     assert resumed.state.step == 6 and type(resumed.update).__name__ == "DeviceUpdate"
     resumed.fit()
     whole, split = (
@@ -120,3 +120,200 @@ def test_auto_takes_the_device_update_on_a_gpu_or_with_ranks():
     assert update_kind("plain", gpu, one) == "plain"
     with pytest.raises(MTError, match=r"train\.update: plain trains one process"):
         update_kind("plain", cpu, two)
+
+
+# -- each kind on its own: skips, accumulation, what the device update never reads --------
+
+
+@pytest.mark.parametrize("kind", ["plain", "device"])
+def test_gradient_accumulation_equals_one_big_batch(tmp_path, kind):
+    """Two batches accumulated into one update == one update on their union (dropout off; no
+    clipping, which would hide a wrong scale)."""
+
+    common = ("model.dropout=0.0", "train.clip_norm=0", f"train.update={kind}")
+    t = trainer_for(tmp_path, *common)
+    idx_a, idx_b = list(range(16)), list(range(16, 32))
+    state0 = {k: v.clone() for k, v in t.model.state_dict().items()}
+    opt0 = t.optimizer.state_dict()
+    t.train_step([collate(t.train_data, np.array(idx_a)), collate(t.train_data, np.array(idx_b))])
+    accumulated = {k: v.clone() for k, v in t.model.state_dict().items()}
+    t2 = trainer_for(tmp_path / "2", *common)
+    t2.model.load_state_dict(state0)
+    t2.optimizer.load_state_dict(opt0)
+    t2.train_step([collate(t2.train_data, np.array(idx_a + idx_b))])
+    for k, v in t2.model.state_dict().items():
+        torch.testing.assert_close(v, accumulated[k], atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["plain", "device"])
+def test_out_of_memory_batch_is_skipped_and_counted(tmp_path, kind):
+    t = trainer_for(tmp_path, "train.max_steps=3", "train.valid_every=100", f"train.update={kind}")
+    out_of_memory_on_call(t.model, 2)
+    state = t.fit()
+    assert state.step == 3 and state.oom_skipped == 1
+    assert '"skipped": "out of memory"' in (tmp_path / "run/train_log.jsonl").read_text()
+
+
+@pytest.mark.parametrize("kind", ["plain", "device"])
+def test_fp16_overflow_skips_are_not_counted_as_steps(tmp_path, kind):
+    from mt.data.download import download as dl
+
+    dl("synthetic", tmp_path / "d")
+    # (the GPU's GradScaler where there is one)
+    cfg = tiny_config(tmp_path / "d", "train.precision=fp16", "train.log_every=1",
+                      "train.device=auto", f"train.update={kind}")  # fmt: skip
+    t = build_trainer(cfg, tmp_path / "run", log=lambda *_: None)
+    batches = t.batches()
+    assert t.train_step([next(batches)])
+    assert t.state.step == 1 and t.scheduler.last_epoch == 1
+    weight = t.model.tgt_embed.weight
+    handle = weight.register_hook(lambda g: g * float("inf"))  # overflowing gradients
+    before = weight.detach().clone()
+    assert t.train_step([next(batches)]) is False
+    handle.remove()
+    assert t.state.step == 1 and t.scheduler.last_epoch == 1  # neither moved
+    assert t.state.fp16_skipped == 1
+    assert torch.equal(weight.detach(), before)
+    assert t.train_step([next(batches)]) and t.state.step == 2
+    log = (tmp_path / "run" / "train_log.jsonl").read_text()
+    assert '"skipped": "fp16 gradient overflow"' in log
+    t.close()
+
+
+def test_an_update_reads_nothing_from_the_device(tmp_path):
+    from mt.runtime.host_syncs import HostSyncs
+
+    # the reference model, as on a GPU (mt/fast's feed-forward on real rows reads lengths)
+    t = trainer_for(tmp_path, "train.max_steps=4", "train.valid_every=100",
+                    "train.fast_paths=false", "train.update=device")  # fmt: skip
+    batches = t.batches()
+    t.train_step([next(batches)])  # the first update allocates Adam's state
+    batch = [next(batches)]
+    with HostSyncs() as syncs:
+        assert t.train_step(batch)
+    assert syncs.count == 0, syncs.where
+
+
+def test_a_deferred_nonfinite_update_changes_no_weight_and_is_taken_back(tmp_path):
+    t = trainer_for(tmp_path, "train.max_steps=12", "train.valid_every=100", "train.log_every=4",
+                 "train.save_every=100", "train.update=device")  # fmt: skip
+    poison(t, {2})
+    batches = t.batches()
+    t.train_step([next(batches)])
+    weights = {k: v.clone() for k, v in t.model.state_dict().items()}
+    adam = {k: v.clone() for k, v in t.optimizer.state_dict()["state"][0].items()}
+    assert t.train_step([next(batches)])  # poisoned: skipped on the device
+    assert all(torch.equal(weights[k], v) for k, v in t.model.state_dict().items())
+    now = t.optimizer.state_dict()["state"][0]
+    assert all(torch.equal(adam[k], now[k]) for k in adam)  # moments and step untouched
+    assert t.state.step == 2 and t.scheduler.last_epoch == 2  # not read yet
+    t.settle_skips()
+    assert t.state.step == 1 and t.scheduler.last_epoch == 1  # taken back
+    t.fit()
+    assert t.state.step == 12
+    recs = [json.loads(x) for x in (tmp_path / "run/train_log.jsonl").read_text().splitlines()]
+    assert [r["count"] for r in recs if r.get("skipped") == "non-finite loss"] == [1]
+    losses = [r["loss"] for r in recs if "loss" in r]
+    assert losses and all(math.isfinite(x) for x in losses)
+
+
+class _ReplayOverwrites:
+    """What a CUDA-graphed step does to memory, on the CPU: each call first writes over
+    (with NaN) what the previous call's graphs wrote, its outputs and the gradients its
+    backward allocated, as a replay writes into the memory its recording used."""
+
+    def __init__(self, fn):
+        self.fn, self.outputs, self.grads_before = fn, [], None
+
+    def __call__(self, model, batch):
+        params = list(model.parameters())
+        before = self.grads_before or {}  # (the gradients when the previous call began)
+        allocated = [
+            p.grad
+            for p in params
+            if p.grad is not None and id(p) in before and p.grad is not before[id(p)]
+        ]
+        for t in [*self.outputs, *allocated]:
+            t.detach().fill_(float("nan"))
+        self.grads_before = {id(p): p.grad for p in params}
+        out = self.fn(model, batch)
+        self.outputs = list(out)
+        return out
+
+
+@pytest.mark.parametrize("accum", [1, 2])
+def test_a_cuda_graphed_step_keeps_nothing_a_replay_overwrites(tmp_path, accum):
+    """Through CUDA graphs (train.compile with static shapes on a GPU) a replay writes over the
+    previous replay's outputs and the gradients its backward allocated: the losses logged and
+    the weights after three updates of `accum` batches each equal the eager step's exactly."""
+    common = ("model.dropout=0.0", f"train.accum_steps={accum}", "train.update=device")
+    eager, graphed = trainer_for(tmp_path / "e", *common), trainer_for(tmp_path / "g", *common)
+    graphed.model.load_state_dict(eager.model.state_dict())
+    graphed.cuda_graphs = True
+    graphed.update.loss = _ReplayOverwrites(graphed.objective.loss)
+    batches = [collate(eager.train_data, np.arange(i, i + 8)) for i in range(0, 48, 8)]
+    for i in range(0, len(batches), accum):
+        assert eager.train_step(batches[i : i + accum])
+        assert graphed.train_step(batches[i : i + accum])
+    assert torch.equal(torch.stack(graphed.window.sums), torch.stack(eager.window.sums))
+    for k, v in graphed.model.state_dict().items():
+        assert torch.equal(v, eager.model.state_dict()[k]), k
+
+
+def test_the_plain_update_is_never_replayed_through_cuda_graphs(monkeypatch):
+    """The plain update's backward adds a micro-batch's gradients into the previous one's,
+    which a CUDA graph's replay would have overwritten (the fake above fails it at accum 2):
+    on a GPU with static shapes it compiles without graphs, the device update with them."""
+    from types import SimpleNamespace
+
+    from mt.train import compiled
+
+    monkeypatch.setattr(compiled, "compiled", lambda loss, static, graphs: (static, graphs))
+    cfg = SimpleNamespace(compile=True, shape_buckets=0, pack_width=64)
+    objective, gpu = SimpleNamespace(loss=None), torch.device("cuda")
+    for kind, graphs in (("device", True), ("plain", False)):
+        step = compiled.compiled_step(objective, cfg, None, gpu, graphs=kind == "device")
+        assert step == (graphs, (True, graphs)), kind
+
+
+def _stop_after_update(t, kind: str, at: int) -> None:
+    """Stop `t` after its update `at` (counting forward calls), as Ctrl-C does (the signal
+    handler's flag) or as the time budget does (a clock a minute on from then)."""
+    real, calls = t.model.decode, [0]
+
+    def decode(*a, **k):
+        calls[0] += 1
+        if calls[0] == at and kind == "ctrl-c":
+            t.stop_signal = signal.SIGINT
+        return real(*a, **k)
+
+    t.model.decode = decode
+    if kind == "budget":
+        t.budget.clock = lambda: 60.0 if calls[0] >= at else 0.0
+
+
+@pytest.mark.parametrize("kind", ["ctrl-c", "budget"])
+def test_a_skip_deferred_on_the_device_is_settled_before_a_stop_saves(tmp_path, kind):
+    """Update 3 poisoned and skipped on the device, the run stopped after update 5 (before the
+    host's next read of the skipped count): last.pt holds step 4 with Adam's and the
+    schedule's 4 updates, and the resumed run's counts agree to its end."""
+    common = ("train.max_steps=8", "train.valid_every=100", "train.log_every=100",
+              "train.save_every=100", "train.average_last=0", "train.update=device")  # fmt: skip
+
+    def updates(ckpt) -> tuple:
+        adam = {int(s["step"]) for s in ckpt["optimizer"]["state"].values()}
+        return ckpt["train_state"]["step"], adam, ckpt["scheduler"]["last_epoch"]
+
+    first = trainer_for(tmp_path, *common, "train.max_minutes=1")
+    poison(first, {3})
+    _stop_after_update(first, kind, 5)
+    first.fit()
+    first.close()
+    assert first.state.batch_in_epoch == 5  # five batches taken
+    assert updates(checkpoint.load(tmp_path / "run/last.pt")) == (4, {4}, 4)
+    resumed = trainer_for(tmp_path, *common, "train.max_minutes=0")
+    assert resumed.state.step == 4
+    resumed.fit()
+    resumed.close()
+    assert resumed.state.batch_in_epoch == 9  # one batch skipped in all
+    assert updates(checkpoint.load(tmp_path / "run/last.pt")) == (8, {8}, 8)
