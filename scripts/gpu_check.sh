@@ -26,6 +26,9 @@
 #                compiled once, bf16: target tokens/s and MFU (scripts/bench/gpu_figures.py)
 #   m30k         the shipped En->De config packed and compiled: updates/s after the compile and
 #                the whole run's forecast at that rate
+#   profile      where an update's time goes before any cut: torch.profiler over 20 base-model
+#                updates and 200 Multi30k ones (scripts/bench/gpu_profile.py): the top kernels,
+#                host and device ms per update, the timeline of 3 updates; at most 3 min
 #   cudatests    tests/test_cuda.py alone (the paths only a GPU takes), under 3 min
 #   host         the host's work per update (scripts/bench/bench_host.py --device cuda): update
 #                time, kernels launched outside the compiled graphs, Adam, batch, save; 3-5 min
@@ -132,11 +135,16 @@ decode)
     timeout "${DECODE_SECONDS:-200}" python3 scripts/bench/gpu_job.py "$out" decode \
         --run "$run" $dry || failed=1
     ;;
+profile)
+    step "where an update's time goes: the base model's and the Multi30k config's, profiled"
+    timeout "${PROFILE_SECONDS:-180}" python3 scripts/bench/gpu_profile.py "$out" \
+        --data-dir data/multi30k $dry || failed=1
+    ;;
 esac; done
 [ -n "$dry" ] && { step done; exit "$failed"; }
 
 for part in $parts; do case $part in
-mfu|m30k|job|decode) ;;  # above
+mfu|m30k|job|decode|profile) ;;  # above
 probe)
     step "why the first steps are slow: the first sight of a batch shape against the second"
     timeout "${PROBE_SECONDS:-100}" python3 scripts/bench/gpu_shape_probe.py --size tiny
@@ -233,7 +241,7 @@ print("valid BLEU by step:", [(r["step"], r["valid_bleu"]) for r in recs if "val
 print("target tokens/s by step:", [(r["step"], round(r["tok_s"])) for r in recs if "tok_s" in r])
 EOF
     ;;
-*) echo "unknown part $part (mfu m30k probe cudatests tests decode gpudecode trainshapes trainpack benchgraphs bench benchbase benchref benchfast train)"; exit 2 ;;
+*) echo "unknown part $part (mfu m30k job decode profile probe cudatests tests cpudecode gpudecode trainshapes trainpack benchgraphs bench benchbase benchref benchfast train)"; exit 2 ;;
 esac; done
 step done
 exit "$failed"

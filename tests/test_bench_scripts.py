@@ -542,6 +542,28 @@ def test_gpu_check_dry_run_writes_every_figure_of_both_parts(tmp_path):
     assert 0 < mfu["mfu_matmul"] < 1 and 0 < mfu["padding"] < 0.5
 
 
+def test_gpu_check_dry_run_profiles_both_models(tmp_path):
+    """gpu_check.sh --dry-run OUT profile: each model's line in profile.json with every key,
+    the time its updates spent (the profiler saw them: the operators of the compiled step
+    among the top ones), its table, and a timeline Chrome's trace viewer reads."""
+    import gzip
+
+    keys = _load("gpu_profile").KEYS
+    _gpu_check_dry_run(tmp_path, "profile")
+    lines = [json.loads(x) for x in (tmp_path / "profile.json").read_text().splitlines()]
+    assert [r["model"] for r in lines] == ["base", "m30k"]
+    for r in lines:
+        assert sorted(r) == sorted(keys) and r["part"] == "profile", r
+        assert r["updates"] > 0 and r["wall_ms"] > 0 and 0 < r["host_ms"] <= 2 * r["wall_ms"]
+        names = [t["name"] for t in r["top"]]
+        assert len(names) == 15 and any("Compiled" in n or n == "aten::mm" for n in names), names
+        assert r["top"][0]["host_ms"] >= r["top"][-1]["host_ms"] > 0  # (host time, best first)
+        table = (tmp_path / f"profile_{r['model']}.txt").read_text()
+        assert "Self CPU" in table and "aten::mm" in table
+        with gzip.open(tmp_path / f"trace_{r['model']}.json.gz", "rt") as f:
+            assert json.load(f)["traceEvents"]
+
+
 def test_gpu_figures_count_the_flops_of_each_packed_pair():
     """The FLOPs of a packed block are the sum over its pairs of what that pair costs alone:
     the pair lengths come back from the segments as the data holds them, and a block's count

@@ -69,26 +69,30 @@ def main() -> None:
     ap.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU, aot_eager")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    # a cold compile (what a new machine pays) in a cache of its own, on every core (Inductor
-    # reads the cache folder when it compiles)
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor_")
-    os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = str(os.cpu_count() or 1)
-    import torch._inductor.config as inductor_config
-
-    inductor_config.compile_threads = os.cpu_count() or 1
-    if args.dry_run:  # Inductor's compile costs minutes on two cores; the graph is the same
-        torch.compile = functools.partial(torch.compile, backend="aot_eager")
-    device = torch.device("cpu" if args.dry_run else "cuda")
-    if device.type == "cuda":
-        from mt.runtime.device import pick_device
-
-        device = pick_device("cuda")  # as every command sets a GPU up (no cuDNN attention)
+    device = setup(args.dry_run)
     if args.part == "mfu":
         size, pack = (TINY, TINY_PACK) if args.dry_run else (BASE, BASE_PACK)
         figures = mfu(device, size, pack)
     else:
         figures = m30k(device, args.data_dir, args.out, args.dry_run)
     write_line(args.out / f"{args.part}.json", {"part": args.part, **figures})
+
+
+def setup(dry_run: bool) -> torch.device:
+    """The device, set up as every command sets a GPU up (no cuDNN attention), and a cold
+    compile (what a new machine pays) in a cache of its own on every core; dry_run: the CPU,
+    with aot_eager (Inductor's compile costs minutes on two cores; the graph is the same)."""
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor_")
+    os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = str(os.cpu_count() or 1)
+    import torch._inductor.config as inductor_config
+
+    inductor_config.compile_threads = os.cpu_count() or 1
+    if dry_run:
+        torch.compile = functools.partial(torch.compile, backend="aot_eager")
+        return torch.device("cpu")
+    from mt.runtime.device import pick_device
+
+    return pick_device("cuda")
 
 
 def write_line(path: Path, record: dict) -> None:
@@ -100,24 +104,7 @@ def write_line(path: Path, record: dict) -> None:
 
 # -- the base model's MFU ----------------------------------------------------------------------
 def mfu(device: torch.device, size: dict, pack: dict) -> dict:
-    from mt.config import ModelConfig, TrainConfig
-    from mt.runtime.device import amp_dtype
-
-    model_cfg = ModelConfig(
-        d_model=size["d_model"], n_heads=size["heads"], enc_layers=size["layers"],
-        dec_layers=size["layers"], d_ff=size["d_ff"], dropout=0.1, attn_dropout=0.0,
-        norm="post", tie_embeddings="all", max_positions=256,
-    )  # fmt: skip
-    train_cfg = TrainConfig(
-        pack_width=pack["pack_width"], max_tokens=pack["max_tokens"], compile=True,
-        label_smoothing=0.1, clip_norm=0.0, precision="bf16", warmup=4000, update="device",
-    )  # fmt: skip
-    data = synthetic_pairs(size["vocab"], 40 * pack["max_tokens"] // 50, pack["pack_width"] - 1)
-    torch.manual_seed(0)
-    dtype = amp_dtype(train_cfg.precision, device)
-    trainer = mt_trainer(model_cfg, train_cfg, size["vocab"], device, dtype, data=data)
-    stream = trainer.batches()
-    batches = [next(stream) for _ in range(pack["warmup"] + pack["steps"])]
+    trainer, batches = base_trainer(device, size, pack)
     warm, timed = batches[: pack["warmup"]], batches[pack["warmup"] :]
     compile_s = seconds(device, lambda: [trainer.train_step([b]) for b in warm])
     if device.type == "cuda":
@@ -149,6 +136,29 @@ def mfu(device: torch.device, size: dict, pack: dict) -> dict:
             round(torch.cuda.max_memory_allocated() / 2**20) if device.type == "cuda" else None
         ),
     }
+
+
+def base_trainer(device: torch.device, size: dict, pack: dict):
+    """(the base model's Trainer as `mt train` makes it on packed blocks, compiled, bf16; the
+    warm-up's and the timed updates' batches, in order)."""
+    from mt.config import ModelConfig, TrainConfig
+    from mt.runtime.device import amp_dtype
+
+    model_cfg = ModelConfig(
+        d_model=size["d_model"], n_heads=size["heads"], enc_layers=size["layers"],
+        dec_layers=size["layers"], d_ff=size["d_ff"], dropout=0.1, attn_dropout=0.0,
+        norm="post", tie_embeddings="all", max_positions=256,
+    )  # fmt: skip
+    train_cfg = TrainConfig(
+        pack_width=pack["pack_width"], max_tokens=pack["max_tokens"], compile=True,
+        label_smoothing=0.1, clip_norm=0.0, precision="bf16", warmup=4000, update="device",
+    )  # fmt: skip
+    data = synthetic_pairs(size["vocab"], 40 * pack["max_tokens"] // 50, pack["pack_width"] - 1)
+    torch.manual_seed(0)
+    dtype = amp_dtype(train_cfg.precision, device)
+    trainer = mt_trainer(model_cfg, train_cfg, size["vocab"], device, dtype, data=data)
+    stream = trainer.batches()
+    return trainer, [next(stream) for _ in range(pack["warmup"] + pack["steps"])]
 
 
 def synthetic_pairs(vocab: int, n: int, longest: int, seed: int = 0):
@@ -195,24 +205,7 @@ def pair_lengths(segments: torch.Tensor) -> np.ndarray:
 
 # -- the shipped Multi30k config ---------------------------------------------------------------
 def m30k(device: torch.device, data_dir: str, out: Path, dry_run: bool) -> dict:
-    from mt.config.load import load_config
-    from mt.train.build import build_trainer
-
-    root = Path(__file__).resolve().parents[2]
-    run_dir = Path(tempfile.mkdtemp(prefix="gpu_m30k_"))
-    if dry_run:
-        data_dir = str(run_dir / "data")
-        write_synthetic_multi30k(Path(data_dir))
-    overrides = [
-        f"data.dir={data_dir}",
-        "train.pack_width=128",
-        "train.compile=true",
-        "train.update=device",  # (a GPU's auto; the dry run on the CPU measures the same)
-        f"train.device={device.type}",
-        *(M30K_DRY_SET if dry_run else []),
-    ]
-    cfg = load_config(root / "configs/multi30k_en_de.yaml", overrides)
-    trainer = build_trainer(cfg, run_dir / "run", log=lambda m: print(m, file=sys.stderr))
+    trainer, cfg = m30k_trainer(device, data_dir, dry_run)
     steps = M30K_DRY if dry_run else M30K
     stream = trainer.batches()
 
@@ -243,6 +236,30 @@ def m30k(device: torch.device, data_dir: str, out: Path, dry_run: bool) -> dict:
         "forecast_minutes": round(cfg.train.max_steps / rate / 60, 1),
         "graphs": graphs_compiled(),
     }
+
+
+def m30k_trainer(device: torch.device, data_dir: str, dry_run: bool):
+    """(the shipped En->De config's Trainer, packed and compiled, built by `mt train`'s own
+    factory in a new run folder; its config). dry_run: on a synthetic corpus, tiny."""
+    from mt.config.load import load_config
+    from mt.train.build import build_trainer
+
+    root = Path(__file__).resolve().parents[2]
+    run_dir = Path(tempfile.mkdtemp(prefix="gpu_m30k_"))
+    if dry_run:
+        data_dir = str(run_dir / "data")
+        write_synthetic_multi30k(Path(data_dir))
+    overrides = [
+        f"data.dir={data_dir}",
+        "train.pack_width=128",
+        "train.compile=true",
+        "train.update=device",  # (a GPU's auto; the dry run on the CPU measures the same)
+        f"train.device={device.type}",
+        *(M30K_DRY_SET if dry_run else []),
+    ]
+    cfg = load_config(root / "configs/multi30k_en_de.yaml", overrides)
+    trainer = build_trainer(cfg, run_dir / "run", log=lambda m: print(m, file=sys.stderr))
+    return trainer, cfg
 
 
 def write_synthetic_multi30k(folder: Path) -> None:
