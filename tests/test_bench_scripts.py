@@ -564,6 +564,22 @@ def test_gpu_check_dry_run_profiles_both_models(tmp_path):
             assert json.load(f)["traceEvents"]
 
 
+def test_gpu_check_dry_run_ablates_each_variant_compiled_afresh(tmp_path):
+    """gpu_check.sh --dry-run OUT ablate: a line a variant in ablate.json, each compiled in
+    a fresh Dynamo (its own graphs: the step and settle), rows as wide as the variant says;
+    wider rows leave less padding on the same pairs."""
+    ablate = _load("gpu_ablate")
+    _gpu_check_dry_run(tmp_path, "ablate")
+    rows = {r["variant"]: r for r in map(json.loads, (tmp_path / "ablate.json").open())}
+    assert list(rows) == [*ablate.BASE_VARIANTS, *ablate.M30K_VARIANTS]
+    for r in rows.values():
+        assert r["graphs"] == 2 and r["block"][1] == r["pack_width"], r
+        assert r["target_tokens_s"] > 0 and r["compile_s"] > 0
+    assert rows["autotune"]["max_autotune"] is True
+    assert rows["pack256"]["padding"] < rows["base"]["padding"]
+    assert rows["m30k_pack256"]["updates_s"] > 0 and rows["m30k"]["max_steps"] == 30000
+
+
 def test_gpu_figures_count_the_flops_of_each_packed_pair():
     """The FLOPs of a packed block are the sum over its pairs of what that pair costs alone:
     the pair lengths come back from the segments as the data holds them, and a block's count

@@ -204,8 +204,10 @@ def pair_lengths(segments: torch.Tensor) -> np.ndarray:
 
 
 # -- the shipped Multi30k config ---------------------------------------------------------------
-def m30k(device: torch.device, data_dir: str, out: Path, dry_run: bool) -> dict:
-    trainer, cfg = m30k_trainer(device, data_dir, dry_run)
+def m30k(
+    device: torch.device, data_dir: str, out: Path, dry_run: bool, pack_width: int = 128
+) -> dict:
+    trainer, cfg = m30k_trainer(device, data_dir, dry_run, pack_width)
     steps = M30K_DRY if dry_run else M30K
     stream = trainer.batches()
 
@@ -238,9 +240,10 @@ def m30k(device: torch.device, data_dir: str, out: Path, dry_run: bool) -> dict:
     }
 
 
-def m30k_trainer(device: torch.device, data_dir: str, dry_run: bool):
-    """(the shipped En->De config's Trainer, packed and compiled, built by `mt train`'s own
-    factory in a new run folder; its config). dry_run: on a synthetic corpus, tiny."""
+def m30k_trainer(device: torch.device, data_dir: str, dry_run: bool, pack_width: int = 128):
+    """(the shipped En->De config's Trainer, packed `pack_width` wide and compiled, built by
+    `mt train`'s own factory in a new run folder; its config). dry_run: on a synthetic corpus,
+    tiny."""
     from mt.config.load import load_config
     from mt.train.build import build_trainer
 
@@ -251,7 +254,7 @@ def m30k_trainer(device: torch.device, data_dir: str, dry_run: bool):
         write_synthetic_multi30k(Path(data_dir))
     overrides = [
         f"data.dir={data_dir}",
-        "train.pack_width=128",
+        f"train.pack_width={pack_width}",
         "train.compile=true",
         "train.update=device",  # (a GPU's auto; the dry run on the CPU measures the same)
         f"train.device={device.type}",

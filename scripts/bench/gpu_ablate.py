@@ -1,0 +1,95 @@
+"""Which cut pays, in one run: the base model's step and the shipped Multi30k config's, each
+variant on and off, timed as gpu_figures.py's mfu and m30k parts time them.
+
+    python scripts/bench/gpu_ablate.py OUTDIR [--data-dir DIR] [--dry-run]
+
+The variants (each compiled afresh, Dynamo's caches reset between them):
+  base       packed rows 128 positions wide (as gpu_figures.py mfu), Inductor's defaults
+  pack256    rows 256 wide (the model's max_positions): less padding at the rows' ends, and
+             FlexAttention's 128-position blocks that fall between pairs skipped
+  autotune   rows 128 wide, Inductor's max-autotune (its GEMM and kernel choices searched: a
+             longer compile)
+and for the Multi30k config, rows 128 and 256 wide.
+
+Writes OUTDIR/ablate.json, one JSON line a variant as it ends (a call cut short keeps those that
+finished): the base model's target tokens/s, MFU against the datasheet and a matmul timed in the
+same run, padding, step and compile seconds; the Multi30k config's updates/s.
+--dry-run: tiny sizes on the CPU with aot_eager (the tests run it).
+scripts/gpu_check.sh OUT ablate runs it on a GPU machine (about 8 minutes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+from gpu_figures import BASE, BASE_PACK, TINY, TINY_PACK, m30k, mfu, setup
+
+BASE_VARIANTS = {
+    "base": {"pack_width": 128},
+    "pack256": {"pack_width": 256},
+    "autotune": {"pack_width": 128, "max_autotune": True},
+}
+M30K_VARIANTS = {"m30k": 128, "m30k_pack256": 256}
+DRY_STEPS = {"warmup": 1, "steps": 2}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("out", type=Path, help="the folder ablate.json goes to")
+    ap.add_argument("--data-dir", default="data/multi30k", help="the Multi30k splits")
+    ap.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU, aot_eager")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    device = setup(args.dry_run)
+    path = args.out / "ablate.json"
+    path.unlink(missing_ok=True)
+    size, pack = (TINY, {**TINY_PACK, **DRY_STEPS}) if args.dry_run else (BASE, BASE_PACK)
+    for name, variant in BASE_VARIANTS.items():
+        with autotune(variant.get("max_autotune", False)):
+            figures = mfu(device, size, {**pack, "pack_width": variant["pack_width"]})
+        append(path, {"variant": name, "model": "base", **variant, **figures})
+    for name, width in M30K_VARIANTS.items():
+        fresh()
+        figures = m30k(device, args.data_dir, args.out, args.dry_run, pack_width=width)
+        append(path, {"variant": name, "model": "m30k", "pack_width": width, **figures})
+
+
+class autotune:
+    """Inductor's max-autotune on for the compiles inside (off again after), Dynamo's caches
+    reset first so that the variant compiles afresh."""
+
+    def __init__(self, on: bool) -> None:
+        self.on = on
+
+    def __enter__(self) -> None:
+        import torch._inductor.config as inductor
+
+        fresh()
+        self.before = inductor.max_autotune
+        inductor.max_autotune = self.on
+
+    def __exit__(self, *_) -> None:
+        import torch._inductor.config as inductor
+
+        inductor.max_autotune = self.before
+
+
+def fresh() -> None:
+    """Dynamo's caches and counters reset: the next variant compiles (and counts) its own."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+
+
+def append(path: Path, record: dict) -> None:
+    with path.open("a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+    print(json.dumps(record), flush=True)
+
+
+if __name__ == "__main__":
+    main()
