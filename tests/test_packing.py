@@ -177,16 +177,19 @@ def test_a_compiled_step_on_packed_blocks_is_one_graph_with_the_eager_losses(tmp
     torch._dynamo.reset()
 
 
-def test_flex_block_masks_are_the_dense_masks_and_give_the_same_logits():
+@pytest.mark.parametrize("block_size", [128, 8])
+def test_flex_block_masks_are_the_dense_masks_and_give_the_same_logits(monkeypatch, block_size):
     """mt/fast/flex.py: the packed masks as FlexAttention mask functions, evaluated over every
     (query, key), are the dense masks of mt/data/packing.py, and the Transformer built from
     the Flex parts gives the reference's logits on a packed batch (FlexAttention's forward;
-    it has no backward on a CPU: tests/test_cuda.py checks the gradients on a GPU)."""
+    it has no backward on a CPU: tests/test_cuda.py checks the gradients on a GPU), with the
+    default blocks and with blocks small enough that some are skipped."""
     from torch.nn.attention.flex_attention import create_mask
 
     from mt.fast import flex
     from mt.model import Parts
 
+    monkeypatch.setattr(flex, "BLOCK_SIZE", block_size)
     data = _corpus(40, seed=7)
     (block, *_) = pack_blocks(data.src.lengths, data.tgt.lengths, 30, 5, seed=4)
     batch = collate_packed(data, block, 30, 5)

@@ -51,9 +51,17 @@ def cross_mask_mod(tgt_segments, src_segments):
     return may_attend
 
 
+# the side of a block FlexAttention skips whole when no query of it may see a key of it: its
+# default tile, 128. Smaller blocks skip more of a packed row's area between pairs, at more
+# blocks to visit (scripts/bench/gpu_ablate.py measures which pays).
+BLOCK_SIZE = 128
+
+
 def _block_mask(mask_mod, queries, keys) -> BlockMask:
     rows, n_q = queries.shape
-    return create_block_mask(mask_mod, rows, None, n_q, keys.shape[1], device=queries.device)
+    return create_block_mask(
+        mask_mod, rows, None, n_q, keys.shape[1], device=queries.device, BLOCK_SIZE=BLOCK_SIZE
+    )
 
 
 class FlexTransformer(Transformer):

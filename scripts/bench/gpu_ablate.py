@@ -9,11 +9,14 @@ The variants (each compiled afresh, Dynamo's caches reset between them):
              FlexAttention's 128-position blocks that fall between pairs skipped
   autotune   rows 128 wide, Inductor's max-autotune (its GEMM and kernel choices searched: a
              longer compile)
+  block64    rows 128 wide, FlexAttention's blocks 64 positions a side (mt/fast/flex.py's
+             BLOCK_SIZE): the blocks between pairs inside a row skipped
 and for the Multi30k config, rows 128 and 256 wide.
 
 Writes OUTDIR/ablate.json, one JSON line a variant as it ends (a call cut short keeps those that
-finished): the base model's target tokens/s, MFU against the datasheet and a matmul timed in the
-same run, padding, step and compile seconds; the Multi30k config's updates/s.
+finished; a variant that fails writes its error and the next one runs): the base model's
+target tokens/s, MFU against the datasheet and a matmul timed in the same run, padding, step
+and compile seconds; the Multi30k config's updates/s.
 --dry-run: tiny sizes on the CPU with aot_eager (the tests run it).
 scripts/gpu_check.sh OUT ablate runs it on a GPU machine (about 8 minutes).
 """
@@ -31,6 +34,7 @@ BASE_VARIANTS = {
     "base": {"pack_width": 128},
     "pack256": {"pack_width": 256},
     "autotune": {"pack_width": 128, "max_autotune": True},
+    "block64": {"pack_width": 128, "block_size": 64},
 }
 M30K_VARIANTS = {"m30k": 128, "m30k_pack256": 256}
 DRY_STEPS = {"warmup": 1, "steps": 2}
@@ -48,33 +52,49 @@ def main() -> None:
     path.unlink(missing_ok=True)
     size, pack = (TINY, {**TINY_PACK, **DRY_STEPS}) if args.dry_run else (BASE, BASE_PACK)
     for name, variant in BASE_VARIANTS.items():
-        with autotune(variant.get("max_autotune", False)):
-            figures = mfu(device, size, {**pack, "pack_width": variant["pack_width"]})
+        width = variant["pack_width"]
+        with settings(variant):
+            figures = attempt(lambda w=width: mfu(device, size, {**pack, "pack_width": w}))
         append(path, {"variant": name, "model": "base", **variant, **figures})
     for name, width in M30K_VARIANTS.items():
-        fresh()
-        figures = m30k(device, args.data_dir, args.out, args.dry_run, pack_width=width)
+        with settings({}):
+            figures = attempt(
+                lambda w=width: m30k(device, args.data_dir, args.out, args.dry_run, w)
+            )
         append(path, {"variant": name, "model": "m30k", "pack_width": width, **figures})
 
 
-class autotune:
-    """Inductor's max-autotune on for the compiles inside (off again after), Dynamo's caches
-    reset first so that the variant compiles afresh."""
+def attempt(measure) -> dict:
+    """measure()'s figures, or the error that stopped it (the other variants still run)."""
+    try:
+        return measure()
+    except Exception as e:  # (a variant a kernel refuses is a finding, not the end of the run)
+        return {"error": f"{type(e).__name__}: {str(e)[:300]}"}
 
-    def __init__(self, on: bool) -> None:
-        self.on = on
+
+class settings:
+    """A variant's settings for the compiles inside (Inductor's max-autotune, FlexAttention's
+    block size), put back after; Dynamo's caches reset first so that it compiles afresh."""
+
+    def __init__(self, variant: dict) -> None:
+        self.variant = variant
 
     def __enter__(self) -> None:
         import torch._inductor.config as inductor
 
+        from mt.fast import flex
+
         fresh()
-        self.before = inductor.max_autotune
-        inductor.max_autotune = self.on
+        self.before = inductor.max_autotune, flex.BLOCK_SIZE
+        inductor.max_autotune = self.variant.get("max_autotune", False)
+        flex.BLOCK_SIZE = self.variant.get("block_size", flex.BLOCK_SIZE)
 
     def __exit__(self, *_) -> None:
         import torch._inductor.config as inductor
 
-        inductor.max_autotune = self.before
+        from mt.fast import flex
+
+        inductor.max_autotune, flex.BLOCK_SIZE = self.before
 
 
 def fresh() -> None:
