@@ -55,20 +55,29 @@ def main() -> None:
     counts = DRY_UPDATES if args.dry_run else UPDATES
     (args.out / "profile.json").unlink(missing_ok=True)
     for model in ("base", "m30k"):
-        warm, n = counts[model]
-        if model == "base":
-            size, pack = (TINY, TINY_PACK) if args.dry_run else (BASE, BASE_PACK)
-            counted = {**pack, "warmup": warm, "steps": n + TRACED}
-            trainer, batches = base_trainer(device, size, counted)
-            step = iter(batches)
-        else:
-            trainer, _ = m30k_trainer(device, args.data_dir, args.dry_run)
-            step = trainer.batches()
-        for _ in range(warm):  # the compiles and the first shapes, outside the profile
-            trainer.train_step([next(step)])
-        record = profiled(trainer, step, n, device, args.out, model)
-        trainer.close()
+        try:
+            record = profile_model(model, device, counts[model], args)
+        except Exception as e:  # (the other model is still profiled)
+            record = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
         append_line(args.out / "profile.json", {"part": "profile", "model": model, **record})
+
+
+def profile_model(model: str, device: torch.device, counts: tuple[int, int], args) -> dict:
+    """One model's trainer built, compiled and warmed up, then profiled (`profiled`)."""
+    warm, n = counts
+    if model == "base":
+        size, pack = (TINY, TINY_PACK) if args.dry_run else (BASE, BASE_PACK)
+        counted = {**pack, "warmup": warm, "steps": n + TRACED}
+        trainer, batches = base_trainer(device, size, counted)
+        step = iter(batches)
+    else:
+        trainer, _ = m30k_trainer(device, args.data_dir, args.dry_run)
+        step = trainer.batches()
+    for _ in range(warm):  # the compiles and the first shapes, outside the profile
+        trainer.train_step([next(step)])
+    record = profiled(trainer, step, n, device, args.out, model)
+    trainer.close()
+    return record
 
 
 def profiled(trainer, batches, n: int, device: torch.device, out: Path, model: str) -> dict:
