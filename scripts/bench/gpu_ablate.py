@@ -23,12 +23,18 @@ scripts/gpu_check.sh OUT ablate runs it on a GPU machine (about 8 minutes).
 
 from __future__ import annotations
 
-import argparse
-import json
-from pathlib import Path
-
 import torch
-from gpu_figures import BASE, BASE_PACK, TINY, TINY_PACK, m30k, mfu, setup
+from gpu_figures import (
+    BASE,
+    BASE_PACK,
+    TINY,
+    TINY_PACK,
+    append_line,
+    attempt,
+    command_line,
+    m30k,
+    mfu,
+)
 
 BASE_VARIANTS = {
     "base": {"pack_width": 128},
@@ -41,13 +47,7 @@ DRY_STEPS = {"warmup": 1, "steps": 2}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("out", type=Path, help="the folder ablate.json goes to")
-    ap.add_argument("--data-dir", default="data/multi30k", help="the Multi30k splits")
-    ap.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU, aot_eager")
-    args = ap.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    device = setup(args.dry_run)
+    args, device = command_line(__doc__, "ablate.json")
     path = args.out / "ablate.json"
     path.unlink(missing_ok=True)
     size, pack = (TINY, {**TINY_PACK, **DRY_STEPS}) if args.dry_run else (BASE, BASE_PACK)
@@ -55,21 +55,13 @@ def main() -> None:
         width = variant["pack_width"]
         with settings(variant):
             figures = attempt(lambda w=width: mfu(device, size, {**pack, "pack_width": w}))
-        append(path, {"variant": name, "model": "base", **variant, **figures})
+        append_line(path, {"variant": name, "model": "base", **variant, **figures})
     for name, width in M30K_VARIANTS.items():
         with settings({}):
             figures = attempt(
                 lambda w=width: m30k(device, args.data_dir, args.out, args.dry_run, w)
             )
-        append(path, {"variant": name, "model": "m30k", "pack_width": width, **figures})
-
-
-def attempt(measure) -> dict:
-    """measure()'s figures, or the error that stopped it (the other variants still run)."""
-    try:
-        return measure()
-    except Exception as e:  # (a variant a kernel refuses is a finding, not the end of the run)
-        return {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+        append_line(path, {"variant": name, "model": "m30k", "pack_width": width, **figures})
 
 
 class settings:
@@ -103,12 +95,6 @@ def fresh() -> None:
 
     torch._dynamo.reset()
     counters.clear()
-
-
-def append(path: Path, record: dict) -> None:
-    with path.open("a", encoding="utf-8") as f:
-        f.write(json.dumps(record) + "\n")
-    print(json.dumps(record), flush=True)
 
 
 if __name__ == "__main__":

@@ -95,6 +95,35 @@ def setup(dry_run: bool) -> torch.device:
     return pick_device("cuda")
 
 
+def command_line(doc: str, output: str):
+    """(the arguments of a GPU part's script, its device set up): OUTDIR (made), --data-dir
+    and --dry-run, as gpu_profile.py and gpu_ablate.py take them; output: what OUTDIR holds."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("out", type=Path, help=f"the folder {output} go to")
+    ap.add_argument("--data-dir", default="data/multi30k", help="the Multi30k splits")
+    ap.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU, aot_eager")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    return args, setup(args.dry_run)
+
+
+def attempt(measure) -> dict:
+    """measure()'s figures, or the error that stopped it: one variant or model a kernel
+    refuses is a finding, and the others still run."""
+    try:
+        return measure()
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+
+
+def append_line(path: Path, record: dict) -> None:
+    """One more JSON line in `path` (those already there kept: a call cut short keeps them),
+    printed without its longest field, "top"."""
+    with path.open("a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+    print(json.dumps({k: v for k, v in record.items() if k != "top"}), flush=True)
+
+
 def write_line(path: Path, record: dict) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record) + "\n", encoding="utf-8")

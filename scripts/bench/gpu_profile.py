@@ -17,9 +17,7 @@ scripts/gpu_check.sh OUT profile runs it on a GPU machine.
 
 from __future__ import annotations
 
-import argparse
 import gzip
-import json
 import shutil
 import time
 from pathlib import Path
@@ -30,10 +28,12 @@ from gpu_figures import (
     BASE_PACK,
     TINY,
     TINY_PACK,
+    append_line,
+    attempt,
     base_trainer,
+    command_line,
     device_name,
     m30k_trainer,
-    setup,
 )
 
 # (warm-up updates, profiled updates) of each model; TRACED more are traced after them
@@ -45,20 +45,11 @@ KEYS = ["part", "model", "device", "torch", "updates", "wall_ms", "device_ms", "
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("out", type=Path, help="the folder profile.json and the tables go to")
-    ap.add_argument("--data-dir", default="data/multi30k", help="m30k: the Multi30k splits")
-    ap.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU, aot_eager")
-    args = ap.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    device = setup(args.dry_run)
+    args, device = command_line(__doc__, "profile.json, the tables and the timelines")
     counts = DRY_UPDATES if args.dry_run else UPDATES
     (args.out / "profile.json").unlink(missing_ok=True)
     for model in ("base", "m30k"):
-        try:
-            record = profile_model(model, device, counts[model], args)
-        except Exception as e:  # (the other model is still profiled)
-            record = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+        record = attempt(lambda m=model: profile_model(m, device, counts[m], args))
         append_line(args.out / "profile.json", {"part": "profile", "model": model, **record})
 
 
@@ -133,12 +124,6 @@ def _device_us(event) -> float:
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
-
-
-def append_line(path: Path, record: dict) -> None:
-    with path.open("a", encoding="utf-8") as f:
-        f.write(json.dumps(record) + "\n")
-    print(json.dumps({k: v for k, v in record.items() if k != "top"}), flush=True)
 
 
 if __name__ == "__main__":
