@@ -1,5 +1,6 @@
-"""How an update's gradients and sums become every rank's: the two ways of data parallelism
-(train.data_parallel), and the one process, which is the first of them with one rank.
+"""How the device update's gradients and sums (mt/train/step.py) become every rank's: the two
+ways of data parallelism (train.data_parallel), and the one process on a GPU, which is the
+first of them with one rank.
 
 `Flat` (the default, and one process): every trained parameter's gradient is a view into a
 persistent flat buffer, one per dtype. An update's first backward pass copies its gradients

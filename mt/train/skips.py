@@ -4,15 +4,16 @@ weights and Adam's moments), and fp16 gradients that overflow (the GradScaler's 
 Whatever stopped it, a skipped update is not a step: neither the step count nor the schedule
 moves, and `Skips.skip` counts and logs it.
 
-The trainer does not ask after every update whether its loss was finite or a rank ran out of
-memory, a host sync that keeps a GPU waiting for Python (and, with several ranks, a
-collective). The update is skipped on the device instead, on every device type: Adam's fused
+The plain update (mt/train/step.py: one CPU process) reads each update's loss and skips at
+once. The device update (a GPU, several ranks) does not ask after every update whether its loss
+was finite or a rank ran out of memory, a host sync that keeps a GPU waiting for Python (and,
+with several ranks, a collective). The update is skipped on the device instead: Adam's fused
 kernel takes a found-inf flag and leaves weights and moments untouched (mt/fast/optim.py), and
 the logged sums leave it out (LogWindow). The host reads how many were skipped every READ_EVERY
 updates and before it logs, validates, saves or stops, and takes them back off the step count
 and the schedule, so a saved state never counts an update Adam skipped (resuming stays exact:
 the reads come at steps the schedule fixes). fp16's GradScaler skips by reading the device
-once per update, so with it the trainer reads the update's sums at once too."""
+once per update, so with it the device update reads the update's sums at once too."""
 
 from __future__ import annotations
 
