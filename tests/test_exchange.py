@@ -41,7 +41,9 @@ def test_flat_gradients_are_the_token_mean_clipped_as_torch_clips(clip):
     for loss, nll, _ in pieces:
         flat.backward(loss, nll, _NoScaler())
     flat.reduce(out_of_memory=False)
-    skip, kept, row = flat.finish(counts, clip)
+    folded = [v.clone() for v in flat.flats]
+    skip, kept, row, none = flat.finish(counts, clip, fold=False)
+    _, _, _, scale = flat.settle(folded, counts.clone(), 1000.0, clip, fold=True)
 
     total = sum(_pieces(ref, seed)[0] for seed in (0, 1))
     (total / tokens).backward()
@@ -49,6 +51,9 @@ def test_flat_gradients_are_the_token_mean_clipped_as_torch_clips(clip):
         torch.nn.utils.clip_grad_norm_(ref.parameters(), clip)
     for p, q in zip(model.parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-7)
+    # folded: the buffer left as the backward passes wrote it, for fused Adam to divide
+    assert none is None
+    torch.testing.assert_close(folded[0][:-4] / scale, flat.flats[0][:-4], rtol=1e-6, atol=0)
     assert (skip.item(), kept.item()) == (0.0, 1.0)
     torch.testing.assert_close(row[0], total.detach(), rtol=1e-6, atol=0)
     assert row[2].item() == tokens and counts.tolist() == [0.0, 0.0]
@@ -62,35 +67,37 @@ def test_a_nonfinite_or_out_of_memory_update_is_flagged_counted_and_left_out_of_
     flat.begin(n)
     flat.backward(loss * float("nan"), nll, _NoScaler())
     flat.reduce(out_of_memory=False)
-    skip, kept, row = flat.finish(counts, 1.0)
+    skip, kept, row, _ = flat.finish(counts, 1.0)
     assert (skip.item(), kept.item()) == (1.0, 0.0) and row.tolist() == [0.0, 0.0, 0.0]
     flat.begin(n)  # the next update writes over the NaN gradients: nothing is left of them
     flat.backward(*_pieces(model, 1)[:2], _NoScaler())
     flat.reduce(out_of_memory=True)  # (this rank, or another, ran out of memory)
-    skip, _, _ = flat.finish(counts, 1.0)
+    skip, _, _, _ = flat.finish(counts, 1.0)
     assert skip.item() == 1.0 and counts.tolist() == [2.0, 1.0]
     flat.begin(n)
     flat.backward(*_pieces(model, 2)[:2], _NoScaler())
     flat.reduce(out_of_memory=False)
-    skip, _, row = flat.finish(counts, 1.0)  # the flag does not outlive its update
+    skip, _, row, _ = flat.finish(counts, 1.0)  # the flag does not outlive its update
     assert skip.item() == 0.0 and row[2].item() == n
     assert all(bool(torch.isfinite(p.grad).all()) for p in model.parameters())
 
 
-def test_settle_compiled_is_bitwise_the_eager_settle():
+@pytest.mark.parametrize("fold", [False, True])
+def test_settle_compiled_is_bitwise_the_eager_settle(fold):
     torch.manual_seed(0)
     flats = [torch.randn(1001)]
     flats[0][-4:] = torch.tensor([0.0, 321.5, 300.25, 77.0])
     counts = torch.zeros(2)
-    eager = settle([flats[0].clone()], counts.clone(), 1000.0, 0.5)
+    eager = settle([flats[0].clone()], counts.clone(), 1000.0, 0.5, fold)
     compiled_flats, compiled_counts = [flats[0].clone()], counts.clone()
     compiled = torch.compile(settle, backend="aot_eager", fullgraph=True, dynamic=False)(
-        compiled_flats, compiled_counts, 1000.0, 0.5
+        compiled_flats, compiled_counts, 1000.0, 0.5, fold
     )
-    for a, b in zip(eager, compiled, strict=True):
+    assert (eager[3] is None) is (compiled[3] is None) is (not fold)
+    for a, b in zip(eager[: 3 + fold], compiled[: 3 + fold], strict=True):
         assert torch.equal(a, b)
     ref = [flats[0].clone()]
-    settle(ref, counts, 1000.0, 0.5)
+    settle(ref, counts, 1000.0, 0.5, fold)
     assert torch.equal(compiled_flats[0], ref[0]) and torch.equal(compiled_counts, counts)
 
 

@@ -52,11 +52,20 @@ class Adam:
                 p.grad.zero_()
 
     @torch.no_grad()
-    def step(self, found_inf: torch.Tensor | None = None, kept: torch.Tensor | None = None) -> None:
+    def step(
+        self,
+        found_inf: torch.Tensor | None = None,
+        kept: torch.Tensor | None = None,
+        grad_scale: torch.Tensor | None = None,
+        lr: torch.Tensor | None = None,
+    ) -> None:
         """One update; found_inf (a 0-dim float tensor on the parameters' device, 1.0 or 0.0)
         skips it on the device when 1: weights, moments and step counts stay as they were,
         with no read of the device (mt/train/skips.py). kept: 1 - found_inf, where the
-        caller has it already (a kernel fewer)."""
+        caller has it already (a kernel fewer). grad_scale (0-dim float32): every gradient
+        is divided by it as the kernel reads it (and left so), instead of by a pass of its
+        own (mt/train/exchange.py's settle). lr: a 0-dim float32 tensor on the device that
+        replaces the group's lr, for an update captured once and replayed (mt/train/graphed.py)."""
         g = self.param_groups[0]
         now = [p.grad for p in g["params"]]
         if self._lists is None or not all(map(operator.is_, now, self._lists[0])):
@@ -64,7 +73,9 @@ class Adam:
         groups = self._lists[1]
         beta1, beta2 = g["betas"]
         for (device, _), (params, grads, exp_avgs, exp_avg_sqs, steps) in groups.items():
-            inf = found_inf
+            inf, scale = found_inf, grad_scale
+            if scale is not None and scale.device != device:
+                scale = scale.to(device)
             if inf is None:
                 torch._foreach_add_(steps, 1)
             else:  # a skipped update does not count (as in torch.optim)
@@ -78,14 +89,14 @@ class Adam:
                 exp_avg_sqs,
                 [],
                 steps,
-                lr=g["lr"],
+                lr=g["lr"] if lr is None else lr,
                 beta1=beta1,
                 beta2=beta2,
                 weight_decay=g["weight_decay"],
                 eps=g["eps"],
                 amsgrad=False,
                 maximize=False,
-                grad_scale=None,
+                grad_scale=scale,
                 found_inf=inf,
             )
 

@@ -53,17 +53,23 @@ class Sums:
 
 
 def settle(
-    flats: list[torch.Tensor], counts: torch.Tensor | None, hint: float, clip_norm: float
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    flats: list[torch.Tensor],
+    counts: torch.Tensor | None,
+    hint: float,
+    clip_norm: float,
+    fold: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """What follows the exchange, on the device, as one graph where train.compile is on.
     flats: Flat's buffers, the float32 one first (the gradients, then its four numbers);
     counts: DeferredSkips' (skipped, out of memory) counts, added to; hint: the tokens the
     backward passes divided by; clip_norm: train.clip_norm (0: none).
-    The gradients are multiplied by hint / the update's tokens, so that they are the gradient
-    of the mean token loss, and clipped as torch.nn.utils.clip_grad_norm_ clips (the norm of
-    all of them, taken once per buffer). Returns Adam's found-inf flag (1.0: skip the
-    update), 1 - it, and the log window's row (loss sum, NLL sum, tokens; zeros when
-    skipped)."""
+    The gradients are to be multiplied by hint / the update's tokens, so that they are the
+    gradient of the mean token loss, and clipped as torch.nn.utils.clip_grad_norm_ clips (the
+    norm of all of them, taken once per buffer). fold: that factor is left to fused Adam, which
+    divides by its `grad_scale` as it reads each gradient (a pass over the buffers fewer); else
+    the gradients are multiplied here. Returns Adam's found-inf flag (1.0: skip the update),
+    1 - it, the log window's row (loss sum, NLL sum, tokens; zeros when skipped) and, folded,
+    the grad_scale (None when the gradients were multiplied)."""
     extras = flats[0][-4:]
     out_of_memory = extras[OUT_OF_MEMORY] > 0
     skip = (out_of_memory | ~torch.isfinite(extras[LOSS])).float()
@@ -76,10 +82,12 @@ def settle(
         norms = [torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads]
         norm = factor * torch.linalg.vector_norm(torch.stack(norms))
         factor = factor * (clip_norm / (norm + 1e-6)).clamp(max=1.0)
+    extras[OUT_OF_MEMORY : OUT_OF_MEMORY + 1].zero_()  # (a kernel: no number from the host)
+    if fold:
+        return skip, 1.0 - skip, row, 1.0 / factor
     for g in grads:
         g.mul_(factor.to(g.dtype))
-    extras[OUT_OF_MEMORY : OUT_OF_MEMORY + 1].zero_()  # (a kernel: no number from the host)
-    return skip, 1.0 - skip, row
+    return skip, 1.0 - skip, row, None
 
 
 class Flat:
@@ -166,9 +174,10 @@ class Flat:
         """The update's Sums, a copy (the next update writes over the buffer)."""
         return Sums(*self.extras.clone().unbind())
 
-    def finish(self, counts: torch.Tensor | None, clip_norm: float) -> tuple:
-        """(found_inf, 1 - found_inf, log row): settle()."""
-        return self.settle(self.flats, counts, float(self.tokens_hint), clip_norm)
+    def finish(self, counts: torch.Tensor | None, clip_norm: float, fold: bool = True) -> tuple:
+        """(found_inf, 1 - found_inf, log row, grad_scale): settle(); fold False: the
+        gradients multiplied here (fp16's GradScaler steps Adam itself), grad_scale None."""
+        return self.settle(self.flats, counts, float(self.tokens_hint), clip_norm, fold)
 
     def clip_grad_norm_(self, max_norm: float) -> None:
         """torch.nn.utils.clip_grad_norm_ (for fp16, whose GradScaler unscales first)."""
@@ -236,9 +245,9 @@ class DDP:
     def sums(self) -> Sums:
         return Sums(torch.zeros_like(self.tokens), self.summed[0], self.summed[1], self.tokens)
 
-    def finish(self, counts: torch.Tensor | None, clip_norm: float) -> tuple:
-        """(found_inf, 1 - found_inf, log row), as settle() gives them; the gradients
-        clipped."""
+    def finish(self, counts: torch.Tensor | None, clip_norm: float, fold: bool = True) -> tuple:
+        """(found_inf, 1 - found_inf, log row, None), as settle() gives them; the gradients
+        clipped (DDP divided them already: nothing is left to fold)."""
         loss, nll = self.summed.unbind()
         skip = (~torch.isfinite(loss)).float()
         if counts is not None:
@@ -246,7 +255,7 @@ class DDP:
         row = torch.where(skip > 0, 0.0, torch.stack([loss, nll, self.tokens]))
         if clip_norm > 0:
             self.clip_grad_norm_(clip_norm)
-        return skip, 1.0 - skip, row
+        return skip, 1.0 - skip, row, None
 
     def clip_grad_norm_(self, max_norm: float) -> None:
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)

@@ -130,9 +130,9 @@ class DeviceUpdate:
         deferred = self.skips.deferred
         if deferred is None:  # fp16's GradScaler reads the device anyway
             return self._read_and_update(out_of_memory, batches, state)
-        found_inf, kept, row = self.exchange.finish(deferred.count, self.clip_norm)
+        found_inf, kept, row, scale = self.exchange.finish(deferred.count, self.clip_norm)
         deferred.updates += 1
-        self.optimizer.step(found_inf=found_inf, kept=kept)
+        self.optimizer.step(found_inf=found_inf, kept=kept, grad_scale=scale)
         return row
 
     def _backward(self, batches: list[Batch], state: TrainState) -> bool:
@@ -158,7 +158,8 @@ class DeviceUpdate:
         """The update under fp16's GradScaler: skipped at once when a rank ran out of memory
         or the loss is not finite (one read of the device)."""
         sums = self.exchange.sums()
-        _, _, row = self.exchange.finish(None, clip_norm=0.0)  # (clipped after unscaling)
+        # (clipped after unscaling; the GradScaler steps Adam, so nothing is folded into it)
+        _, _, row, _ = self.exchange.finish(None, clip_norm=0.0, fold=False)
         out_of_memory, loss = torch.stack([sums.out_of_memory, sums.loss]).tolist()
         if out_of_memory:
             where = {} if here else {"on": "another rank"}
