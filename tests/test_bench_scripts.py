@@ -578,6 +578,10 @@ def test_gpu_check_dry_run_ablates_each_variant_compiled_afresh(tmp_path):
     assert rows["autotune"]["max_autotune"] is True
     assert rows["pack256"]["padding"] < rows["base"]["padding"]
     assert rows["m30k_pack256"]["updates_s"] > 0 and rows["m30k"]["max_steps"] == 30000
+    assert rows["m30k_graph_chunk"]["sets"] == [
+        "train.update=graph",
+        "train.compiled_loss_chunk=2048",
+    ]
 
 
 def test_gpu_figures_count_the_flops_of_each_packed_pair():

@@ -289,22 +289,71 @@ def test_compiled_training_through_cuda_graphs_takes_the_eager_steps(tmp_path, a
         assert eager.train_step([next(walks[0]) for _ in range(accum)])
         assert graphed.train_step([next(walks[1]) for _ in range(accum)])
     torch.testing.assert_close(window_losses(graphed), window_losses(eager), rtol=1e-4, atol=0)
-    # Every weight is compared but the attention key biases: softmax ignores a constant added
-    # to a query's every score, so their gradient is zero in exact arithmetic, and Adam turns
-    # its rounding noise into steps of +-lr that differ between any two ways of computing.
-    keys = key_bias_segments(eager.model)
-    want, compared = eager.model.state_dict(), []
-    for name, got in graphed.model.state_dict().items():
+    assert_same_weights(graphed.model, eager.model)
+    torch._dynamo.reset()
+
+
+def assert_same_weights(model, reference) -> None:
+    """Every weight of configs/tiny.yaml's `model` close to `reference`'s (trained from the
+    same start), but the attention key biases: softmax ignores a constant added to a query's
+    every score, so their gradient is zero in exact arithmetic, and Adam turns its rounding
+    noise into steps of +-lr that differ between any two ways of computing."""
+    keys = key_bias_segments(reference)
+    want, compared = reference.state_dict(), []
+    for name, got in model.state_dict().items():
         ref = want[name]
         if name in keys:
             rest = torch.ones(len(ref), dtype=torch.bool, device=ref.device)
             rest[keys[name]] = False
             got, ref = got[rest], ref[rest]
-            grad = dict(eager.model.named_parameters())[name].grad
+            grad = dict(reference.named_parameters())[name].grad
             assert grad[keys[name]].abs().max() <= 1e-4 * grad[rest].abs().max(), name
         torch.testing.assert_close(got, ref, atol=1e-3, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
         compared.append(name)
     assert len(keys) == 2 * 2 + 2 and sorted(compared) == sorted(want)  # (tiny: 2 + 2 layers)
+
+
+@needs_cuda
+def test_the_whole_update_as_one_cuda_graph_takes_the_eager_updates(tmp_path):
+    """train.update graph on the GPU (mt/train/graphed.py): after its warm-up the compiled
+    step, the gradients' copy, settle and Adam are one CUDA graph replayed per update, and
+    give the eager device update's losses and weights (fp32, dropout off); with dropout on,
+    each replay of the same batch draws new masks (another loss), with the learning rate
+    the device reads (0: the weights stay)."""
+    import torch._dynamo
+
+    from mt.config import load_config
+    from mt.train.build import build_trainer
+    from mt.train.graphed import WARMUP
+
+    def trainer(name, *more):
+        cfg = load_config(ROOT / "configs/tiny.yaml", [
+            f"data.dir={tmp_path / 'd'}", "train.device=cuda", "train.pack_width=64",
+            "train.max_tokens=1024", "model.attn_dropout=0", *more])  # fmt: skip
+        return build_trainer(cfg, tmp_path / name, log=lambda *_: None)
+
+    torch._dynamo.reset()
+    eager = trainer("e", "train.compile=false", "train.update=device", "model.dropout=0.0")
+    graphed = trainer("g", "train.compile=true", "train.update=graph", "model.dropout=0.0")
+    graphed.model.load_state_dict(eager.model.state_dict())
+    walks = eager.batches(), graphed.batches()
+    for _ in range(WARMUP + 5):
+        assert eager.train_step([next(walks[0])]) and graphed.train_step([next(walks[1])])
+    assert graphed.update.graph is not None
+    torch.testing.assert_close(window_losses(graphed), window_losses(eager), rtol=1e-4, atol=0)
+    assert_same_weights(graphed.model, eager.model)
+
+    torch._dynamo.reset()
+    dropout = trainer("d", "train.compile=true", "train.update=graph", "model.dropout=0.3")
+    walk = dropout.batches()
+    for _ in range(WARMUP + 1):
+        assert dropout.train_step([next(walk)])
+    batch = next(walk)
+    dropout.optimizer.param_groups[0]["lr"] = 0.0
+    before = [p.detach().clone() for p in dropout.model.parameters()]
+    rows = [dropout.update([batch], dropout.state)[0].item() for _ in range(3)]
+    assert len(set(rows)) == 3, rows
+    assert all(torch.equal(a, p) for a, p in zip(before, dropout.model.parameters(), strict=True))
     torch._dynamo.reset()
 
 

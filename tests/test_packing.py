@@ -4,6 +4,8 @@ blocks of a run have one shape; built by gathers, checked against a plain loop."
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -140,9 +142,12 @@ def test_packing_refuses_what_it_cannot_do_in_one_line(sets, says):
         load_config(ROOT / "configs/tiny.yaml", sets)
 
 
-def test_a_compiled_step_on_packed_blocks_is_one_graph_with_the_eager_losses(tmp_path, monkeypatch):
+@pytest.mark.parametrize("chunk", ["0", "100"])
+def test_a_compiled_step_on_packed_blocks_is_one_graph_with_the_eager_losses(
+    tmp_path, monkeypatch, chunk
+):
     """train.compile with packing: one static graph for every block (aot_eager here), no graph
-    break, the eager step's losses."""
+    break, the eager step's losses; also with the loss in chunks (train.compiled_loss_chunk)."""
     import torch._dynamo
     from torch._dynamo.utils import counters
 
@@ -164,7 +169,9 @@ def test_a_compiled_step_on_packed_blocks_is_one_graph_with_the_eager_losses(tmp
 
     torch._dynamo.reset()
     counters.clear()
-    eager, comp = trainer("e"), trainer("c", "train.compile=true")
+    eager = trainer("e")
+    comp = trainer("c", "train.compile=true", f"train.compiled_loss_chunk={chunk}")
+    assert ("chunk=100" in repr(comp.objective.loss)) is (chunk == "100")
     comp.model.load_state_dict(eager.model.state_dict())
     data = eager.train_data
     blocks = pack_blocks(data.src.lengths, data.tgt.lengths, 64, 8, seed=3)[:3]
@@ -246,3 +253,37 @@ def test_flex_attention_is_chosen_for_a_compiled_packed_step_on_a_gpu(device, se
     parts = model_parts(train, torch.device(device), compile=sets.get("compile", True),
                         model=model)  # fmt: skip
     assert (parts.attention.__name__ == "FlexMultiHeadAttention") is flex
+
+
+@pytest.mark.parametrize("eps,chunk", [(0.1, 7), (0.0, 64), (0.1, 10_000)])
+def test_the_compiled_chunked_loss_is_the_reference_in_value_and_gradient(eps, chunk):
+    """train.compiled_loss_chunk's loss (mt.fast.loss.compiled_chunked_loss) on a packed
+    batch: the reference's loss, NLL and gradients, eager and traced whole by torch.compile
+    (aot_eager, fullgraph: no break); under bf16 autocast within bf16's rounding."""
+    from mt.fast.loss import compiled_chunked_loss
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=32, n_heads=4, enc_layers=2, dec_layers=2, d_ff=64, dropout=0.0)
+    model = build_model(cfg, 40, 40)
+    data = _corpus(23, seed=5)
+    batch = collate_packed(
+        data, pack_blocks(data.src.lengths, data.tgt.lengths, 28, 6, 2)[0], 28, 6
+    )
+
+    def run(loss_fn, autocast=False):
+        model.zero_grad()
+        with torch.autocast("cpu", torch.bfloat16, enabled=autocast):
+            loss, nll = loss_fn(model, batch)
+        (loss / batch.n_tokens).backward()
+        return loss.detach(), nll, {k: p.grad.clone() for k, p in model.named_parameters()}
+
+    ref = run(functools.partial(reference_loss, eps=eps))
+    chunked = functools.partial(compiled_chunked_loss, eps=eps, chunk=chunk)
+    traced = torch.compile(chunked, backend="aot_eager", fullgraph=True, dynamic=False)
+    for got in (run(chunked), run(traced)):
+        torch.testing.assert_close(got[:2], ref[:2], rtol=1e-5, atol=1e-4)
+        for k, g in got[2].items():
+            torch.testing.assert_close(g, ref[2][k], rtol=1e-4, atol=1e-6, msg=k)
+    half = run(chunked, autocast=True)
+    torch.testing.assert_close(half[:2], ref[:2], rtol=2e-2, atol=0)
+    torch._dynamo.reset()

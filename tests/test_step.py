@@ -93,6 +93,81 @@ def test_both_kinds_train_the_same_weights_skips_logs_and_checkpoints(tmp_path, 
         torch.testing.assert_close(st["exp_avg"], other["exp_avg"], rtol=1e-4, atol=1e-7)
 
 
+class _Replay:
+    """A CUDA graph's replay, played on the CPU: the recorded update run again on the very
+    buffers the capture saw (a replay cannot read any other), its log row written where the
+    capture's was."""
+
+    def __init__(self, update):
+        self.update, self.row = update, torch.zeros(3)
+        self.seen = (update.static, update.lr, update.exchange.tokens)
+        update.row = self.row
+
+    def replay(self):
+        u = self.update
+        assert (u.static, u.lr, u.exchange.tokens) == self.seen  # (identity: no new buffers)
+        self.row.copy_(u._update())
+
+
+@pytest.mark.parametrize("replayed", [False, True])
+def test_the_graph_update_run_as_recorded_trains_as_the_device_update(
+    tmp_path, monkeypatch, replayed
+):
+    """train.update graph on the CPU runs the update the GPU records (static batch buffers,
+    the device's learning rate, settle and Adam as one piece; mt/train/graphed.py), and
+    replayed: after 3 updates the update is "captured" and replayed as a graph is (_Replay):
+    10 updates on packed blocks, the 5th's loss NaN, give the device update's weights, Adam
+    state, log rows and skips; no update reads the device."""
+    from mt.runtime.host_syncs import HostSyncs
+    from mt.train.graphed import GraphUpdate
+
+    if replayed:
+        monkeypatch.setattr(GraphUpdate, "_capture", lambda self, state: _Replay(self))
+
+    more = ("train.max_steps=10", "train.clip_norm=0.05", "train.pack_width=64",
+            "train.max_tokens=1024", "train.fast_paths=false", "train.log_every=5")  # fmt: skip
+    runs = {kind: _kind_trainer(tmp_path / kind, kind, *more) for kind in ("device", "graph")}
+    graph = runs["graph"]
+    assert type(graph.update).__name__ == "GraphUpdate" and graph.skips.deferred is not None
+    graph.update.capture = replayed
+    for t in runs.values():
+        poison(t, {5})
+    with HostSyncs() as syncs:  # (the first update makes Adam's state)
+        runs["graph"].train_step([next(runs["graph"].batches())])
+    assert syncs.count == 0, syncs.where
+    runs["device"].train_step([next(runs["device"].batches())])
+    for t in runs.values():
+        t.fit()
+    assert isinstance(graph.update.graph, _Replay) is replayed
+    for name, v in runs["device"].model.state_dict().items():
+        torch.testing.assert_close(graph.model.state_dict()[name], v, rtol=1e-5, atol=1e-7,
+                                   msg=lambda m, n=name: f"{n}: {m}")  # fmt: skip
+    logs = {kind: _log(tmp_path / kind) for kind in runs}
+    rows = {k: [(r["step"], r["lr"], round(r["loss"], 4), r["tokens"]) for r in log if "loss" in r]
+            for k, log in logs.items()}  # fmt: skip
+    assert rows["graph"] == rows["device"] and [r[0] for r in rows["graph"]] == [5, 10]
+    skips = {k: [(r["skipped"], r["count"]) for r in log if "skipped" in r]
+             for k, log in logs.items()}  # fmt: skip
+    assert skips["graph"] == skips["device"] == [("non-finite loss", 1)]
+    a, b = (checkpoint.load(tmp_path / k / "last.pt")["optimizer"]["state"] for k in runs)
+    for i, st in a.items():
+        assert float(st["step"]) == float(b[i]["step"]) == 10
+        torch.testing.assert_close(b[i]["exp_avg_sq"], st["exp_avg_sq"], rtol=1e-5, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "sets,says",
+    [
+        (("train.accum_steps=2", "train.pack_width=64"), "set train.accum_steps: 1"),
+        (("train.pack_width=0",), "set train.pack_width"),
+        (("train.precision=fp16", "train.pack_width=64"), "use bf16"),
+    ],
+)
+def test_the_graph_update_refuses_what_it_cannot_replay(tmp_path, sets, says):
+    with pytest.raises(MTError, match=says):
+        _kind_trainer(tmp_path / "run", "graph", "train.max_tokens=1024", *sets)
+
+
 def test_a_run_resumes_from_one_kind_into_the_other(tmp_path):
     """6 plain updates, then resumed to 12 as device updates: the same steps, learning rates
     and losses as 12 plain updates in one go."""

@@ -76,6 +76,26 @@ class Config(Section):
         return self
 
     @model_validator(mode="after")
+    def _chunked_loss_fits_the_step(self) -> Config:
+        t, m = self.train, self.model
+        if not t.compiled_loss_chunk:
+            return self
+        other = (
+            f"model.arch {m.arch}" if m.arch != "transformer"
+            else "model.output_bias" if m.output_bias
+            else "train.rdrop_alpha" if t.rdrop_alpha > 0
+            else "train.scheduled_sampling" if t.scheduled_sampling is not None
+            else None
+        )  # fmt: skip
+        if other:
+            raise ValueError(
+                f"train.compiled_loss_chunk fuses a Transformer's plain label-smoothed loss "
+                f"with its output projection, which has no bias: it does not apply with "
+                f"{other}; set train.compiled_loss_chunk: 0"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _tie_needs_joint(self) -> Config:
         if self.model.tie_embeddings == "all" and not self.tokenizer.joint:
             raise ValueError(

@@ -284,15 +284,28 @@ class TrainConfig(Section):
         "compiles (label-smoothed cross-entropy of a Transformer; not R-Drop, scheduled "
         "sampling, the NAT or the RNN), with fast_paths auto or false",
     )
+    compiled_loss_chunk: int = Field(
+        0,
+        ge=0,
+        le=1 << 20,
+        description="a compiled step's output projection and label-smoothed loss computed "
+        "this many target positions at a time, each chunk's gradient in the forward pass, in "
+        "autocast's dtype with an fp32 softmax per chunk (mt/fast/loss.py): the (N, V) fp32 "
+        "log-probabilities never exist. 0: the logits whole, as the reference writes them. "
+        "Applies where train.compile does, to a Transformer without model.output_bias and "
+        "without R-Drop or scheduled sampling",
+    )
 
-    update: Literal["auto", "plain", "device"] = Field(
+    update: Literal["auto", "plain", "device", "graph"] = Field(
         "auto",
         description="how one optimizer update is made (mt/train/step.py). plain: as a "
         "textbook writes it (loss.backward(), clip_grad_norm_, optimizer.step(), a "
         "non-finite loss read and skipped on the host), one process; device: gradients in "
         "flat buffers exchanged in one all-reduce, divided, clipped and skipped on the device "
-        "with no read by the host; auto: device on a GPU or under torchrun, plain in one CPU "
-        "process. Both give the same weights; a run resumes across them",
+        "with no read by the host; graph: the device update of one process on packed blocks "
+        "recorded once as a CUDA graph and replayed (mt/train/graphed.py; on a CPU run as "
+        "recorded); auto: device on a GPU or under torchrun, plain in one CPU process. All "
+        "give the same weights; a run resumes across them",
     )
 
     @field_validator("pack_width", mode="before")

@@ -24,7 +24,7 @@ in values and gradients (tests/test_fast_paths.py). Measurements: docs/performan
 from __future__ import annotations
 
 from mt.fast.dropout import HashDropout
-from mt.fast.loss import chunked_loss, chunked_rdrop_loss
+from mt.fast.loss import chunked_loss, chunked_rdrop_loss, compiled_chunked_loss
 from mt.fast.modules import FastFeedForward, FastMultiHeadAttention, FastResidual, FastTransformer
 from mt.model import Parts
 
@@ -37,4 +37,4 @@ PARTS = Parts(
     transformer=FastTransformer,
 )
 
-__all__ = ["PARTS", "chunked_loss", "chunked_rdrop_loss"]
+__all__ = ["PARTS", "chunked_loss", "chunked_rdrop_loss", "compiled_chunked_loss"]

@@ -131,6 +131,59 @@ def chunked_loss(model, batch, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     return linear_smoothed_cross_entropy(h, model.output_weight, batch.tgt_out[keep], eps)
 
 
+class _CompiledLinearCrossEntropy(torch.autograd.Function):
+    """_LinearSmoothedCrossEntropy for a compiled step (train.compiled_loss_chunk): every row
+    of h, those whose target is padding weighing nothing (a selection of the rows would give
+    the graph a shape known only at run time), in chunks of a fixed size, of tensor operations
+    alone, so that torch.compile traces it whole and fuses each chunk's softmax, loss and
+    gradient into a few kernels. The products run in autocast's dtype (bf16 on a GPU), the
+    softmax in fp32 a chunk at a time: the (N, V) fp32 log-probabilities and their gradient,
+    which the reference keeps for its backward pass, never exist."""
+
+    @staticmethod
+    def forward(ctx, h, weight, target, eps, chunk):
+        v = weight.shape[0]
+        off = eps / (v - 1)  # the smoothed target's mass on each wrong class
+        keep = (target != PAD).float()  # (N,)
+        loss_sum = nll_sum = h.new_zeros((), dtype=torch.float32)
+        grad_h, grad_w = [], torch.zeros(weight.shape, dtype=torch.float32, device=h.device)
+        for i in range(0, h.shape[0], chunk):
+            hc, y, k = h[i : i + chunk], target[i : i + chunk, None], keep[i : i + chunk]
+            z = (hc @ weight.t()).float()  # (c, V)
+            lse = torch.logsumexp(z, -1, keepdim=True)  # (c, 1)
+            nll = (lse - z.gather(-1, y)).squeeze(-1)  # -log p_y
+            others = v * lse.squeeze(-1) - z.sum(-1) - nll  # sum_{j != y} -log p_j
+            loss_sum = loss_sum + (((1.0 - eps) * nll + off * others) * k).sum()
+            nll_sum = nll_sum + (nll * k).sum()
+            # d loss / d z = softmax(z) - q, q = off + (1 - eps - off) * onehot(y)
+            g = torch.exp(z - lse) - off
+            g = g.scatter_add(-1, y, g.new_full(y.shape, -(1.0 - eps - off))) * k[:, None]
+            grad_h.append((g @ weight).to(h.dtype))  # (c, D)
+            grad_w = grad_w + (g.t() @ hc).float()  # (V, D)
+        ctx.mark_non_differentiable(nll_sum)
+        ctx.save_for_backward(torch.cat(grad_h), grad_w.to(weight.dtype))
+        return loss_sum, nll_sum
+
+    @staticmethod
+    def backward(ctx, g_loss, _g_nll):
+        grad_h, grad_w = ctx.saved_tensors
+        return grad_h * g_loss.to(grad_h.dtype), grad_w * g_loss.to(grad_w.dtype), None, None, None
+
+
+def compiled_chunked_loss(
+    model, batch, eps: float, chunk: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """mt.objectives.loss.reference_loss with the output projection fused into the loss, for a
+    compiled step (a packed batch's segments passed on): the decoder states of every target
+    position go into the chunked node `chunk` rows at a time (train.compiled_loss_chunk)."""
+    packing = batch.packing
+    memory = model.encode(batch.src, batch.src_pad_mask, packing=packing)
+    h = model.decode(batch.tgt_in, memory, batch.src_pad_mask, packing=packing)  # (B, T, D)
+    return _CompiledLinearCrossEntropy.apply(
+        h.reshape(-1, h.shape[-1]), model.output_weight, batch.tgt_out.reshape(-1), eps, chunk
+    )
+
+
 class _LinearRDropLoss(torch.autograd.Function):
     """mt.objectives.loss.rdrop_loss's value on two passes' decoder states, fused with the output
     projection and computed in chunks of rows like _LinearSmoothedCrossEntropy: the mean of the

@@ -213,8 +213,9 @@ def _model_and_objective(cfg: Config, tokenizer, run_dir: Path, device, dist, pr
     )
     seed = cfg.train.seed + dist.rank  # this rank's draws
     objective = build_objective(
-        cfg, fused=fused, seed=seed, pretraining=pretraining, vocab_size=tokenizer.src_vocab_size
-    )
+        cfg, fused=fused, seed=seed, pretraining=pretraining,
+        vocab_size=tokenizer.src_vocab_size, compiled=bool(cfg.train.compile),
+    )  # fmt: skip
     torch.manual_seed(seed)  # same initial weights everywhere, own dropout masks
     return model, objective
 

@@ -147,10 +147,17 @@ def flex_applies(t, model, device: torch.device, pretraining: bool, compile: boo
 
 
 def build_objective(
-    cfg: Config, *, fused: bool, seed: int = 0, pretraining: bool = False, vocab_size: int = 0
+    cfg: Config,
+    *,
+    fused: bool,
+    seed: int = 0,
+    pretraining: bool = False,
+    vocab_size: int = 0,
+    compiled: bool = False,
 ) -> Objective:
     """fused: mt/fast's chunked loss instead of the reference (where the model is built from
-    fast.PARTS, except under torch.compile, which fuses on its own);
+    fast.PARTS, except under torch.compile, which fuses on its own); compiled: the step is
+    compiled (train.compile resolved), which train.compiled_loss_chunk's loss applies to;
     seed: scheduled sampling's draws (this rank's); pretraining: the masked-LM objective over
     a source vocabulary of `vocab_size`."""
     t = cfg.train
@@ -164,6 +171,8 @@ def build_objective(
             valid_loss_over="masked target tokens, the same masks at every validation",
         )
     loss = fast.chunked_loss if fused else reference_loss
+    if compiled and t.compiled_loss_chunk:  # (a plain Transformer's: mt.config.schema)
+        loss = functools.partial(fast.compiled_chunked_loss, chunk=t.compiled_loss_chunk)
     if t.rdrop_alpha > 0:  # fused like the plain loss where that is, else the reference
         loss = functools.partial(
             fast.chunked_rdrop_loss if fused else rdrop_loss, alpha=t.rdrop_alpha

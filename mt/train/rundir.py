@@ -31,6 +31,7 @@ RESUMABLE = (
     "train.num_threads",
     "train.valid_beam",
     "train.compile",
+    "train.compiled_loss_chunk",
     "train.fast_paths",
     "train.update",
     "train.tensorboard",

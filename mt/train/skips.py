@@ -67,6 +67,27 @@ class Skips:
                 f"lower train.lr_factor or raise train.warmup"
             )
 
+    def take_back(self, st: TrainState, scheduler, ema) -> None:
+        """Read how many updates since the last read were skipped on the device, and take
+        them back off the step count, the schedule (`scheduler.rewind`) and the weight
+        average (ema; None: none), so that nothing saved or logged counts them (the log
+        window left them out). Nothing to do where skips are known at once (not deferred)."""
+        if self.deferred is None:
+            return
+        count, out_of_memory, updates = self.deferred.take()
+        if count < updates:  # a good update among them (the order is not known: the
+            st.nonfinite_in_a_row = 0  # skipped ones count as the latest)
+        if not count:
+            return
+        st.step -= count
+        scheduler.rewind(count)
+        if ema is not None:
+            ema.updates -= count
+        if out_of_memory:
+            self.skip(st, OUT_OF_MEMORY, count=out_of_memory)
+        if count > out_of_memory:
+            self.skip(st, NONFINITE, count=count - out_of_memory)
+
     def due(self, step: int, *intervals: int) -> bool:
         """Whether update `step` is a check step, where the host reads the deferred count and
         the ranks agree on the clock and signals: every READ_EVERY updates, and at every step

@@ -35,7 +35,8 @@ from mt.train.state import TrainState
 
 
 def update_kind(setting: str, device: torch.device, dist: Dist) -> str:
-    """train.update resolved: "plain" or "device" (auto: device on a GPU or with ranks)."""
+    """train.update resolved: "plain", "device" or "graph" (mt/train/graphed.py; auto: device
+    on a GPU or with ranks, else plain)."""
     if setting == "plain" and dist.enabled:
         raise MTError(
             "train.update: plain trains one process; under torchrun the ranks exchange their "
@@ -188,22 +189,7 @@ class DeviceUpdate:
         return None
 
     def settle(self, state: TrainState) -> None:
-        """Read how many updates since the last read were skipped on the device, and take
-        them back off the step count, the schedule and the weight average, so that nothing
-        saved or logged counts them (mt/train/skips.py; the log window left them out).
-        Nothing to do under fp16's GradScaler, whose skips are known at once."""
-        if self.skips.deferred is None:
-            return
-        count, out_of_memory, updates = self.skips.deferred.take()
-        if count < updates:  # a good update among them (the order is not known: the
-            state.nonfinite_in_a_row = 0  # skipped ones count as the latest)
-        if not count:
-            return
-        state.step -= count
-        self.scheduler.rewind(count)
-        if self.ema is not None:
-            self.ema.updates -= count
-        if out_of_memory:
-            self._skipped(state, OUT_OF_MEMORY, count=out_of_memory)
-        if count > out_of_memory:
-            self._skipped(state, NONFINITE, count=count - out_of_memory)
+        """The updates skipped on the device since the host's last read taken back off the
+        step count, the schedule and the weight average (Skips.take_back). Nothing to do
+        under fp16's GradScaler, whose skips are known at once."""
+        self.skips.take_back(state, self.scheduler, self.ema)

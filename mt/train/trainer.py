@@ -21,6 +21,7 @@ from tqdm import tqdm
 from mt.data.batching import Batch
 from mt.data.corpus import ParallelData
 from mt.data.walk import training_batches
+from mt.errors import MTError
 from mt.objectives import Objective
 from mt.runtime.distributed import Dist, teardown
 from mt.train.budget import TimeBudget
@@ -28,6 +29,7 @@ from mt.train.compiled import compiled_step
 from mt.train.ema import WeightAverage
 from mt.train.exchange import build_exchange
 from mt.train.finish import RunEnd, draw_training_picture
+from mt.train.graphed import GraphUpdate, graph_refusal
 from mt.train.progress import Forecast, lost_work_message, show_progress, stop_on_signal
 from mt.train.saving import Checkpoints
 from mt.train.skips import Skips
@@ -97,16 +99,16 @@ class Trainer:
         self.last_valid_step = -1  # the step of this process's last validation (-1: none)
         self.stop_signal = 0  # the number of the signal that stopped training (0: none)
 
-    def _make_update(self, kind: str, compile: bool | None) -> PlainUpdate | DeviceUpdate:
+    def _make_update(self, kind: str, compile: bool | None):
         """The update train.update chose (mt/train/step.py), with its Skips and its loss,
-        compiled where train.compile says (through CUDA graphs for the device update alone:
-        compiled_step)."""
+        compiled where train.compile says (each shape's step through CUDA graphs for the
+        device update alone: compiled_step; the graph update records the whole update)."""
         self.cuda_graphs, self.compiled_loss = compiled_step(
             self.objective, self.cfg, compile, self.device, graphs=kind == "device"
         )
         cfg, loss = self.cfg, self.compiled_loss or self.objective.loss
         fp16 = self.scaler.is_enabled()
-        self.skips = Skips(self.device, kind == "device" and not fp16, cfg.max_nonfinite,
+        self.skips = Skips(self.device, kind != "plain" and not fp16, cfg.max_nonfinite,
                            self.write_log)  # fmt: skip
         if kind == "plain":
             return PlainUpdate(self.model, loss, self.optimizer, self.scaler, cfg.clip_norm,
@@ -114,9 +116,20 @@ class Trainer:
         masked_lm = self.state.objective == "masked_lm"  # (leaves the decoder without gradients)
         exchange = build_exchange(cfg, self.model, self.optimizer, self.objective.loss,
                                   self.dist, masked_lm, self.compiled_loss is not None)  # fmt: skip
+        if kind == "graph":
+            return self._graph_update(loss, exchange, fp16)
         return DeviceUpdate(self.model, loss, exchange, self.optimizer, self.scheduler,
                             self.scaler, self.ema, self.skips, cfg.clip_norm, self.dist,
                             self.device, self.amp_dtype)  # fmt: skip
+
+    def _graph_update(self, loss, exchange, fp16: bool) -> GraphUpdate:
+        """The device update recorded as one CUDA graph (on a CPU, run as recorded)."""
+        refusal = graph_refusal(self.cfg, self.dist.enabled, fp16)
+        if refusal:
+            raise MTError(refusal)
+        return GraphUpdate(self.model, loss, exchange, self.optimizer, self.scheduler, self.ema,
+                           self.skips, self.cfg.clip_norm, self.device, self.amp_dtype,
+                           capture=self.device.type == "cuda")  # fmt: skip
 
     def _outputs(self, run_config: dict, validation: Validation | None) -> tuple:
         """What the run writes: (Checkpoints, the Validator or None, the RunEnd)."""

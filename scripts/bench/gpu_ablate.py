@@ -11,7 +11,11 @@ The variants (each compiled afresh, Dynamo's caches reset between them):
              longer compile)
   block64    rows 128 wide, FlexAttention's blocks 64 positions a side (mt/fast/flex.py's
              BLOCK_SIZE): the blocks between pairs inside a row skipped
-and for the Multi30k config, rows 128 and 256 wide.
+  chunk4096  rows 128 wide, the output projection and loss 4,096 positions at a time
+             (train.compiled_loss_chunk): no (N, V) fp32 log-probabilities
+  graph      rows 128 wide, the whole update one CUDA graph (train.update: graph)
+and for the Multi30k config: rows 128 and 256 wide, and the whole update as one CUDA graph
+(train.update: graph) on rows 128 wide, with its loss chunked too.
 
 Writes OUTDIR/ablate.json, one JSON line a variant as it ends (a call cut short keeps those that
 finished; a variant that fails writes its error and the next one runs): the base model's
@@ -41,8 +45,15 @@ BASE_VARIANTS = {
     "pack256": {"pack_width": 256},
     "autotune": {"pack_width": 128, "max_autotune": True},
     "block64": {"pack_width": 128, "block_size": 64},
+    "chunk4096": {"pack_width": 128, "train": {"compiled_loss_chunk": 4096}},
+    "graph": {"pack_width": 128, "train": {"update": "graph"}},
 }
-M30K_VARIANTS = {"m30k": 128, "m30k_pack256": 256}
+M30K_VARIANTS = {
+    "m30k": (128, ()),
+    "m30k_pack256": (256, ()),
+    "m30k_graph": (128, ("train.update=graph",)),
+    "m30k_graph_chunk": (128, ("train.update=graph", "train.compiled_loss_chunk=2048")),
+}
 DRY_STEPS = {"warmup": 1, "steps": 2}
 
 
@@ -52,16 +63,19 @@ def main() -> None:
     path.unlink(missing_ok=True)
     size, pack = (TINY, {**TINY_PACK, **DRY_STEPS}) if args.dry_run else (BASE, BASE_PACK)
     for name, variant in BASE_VARIANTS.items():
-        width = variant["pack_width"]
+        width, train = variant["pack_width"], variant.get("train")
         with settings(variant):
-            figures = attempt(lambda w=width: mfu(device, size, {**pack, "pack_width": w}))
+            figures = attempt(
+                lambda w=width, t=train: mfu(device, size, {**pack, "pack_width": w}, t)
+            )
         append_line(path, {"variant": name, "model": "base", **variant, **figures})
-    for name, width in M30K_VARIANTS.items():
+    for name, (width, sets) in M30K_VARIANTS.items():
         with settings({}):
             figures = attempt(
-                lambda w=width: m30k(device, args.data_dir, args.out, args.dry_run, w)
+                lambda w=width, s=sets: m30k(device, args.data_dir, args.out, args.dry_run, w, s)
             )
-        append_line(path, {"variant": name, "model": "m30k", "pack_width": width, **figures})
+        record = {"variant": name, "model": "m30k", "pack_width": width, "sets": list(sets)}
+        append_line(path, {**record, **figures})
 
 
 class settings:

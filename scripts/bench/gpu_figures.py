@@ -132,8 +132,9 @@ def write_line(path: Path, record: dict) -> None:
 
 
 # -- the base model's MFU ----------------------------------------------------------------------
-def mfu(device: torch.device, size: dict, pack: dict) -> dict:
-    trainer, batches = base_trainer(device, size, pack)
+def mfu(device: torch.device, size: dict, pack: dict, train: dict | None = None) -> dict:
+    """The base model's figures; train: TrainConfig settings of a variant (gpu_ablate.py)."""
+    trainer, batches = base_trainer(device, size, pack, train)
     warm, timed = batches[: pack["warmup"]], batches[pack["warmup"] :]
     compile_s = seconds(device, lambda: [trainer.train_step([b]) for b in warm])
     if device.type == "cuda":
@@ -167,9 +168,9 @@ def mfu(device: torch.device, size: dict, pack: dict) -> dict:
     }
 
 
-def base_trainer(device: torch.device, size: dict, pack: dict):
-    """(the base model's Trainer as `mt train` makes it on packed blocks, compiled, bf16; the
-    warm-up's and the timed updates' batches, in order)."""
+def base_trainer(device: torch.device, size: dict, pack: dict, train: dict | None = None):
+    """(the base model's Trainer as `mt train` makes it on packed blocks, compiled, bf16, with
+    `train`'s settings on top; the warm-up's and the timed updates' batches, in order)."""
     from mt.config import ModelConfig, TrainConfig
     from mt.runtime.device import amp_dtype
 
@@ -180,7 +181,8 @@ def base_trainer(device: torch.device, size: dict, pack: dict):
     )  # fmt: skip
     train_cfg = TrainConfig(
         pack_width=pack["pack_width"], max_tokens=pack["max_tokens"], compile=True,
-        label_smoothing=0.1, clip_norm=0.0, precision="bf16", warmup=4000, update="device",
+        label_smoothing=0.1, clip_norm=0.0, precision="bf16", warmup=4000,
+        **{"update": "device", **(train or {})},
     )  # fmt: skip
     data = synthetic_pairs(size["vocab"], 40 * pack["max_tokens"] // 50, pack["pack_width"] - 1)
     torch.manual_seed(0)
@@ -234,9 +236,15 @@ def pair_lengths(segments: torch.Tensor) -> np.ndarray:
 
 # -- the shipped Multi30k config ---------------------------------------------------------------
 def m30k(
-    device: torch.device, data_dir: str, out: Path, dry_run: bool, pack_width: int = 128
+    device: torch.device,
+    data_dir: str,
+    out: Path,
+    dry_run: bool,
+    pack_width: int = 128,
+    sets: tuple[str, ...] = (),
 ) -> dict:
-    trainer, cfg = m30k_trainer(device, data_dir, dry_run, pack_width)
+    """The shipped config's updates/s; sets: --set options of a variant (gpu_ablate.py)."""
+    trainer, cfg = m30k_trainer(device, data_dir, dry_run, pack_width, sets)
     steps = M30K_DRY if dry_run else M30K
     stream = trainer.batches()
 
@@ -269,7 +277,13 @@ def m30k(
     }
 
 
-def m30k_trainer(device: torch.device, data_dir: str, dry_run: bool, pack_width: int = 128):
+def m30k_trainer(
+    device: torch.device,
+    data_dir: str,
+    dry_run: bool,
+    pack_width: int = 128,
+    sets: tuple[str, ...] = (),
+):
     """(the shipped En->De config's Trainer, packed `pack_width` wide and compiled, built by
     `mt train`'s own factory in a new run folder; its config). dry_run: on a synthetic corpus,
     tiny."""
@@ -288,6 +302,7 @@ def m30k_trainer(device: torch.device, data_dir: str, dry_run: bool, pack_width:
         "train.update=device",  # (a GPU's auto; the dry run on the CPU measures the same)
         f"train.device={device.type}",
         *(M30K_DRY_SET if dry_run else []),
+        *sets,
     ]
     cfg = load_config(root / "configs/multi30k_en_de.yaml", overrides)
     trainer = build_trainer(cfg, run_dir / "run", log=lambda m: print(m, file=sys.stderr))

@@ -1,0 +1,171 @@
+"""The device update (mt/train/step.py) captured whole as one CUDA graph (train.update: graph).
+
+A small model's update on a GPU is bound by the host: the device finishes its kernels in about
+a millisecond while Python walks the compiled step's guards, autograd's bookkeeping, the
+gradients' copy into the flat buffers, the settle and Adam. Here all of it (forward, backward,
+the copy, settle and fused Adam) is recorded once as a CUDA graph and then replayed with one
+call per update (Nvidia's "whole-network capture"; torch.cuda.graph). What changes from update
+to update lives in tensors the graph reads, written before each replay:
+
+- the batch: copied into static buffers of the one shape packed blocks have (train.pack_width);
+- the learning rate: a 0-dim tensor Adam reads (mt/fast/optim.py), filled from the schedule;
+- the update's target tokens, which settle divides by (the exchange's own tensor).
+
+Dropout draws new masks at every replay: PyTorch's CUDA generator gives a captured graph a
+fresh offset each time. A non-finite update is skipped on the device, as in the device update
+(a found-inf flag Adam reads); running out of memory can only happen before the capture (a
+replay allocates nothing): an update that does is skipped, and a capture that does ends the
+run, saying what to lower. The first WARMUP updates run uncaptured (and on a CPU every update
+does, the same code with nothing recorded: tests/test_step.py compares it with the device
+update), which also lets autograd, cuBLAS and the compiled kernels make what they make once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from mt.data.batching import Batch
+from mt.errors import MTError
+from mt.train.skips import OUT_OF_MEMORY, Skips
+from mt.train.state import TrainState
+from mt.train.step import forward
+
+# updates run uncaptured before the capture: the compiles, autograd's and cuBLAS's first calls,
+# and Adam's state are made there, outside the graph
+WARMUP = 3
+
+
+def graph_refusal(cfg, multi_rank: bool, fp16: bool) -> str | None:
+    """Why train.update graph cannot make this run's update (cfg: the train section, as
+    resolved for the device), or None."""
+    if multi_rank:
+        return "train.update graph captures one process's update: under torchrun use device"
+    if fp16:
+        return "train.update graph skips on the device; fp16's GradScaler reads it: use bf16"
+    if cfg.accum_steps != 1:
+        return "train.update graph captures one batch's update: set train.accum_steps: 1"
+    if not cfg.pack_width:
+        return "train.update graph replays one batch shape: set train.pack_width (or auto)"
+    return None
+
+
+class GraphUpdate:
+    """exchange: mt/train/exchange.py's Flat (one process); optimizer: mt.fast.optim.Adam;
+    scheduler and ema: what a skip found late is taken back from (ema None: no weight
+    average); capture: record and replay (a GPU), else every update runs as recorded would."""
+
+    def __init__(self, model, loss, exchange, optimizer, scheduler, ema, skips: Skips,
+                 clip_norm: float, device: torch.device, amp_dtype, capture: bool):  # fmt: skip
+        self.model, self.loss, self.exchange = model, loss, exchange
+        self.optimizer, self.scheduler, self.ema, self.skips = optimizer, scheduler, ema, skips
+        self.clip_norm, self.device, self.amp_dtype = clip_norm, device, amp_dtype
+        self.capture = capture
+        self.lr = torch.zeros((), dtype=torch.float32, device=device)  # what Adam reads
+        self.static: Batch | None = None  # the batch buffers the graph reads
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.row: torch.Tensor | None = None  # the graph's log row (written by each replay)
+        self.uncaptured = 0  # updates made before the capture
+
+    def __call__(self, batches: list[Batch], state: TrainState) -> torch.Tensor | None:
+        """One update from `batches` (one batch): its log row, a copy (the next replay writes
+        over the graph's), or None when it ran out of memory before the capture."""
+        (batch,) = batches
+        self._load(batch)
+        self.exchange.begin(batch.n_tokens)  # (its token count, which settle divides by)
+        self.lr.fill_(self.optimizer.param_groups[0]["lr"])
+        if self.graph is None and self.capture and self.uncaptured >= WARMUP:
+            self.graph = self._capture(state)
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            try:
+                self.row = self._update()
+            except torch.OutOfMemoryError:
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                self.skips.skip(state, OUT_OF_MEMORY, src_shape=list(batch.src.shape))
+                return None
+            self.uncaptured += 1
+        assert self.skips.deferred is not None and self.row is not None
+        self.skips.deferred.updates += 1
+        return self.row.clone()
+
+    def _update(self) -> torch.Tensor:
+        """The work the graph holds: forward and backward of the static batch, its gradients
+        into the flat buffers, settle (divided, clipped, a skip flagged) and Adam with the
+        device's learning rate. Returns the log row (zeros when skipped)."""
+        assert self.static is not None and self.skips.deferred is not None
+        loss, nll = forward(self.model, self.loss, self.static, self.device, self.amp_dtype)
+        self.exchange.backward(loss, nll, _NO_SCALER)
+        found_inf, kept, row, scale = self.exchange.finish(
+            self.skips.deferred.count, self.clip_norm
+        )
+        self.optimizer.step(found_inf=found_inf, kept=kept, grad_scale=scale, lr=self.lr)
+        return row
+
+    def _capture(self, state: TrainState) -> torch.cuda.CUDAGraph:
+        """The update recorded (not run: the replay that follows runs it)."""
+        assert self.static is not None
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):  # (on a stream of its own, memory of its own)
+                self.row = self._update()
+        except torch.OutOfMemoryError:
+            blocks = "x".join(map(str, self.static.src.shape))
+            raise MTError(
+                f"step {state.step}: the update's CUDA graph does not fit the GPU's memory "
+                f"(blocks {blocks}): lower train.max_tokens, or set train.update: device"
+            ) from None
+        except RuntimeError as e:  # (something in the update the device cannot record)
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise MTError(
+                f"step {state.step}: the update could not be recorded as a CUDA graph "
+                f"({first}); set train.update: device"
+            ) from e
+        return graph
+
+    def _load(self, batch: Batch) -> None:
+        """`batch` copied into the static buffers (made from the first batch); every batch
+        of a packed run has their shape."""
+        if self.static is None:
+            self.static = _clone(batch)
+            return
+        if batch.src.shape != self.static.src.shape:
+            raise MTError(
+                f"train.update graph replays blocks of {list(self.static.src.shape)}; a batch "
+                f"of {list(batch.src.shape)} came: set train.update: device"
+            )
+        torch._foreach_copy_(_tensors(self.static), _tensors(batch), non_blocking=True)
+
+    def settle(self, state: TrainState) -> None:
+        """The updates skipped on the device since the host's last read taken back
+        (Skips.take_back)."""
+        self.skips.take_back(state, self.scheduler, self.ema)
+
+
+def _tensors(batch: Batch) -> list[torch.Tensor]:
+    """A batch's tensors, the packing's included, in one order."""
+    packing = [] if batch.packing is None else list(vars(batch.packing).values())
+    return [batch.src, batch.tgt_in, batch.tgt_out, *packing]
+
+
+def _clone(batch: Batch) -> Batch:
+    packing = batch.packing
+    if packing is not None:
+        packing = dataclasses.replace(packing, **{k: v.clone() for k, v in vars(packing).items()})
+    return dataclasses.replace(
+        batch, src=batch.src.clone(), tgt_in=batch.tgt_in.clone(), tgt_out=batch.tgt_out.clone(),
+        packing=packing,
+    )  # fmt: skip
+
+
+class _NoScaler:
+    """The GradScaler of a run without fp16 (the graph update refuses fp16)."""
+
+    def is_enabled(self) -> bool:
+        return False
+
+
+_NO_SCALER = _NoScaler()
