@@ -240,3 +240,37 @@ def test_ahead_makes_batches_in_a_background_thread_at_most_depth_ahead():
     assert all(name.startswith("mt-batches") for _, name in made)
     assert list(walk) == [(i, i * 10) for i in range(1, 8)]
     assert list(ahead(lambda i: -i, range(3), depth=0)) == [(0, 0), (1, -1), (2, -2)]
+
+
+def test_resident_batches_are_the_batches_each_made_and_moved_alone(tmp_path, monkeypatch):
+    """The graph update's walk (train.update graph: resident_batches, groups of 3 here) hands
+    out slices of batches made and moved together: the same packed blocks, word dropout,
+    token counts and positions as the walk that moves each batch alone, across epochs and
+    groups, and from a saved position on."""
+    from mt.data import walk as walk_mod
+
+    monkeypatch.setattr(walk_mod, "RESIDENT_BATCHES", 3)
+
+    def walk(kind, n=40, at=None):
+        t = trainer_for(tmp_path, f"train.update={kind}", "train.pack_width=64",
+                        "train.max_tokens=4096", "train.word_dropout=0.2")  # fmt: skip
+        if at is not None:
+            t.state.epoch, t.state.batch_in_epoch = at
+        batches, out = t.batches(), []
+        for _ in range(n):
+            batch = next(batches)
+            out.append((batch, (t.state.epoch, t.state.batch_in_epoch)))
+        batches.close()
+        t.close()
+        return out
+
+    alone, resident = walk("device", n=50), walk("graph", n=50)
+    assert alone[-1][1][0] >= 2  # the walk crossed epochs
+    assert all(b.src._base is not None for b, _ in resident)  # (slices of a group)
+    for (a, pa), (b, pb) in zip(alone, resident, strict=True):
+        assert pa == pb and a.n_tokens == b.n_tokens
+        assert all(torch.equal(x, y) for x, y in zip(a.tensors(), b.tensors(), strict=True))
+    resumed = walk("graph", n=8, at=alone[16][1])
+    assert [p for _, p in resumed] == [p for _, p in alone[17:25]]
+    pairs = zip(alone[17:25], resumed, strict=True)
+    assert all(torch.equal(a.src, b.src) for (a, _), (b, _) in pairs)

@@ -125,6 +125,17 @@ class Batch:
     def src_pad_mask(self) -> torch.Tensor:
         return self.src == PAD
 
+    def tensors(self) -> list[torch.Tensor]:
+        """The batch's tensors, its packing's included, in one order (of_tensors')."""
+        packing = [] if self.packing is None else list(vars(self.packing).values())
+        return [self.src, self.tgt_in, self.tgt_out, *packing]
+
+    @staticmethod
+    def of_tensors(tensors: list[torch.Tensor], n_tokens: int) -> Batch:
+        """The Batch whose tensors() are `tensors`."""
+        src, tgt_in, tgt_out, *packing = tensors
+        return Batch(src, tgt_in, tgt_out, n_tokens, Packing(*packing) if packing else None)
+
 
 def pad_sources(seqs: list[np.ndarray], width: int = 0) -> torch.Tensor:
     """(B, S) int64 tensor: each sequence + EOS, right-padded with PAD to the longest (or to

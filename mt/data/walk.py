@@ -26,6 +26,7 @@ from mt.data.corpus import ParallelData, both_directions
 from mt.data.packing import describe_packing, pack_blocks
 
 T = TypeVar("T")
+Item = TypeVar("Item")
 
 
 def training_batches(
@@ -39,6 +40,7 @@ def training_batches(
     progress: Callable[[], float] = lambda: 0.0,
     say: Callable[[str], None] = print,
     prepare: Callable[[Batch, list[int]], Batch] | None = None,
+    resident: bool = False,
 ) -> Iterator[Batch]:
     """Batches from (state.epoch, state.batch_in_epoch) on, advancing them as it goes.
 
@@ -47,7 +49,9 @@ def training_batches(
     data_for_epoch(epoch): the epoch's token ids (they change every epoch with BPE-dropout);
     progress(): the share of the budget spent, read when an epoch begins (BiT);
     prepare(batch, seed): the objective's own batch made from each one (masked-LM masking),
-    seeded by the batch's epoch and position alone.
+    seeded by the batch's epoch and position alone; resident: the batches made ahead
+    RESIDENT_BATCHES at a time and moved to the device together, each a slice of them
+    (resident_batches; for a reader that copies each batch into its own buffers).
     With N ranks every rank walks the same global order and takes every N-th batch, so the
     position, and resuming, do not depend on the number of ranks."""
     pin = device.type == "cuda"
@@ -65,9 +69,13 @@ def training_batches(
         usable = len(order) - len(order) % world  # every rank gets as many batches
         positions = range(state.batch_in_epoch + rank, usable, world)
         make = functools.partial(_make_batch, data, order, cfg, state.epoch, pin, prepare)
-        for position, batch in ahead(make, positions, cfg.prefetch_batches):
+        if resident:
+            made = resident_batches(make, positions, device)
+        else:
+            made = ((p, b.to(device)) for p, b in ahead(make, positions, cfg.prefetch_batches))
+        for position, batch in made:
             state.batch_in_epoch = position - rank + world  # counted once it is handed out
-            yield batch.to(device)
+            yield batch
         state.epoch += 1
         state.batch_in_epoch = 0
 
@@ -92,7 +100,36 @@ def _make_batch(
     return batch
 
 
-def ahead(make: Callable[[int], T], items: Iterable[int], depth: int) -> Iterator[tuple[int, T]]:
+# batches made ahead and moved to the device together by resident_batches (Multi30k's packed
+# blocks: 1.8 MB each)
+RESIDENT_BATCHES = 64
+
+
+def resident_batches(
+    make: Callable[[int], Batch], positions: range, device: torch.device
+) -> Iterator[tuple[int, Batch]]:
+    """(position, batch) for every position, the batches made RESIDENT_BATCHES at a time by the
+    background thread (`ahead`), stacked, and moved to the device in one copy per tensor, each
+    handed out as a slice of them: an update then takes a view, with no copy from the host and
+    no allocation of its own. The batches of a group must have one shape (packed blocks)."""
+    groups = [
+        positions[i : i + RESIDENT_BATCHES] for i in range(0, len(positions), RESIDENT_BATCHES)
+    ]
+
+    def make_group(group: range) -> tuple[list[torch.Tensor], list[int]]:
+        batches = [make(p) for p in group]
+        stacked = [torch.stack(ts) for ts in zip(*(b.tensors() for b in batches), strict=True)]
+        if device.type == "cuda":
+            stacked = [t.pin_memory() for t in stacked]
+        return stacked, [b.n_tokens for b in batches]
+
+    for group, (stacked, tokens) in ahead(make_group, groups, 1):
+        on = [t.to(device, non_blocking=True) for t in stacked]
+        for i, position in enumerate(group):
+            yield position, Batch.of_tensors([t[i] for t in on], tokens[i])
+
+
+def ahead(make: Callable[[Item], T], items: Iterable[Item], depth: int) -> Iterator[tuple[Item, T]]:
     """(item, make(item)) for every item in order, with up to `depth` of them made ahead by
     one background thread (0: made here, when asked for). Which batch comes when depends on
     the order of `items` alone, never on the thread's timing; the thread stops when the

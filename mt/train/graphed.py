@@ -22,8 +22,6 @@ update), which also lets autograd, cuBLAS and the compiled kernels make what the
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from mt.data.batching import Batch
@@ -130,35 +128,19 @@ class GraphUpdate:
         """`batch` copied into the static buffers (made from the first batch); every batch
         of a packed run has their shape."""
         if self.static is None:
-            self.static = _clone(batch)
+            self.static = Batch.of_tensors([t.clone() for t in batch.tensors()], batch.n_tokens)
             return
         if batch.src.shape != self.static.src.shape:
             raise MTError(
                 f"train.update graph replays blocks of {list(self.static.src.shape)}; a batch "
                 f"of {list(batch.src.shape)} came: set train.update: device"
             )
-        torch._foreach_copy_(_tensors(self.static), _tensors(batch), non_blocking=True)
+        torch._foreach_copy_(self.static.tensors(), batch.tensors(), non_blocking=True)
 
     def settle(self, state: TrainState) -> None:
         """The updates skipped on the device since the host's last read taken back
         (Skips.take_back)."""
         self.skips.take_back(state, self.scheduler, self.ema)
-
-
-def _tensors(batch: Batch) -> list[torch.Tensor]:
-    """A batch's tensors, the packing's included, in one order."""
-    packing = [] if batch.packing is None else list(vars(batch.packing).values())
-    return [batch.src, batch.tgt_in, batch.tgt_out, *packing]
-
-
-def _clone(batch: Batch) -> Batch:
-    packing = batch.packing
-    if packing is not None:
-        packing = dataclasses.replace(packing, **{k: v.clone() for k, v in vars(packing).items()})
-    return dataclasses.replace(
-        batch, src=batch.src.clone(), tgt_in=batch.tgt_in.clone(), tgt_out=batch.tgt_out.clone(),
-        packing=packing,
-    )  # fmt: skip
 
 
 class _NoScaler:

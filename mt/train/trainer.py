@@ -172,6 +172,8 @@ class Trainer:
             progress=lambda: self.budget.progress,
             say=self.say,
             prepare=self.objective.prepare,
+            # (the graph update copies each batch into its own buffers: slices will do)
+            resident=isinstance(self.update, GraphUpdate),
         )
 
     def _epoch_data(self, epoch: int) -> ParallelData:
