@@ -29,9 +29,12 @@
 #   profile      where an update's time goes before any cut: torch.profiler over 20 base-model
 #                updates and 200 Multi30k ones (scripts/bench/gpu_profile.py): the top kernels,
 #                host and device ms per update, the timeline of 3 updates; at most 3 min
-#   ablate       which cut pays: the base model's step with rows 128 and 256 wide and with
-#                Inductor's max-autotune, the Multi30k config's with rows 128 and 256 wide, a
-#                JSON line each in OUT/ablate.json (scripts/bench/gpu_ablate.py), about 8 min
+#   ablate       which cut pays: the base model's step with rows 128 and 256 wide, Inductor's
+#                max-autotune, FlexAttention blocks of 64, the loss in chunks, the whole update
+#                as one CUDA graph, a JSON line each in OUT/ablate_base.json
+#                (scripts/bench/gpu_ablate.py), about 7 min
+#   ablatem30k   the same for the Multi30k config (rows 128 and 256 wide, the whole update as
+#                one CUDA graph, with its loss in chunks): OUT/ablate_m30k.json, about 4 min
 #   cudatests    tests/test_cuda.py alone (the paths only a GPU takes), under 3 min
 #   host         the host's work per update (scripts/bench/bench_host.py --device cuda): update
 #                time, kernels launched outside the compiled graphs, Adam, batch, save; 3-5 min
@@ -139,8 +142,13 @@ decode)
         --run "$run" $dry || failed=1
     ;;
 ablate)
-    step "which cut pays: each variant of the base model's and the Multi30k config's step, timed"
-    timeout "${ABLATE_SECONDS:-500}" python3 scripts/bench/gpu_ablate.py "$out" \
+    step "which cut pays: each variant of the base model's step, timed"
+    timeout "${ABLATE_SECONDS:-500}" python3 scripts/bench/gpu_ablate.py "$out" --model base \
+        --data-dir data/multi30k $dry || failed=1
+    ;;
+ablatem30k)
+    step "which cut pays: each variant of the Multi30k config's update, timed"
+    timeout "${ABLATE_SECONDS:-300}" python3 scripts/bench/gpu_ablate.py "$out" --model m30k \
         --data-dir data/multi30k $dry || failed=1
     ;;
 profile)
@@ -152,7 +160,7 @@ esac; done
 [ -n "$dry" ] && { step done; exit "$failed"; }
 
 for part in $parts; do case $part in
-mfu|m30k|job|decode|profile|ablate) ;;  # above
+mfu|m30k|job|decode|profile|ablate|ablatem30k) ;;  # above
 probe)
     step "why the first steps are slow: the first sight of a batch shape against the second"
     timeout "${PROBE_SECONDS:-100}" python3 scripts/bench/gpu_shape_probe.py --size tiny
@@ -249,7 +257,7 @@ print("valid BLEU by step:", [(r["step"], r["valid_bleu"]) for r in recs if "val
 print("target tokens/s by step:", [(r["step"], round(r["tok_s"])) for r in recs if "tok_s" in r])
 EOF
     ;;
-*) echo "unknown part $part (mfu m30k job decode profile ablate probe cudatests tests cpudecode gpudecode trainshapes trainpack benchgraphs bench benchbase benchref benchfast train)"; exit 2 ;;
+*) echo "unknown part $part (mfu m30k job decode profile ablate ablatem30k probe cudatests tests cpudecode gpudecode trainshapes trainpack benchgraphs bench benchbase benchref benchfast train)"; exit 2 ;;
 esac; done
 step done
 exit "$failed"

@@ -569,8 +569,12 @@ def test_gpu_check_dry_run_ablates_each_variant_compiled_afresh(tmp_path):
     a fresh Dynamo (its own graphs: the step and settle), rows as wide as the variant says;
     wider rows leave less padding on the same pairs."""
     ablate = _load("gpu_ablate")
-    _gpu_check_dry_run(tmp_path, "ablate")
-    rows = {r["variant"]: r for r in map(json.loads, (tmp_path / "ablate.json").open())}
+    _gpu_check_dry_run(tmp_path, "ablate", "ablatem30k")
+    rows = {
+        r["variant"]: r
+        for model in ("base", "m30k")
+        for r in map(json.loads, (tmp_path / f"ablate_{model}.json").open())
+    }
     assert list(rows) == [*ablate.BASE_VARIANTS, *ablate.M30K_VARIANTS]
     for r in rows.values():
         assert "error" not in r and r["graphs"] == 2 and r["block"][1] == r["pack_width"], r

@@ -1,7 +1,7 @@
 """Which cut pays, in one run: the base model's step and the shipped Multi30k config's, each
 variant on and off, timed as gpu_figures.py's mfu and m30k parts time them.
 
-    python scripts/bench/gpu_ablate.py OUTDIR [--data-dir DIR] [--dry-run]
+    python scripts/bench/gpu_ablate.py OUTDIR [--data-dir DIR] [--dry-run] [--model base|m30k]
 
 The variants (each compiled afresh, Dynamo's caches reset between them):
   base       packed rows 128 positions wide (as gpu_figures.py mfu), Inductor's defaults
@@ -17,12 +17,13 @@ The variants (each compiled afresh, Dynamo's caches reset between them):
 and for the Multi30k config: rows 128 and 256 wide, and the whole update as one CUDA graph
 (train.update: graph) on rows 128 wide, with its loss chunked too.
 
-Writes OUTDIR/ablate.json, one JSON line a variant as it ends (a call cut short keeps those that
-finished; a variant that fails writes its error and the next one runs): the base model's
-target tokens/s, MFU against the datasheet and a matmul timed in the same run, padding, step
-and compile seconds; the Multi30k config's updates/s.
---dry-run: tiny sizes on the CPU with aot_eager (the tests run it).
-scripts/gpu_check.sh OUT ablate runs it on a GPU machine (about 8 minutes).
+Writes OUTDIR/ablate_base.json and OUTDIR/ablate_m30k.json, one JSON line a variant as it ends
+(a call cut short keeps those that finished; a variant that fails writes its error and the next
+one runs): the base model's target tokens/s, MFU against the datasheet and a matmul timed in
+the same run, padding, step and compile seconds; the Multi30k config's updates/s.
+--model: one of the two alone. --dry-run: tiny sizes on the CPU with aot_eager (the tests run
+it). scripts/gpu_check.sh OUT ablate runs the base model's on a GPU machine (about 7 minutes),
+... ablatem30k the Multi30k config's (about 4).
 """
 
 from __future__ import annotations
@@ -58,8 +59,15 @@ DRY_STEPS = {"warmup": 1, "steps": 2}
 
 
 def main() -> None:
-    args, device = command_line(__doc__, "ablate.json")
-    path = args.out / "ablate.json"
+    args, device = command_line(__doc__, "ablate_MODEL.json", models=("base", "m30k"))
+    if args.model in (None, "base"):
+        base(args, device)
+    if args.model in (None, "m30k"):
+        multi30k(args, device)
+
+
+def base(args, device: torch.device) -> None:
+    path = args.out / "ablate_base.json"
     path.unlink(missing_ok=True)
     size, pack = (TINY, {**TINY_PACK, **DRY_STEPS}) if args.dry_run else (BASE, BASE_PACK)
     for name, variant in BASE_VARIANTS.items():
@@ -69,6 +77,11 @@ def main() -> None:
                 lambda w=width, t=train: mfu(device, size, {**pack, "pack_width": w}, t)
             )
         append_line(path, {"variant": name, "model": "base", **variant, **figures})
+
+
+def multi30k(args, device: torch.device) -> None:
+    path = args.out / "ablate_m30k.json"
+    path.unlink(missing_ok=True)
     for name, (width, sets) in M30K_VARIANTS.items():
         with settings({}):
             figures = attempt(

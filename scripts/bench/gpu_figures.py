@@ -95,13 +95,16 @@ def setup(dry_run: bool) -> torch.device:
     return pick_device("cuda")
 
 
-def command_line(doc: str, output: str):
+def command_line(doc: str, output: str, models: tuple[str, ...] = ()):
     """(the arguments of a GPU part's script, its device set up): OUTDIR (made), --data-dir
-    and --dry-run, as gpu_profile.py and gpu_ablate.py take them; output: what OUTDIR holds."""
+    and --dry-run, as gpu_profile.py and gpu_ablate.py take them, and --model where `models`
+    names the ones it measures (none given: all); output: what OUTDIR holds."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("out", type=Path, help=f"the folder {output} go to")
     ap.add_argument("--data-dir", default="data/multi30k", help="the Multi30k splits")
     ap.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU, aot_eager")
+    if models:
+        ap.add_argument("--model", choices=models, help="this one alone (default: every one)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     return args, setup(args.dry_run)
