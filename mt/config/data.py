@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from mt.config.section import Section, no_number, user_path
 
@@ -24,6 +24,23 @@ class DataConfig(Section):
     max_len: int = Field(
         128, ge=1, le=1 << 16, description="pairs longer than this (subwords) are dropped"
     )
+    pairs: list[str] = Field(
+        [],
+        max_length=256,
+        description="several language pairs in one model, e.g. [en-de, en-fr, en-cs], each "
+        "read from {split}.{src} and {split}.{tgt} in dir; with more than one target language "
+        "each source starts with the target's token (>>de<<; mt/data/pairs.py). src_lang and "
+        "tgt_lang are then the direction translation takes when none is asked for (the first "
+        "pair's unless set). Empty: the one pair src_lang-tgt_lang",
+    )
+    pair_temperature: float = Field(
+        1.0,
+        ge=0.1,
+        le=100.0,
+        description="data.pairs: pair i is drawn in proportion to its size ** (1 / T); 1: the "
+        "corpus's own proportions; larger: the small pairs drawn more often (again within an "
+        "epoch), the large ones less",
+    )
 
     _dir_is_a_path = field_validator("dir", mode="before")(user_path)
     token_cache: Literal["auto", True, False] = Field(
@@ -32,6 +49,30 @@ class DataConfig(Section):
         "(MT_CACHE_DIR, else ~/.cache/mt) that later runs and every rank of a machine share; "
         "auto: for training files of 100 MB or more",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _direction_of_pairs(cls, v: Any) -> Any:
+        """With data.pairs, src_lang and tgt_lang default to the first pair's, and must name
+        one of them."""
+        from mt.data.pairs import Pair
+
+        if not isinstance(v, dict) or not v.get("pairs"):
+            return v
+        if not isinstance(v["pairs"], list) or not all(isinstance(p, str) for p in v["pairs"]):
+            return v  # (the field's own check says what is wrong)
+        pairs = [Pair.parse(p) for p in v["pairs"]]
+        if len(set(pairs)) < len(pairs):
+            raise ValueError(f"data.pairs {v['pairs']} names a pair twice")
+        first = pairs[0]
+        v = {"src_lang": first.src, "tgt_lang": first.tgt, **v}
+        if Pair(str(v["src_lang"]), str(v["tgt_lang"])) not in pairs:
+            raise ValueError(
+                f"data.src_lang and data.tgt_lang ({v['src_lang']}-{v['tgt_lang']}) are the "
+                f"direction translation takes by default and must be one of data.pairs "
+                f"({', '.join(map(str, pairs))}); leave them out for the first pair's"
+            )
+        return v
 
     @field_validator("token_cache", mode="before")
     @classmethod

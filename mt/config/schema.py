@@ -76,6 +76,21 @@ class Config(Section):
         return self
 
     @model_validator(mode="after")
+    def _pairs_fit_the_run(self) -> Config:
+        d, t = self.data, self.train
+        if t.best_by != "mean" and t.best_by not in d.pairs:
+            raise ValueError(
+                f"train.best_by {t.best_by!r}: mean, or one of data.pairs "
+                f"({', '.join(d.pairs) or 'none: one pair, whose BLEU it is'})"
+            )
+        if len(d.pairs) > 1 and t.bidirectional_share > 0:
+            raise ValueError(
+                "train.bidirectional_share trains one pair both ways; with data.pairs list "
+                "both directions as pairs (en-de, de-en)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _chunked_loss_fits_the_step(self) -> Config:
         t, m = self.train, self.model
         if not t.compiled_loss_chunk:

@@ -284,6 +284,12 @@ class TrainConfig(Section):
         "compiles (label-smoothed cross-entropy of a Transformer; not R-Drop, scheduled "
         "sampling, the NAT or the RNN), with fast_paths auto or false",
     )
+    best_by: str = Field(
+        "mean",
+        max_length=80,
+        description="data.pairs: the valid BLEU that best.pt, early stopping and the end's "
+        "tuning follow: mean (over the pairs) or one pair's, e.g. en-fr",
+    )
     compiled_loss_chunk: int = Field(
         0,
         ge=0,

@@ -202,12 +202,19 @@ def epoch_seed(seed: int, epoch: int) -> int:
 
 
 def epoch_batches(
-    data: ParallelData, max_tokens: int, seed: int, epoch: int, buckets: int = 0
+    data: ParallelData | tuple[np.ndarray, np.ndarray],
+    max_tokens: int,
+    seed: int,
+    epoch: int,
+    buckets: int = 0,
 ) -> list[np.ndarray]:
-    """One epoch's batches: token_batches, or with buckets > 0 bucket_batches of that width
-    multiple."""
+    """One epoch's batches of `data` (or of examples of these source and target lengths):
+    token_batches, or with buckets > 0 bucket_batches of that width multiple."""
+    src_lens, tgt_lens = (
+        (data.src.lengths, data.tgt.lengths) if isinstance(data, ParallelData) else data
+    )
     # +1 on each side for EOS / BOS, the lengths the tensors will actually have.
-    lens = (data.src.lengths + 1, data.tgt.lengths + 1)
+    lens = (src_lens + 1, tgt_lens + 1)
     if buckets:
         return bucket_batches(*lens, max_tokens, buckets, seed=epoch_seed(seed, epoch))
     return token_batches(*lens, max_tokens, seed=epoch_seed(seed, epoch))

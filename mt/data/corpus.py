@@ -14,6 +14,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from mt.data import pairs as pairs_mod
 from mt.errors import MTError
 
 SPLITS = ("train", "valid", "test")
@@ -233,6 +234,22 @@ class ParallelData:
     src: TokenArray
     tgt: TokenArray
     stats: Stats
+    # with several language pairs (data.pairs): each example's pair, numbered in data.pairs'
+    # order, the pairs one after another (mt/data/pairs.py); None: one pair
+    pair_of: np.ndarray | None = None
+
+
+def concat_pairs(parts: list[ParallelData]) -> ParallelData:
+    """The corpora of several language pairs as one, each example's pair kept (pair_of)."""
+    stats = Stats(
+        *(sum(getattr(p.stats, k) for p in parts) for k in ("total", "empty", "too_long"))
+    )
+    sizes = [len(p.src) for p in parts]
+    pair_of = np.repeat(np.arange(len(parts), dtype=np.int16), sizes)
+    return ParallelData(
+        TokenArray.concat([p.src for p in parts]), TokenArray.concat([p.tgt for p in parts]),
+        stats, pair_of,
+    )  # fmt: skip
 
 
 def both_directions(data: ParallelData) -> ParallelData:
@@ -250,8 +267,11 @@ def encode_stream(
     stats: Stats,
     chunk: int = 20_000,
     dropout: float = 0.0,
+    tag: str | None = None,
 ) -> ParallelData:
-    """Tokenize and drop pairs whose either side exceeds `max_len` subwords (+EOS/BOS).
+    """Tokenize and drop pairs whose either side exceeds `max_len` subwords (+EOS/BOS); tag:
+    the target language whose token leads every source (mt/data/pairs.py), counted in its
+    length.
     Streams in chunks, so only one chunk ever exists as Python strings and lists of ints
     (~36 bytes per token); the result is uint16 arrays (2 bytes per token) when the
     vocabulary fits, int32 otherwise. dropout > 0: BPE-dropout segmentations (seeded by
@@ -262,8 +282,10 @@ def encode_stream(
     stats.too_long = 0
     buf: list[tuple[str, str]] = []
 
+    lead = "" if tag is None else f"{pairs_mod.tag(tag)} "
+
     def flush():
-        src_ids = tokenizer.encode_src([s for s, _ in buf], dropout)
+        src_ids = tokenizer.encode_src([lead + s for s, _ in buf], dropout)
         tgt_ids = tokenizer.encode_tgt([t for _, t in buf], dropout)
         keep = [
             i
@@ -287,4 +309,5 @@ def encode_stream(
 def encode_pairs(
     src: list[str], tgt: list[str], tokenizer, max_len: int, stats: Stats
 ) -> ParallelData:
+    """Lines already led by their target-language token, where they need one."""
     return encode_stream(zip(src, tgt, strict=True), tokenizer, max_len, stats)

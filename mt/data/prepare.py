@@ -12,6 +12,7 @@ from mt.data.corpus import (
     ParallelData,
     Stats,
     clean_pairs,
+    concat_pairs,
     drop_empty,
     encode_pairs,
     encode_stream,
@@ -22,6 +23,7 @@ from mt.data.corpus import (
     split_paths,
 )
 from mt.data.download import download, downloaded_into, is_empty_folder
+from mt.data.pairs import Languages, Pair, tag, tagged
 from mt.data.tokenizer import Tokenizer
 from mt.errors import MTError
 
@@ -38,7 +40,10 @@ def prepare_data(
     """From the data config and the run directory to what training reads: the corpus fetched
     if the config names one and data.dir has none (rank 0), the run's BPE model (trained by
     rank 0 the first time), the training split as token ids, and the valid split as text and
-    token ids. Returns (tokenizer, train data, (valid sources, valid references, valid data)).
+    token ids. Returns (tokenizer, train data, (valid sources, valid references, valid data,
+    each pair's count of valid lines in order: empty for one pair)); with several pairs
+    (data.pairs) the splits hold every pair's, one after another, the sources led by their
+    target-language token where the model needs one (mt/data/pairs.py).
     bpe_dropout > 0: the training data is epoch 0's BPE-dropout segmentation (the plain one is
     never trained on), so the logged counts are those of what the first epoch walks.
     inherited() -> the BPE model a new run adopts instead of training its own (that of a
@@ -48,42 +53,77 @@ def prepare_data(
     if dist.is_main:  # one rank downloads and trains BPE; the others wait, then read
         ensure_data(cfg, log)
     dist.wait_for_main()
-    d = cfg.data
-    train_stats, valid_stats = Stats(), Stats()
-    train_paths = split_paths(d.dir, "train", d.src_lang, d.tgt_lang)
-    vsrc, vtgt = drop_empty(
-        *read_parallel(*split_paths(d.dir, "valid", d.src_lang, d.tgt_lang)), valid_stats
-    )
-    if not vsrc:
-        raise MTError(f"{d.dir}: the valid split has no non-empty pairs")
+    valid_stats = Stats()
+    vsrc, vtgt, counts = read_valid(cfg, valid_stats)
     if dist.is_main:
-        load_tokenizer(cfg, run_dir, train_paths, log, inherited, saved)
+        load_tokenizer(cfg, run_dir, log, inherited, saved)
     dist.wait_for_main()
-    tokenizer = load_tokenizer(cfg, run_dir, train_paths, log, saved=saved)
-    if bpe_dropout == 0 and token_cache.wanted(d.token_cache, train_paths):
-        train_data = cached_train(cfg, tokenizer, train_paths, dist, log)
-        train_stats = train_data.stats
-    else:
-        train_data = encode_train(cfg, tokenizer, train_stats, bpe_dropout, epoch=0)
+    tokenizer = load_tokenizer(cfg, run_dir, log, saved=saved)
+    train_data = train_split(cfg, tokenizer, dist, log, bpe_dropout)
     valid_data = encode_pairs(vsrc, vtgt, tokenizer, cfg.max_side_len, valid_stats)
-    log(train_stats.describe("train"))
     log(valid_stats.describe("valid"))
-    return tokenizer, train_data, (vsrc, vtgt, valid_data)
+    return tokenizer, train_data, (vsrc, vtgt, valid_data, counts)
+
+
+def read_valid(cfg: Config, stats: Stats) -> tuple[list[str], list[str], tuple]:
+    """(the valid sources, led by their target-language token where the model needs one, the
+    references, ((pair, lines), ...) for several pairs, else ()), empty pairs dropped."""
+    d, langs = cfg.data, Languages.of(cfg.data)
+    srcs: list[str] = []
+    refs: list[str] = []
+    counts = []
+    for pair in langs.pairs:
+        src, tgt = drop_empty(
+            *read_parallel(*split_paths(d.dir, "valid", pair.src, pair.tgt)), stats
+        )
+        if not src:
+            which = f" of {pair}" if len(langs.pairs) > 1 else ""
+            raise MTError(f"{d.dir}: the valid split{which} has no non-empty pairs")
+        srcs += tagged(src, langs.tag_of(pair))
+        refs += tgt
+        counts.append((str(pair), len(src)))
+    return srcs, refs, tuple(counts) if len(counts) > 1 else ()
+
+
+def train_split(cfg: Config, tokenizer: Tokenizer, dist, log, bpe_dropout: float) -> ParallelData:
+    """The training split's token ids, each pair's from the token cache where it applies
+    (cached_train), else encoded (epoch 0's segmentation under BPE-dropout); several pairs
+    concatenated, each example's pair kept."""
+    d, langs = cfg.data, Languages.of(cfg.data)
+    parts = []
+    for pair in langs.pairs:
+        paths = split_paths(d.dir, "train", pair.src, pair.tgt)
+        tag = langs.tag_of(pair)
+        if bpe_dropout == 0 and token_cache.wanted(d.token_cache, paths):
+            data = cached_train(cfg, tokenizer, pair, tag, dist, log)
+        else:
+            data = encode_train(cfg, tokenizer, Stats(), bpe_dropout, 0, pair, tag)
+        log(data.stats.describe("train" if len(langs.pairs) == 1 else f"train {pair}"))
+        parts.append(data)
+    return parts[0] if len(parts) == 1 else concat_pairs(parts)
 
 
 def encode_train(
-    cfg: Config, tokenizer: Tokenizer, stats: Stats, bpe_dropout: float, epoch: int
+    cfg: Config,
+    tokenizer: Tokenizer,
+    stats: Stats,
+    bpe_dropout: float,
+    epoch: int,
+    pair: Pair,
+    tag: str | None = None,
 ) -> ParallelData:
-    """The training split as token ids, streamed from disk (text is never held whole, only
-    its ids); bpe_dropout > 0: the segmentation of `epoch`, seeded by train.seed and the epoch
-    alone, so every rank and a resumed run get the same one."""
+    """One pair's training split as token ids, streamed from disk (text is never held whole,
+    only its ids); tag: the target language whose token leads every source; bpe_dropout > 0:
+    the segmentation of `epoch`, seeded by train.seed and the epoch alone, so every rank and a
+    resumed run get the same one."""
     d = cfg.data
-    paths = split_paths(d.dir, "train", d.src_lang, d.tgt_lang)
+    paths = split_paths(d.dir, "train", pair.src, pair.tgt)
     if bpe_dropout > 0:
         tokenizer.seed_dropout(epoch_seed(cfg.train.seed, epoch))
     data = encode_stream(
-        clean_pairs(iter_parallel(*paths), stats), tokenizer, d.max_len, stats, dropout=bpe_dropout
-    )
+        clean_pairs(iter_parallel(*paths), stats), tokenizer, d.max_len, stats,
+        dropout=bpe_dropout, tag=tag,
+    )  # fmt: skip
     if not len(data.src):
         why = (
             f"with train.bpe_dropout={bpe_dropout} no training pair fits data.max_len="
@@ -95,18 +135,36 @@ def encode_train(
     return data
 
 
-def cached_train(cfg: Config, tokenizer: Tokenizer, paths, dist, log) -> ParallelData:
-    """The training split's ids from the token cache (mt.data.token_cache): the first rank of
+def encode_epoch(cfg: Config, tokenizer: Tokenizer, bpe_dropout: float, epoch: int) -> ParallelData:
+    """Every pair's training split in `epoch`'s BPE-dropout segmentation."""
+    langs = Languages.of(cfg.data)
+    parts = [
+        encode_train(cfg, tokenizer, Stats(), bpe_dropout, epoch, p, langs.tag_of(p))
+        for p in langs.pairs
+    ]
+    return parts[0] if len(parts) == 1 else concat_pairs(parts)
+
+
+def cached_train(
+    cfg: Config, tokenizer: Tokenizer, pair: Pair, tag: str | None, dist, log
+) -> ParallelData:
+    """One pair's training ids from the token cache (mt.data.token_cache): the first rank of
     each machine (local rank 0) encodes and writes them into that machine's cache folder the
     first time (into a shared MT_CACHE_DIR, a second machine's copy of the same key loses the
     race harmlessly), then every rank memory-maps its machine's files."""
+    paths = split_paths(cfg.data.dir, "train", pair.src, pair.tgt)
     models = [tokenizer.src_model] + ([] if tokenizer.joint else [tokenizer.tgt_model])
     models += [] if tokenizer.vocab is None else [tokenizer.vocab.to_json()]
+    models += [] if tag is None else [f"sources led by {tag}".encode()]
     folder = token_cache.folder_for(token_cache.cache_key(paths, models, cfg.data.max_len))
+
+    def encode() -> ParallelData:
+        return encode_train(cfg, tokenizer, Stats(), 0.0, 0, pair, tag)
+
     encoded = None
     if dist.local_rank == 0 and token_cache.load(folder) is None:
         log(f"writing the training split's token ids to the cache {folder}")
-        encoded = encode_train(cfg, tokenizer, Stats(), 0.0, epoch=0)
+        encoded = encode()
         try:
             token_cache.save(folder, encoded)
         except OSError as e:  # (a full disk, a read-only cache folder: the cache is a saving)
@@ -122,7 +180,7 @@ def cached_train(cfg: Config, tokenizer: Tokenizer, paths, dist, log) -> Paralle
         return data
     if encoded is None:  # (this machine's cache could not be written)
         log(f"no token cache at {folder}: encoding the training split in memory")
-        encoded = encode_train(cfg, tokenizer, Stats(), 0.0, epoch=0)
+        encoded = encode()
     return encoded
 
 
@@ -136,45 +194,53 @@ def bpe_dropout_epochs(cfg: Config, tokenizer: Tokenizer, first: ParallelData):
         data = kept.pop(epoch, None)
         kept.clear()  # a resumed run starts past epoch 0: not held for nothing
         return (
-            data
-            if data is not None
-            else encode_train(cfg, tokenizer, Stats(), cfg.train.bpe_dropout, epoch)
+            data if data is not None else encode_epoch(cfg, tokenizer, cfg.train.bpe_dropout, epoch)
         )
 
     return epoch_data
 
 
 def ensure_data(cfg: Config, log) -> None:
-    """data.dir's train and valid splits exist, or data.dataset is fetched into data.dir when
-    that folder is absent, empty or an earlier download's (never among a user's files)."""
-    d = cfg.data
-    missing = [s for s in ("train", "valid") if not has_split(d.dir, s, d.src_lang, d.tgt_lang)]
+    """data.dir's train and valid splits of every pair exist, or data.dataset is fetched into
+    data.dir when that folder is absent, empty or an earlier download's (never among a user's
+    files)."""
+    d, langs = cfg.data, Languages.of(cfg.data)
+    missing = [
+        (split, pair)
+        for pair in langs.pairs
+        for split in ("train", "valid")
+        if not has_split(d.dir, split, pair.src, pair.tgt)
+    ]
     if not missing:
         return
-    for split in missing:  # (a download would write into it, or wait on a FIFO for ever)
-        for path in split_paths(d.dir, split, d.src_lang, d.tgt_lang):
+    for split, pair in missing:  # (a download would write into it, or wait on a FIFO for ever)
+        for path in split_paths(d.dir, split, pair.src, pair.tgt):
             if path.exists() and not path.is_file():
                 kind = "a folder" if path.is_dir() else "not a regular file (a FIFO, socket...)"
                 raise MTError(
                     f"{path} is {kind}: the {split} split is read from text files; put the "
-                    f"{split}.{d.src_lang} and {split}.{d.tgt_lang} files in {d.dir}"
+                    f"{split}.{pair.src} and {split}.{pair.tgt} files in {d.dir}"
                 )
     folder = Path(d.dir)
     own = downloaded_into(folder)
     if d.dataset is None or not (is_empty_folder(folder) or own == d.dataset):
-        raise MTError(_no_split_message(cfg, missing[0], own))
-    names = ", ".join(Path(f).name for f in split_paths(d.dir, missing[0], d.src_lang, d.tgt_lang))
+        raise MTError(_no_split_message(cfg, *missing[0], own))
+    split, pair = missing[0]
+    names = ", ".join(Path(f).name for f in split_paths(d.dir, split, pair.src, pair.tgt))
     log(
-        f"data.dir {folder.resolve()} has no {missing[0]} split ({names}): downloading the "
+        f"data.dir {folder.resolve()} has no {split} split ({names}): downloading the "
         f"{d.dataset} corpus (data.dataset) into it; to train on your own files, set data.dir "
         f"to their folder ..."
     )
+    every = tuple(sorted({lang for p in langs.pairs for lang in (p.src, p.tgt)}))
+    if len(langs.pairs) == 1:
+        every = (pair.src, pair.tgt)
     try:
         download(
             d.dataset,
             folder,
             config=d.dataset_config,
-            langs=(d.src_lang, d.tgt_lang) if d.dataset != "synthetic" else None,
+            langs=every if d.dataset != "synthetic" else None,
             force=own is not None,
         )
     except MTError as e:
@@ -184,24 +250,25 @@ def ensure_data(cfg: Config, log) -> None:
             f"{e} (data.dir {d.dir} is relative to the current folder, {Path.cwd()}: run from "
             f"the folder the config's paths start from, or make data.dir absolute)"
         ) from None
-    for split in missing:
-        if not has_split(d.dir, split, d.src_lang, d.tgt_lang):
-            raise MTError(_no_split_message(cfg, split, d.dataset))
+    for split, pair in missing:
+        if not has_split(d.dir, split, pair.src, pair.tgt):
+            raise MTError(_no_split_message(cfg, split, pair, d.dataset))
 
 
-def _no_split_message(cfg: Config, split: str, downloaded: str | None) -> str:
+def _no_split_message(cfg: Config, split: str, pair: Pair, downloaded: str | None) -> str:
     """Which files a split needs, which the folder has, and what to change."""
     d = cfg.data
-    src, tgt = split_paths(d.dir, split, d.src_lang, d.tgt_lang)
+    src, tgt = split_paths(d.dir, split, pair.src, pair.tgt)
     folder = Path(d.dir)
     if not folder.is_dir():
         return (
             f"data.dir {d.dir} does not exist: fetch a corpus with `mt download` or set "
-            f"data.dir to the folder of {split}.{d.src_lang} and {split}.{d.tgt_lang}"
+            f"data.dir to the folder of {split}.{pair.src} and {split}.{pair.tgt}"
         )
     there = sorted(p.name for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
     found = ", ".join(there[:8]) + (", ..." if len(there) > 8 else "") if there else "no files"
-    fix = "check data.src_lang and data.tgt_lang, or name the files so"
+    fix = "check data.pairs" if d.pairs else "check data.src_lang and data.tgt_lang"
+    fix += ", or name the files so"
     if d.dataset is not None and downloaded != d.dataset:
         fix += f" (mt downloads {d.dataset} only into an absent or empty folder)"
     return f"no {split} data: {src} and {tgt} must exist ({d.dir} has {found}); {fix}"
@@ -210,14 +277,14 @@ def _no_split_message(cfg: Config, split: str, downloaded: str | None) -> str:
 def load_tokenizer(
     cfg: Config,
     run_dir: Path,
-    train_paths: tuple[Path, Path],
     log,
     inherited: Callable[[], Tokenizer | None] | None = None,
     saved: Callable[[str], Tokenizer | None] | None = None,
 ) -> Tokenizer:
     """The run's BPE model: the one it saved (a run with a checkpoint: saved()'s copy when
     that file is missing or damaged), else inherited()'s, else trained on (a sample of) the
-    training split the first time."""
+    training split the first time (bpe_sample), the target-language tokens of several pairs
+    reserved whole in it."""
     saved = saved or (lambda _why: None)
     try:
         tok = Tokenizer.load(run_dir)
@@ -232,13 +299,9 @@ def load_tokenizer(
         if tok is not None:
             tok.save(run_dir)
     if tok is None:
-        t = cfg.tokenizer
+        t, langs = cfg.tokenizer, Languages.of(cfg.data)
         log(f"training {'joint' if t.joint else 'separate'} BPE (vocab {t.vocab_size}) ...")
-        src, tgt = sample_pairs(
-            clean_pairs(iter_parallel(*train_paths), Stats()), t.max_sentences, cfg.train.seed
-        )
-        if not src:
-            raise MTError(f"{train_paths[0]}: the training split has no non-empty pairs")
+        src, tgt = bpe_sample(cfg, langs)
         tok = Tokenizer.train(
             src,
             tgt,
@@ -247,6 +310,7 @@ def load_tokenizer(
             character_coverage=t.character_coverage,
             max_sentences=t.max_sentences,
             seed=cfg.train.seed,
+            symbols=tuple(tag(lang) for lang in langs.targets) if langs.tagged else (),
         )
         tok.save(run_dir)
         sizes = {tok.src_vocab_size, tok.tgt_vocab_size}
@@ -257,3 +321,36 @@ def load_tokenizer(
                 f"which the model and its checkpoints use (the BPE model in {run_dir} says so)"
             )
     return tok
+
+
+def bpe_sample(cfg: Config, langs: Languages) -> tuple[list[str], list[str]]:
+    """(source lines, target lines) to train BPE on: one pair's, at most
+    tokenizer.max_sentences pairs drawn uniformly; several pairs', an equal share of
+    tokenizer.max_sentences from each language's lines (each read once, from the first pair
+    that has it), so that a language with less text keeps its pieces. A joint BPE model
+    reads both lists as one."""
+    d, t = cfg.data, cfg.tokenizer
+    if len(langs.pairs) == 1:
+        paths = split_paths(d.dir, "train", langs.pairs[0].src, langs.pairs[0].tgt)
+        src, tgt = sample_pairs(
+            clean_pairs(iter_parallel(*paths), Stats()), t.max_sentences, cfg.train.seed
+        )
+        if not src:
+            raise MTError(f"{paths[0]}: the training split has no non-empty pairs")
+        return src, tgt
+    every = sorted({lang for p in langs.pairs for lang in (p.src, p.tgt)})
+    share = max(1, t.max_sentences // len(every))
+    lines = {}
+    for lang in every:
+        pair = next(p for p in langs.pairs if lang in (p.src, p.tgt))
+        side = 0 if lang == pair.src else 1
+        paths = split_paths(d.dir, "train", pair.src, pair.tgt)
+        pairs = clean_pairs(iter_parallel(*paths), Stats())
+        sample = sample_pairs(pairs, share, cfg.train.seed)[side]
+        if not sample:
+            raise MTError(f"{paths[side]}: the training split has no non-empty pairs")
+        lines[lang] = sample
+    src = [x for lang in langs.sources for x in lines[lang]]
+    if cfg.tokenizer.joint:  # (each language once, also one both read and written)
+        return [x for lang in every for x in lines[lang]], []
+    return src, [x for lang in langs.targets for x in lines[lang]]

@@ -23,8 +23,10 @@ def train_bpe(
     character_coverage: float = 1.0,
     max_sentences: int = 2_000_000,
     seed: int = 0,
+    symbols: tuple[str, ...] = (),
 ) -> bytes:
-    """Train a BPE model on `lines`; returns the serialized model."""
+    """Train a BPE model on `lines`; returns the serialized model. symbols: pieces reserved
+    whole (the target-language tokens of mt/data/pairs.py), numbered after the special ones."""
     lines = [line for line in lines if line]
     if len(lines) > max_sentences:
         lines = random.Random(seed).sample(lines, max_sentences)
@@ -49,6 +51,7 @@ def train_bpe(
         # Keep digits and unknown characters round-trippable instead of mapping them to <unk>.
         split_digits=True,
         byte_fallback=False,
+        **({"user_defined_symbols": list(symbols)} if symbols else {}),
     )
     return buf.getvalue()
 
@@ -128,14 +131,25 @@ class _Side:
         return self.sp.GetPieceSize() if self.pieces is None else len(self.pieces)
 
     def encode(self, lines: list[str], dropout: float) -> list[list[int]]:
-        if self.ids is None:
+        if self.ids is None and not any(line.startswith(">>") for line in lines):
             return _encode(self.sp, lines, dropout)
+        if self.ids is None:  # a line led by a target-language token this model reserved
+            codes, texts = zip(*map(self._own_code, lines), strict=True)
+            rest = _encode(self.sp, list(texts), dropout)
+            return [[*code, *ids] for code, ids in zip(codes, rest, strict=True)]
         ids = self.ids
         codes, texts = zip(*map(_language_code, lines), strict=True) if lines else ((), ())
         return [
             [ids.get(p, UNK) for p in (*code, *pieces)]
             for code, pieces in zip(codes, _encode(self.sp, list(texts), dropout, str), strict=True)
         ]
+
+    def _own_code(self, line: str) -> tuple[tuple[int, ...], str]:
+        """(the id of the target-language token that leads `line`, if the model reserved it
+        (mt/data/pairs.py; another text starting with ">>" is text), the rest of the line)."""
+        codes, rest = _language_code(line)
+        i = self.sp.PieceToId(codes[0]) if codes else UNK
+        return ((i,), rest.lstrip()) if i != UNK else ((), line)
 
     def decode(self, ids: list[list[int]]) -> list[str]:
         if self.pieces is None:
@@ -261,10 +275,13 @@ class Tokenizer:
         character_coverage: float,
         max_sentences: int,
         seed: int,
+        symbols: tuple[str, ...] = (),
     ) -> Tokenizer:
-        def bpe(lines: list[str]) -> bytes:
-            return train_bpe(lines, vocab_size, character_coverage, max_sentences, seed)
+        """symbols: pieces the source side reserves whole (target-language tokens)."""
+
+        def bpe(lines: list[str], reserved: tuple[str, ...] = ()) -> bytes:
+            return train_bpe(lines, vocab_size, character_coverage, max_sentences, seed, reserved)
 
         if joint:
-            return cls(bpe(src_lines + tgt_lines))
-        return cls(bpe(src_lines), bpe(tgt_lines))
+            return cls(bpe(src_lines + tgt_lines, symbols))
+        return cls(bpe(src_lines, symbols), bpe(tgt_lines))

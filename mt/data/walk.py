@@ -24,6 +24,7 @@ from mt.data.batching import (
 )
 from mt.data.corpus import ParallelData, both_directions
 from mt.data.packing import describe_packing, pack_blocks
+from mt.data.pairs import epoch_members
 
 T = TypeVar("T")
 Item = TypeVar("Item")
@@ -41,6 +42,7 @@ def training_batches(
     say: Callable[[str], None] = print,
     prepare: Callable[[Batch, list[int]], Batch] | None = None,
     resident: bool = False,
+    pair_temperature: float = 1.0,
 ) -> Iterator[Batch]:
     """Batches from (state.epoch, state.batch_in_epoch) on, advancing them as it goes.
 
@@ -51,7 +53,8 @@ def training_batches(
     prepare(batch, seed): the objective's own batch made from each one (masked-LM masking),
     seeded by the batch's epoch and position alone; resident: the batches made ahead
     RESIDENT_BATCHES at a time and moved to the device together, each a slice of them
-    (resident_batches; for a reader that copies each batch into its own buffers).
+    (resident_batches; for a reader that copies each batch into its own buffers);
+    pair_temperature: with several language pairs, how each epoch draws them (data.pairs).
     With N ranks every rank walks the same global order and takes every N-th batch, so the
     position, and resuming, do not depend on the number of ranks."""
     pin = device.type == "cuda"
@@ -62,7 +65,7 @@ def training_batches(
             choose_directions(state, cfg.bidirectional_share, progress(), say)
         if state.both_directions:
             data = both_directions(data)
-        order = epoch_order(data, cfg, state.epoch)
+        order = epoch_order(data, cfg, state.epoch, pair_temperature)
         if not described:  # the first epoch this run walks: its shapes and padding
             say(describe_order(data, order, cfg))
             described = True
@@ -154,13 +157,29 @@ def ahead(make: Callable[[Item], T], items: Iterable[Item], depth: int) -> Itera
                 made.cancel()
 
 
-def epoch_order(data: ParallelData, cfg, epoch: int) -> list[np.ndarray]:
-    """An epoch's batches, as arrays of pair indices: packed blocks of several pairs per row
-    (train.pack_width; mt/data/packing.py), else batches of similar lengths."""
+def epoch_order(
+    data: ParallelData, cfg, epoch: int, pair_temperature: float = 1.0
+) -> list[np.ndarray]:
+    """An epoch's batches, as arrays of example indices: packed blocks of several examples
+    per row (train.pack_width; mt/data/packing.py; -1 ends a row), else batches of similar
+    lengths. With several language pairs drawn by a temperature other than 1, over the
+    examples the epoch draws (mt.data.pairs.epoch_members)."""
+    members = None
+    if data.pair_of is not None:
+        members = epoch_members(data.pair_of, pair_temperature, epoch_seed(cfg.seed, epoch))
+    src_lens, tgt_lens = data.src.lengths, data.tgt.lengths
+    if members is not None:
+        src_lens, tgt_lens = src_lens[members], tgt_lens[members]
     if cfg.pack_width:
         seed = epoch_seed(cfg.seed, epoch)
-        return pack_blocks(data.src.lengths, data.tgt.lengths, cfg.pack_width, _rows(cfg), seed)
-    return epoch_batches(data, cfg.max_tokens, cfg.seed, epoch, cfg.shape_buckets)
+        order = pack_blocks(src_lens, tgt_lens, cfg.pack_width, _rows(cfg), seed)
+    else:
+        order = epoch_batches(
+            (src_lens, tgt_lens), cfg.max_tokens, cfg.seed, epoch, cfg.shape_buckets
+        )
+    if members is None:
+        return order
+    return [np.where(b >= 0, members[np.maximum(b, 0)], b) for b in order]
 
 
 def describe_order(data: ParallelData, order: list[np.ndarray], cfg) -> str:

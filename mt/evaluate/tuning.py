@@ -48,15 +48,15 @@ def translate_with(translator: Translator, src: list[str], settings: dict) -> li
 
 
 def tune_decoding(
-    translator: Translator, src: list[str], refs: list[str], grid: list[dict]
+    translator: Translator, src: list[str], refs: list[str], grid: list[dict], bleu=None
 ) -> dict:
     """Translate the validation source with every settings dict of `grid` (decoding_grid) and
-    keep the highest BLEU (ties: the cheaper, _cost). Returns the record for
-    train_log.jsonl: {"tuned_decoding": best, "grid": [...]}, each with its valid_bleu."""
-    scored = [
-        {**g, "valid_bleu": round(score(translate_with(translator, src, g), refs).bleu, 2)}
-        for g in grid
-    ]
+    keep the highest BLEU (ties: the cheaper, _cost); bleu(translations): the BLEU to follow
+    (None: sacreBLEU's against refs; several pairs: their mean, Validator.criterion). Returns
+    the record for train_log.jsonl: {"tuned_decoding": best, "grid": [...]}, each with its
+    valid_bleu."""
+    bleu = bleu or (lambda hyps: score(hyps, refs).bleu)
+    scored = [{**g, "valid_bleu": round(bleu(translate_with(translator, src, g)), 2)} for g in grid]
     best = max(scored, key=lambda g: (g["valid_bleu"], *_cost(g)))
     return {"tuned_decoding": best, "grid": scored}
 
@@ -74,6 +74,7 @@ def tuning_pairs(cfg, src: Path | None, ref: Path | None) -> tuple[list, list]:
     """The tuning sentences: `src` and `ref`, or the run's valid split (cfg: best.pt's
     config); pairs with an empty side dropped."""
     from mt.data.corpus import Stats, drop_empty, read_parallel, split_paths
+    from mt.data.pairs import Languages, tagged
     from mt.errors import MTError
 
     if src is None:
@@ -84,7 +85,9 @@ def tuning_pairs(cfg, src: Path | None, ref: Path | None) -> tuple[list, list]:
     for path in (src, ref):
         if not Path(path).is_file():
             raise MTError(f"{path} not found; pass the tuning files with --src and --ref")
-    return drop_empty(*read_parallel(src, ref), Stats())
+    lines, refs = drop_empty(*read_parallel(src, ref), Stats())
+    langs = Languages.of(cfg.data)  # (several target languages: the default one's token)
+    return tagged(lines, langs.tag_of(langs.default)), refs
 
 
 def refuse_test_split(cfg, src: Path | None, ref: Path | None) -> None:

@@ -181,8 +181,11 @@ def _build(
     log(f"model: {sum(p.numel() for p in model.parameters()):,} parameters on {device}{ranks}")
     optimizer, scheduler, scaler, dtype = _optimization(cfg, model, device, pretraining)
     beam = t.valid_beam or cfg.decode.beam  # (no validation for the encoder's pretraining)
-    vsrc, vtgt, valid_data = valid
-    validation = None if pretraining else Validation(vsrc, vtgt, valid_data, beam, cfg.decode)
+    vsrc, vtgt, valid_data, pairs = valid
+    validation = (
+        None if pretraining
+        else Validation(vsrc, vtgt, valid_data, beam, cfg.decode, pairs, t.best_by)
+    )  # fmt: skip
     return Trainer(
         model=model,
         optimizer=optimizer,
@@ -203,6 +206,7 @@ def _build(
         epoch_data=bpe_dropout_epochs(cfg, tokenizer, train_data) if t.bpe_dropout > 0 else None,
         state=TrainState(objective=OBJECTIVE_NAMES[pretraining]),
         compile=bool(t.compile),
+        pair_temperature=cfg.data.pair_temperature,
     )
 
 

@@ -43,7 +43,7 @@ RESUMABLE = (
 # Keys no flag can change in a run that has a checkpoint: the weights, the optimizer's moments
 # and the BPE model were made for them.
 FIXED_SECTIONS = ("model", "tokenizer")
-FIXED_KEYS = ("data.src_lang", "data.tgt_lang")
+FIXED_KEYS = ("data.src_lang", "data.tgt_lang", "data.pairs")
 # ...except these, on which no shape depends
 CHANGEABLE_IN_MODEL = (
     "model.dropout",
@@ -139,8 +139,14 @@ def set_aside(run_dir: Path, log) -> Path | None:
 def corpus_fingerprint(cfg: Config) -> dict:
     """Sizes and a hash of the first MiB of the training files: enough to tell a moved corpus
     from another one without reading a WMT-size corpus twice."""
+    from mt.data.pairs import Languages
+
     out = {}
-    for path in split_paths(cfg.data.dir, "train", cfg.data.src_lang, cfg.data.tgt_lang):
+    pairs = Languages.of(cfg.data).pairs  # (every pair's: a language's file is read once)
+    paths = dict.fromkeys(
+        p for pair in pairs for p in split_paths(cfg.data.dir, "train", pair.src, pair.tgt)
+    )
+    for path in paths:
         path = Path(path)
         if not path.is_file():
             return {}

@@ -48,6 +48,9 @@ class Validation:
     data: ParallelData  # the same pairs as token ids, for the loss
     beam: int
     decode: DecodeConfig  # how it is decoded, and the grid tuned on it at the end
+    # several language pairs: ((pair, its lines), ...) in the order src and refs hold them
+    pairs: tuple[tuple[str, int], ...] = ()
+    best_by: str = "mean"  # train.best_by: the BLEU best.pt follows, "mean" or one pair's
 
 
 @dataclass

@@ -47,7 +47,8 @@ class Trainer:
     each epoch where it changes from epoch to epoch (BPE-dropout), and then train_data is None:
     the plain segmentation would be a second copy of the split kept for nothing; None:
     train_data always. cfg and compile: train.compile and train.pack_width as resolved for
-    this device and objective (mt.train.parts.for_device)."""
+    this device and objective (mt.train.parts.for_device); pair_temperature: data.pairs'
+    draws (mt/data/pairs.py)."""
 
     def __init__(
         self,
@@ -71,6 +72,7 @@ class Trainer:
         tensorboard: bool = False,
         epoch_data: Callable[[int], ParallelData] | None = None,
         compile: bool | None = None,
+        pair_temperature: float = 1.0,
     ):
         if cfg.pack_width == "auto":
             raise ValueError("train.pack_width auto is decided per device (parts.for_device)")
@@ -79,6 +81,7 @@ class Trainer:
         self.dist = dist = dist or Dist()  # (None: one process, no ranks)
         dist.broadcast_parameters(model)  # rank 0's weights everywhere
         self.train_data, self.epoch_data, self.cfg = train_data, epoch_data, cfg
+        self.pair_temperature = pair_temperature  # (data.pairs: mt/data/pairs.py)
         self.tokenizer, self.run_dir = tokenizer, run_dir
         self.device, self.amp_dtype = device, amp_dtype
         self.state, self.lock = state or TrainState(), lock
@@ -174,6 +177,7 @@ class Trainer:
             prepare=self.objective.prepare,
             # (the graph update copies each batch into its own buffers: slices will do)
             resident=isinstance(self.update, GraphUpdate),
+            pair_temperature=self.pair_temperature,
         )
 
     def _epoch_data(self, epoch: int) -> ParallelData:

@@ -87,20 +87,47 @@ class Validator:
                 else:  # scores some tokens, the same ones every time
                     loss, nll, count = valid_loss(self.model, batch, index=i)
             loss_sum, nll_sum, n = loss_sum + float(loss), nll_sum + float(nll), n + count
-        s = score(self.translator().translate(v.src, beam=v.beam), v.refs)
+        bleu, chrf, by_pair = self.scores()
         record: dict = {
             "step": step,
             "valid_loss": round(loss_sum / n, 4),
             "valid_nll": round(nll_sum / n, 4),
             "valid_ppl": round(math.exp(min(nll_sum / n, 50)), 2),
-            "valid_bleu": round(s.bleu, 2),
-            "valid_chrf": round(s.chrf, 2),
+            "valid_bleu": round(bleu, 2),
+            "valid_chrf": round(chrf, 2),
             "valid_seconds": round(time.perf_counter() - began, 2),  # (loss and decoding)
         }
+        if by_pair:
+            record["valid_bleu_pairs"] = {k: round(b, 2) for k, b in by_pair.items()}
         if self.objective.valid_loss_over:
             record["valid_loss_over"] = self.objective.valid_loss_over
         release_free_memory()
-        return record, s.bleu
+        return record, bleu
+
+    def scores(self) -> tuple[float, float, dict[str, float]]:
+        """(BLEU, chrF, each pair's BLEU) of decoding the valid split: with several pairs
+        (data.pairs) each pair is scored on its own lines, and the BLEU is train.best_by's
+        (their mean, or one pair's) and the chrF their mean; else {} for the pairs."""
+        v = self.validation
+        return self.criterion(self.translator().translate(v.src, beam=v.beam))
+
+    def criterion(self, hyps: list[str]) -> tuple[float, float, dict[str, float]]:
+        """scores() of these translations of the valid sources."""
+        v = self.validation
+        if not v.pairs:
+            s = score(hyps, v.refs)
+            return s.bleu, s.chrf, {}
+        by_pair, chrfs, start = {}, [], 0
+        for name, n in v.pairs:
+            s = score(hyps[start : start + n], v.refs[start : start + n])
+            by_pair[name], start = s.bleu, start + n
+            chrfs.append(s.chrf)
+        mean = sum(by_pair.values()) / len(by_pair)
+        return (
+            (mean if v.best_by == "mean" else by_pair[v.best_by]),
+            sum(chrfs) / len(chrfs),
+            by_pair,
+        )
 
     def translator(self) -> Translator:
         """The model as it decodes the valid split (also for the end of the run's averaging
@@ -115,21 +142,17 @@ class Validator:
 
     def bleu_with(self, weights: dict) -> tuple[float, float]:
         """(BLEU, chrF) of decoding the valid split with `weights` in the model."""
-        v = self.validation
-
-        def decode():
-            s = score(self.translator().translate(v.src, beam=v.beam), v.refs)
-            return s.bleu, s.chrf
-
-        return with_weights(self.model, weights, decode)
+        return with_weights(self.model, weights, lambda: self.scores()[:2])
 
 
 def describe_validation(rec: dict) -> str:
     """A validation's log record as the line the user sees."""
     over = f" (over {rec['valid_loss_over']})" if "valid_loss_over" in rec else ""
+    pairs = rec.get("valid_bleu_pairs")
+    each = f" ({', '.join(f'{k} {b}' for k, b in pairs.items())})" if pairs else ""
     return (
         f"step {rec['step']}: valid loss{over} {rec['valid_loss']} ppl {rec['valid_ppl']} "
-        f"BLEU {rec['valid_bleu']} chrF {rec['valid_chrf']}"
+        f"BLEU {rec['valid_bleu']}{each} chrF {rec['valid_chrf']}"
         + (" (best)" if rec.get("best") else "")
     )
 

@@ -1,0 +1,152 @@
+"""Several language pairs in one model (data.pairs): which pairs, the token that tells the
+model its target language, and how often each pair is drawn.
+
+The model learns every direction from one corpus of all the pairs. Where the pairs have more
+than one target language, each source sentence starts with a token naming the language to
+translate into (Johnson et al., 2017, "Google's Multilingual NMT": `<2es>`), spelt `>>fr<<` as
+OPUS-MT's multilingual Marian models spell it, so that an exported model reads the same
+requests. The token is one piece of the BPE model, reserved when it is trained
+(mt/data/tokenizer.py), and a source line that begins with it is encoded with it whatever the
+text after.
+
+Pairs are drawn by a temperature over their sizes (Arivazhagan et al., 2019): pair i's share
+of an epoch is proportional to n_i ** (1 / T), so T = 1 keeps the corpus's own proportions and
+a larger T gives the small pairs more of each epoch (drawn again) and the large ones less.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from mt.errors import MTError
+
+_LANG = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,31}")  # (a file suffix: no dot, dash or slash)
+
+
+@dataclass(frozen=True)
+class Pair:
+    src: str
+    tgt: str
+
+    @classmethod
+    def parse(cls, text: str) -> Pair:
+        """ "en-de" -> Pair("en", "de")."""
+        src, sep, tgt = text.partition("-")
+        if not (sep and _LANG.fullmatch(src) and _LANG.fullmatch(tgt)) or src == tgt:
+            raise ValueError(
+                f"{text!r} is not a language pair: write it SRC-TGT, two different language "
+                f"suffixes of the corpus files (e.g. en-de for train.en and train.de)"
+            )
+        return cls(src, tgt)
+
+    def __str__(self) -> str:
+        return f"{self.src}-{self.tgt}"
+
+
+def tag(lang: str) -> str:
+    """The target-language token: the piece a source sentence starts with."""
+    return f">>{lang}<<"
+
+
+def tagged(lines: list[str], lang: str | None) -> list[str]:
+    """`lines` each led by the token of target language `lang` (None: as they are)."""
+    return lines if lang is None else [f"{tag(lang)} {line}" for line in lines]
+
+
+@dataclass(frozen=True)
+class Languages:
+    """A model's pairs (data.pairs; one pair for a bilingual model), the direction it
+    translates when none is asked for, and whether its sources carry the target-language
+    token (more than one target language)."""
+
+    pairs: tuple[Pair, ...]
+    default: Pair
+
+    @classmethod
+    def of(cls, data) -> Languages:
+        """The pairs of a data config: data.pairs, else (data.src_lang, data.tgt_lang)."""
+        default = Pair(data.src_lang, data.tgt_lang)
+        pairs = tuple(Pair.parse(p) for p in data.pairs) or (default,)
+        return cls(pairs, default)
+
+    @property
+    def tagged(self) -> bool:
+        return len(self.targets) > 1
+
+    @property
+    def targets(self) -> list[str]:
+        return sorted({p.tgt for p in self.pairs})
+
+    @property
+    def sources(self) -> list[str]:
+        return sorted({p.src for p in self.pairs})
+
+    def tag_of(self, pair: Pair) -> str | None:
+        """The target language whose token leads this pair's sources (None: untagged)."""
+        return pair.tgt if self.tagged else None
+
+    def choose(self, src: str | None, tgt: str | None, warn) -> Pair:
+        """The pair a translation asks for (--src-lang/--tgt-lang, a request's languages;
+        None: the default's, or a trained pair's with the other language given): one the
+        model was trained on, or, where the model is told its target language, an unseen one
+        between languages it knows (zero-shot, said by warn()); anything else is refused,
+        naming what the model knows."""
+        d = self.default
+        if tgt is None:
+            tgt = (
+                d.tgt if src in (None, d.src) else _first(p.tgt for p in self.pairs if p.src == src)
+            )
+        if src is None:
+            src = d.src if tgt == d.tgt else _first(p.src for p in self.pairs if p.tgt == tgt)
+        pair = Pair(src or "?", tgt or "?")
+        if pair in self.pairs:
+            return pair
+        if len(self.pairs) == 1:
+            raise MTError(
+                f"this model translates {d} only (a bilingual model), not {pair}: leave out "
+                f"--src-lang and --tgt-lang, or train one model on several pairs (data.pairs)"
+            )
+        if self.tagged and pair.tgt in self.targets and pair.src in self.sources + self.targets:
+            warn(f"warning: {pair} was not trained (zero-shot); the model knows {self.describe()}")
+            return pair
+        raise MTError(
+            f"{pair}: this model translates {self.describe()}; its target languages are "
+            f"{', '.join(self.targets)} and its source languages {', '.join(self.sources)}"
+        )
+
+    def describe(self) -> str:
+        return ", ".join(map(str, self.pairs))
+
+
+def _first(items) -> str | None:
+    return next(iter(items), None)
+
+
+def pair_shares(sizes: list[int], temperature: float) -> np.ndarray:
+    """Each pair's share of an epoch, proportional to size ** (1 / temperature)."""
+    weights = np.asarray(sizes, dtype=np.float64) ** (1.0 / temperature)
+    return weights / weights.sum()
+
+
+def epoch_members(pair_of: np.ndarray, temperature: float, seed: int) -> np.ndarray | None:
+    """The examples an epoch walks, as indices into the corpus (pair_of: each example's pair
+    number, the pairs one after another as the corpus holds them): as many as the corpus
+    holds, pair i's pair_shares of them, a pair drawn beyond its size walked whole and then
+    again from a new shuffle. None where that is the corpus itself, each example once (one
+    pair, or temperature 1)."""
+    sizes = np.bincount(pair_of).tolist()
+    if len(sizes) < 2 or temperature == 1.0:
+        return None
+    counts = np.floor(pair_shares(sizes, temperature) * len(pair_of)).astype(np.int64)
+    counts[: len(pair_of) - int(counts.sum())] += 1  # (the rounding's remainder, one each)
+    rng = np.random.default_rng(seed)
+    starts = np.r_[0, np.cumsum(sizes)]
+    parts = []
+    for i, want in enumerate(counts.tolist()):
+        own = np.arange(starts[i], starts[i + 1])
+        rounds = [rng.permutation(own) for _ in range(-(-want // len(own)))]
+        parts.append(np.concatenate(rounds)[:want] if rounds else own[:0])
+    return np.concatenate(parts)
