@@ -23,3 +23,13 @@ NatLengthBeam = Annotated[
     int | None, typer.Option("--nat-length-beam", min=1, help="model.arch nat: candidate lengths")
 ]
 Force = Annotated[bool, typer.Option("--force", help="overwrite --output if it exists")]
+SrcLang = Annotated[
+    str | None,
+    typer.Option("--src-lang", help="a model of several pairs: the source language (default: "
+                 "the run's data.src_lang, or the one pair into --tgt-lang's)"),
+]  # fmt: skip
+TgtLang = Annotated[
+    str | None,
+    typer.Option("--tgt-lang", help="a model of several pairs: the language to translate into "
+                 "(default: the run's data.tgt_lang)"),
+]  # fmt: skip

@@ -45,8 +45,11 @@ def write_output(path: Path | None, lines: list[str]) -> None:
         write_text(path, text)
 
 
-def interactive(translator, opts) -> None:
-    """stdin is a terminal: answer each line as it is typed (Ctrl-D ends)."""
+def interactive(translator, opts, lang: str | None = None) -> None:
+    """stdin is a terminal: answer each line as it is typed (Ctrl-D ends); lang: the target
+    language whose token leads each line (a model of several pairs)."""
+    from mt.data.pairs import tagged
+
     _say("type a sentence and press Enter; Ctrl-D to quit")
     while True:
         if sys.stdout.isatty():
@@ -61,7 +64,7 @@ def interactive(translator, opts) -> None:
         if line is None:
             _say("")
             return
-        print(translator.translate([line.rstrip("\n")], opts)[0], flush=True)
+        print(translator.translate(tagged([line.rstrip("\n")], lang), opts)[0], flush=True)
 
 
 def output_lines(translator, lines: list[str], opts, alignment: bool = False) -> list[str]:

@@ -10,7 +10,17 @@ from typing import Annotated
 import typer
 
 from mt.cli.app import _check_beam, _check_device, _err, command
-from mt.cli.flags import Beam, Device, Force, LengthPenalty, NatIterations, NatLengthBeam, Precision
+from mt.cli.flags import (
+    Beam,
+    Device,
+    Force,
+    LengthPenalty,
+    NatIterations,
+    NatLengthBeam,
+    Precision,
+    SrcLang,
+    TgtLang,
+)
 from mt.errors import MTError
 
 # the flags of translate and eval alone (mt/cli/flags.py: those several commands share)
@@ -90,6 +100,8 @@ def translate_cmd(
     topp: TopP = 1.0,
     seed: Seed = None,
     prefix: Prefix = None,
+    src_lang: SrcLang = None,
+    tgt_lang: TgtLang = None,
     device: Device = "auto",
     precision: Precision = "auto",
     print_alignment: PrintAlignment = False,
@@ -110,12 +122,13 @@ def translate_cmd(
     given = {"beam": 1 if greedy else beam, "length_penalty": length_penalty,
              "nat_iterations": nat_iterations, "nat_length_beam": nat_length_beam}  # fmt: skip
     more = {"nbest": nbest, "sampling": sampling, "prefix": prefix}
-    _translate(models, input, output, force, device, precision, given, more, print_alignment)
+    langs = (src_lang, tgt_lang)
+    _translate(models, input, output, force, device, precision, given, more, print_alignment, langs)
 
 
-def _translate(models, input, output, force, device, precision, given, more, alignment) -> None:
+def _translate(models, input, output, force, device, precision, given, more, alignment, langs):
     """mt translate once its flags are checked: given, the settings a run decides unless a
-    flag gives them; more, the other options."""
+    flag gives them; more, the other options; langs: --src-lang and --tgt-lang."""
     from mt.artifacts import checkpoint
     from mt.cli.textio import (
         check_input_output,
@@ -124,6 +137,7 @@ def _translate(models, input, output, force, device, precision, given, more, ali
         read_input,
         write_output,
     )
+    from mt.data.pairs import tagged
     from mt.decode.options import OptionError
     from mt.decode.translator import Translator
     from mt.outputs import is_stdio
@@ -134,15 +148,17 @@ def _translate(models, input, output, force, device, precision, given, more, ali
     choose_threads(0, _err)
     translator = Translator.load(paths, device, precision)
     translator.check_applies(**given)
+    lang = translator.source_tag(*langs, _err)
     try:
         opts = translator.options(**given, **more)
     except OptionError as e:
         raise e.as_flag() from None
-    _err(translator.describe(paths, opts))
+    _err(translator.describe(paths, opts) + (f", into {lang}" if lang else ""))
     typed = is_stdio(input) and sys.stdin.isatty() and is_stdio(output)
     if typed and not alignment and more["nbest"] == 1:
-        return interactive(translator, opts)
-    write_output(output, output_lines(translator, read_input(input), opts, alignment))
+        return interactive(translator, opts, lang)
+    lines = tagged(read_input(input), lang)
+    write_output(output, output_lines(translator, lines, opts, alignment))
 
 
 @command("eval")

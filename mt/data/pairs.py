@@ -52,8 +52,11 @@ def tag(lang: str) -> str:
 
 
 def tagged(lines: list[str], lang: str | None) -> list[str]:
-    """`lines` each led by the token of target language `lang` (None: as they are)."""
-    return lines if lang is None else [f"{tag(lang)} {line}" for line in lines]
+    """`lines` each led by the token of target language `lang` (None: as they are); an empty
+    line stays empty (its translation is empty)."""
+    if lang is None:
+        return lines
+    return [f"{tag(lang)} {line}" if line.strip() else line for line in lines]
 
 
 @dataclass(frozen=True)

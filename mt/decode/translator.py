@@ -17,6 +17,7 @@ from tqdm import tqdm
 from mt.artifacts import checkpoint
 from mt.config import DecodeConfig
 from mt.data.batching import pad_sources, token_batches
+from mt.data.pairs import Languages
 from mt.data.tokenizer import Tokenizer
 from mt.decode.mask_predict import mask_predict
 from mt.decode.options import DecodeOptions, OptionError
@@ -50,11 +51,13 @@ class Translator:
         decode_cfg: DecodeConfig,
         device: torch.device,
         amp_dtype: torch.dtype | None = None,
+        languages: Languages | None = None,
     ) -> None:
         """amp_dtype: autocast dtype for the encoder and decoder layers (None: fp32); the output
-        layer and log-softmax are fp32 either way (mt.decode.search)."""
+        layer and log-softmax are fp32 either way (mt.decode.search); languages: the pairs
+        the model was trained on (mt/data/pairs.py; None: unknown, a model of its own)."""
         self.model, self.tokenizer, self.cfg, self.device = model, tokenizer, decode_cfg, device
-        self.amp_dtype = amp_dtype
+        self.amp_dtype, self.languages = amp_dtype, languages
         fp32_matmuls(device, amp_dtype)
         self._compiled: CompiledStep | None = None  # see compiled()
         # how many jobs like each search call this translator will decode (validation: one per
@@ -75,7 +78,9 @@ class Translator:
         from mt.decode.ensemble import ensemble_of
 
         model, first = ensemble_of(paths, lambda run: cls.from_trained(run, device, precision))
-        return cls(model, first.tokenizer, first.cfg, first.device, first.amp_dtype)
+        return cls(
+            model, first.tokenizer, first.cfg, first.device, first.amp_dtype, first.languages
+        )
 
     @classmethod
     def from_checkpoint(
@@ -95,6 +100,7 @@ class Translator:
             run.config.decode,
             dev,
             decode_dtype(precision, run.precision, dev),
+            Languages.of(run.config.data),
         )
 
     @property
@@ -137,6 +143,16 @@ class Translator:
     @property
     def non_autoregressive(self) -> bool:
         return bool(getattr(self.model, "non_autoregressive", False))
+
+    def source_tag(self, src_lang: str | None, tgt_lang: str | None, warn) -> str | None:
+        """The target language whose token leads the sources of a translation from src_lang
+        into tgt_lang (None: the model's default direction), or None where the model needs
+        none; a pair the model cannot translate is refused (Languages.choose)."""
+        if self.languages is None:
+            if src_lang or tgt_lang:
+                raise MTError("this model does not say which languages it translates")
+            return None
+        return self.languages.tag_of(self.languages.choose(src_lang, tgt_lang, warn))
 
     def options(self, **given: Any) -> DecodeOptions:
         """The run's decoding options (its decode section, as tuned on valid) with those given
