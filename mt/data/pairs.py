@@ -99,12 +99,10 @@ class Languages:
         naming what the model knows."""
         d = self.default
         if tgt is None:
-            tgt = (
-                d.tgt if src in (None, d.src) else _first(p.tgt for p in self.pairs if p.src == src)
-            )
+            tgt = _first(p.tgt for p in (d, *self.pairs) if p.src == (src or d.src)) or d.tgt
         if src is None:
-            src = d.src if tgt == d.tgt else _first(p.src for p in self.pairs if p.tgt == tgt)
-        pair = Pair(src or "?", tgt or "?")
+            src = _first(p.src for p in (d, *self.pairs) if p.tgt == tgt) or d.src
+        pair = Pair(src, tgt)
         if pair in self.pairs:
             return pair
         if len(self.pairs) == 1:

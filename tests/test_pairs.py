@@ -1,0 +1,200 @@
+"""Several language pairs in one model (data.pairs; mt/data/pairs.py): one model learns three
+directions and the target-language token alone chooses the output; the pairs are drawn by
+their temperature; a run of several pairs resumes exactly; one pair trains as it always did;
+every bad input is one line."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from mt.data.pairs import Languages, Pair, epoch_members, pair_shares
+from mt.data.synthetic import splits
+from mt.errors import MTError
+from tests.conftest import mt_here, trainer_for
+
+# three target languages, each a different reversible code of the synthetic task's target
+CODES = {
+    "ta": lambda t: t,
+    "tb": lambda t: " ".join(reversed(t.split())),
+    "tc": lambda t: " ".join(w[::-1].lower() for w in t.split()),
+}
+PAIRS = "data.pairs=[src-ta,src-tb,src-tc]"
+THREE = (PAIRS, "data.tgt_lang=ta", "data.dataset=null")
+
+
+def write_three_targets(folder, train: int = 6000, sizes: dict | None = None) -> None:
+    """The synthetic task's splits with one source and three coded targets (train.src,
+    train.ta, ...); sizes: each target's training lines instead, with a source file of its
+    own (train.sa for train.ta, ...: the pairs sa-ta, sb-tb, sc-tc)."""
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def write(name, lines):
+        (folder / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+    for split, (src, tgt) in splits(train=train).items():
+        write(f"{split}.src", src)
+        for lang, code in CODES.items():
+            n = sizes[lang] if sizes and split == "train" else len(src)
+            write(f"{split}.{lang}", [code(t) for t in tgt[:n]])
+            if sizes:
+                write(f"{split}.s{lang[1]}", src[:n])
+
+
+def test_one_model_learns_three_pairs_and_the_token_alone_chooses(tmp_path):
+    """configs/tiny.yaml on three pairs (800 updates): valid BLEU per pair and their mean in
+    the log; then `mt translate --tgt-lang` of the held-out test sources into each language
+    scores BLEU >= 90 against that language's references, the same source giving each
+    language's own code; an unknown language is one line."""
+    write_three_targets(tmp_path / "d")
+    code, _, err = mt_here("train", "configs/tiny.yaml", "--run-dir", tmp_path / "run", "--set",
+                           f"data.dir={tmp_path / 'd'}", "train.device=cpu", *THREE)  # fmt: skip
+    assert code == 0, err
+    log = [json.loads(x) for x in (tmp_path / "run/train_log.jsonl").read_text().splitlines()]
+    last = [r for r in log if "valid_bleu_pairs" in r][-1]
+    assert sorted(last["valid_bleu_pairs"]) == ["src-ta", "src-tb", "src-tc"]
+    assert min(last["valid_bleu_pairs"].values()) >= 85, last
+    mean = sum(last["valid_bleu_pairs"].values()) / 3
+    assert abs(last["valid_bleu"] - mean) < 0.01
+    test = (tmp_path / "d/test.src").read_text().splitlines()
+    outs = {}
+    for lang in CODES:
+        hyp = tmp_path / f"hyp.{lang}"
+        code, _, err = mt_here("translate", tmp_path / "run", "-i", tmp_path / "d/test.src",
+                               "-o", hyp, "--tgt-lang", lang, "--device", "cpu")  # fmt: skip
+        assert code == 0 and f"into {lang}" in err, err
+        code, out, _ = mt_here("eval", "--hyp", hyp, "--ref", tmp_path / f"d/test.{lang}", "--json")
+        assert json.loads(out.strip().splitlines()[-1])["bleu"] >= 90, lang
+        outs[lang] = hyp.read_text().splitlines()
+    assert len(outs["ta"]) == len(test)
+    # the same sources, three codes: the token alone chose (tb: ta's words reversed)
+    agree = sum(CODES["tb"](a) == b for a, b in zip(outs["ta"], outs["tb"], strict=True))
+    assert agree >= 0.8 * len(test) and outs["ta"] != outs["tb"] != outs["tc"]
+    code, _, err = mt_here("translate", tmp_path / "run", "-i", tmp_path / "d/test.src",
+                           "-o", tmp_path / "x", "--tgt-lang", "zz")  # fmt: skip
+    assert code != 0 and "src-zz: this model translates src-ta, src-tb, src-tc" in err
+
+
+def test_pairs_are_drawn_by_their_temperature():
+    """An epoch of pairs of 6,000, 1,500 and 500 examples: at T=1 each example once, the
+    corpus's own proportions; at T=5 each pair's share of the epoch is n_i^(1/5) / sum (the
+    small pairs walked several times, from new shuffles), the epoch as long as the corpus,
+    and the same draw for the same seed."""
+    sizes = [6000, 1500, 500]
+    pair_of = np.repeat(np.arange(3), sizes)
+    assert epoch_members(pair_of, 1.0, seed=3) is None  # (the corpus itself)
+    members = epoch_members(pair_of, 5.0, seed=3)
+    assert members is not None and len(members) == sum(sizes)
+    got = np.bincount(pair_of[members], minlength=3) / len(members)
+    want = np.array(sizes) ** 0.2 / (np.array(sizes) ** 0.2).sum()
+    np.testing.assert_allclose(got, want, atol=1e-3)
+    np.testing.assert_allclose(pair_shares(sizes, 1.0), np.array(sizes) / sum(sizes))
+    small = members[pair_of[members] == 2]  # 500 examples drawn ~2,060 times: each 4 or 5
+    per = want[2] * sum(sizes) / 500
+    assert set(np.bincount(small - 7500, minlength=500).tolist()) == {int(per), int(per) + 1}
+    assert np.array_equal(members, epoch_members(pair_of, 5.0, seed=3))
+    assert not np.array_equal(members, epoch_members(pair_of, 5.0, seed=4))
+
+
+def test_a_run_of_several_pairs_walks_them_by_temperature_and_resumes_exactly(tmp_path):
+    """Three pairs of 600, 200 and 50 lines at pair_temperature 5: the walk's batches hold
+    every pair; stopped mid-epoch and resumed from last.pt, a run logs the losses of the run
+    that went on."""
+    write_three_targets(tmp_path / "d", train=600, sizes={"ta": 600, "tb": 200, "tc": 50})
+    pairs = ("data.pairs=[sa-ta,sb-tb,sc-tc]", "data.src_lang=sa", "data.tgt_lang=ta")
+    more = (*pairs, "data.dataset=null", f"data.dir={tmp_path / 'd'}", "data.pair_temperature=5",
+            "train.max_tokens=600", "train.valid_every=100",
+            "train.save_every=4", "train.log_every=2", "model.dropout=0.1")  # fmt: skip
+    probe = trainer_for(tmp_path / "p", *more)
+    assert np.bincount(probe.train_data.pair_of).tolist() == [600, 200, 50]
+    seen = set()
+    batches = probe.batches()
+    for _ in range(6):
+        seen |= {int(t[0]) for t in next(batches).src}
+    tags = {probe.tokenizer.src.PieceToId(f">>{lang}<<") for lang in CODES}
+    assert seen == tags  # (every source starts with its pair's token, all three drawn)
+    batches.close()
+    from mt.data.walk import epoch_order
+
+    order = epoch_order(probe.train_data, probe.cfg, 0, 5.0)  # (the walk's epoch 0)
+    walked = np.concatenate(order)
+    drawn = np.bincount(probe.train_data.pair_of[walked[walked >= 0]], minlength=3)
+    np.testing.assert_allclose(drawn / 850, pair_shares([600, 200, 50], 5.0), atol=2e-3)
+    probe.close()
+    whole = trainer_for(tmp_path / "a", *more, "train.max_steps=12")
+    whole.fit()
+    trainer_for(tmp_path / "b", *more, "train.max_steps=8").fit()
+    resumed = trainer_for(tmp_path / "b", *more, "train.max_steps=12")
+    assert resumed.state.step == 8 and resumed.state.batch_in_epoch > 0
+    resumed.fit()
+    rows = [
+        [
+            (r["step"], r["loss"])
+            for r in map(json.loads, (tmp_path / run / "run/train_log.jsonl").open())
+            if "loss" in r
+        ]
+        for run in ("a", "b")
+    ]
+    assert rows[0] == rows[1]
+
+
+def test_one_pair_as_data_pairs_trains_as_src_and_tgt_lang(tmp_path):
+    """data.pairs with the one pair src-tgt is the bilingual config it names: the same BPE
+    model, batches, losses and weights over 300 updates (no token leads a source)."""
+    runs = []
+    for name, more in (("plain", ()), ("pairs", ("data.pairs=[src-tgt]",))):
+        t = trainer_for(tmp_path / name, "train.max_steps=300", "train.valid_every=1000",
+                        "train.log_every=20", *more)  # fmt: skip
+        t.fit()
+        runs.append(t)
+    a, b = runs
+    assert a.tokenizer.src_model == b.tokenizer.src_model and b.train_data.pair_of is None
+    logs = [
+        (tmp_path / n / "run/train_log.jsonl").read_text().splitlines() for n in ("plain", "pairs")
+    ]
+    losses = [[json.loads(x)["loss"] for x in log if '"loss"' in x] for log in logs]
+    assert losses[0] == losses[1] and len(losses[0]) == 15
+    for k, v in a.model.state_dict().items():
+        assert torch.equal(v, b.model.state_dict()[k]), k
+
+
+def test_the_pair_a_translation_asks_for():
+    langs = Languages((Pair("en", "de"), Pair("en", "fr"), Pair("de", "en")), Pair("en", "de"))
+    said = []
+    assert langs.tagged and langs.choose(None, None, said.append) == Pair("en", "de")
+    assert langs.choose(None, "fr", said.append) == Pair("en", "fr")
+    assert langs.choose("de", None, said.append) == Pair("de", "en")
+    assert langs.choose("fr", "de", said.append) == Pair("fr", "de") and "zero-shot" in said[0]
+    with pytest.raises(MTError, match="en-cs: this model translates en-de, en-fr, de-en"):
+        langs.choose("en", "cs", said.append)
+    one = Languages((Pair("de", "en"),), Pair("de", "en"))
+    assert not one.tagged and one.choose("de", "en", said.append) == Pair("de", "en")
+    with pytest.raises(MTError, match="translates de-en only"):
+        one.choose(None, "fr", said.append)
+
+
+@pytest.mark.parametrize(
+    "sets,says",
+    [
+        (("data.pairs=[src-ta,src-ta]",), "names a pair twice"),
+        (("data.pairs=[src_ta]",), "is not a language pair"),
+        (("data.pairs=[src-ta,src-tb]",), "must be one of data.pairs"),
+        (
+            ("data.pairs=[src-ta,src-tb]", "data.tgt_lang=ta", "train.best_by=src-tc"),
+            "train.best_by 'src-tc'",
+        ),  # fmt: skip
+        (
+            ("data.pairs=[src-ta,src-tx]", "data.tgt_lang=ta", "data.dataset=null"),
+            "no train data:",
+        ),  # fmt: skip
+    ],
+)
+def test_a_bad_pair_setting_is_one_line(tmp_path, sets, says):
+    write_three_targets(tmp_path / "d", train=50)
+    code, _, err = mt_here("train", "configs/tiny.yaml", "--run-dir", tmp_path / "run", "--set",
+                           f"data.dir={tmp_path / 'd'}", "train.device=cpu", *sets)  # fmt: skip
+    assert code == 2 and says in err and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1, err
