@@ -185,11 +185,11 @@ def test_the_pair_a_translation_asks_for():
         (
             ("data.pairs=[src-ta,src-tb]", "data.tgt_lang=ta", "train.best_by=src-tc"),
             "train.best_by 'src-tc'",
-        ),  # fmt: skip
+        ),
         (
             ("data.pairs=[src-ta,src-tx]", "data.tgt_lang=ta", "data.dataset=null"),
             "no train data:",
-        ),  # fmt: skip
+        ),
     ],
 )
 def test_a_bad_pair_setting_is_one_line(tmp_path, sets, says):

@@ -92,7 +92,7 @@ def write_splits(
     return {split: len(next(iter(by_lang.values()))) for split, by_lang in splits.items()}
 
 
-def from_datasets(dd, langs: tuple[str, str] | None = None) -> dict[str, dict[str, list[str]]]:
+def from_datasets(dd, langs: tuple[str, ...] | None = None) -> dict[str, dict[str, list[str]]]:
     """A `datasets.DatasetDict` with one column per language (multi30k) or a `translation`
     column of {lang: text} dicts (WMT) -> {split: {lang: lines}}."""
     out: dict[str, dict[str, list[str]]] = {}
@@ -123,7 +123,7 @@ def from_datasets(dd, langs: tuple[str, str] | None = None) -> dict[str, dict[st
     return out
 
 
-def from_dir(path: Path, langs: tuple[str, str] | None = None) -> dict[str, dict[str, list[str]]]:
+def from_dir(path: Path, langs: tuple[str, ...] | None = None) -> dict[str, dict[str, list[str]]]:
     if not path.is_dir():
         raise MTError(f"--from-dir {path}: not a folder")
     if (path / "dataset_dict.json").is_file():
@@ -148,7 +148,7 @@ def from_dir(path: Path, langs: tuple[str, str] | None = None) -> dict[str, dict
     }
 
 
-def from_hub(name: str, config: str | None, langs: tuple[str, str] | None, out: Path):
+def from_hub(name: str, config: str | None, langs: tuple[str, ...] | None, out: Path):
     hub_id, default_config = HUB_ALIASES.get(name, (name, None))
     config = config or default_config
     try:
@@ -171,7 +171,7 @@ def download(
     *,
     config: str | None = None,
     from_path: Path | None = None,
-    langs: tuple[str, str] | None = None,
+    langs: tuple[str, ...] | None = None,
     force: bool = False,
 ) -> dict[str, int]:
     check_folder_creatable(out, "--out")  # before anything is fetched

@@ -51,7 +51,7 @@ def train_bpe(
         # Keep digits and unknown characters round-trippable instead of mapping them to <unk>.
         split_digits=True,
         byte_fallback=False,
-        **({"user_defined_symbols": list(symbols)} if symbols else {}),
+        user_defined_symbols=",".join(symbols),  # (pieces of ">>", letters and "<<": no comma)
     )
     return buf.getvalue()
 

@@ -144,7 +144,9 @@ class Translator:
     def non_autoregressive(self) -> bool:
         return bool(getattr(self.model, "non_autoregressive", False))
 
-    def source_tag(self, src_lang: str | None, tgt_lang: str | None, warn) -> str | None:
+    def source_tag(
+        self, src_lang: str | None, tgt_lang: str | None, warn: Callable[[str], Any]
+    ) -> str | None:
         """The target language whose token leads the sources of a translation from src_lang
         into tgt_lang (None: the model's default direction), or None where the model needs
         none; a pair the model cannot translate is refused (Languages.choose)."""
