@@ -44,6 +44,7 @@ def write_three_targets(folder, train: int = 6000, sizes: dict | None = None) ->
                 write(f"{split}.s{lang[1]}", src[:n])
 
 
+@pytest.mark.slow
 def test_one_model_learns_three_pairs_and_the_token_alone_chooses(tmp_path):
     """configs/tiny.yaml on three pairs (800 updates): valid BLEU per pair and their mean in
     the log; then `mt translate --tgt-lang` of the held-out test sources into each language
@@ -67,8 +68,16 @@ def test_one_model_learns_three_pairs_and_the_token_alone_chooses(tmp_path):
                                "-o", hyp, "--tgt-lang", lang, "--device", "cpu")  # fmt: skip
         assert code == 0 and f"into {lang}" in err, err
         code, out, _ = mt_here("eval", "--hyp", hyp, "--ref", tmp_path / f"d/test.{lang}", "--json")
-        assert json.loads(out.strip().splitlines()[-1])["bleu"] >= 90, lang
+        bleu = json.loads(out.strip().splitlines()[-1])["bleu"]
+        assert bleu >= 90, lang
         outs[lang] = hyp.read_text().splitlines()
+    # mt eval of the model into tc: the same score as its translation's
+    code, out, err = mt_here("eval", tmp_path / "run", "--src", tmp_path / "d/test.src", "--ref",
+                             tmp_path / "d/test.tc", "--tgt-lang", "tc", "--json")  # fmt: skip
+    assert code == 0 and json.loads(out.strip().splitlines()[-1])["bleu"] == bleu, err
+    code, _, err = mt_here("report", tmp_path / "run", "-o", tmp_path / "r.html")
+    page = (tmp_path / "r.html").read_text()
+    assert code == 0 and all(f"<h2>src-{lang}</h2>" in page for lang in CODES), err
     assert len(outs["ta"]) == len(test)
     # the same sources, three codes: the token alone chose (tb: ta's words reversed)
     agree = sum(CODES["tb"](a) == b for a, b in zip(outs["ta"], outs["tb"], strict=True))
@@ -76,6 +85,48 @@ def test_one_model_learns_three_pairs_and_the_token_alone_chooses(tmp_path):
     code, _, err = mt_here("translate", tmp_path / "run", "-i", tmp_path / "d/test.src",
                            "-o", tmp_path / "x", "--tgt-lang", "zz")  # fmt: skip
     assert code != 0 and "src-zz: this model translates src-ta, src-tb, src-tc" in err
+    served(tmp_path / "run", test[:6], {lang: out[:6] for lang, out in outs.items()})
+    exported(tmp_path / "run", tmp_path / "hf", test[:4])
+
+
+def exported(run, out, sources: list[str]) -> None:
+    """`mt export --format transformers`: MarianTokenizer keeps the >>tb<< token whole, with
+    mt's id, and the exported model translates into tb as mt does; the card says how."""
+    pytest.importorskip("transformers")
+    from mt.data.pairs import tagged
+    from tests.test_hub import check_transformers_translates_as_mt
+
+    code, _, err = mt_here("export", run, out, "--format", "transformers")
+    assert code == 0, err
+    assert '">>ta<< ..."' in (out / "README.md").read_text()
+    check_transformers_translates_as_mt(run, out, tagged(sources, "tb"))
+
+
+def served(run, sources: list[str], want: dict[str, list[str]]) -> None:
+    """`mt serve`'s app on the run: a request's tgt_lang chooses as --tgt-lang does (the
+    same translations), GET /info lists the pairs, an unknown language is a 422 naming
+    tgt_lang."""
+    import httpx
+
+    from mt.serve.app import create_app
+    from mt.serve.limits import Limits
+    from mt.serve.run import load
+    from tests.test_serve import _serve_in_thread
+
+    model = load("m", [run / "best.pt"], "cpu", "fp32", {}, lambda _: None)
+    url, thread, server = _serve_in_thread(create_app(model, Limits()))
+    try:
+        with httpx.Client(base_url=url, timeout=60) as http:
+            assert http.get("/info").json()["pairs"] == ["src-ta", "src-tb", "src-tc"]
+            for lang, texts in want.items():
+                got = http.post("/translate", json={"sentences": sources, "tgt_lang": lang})
+                assert [t["text"] for t in got.json()["translations"]] == texts, lang
+            bad = http.post("/translate", json={"sentences": sources, "tgt_lang": "zz"})
+            assert bad.status_code == 422 and bad.json()["field"] == "tgt_lang"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        model.batcher.close()
 
 
 def test_pairs_are_drawn_by_their_temperature():
@@ -198,3 +249,29 @@ def test_a_bad_pair_setting_is_one_line(tmp_path, sets, says):
                            f"data.dir={tmp_path / 'd'}", "train.device=cpu", *sets)  # fmt: skip
     assert code == 2 and says in err and "Traceback" not in err, err
     assert len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.slow
+def test_the_comparison_script_trains_four_runs_and_writes_its_table(tmp_path):
+    """scripts/pairs_compare.sh on a four-language synthetic corpus (en, and de, fr, cs
+    coded from it), 20 updates a bilingual run (PAIRS_DRY: tiny models): the table of the
+    three directions, bilingual against multilingual, and the runs' budgets."""
+    import os
+    import subprocess
+
+    from tests.conftest import ROOT, cli_env
+
+    data = tmp_path / "d"
+    write_three_targets(data, train=300)
+    for name, lang in (("src", "en"), ("ta", "de"), ("tb", "fr"), ("tc", "cs")):
+        for split in ("train", "valid", "test"):
+            (data / f"{split}.{name}").rename(data / f"{split}.{lang}")
+    env = {**cli_env(), "PAIRS_DRY": "1", "OMP_NUM_THREADS": "1"}
+    r = subprocess.run(["bash", "scripts/pairs_compare.sh", str(tmp_path / "out"), "20", str(data)],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    rows = [line for line in r.stdout.splitlines() if line.startswith("| en-")]
+    assert [row.split(" | ")[0] for row in rows] == ["| en-de", "| en-fr", "| en-cs"]
+    assert "multilingual: 60 updates" in r.stdout
+    log = (tmp_path / "out/en_x/train_log.jsonl").read_text()
+    assert '"valid_bleu_pairs"' in log and os.path.isfile(tmp_path / "out/en_x/best.pt")

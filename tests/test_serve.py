@@ -310,6 +310,10 @@ class ScriptedTranslator:
 
         return DecodeOptions().with_(**given)
 
+    @staticmethod
+    def source_tag(src_lang, tgt_lang, warn):
+        return None  # (one pair)
+
 
 def test_a_full_queue_answers_429_at_once_and_a_slow_request_times_out_alone():
     release = threading.Event()

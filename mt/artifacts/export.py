@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from mt.artifacts import checkpoint
+from mt.data.pairs import Languages, tag
 from mt.errors import MTError
 from mt.outputs import atomic_folder, check_folder_creatable
 
@@ -147,7 +148,7 @@ def _describe(folder: Path, trained, cfg, tokenizer, quantization: str | None) -
                 "from": str(trained.path),
                 "quantization": quantization or "float32",
                 "source_tokens": "sentencepiece pieces of the source (spm.model or spm.src.model); "
-                "the model appends </s>",
+                "the model appends </s>" + _lead(cfg),
                 "decode": {"beam": cfg.decode.beam, "length_penalty": cfg.decode.length_penalty},
             },
             indent=1,
@@ -155,6 +156,15 @@ def _describe(folder: Path, trained, cfg, tokenizer, quantization: str | None) -
         + "\n",
         encoding="utf-8",
     )
+
+
+def _lead(cfg) -> str:
+    """A model of several target languages: the token a source starts with."""
+    langs = Languages.of(cfg.data)
+    if not langs.tagged:
+        return ""
+    tokens = ", ".join(tag(lang) for lang in langs.targets)
+    return f"; first the token of the language to translate into, one piece ({tokens})"
 
 
 def check_out(out: Path, force: bool, marker: str = "model.bin") -> None:

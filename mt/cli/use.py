@@ -173,6 +173,8 @@ def eval_cmd(
     nat_length_beam: NatLengthBeam = None,
     ci: Intervals = False,
     as_json: AsJson = False,
+    src_lang: SrcLang = None,
+    tgt_lang: TgtLang = None,
     device: Device = "auto",
     precision: Precision = "auto",
     moses_lang: LcTok = None,
@@ -196,7 +198,9 @@ def eval_cmd(
     settings = {"beam": beam, "length_penalty": length_penalty, "device": device,
                 "nat_iterations": nat_iterations, "nat_length_beam": nat_length_beam,
                 "precision": precision}  # fmt: skip
-    systems = compare.systems(list(models or []), list(hyps or []), src, **settings)
+    systems = compare.systems(
+        list(models or []), list(hyps or []), src, (src_lang, tgt_lang), **settings
+    )
     _report(systems, ref, ci, moses_lang, as_json)
 
 

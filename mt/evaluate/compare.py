@@ -3,6 +3,7 @@ one system's scores and the table of several compared against the first."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from mt.data.corpus import read_lines
@@ -10,16 +11,26 @@ from mt.errors import MTError
 from mt.evaluate.metrics import full_scores, lc_tok_bleu
 
 
-def systems(models: list[Path], hyps: list[Path], src: Path | None, **decode) -> list:
+def systems(
+    models: list[Path],
+    hyps: list[Path],
+    src: Path | None,
+    langs: tuple[str | None, str | None] = (None, None),
+    **decode,
+) -> list:
     """[(name, hypotheses)] in the order given: hypothesis files, or each model's
     translation of `src` (decode: beam, length_penalty, nat_iterations, nat_length_beam,
-    device, precision)."""
+    device, precision; langs: --src-lang and --tgt-lang, for a model of several pairs)."""
     if hyps and models:
         raise MTError("give --hyp files or models with --src, not both")
+    if hyps and any(langs):
+        raise MTError("--src-lang and --tgt-lang choose a model's direction: with --hyp files "
+                      "there is none to choose; leave them out")  # fmt: skip
     if hyps:
         return [(str(h), read_lines(h)) for h in hyps]
     if not models or src is None:
         raise MTError("nothing to score: pass --hyp FILE, or a model and --src FILE")
+    from mt.data.pairs import tagged
     from mt.decode.translator import Translator
 
     lines = read_lines(src)
@@ -28,7 +39,8 @@ def systems(models: list[Path], hyps: list[Path], src: Path | None, **decode) ->
     for m in models:
         t = Translator.from_checkpoint(m, device, precision)
         t.check_applies(**decode)
-        out.append((str(m), t.translate(lines, **decode)))
+        tag = t.source_tag(*langs, lambda said: print(said, file=sys.stderr))
+        out.append((str(m), t.translate(tagged(lines, tag), **decode)))
     return out
 
 

@@ -14,6 +14,7 @@ import yaml
 
 from mt.artifacts import checkpoint
 from mt.data.corpus import has_split, read_lines, split_paths
+from mt.data.pairs import Languages, tagged
 from mt.errors import MTError
 from mt.evaluate.metrics import full_scores, paired_significance
 from mt.evaluate.plot import read_log
@@ -53,11 +54,14 @@ def _curves(run_dir: Path) -> str:
 
 
 def _validation(records: list[dict]) -> str:
+    """The validations: BLEU (several pairs: train.best_by's, and each pair's), chrF."""
+    pairs = list(next((r["valid_bleu_pairs"] for r in records if "valid_bleu_pairs" in r), {}))
     rows = [
         {
             "step": r["step"],
             "valid loss": r.get("valid_loss"),
             "BLEU": r["valid_bleu"],
+            **{p: r.get("valid_bleu_pairs", {}).get(p) for p in pairs},
             "chrF": r.get("valid_chrf"),
             "": "average of snapshots"
             if "averaged" in r
@@ -67,7 +71,7 @@ def _validation(records: list[dict]) -> str:
         if "valid_bleu" in r
     ]
     return (
-        _table(rows, ["step", "valid loss", "BLEU", "chrF", ""])
+        _table(rows, ["step", "valid loss", "BLEU", *pairs, "chrF", ""])
         if rows
         else "<p>The run has not validated yet.</p>"
     )
@@ -161,10 +165,17 @@ def build_report(
     records = read_log(run_dir)
     run = checkpoint.open_trained(run_dir)
     path, ckpt, cfg = run.path, run.ckpt, run.config
-    d = cfg.data
-    if src is None and has_split(d.dir, "test", d.src_lang, d.tgt_lang):
-        src, ref = split_paths(d.dir, "test", d.src_lang, d.tgt_lang)
-        refs = [ref]
+    d, langs = cfg.data, Languages.of(cfg.data)
+    tests: list[tuple[str, str | None, Path, list[Path]]] = []  # (title, token, src, refs)
+    if src is not None:
+        tests = [("", None, src, refs or [])]
+    else:  # the run's test split: every pair's, led by its token where the model needs one
+        several = len(langs.pairs) > 1
+        tests = [
+            (str(p) if several else "", langs.tag_of(p), *_test_split(d.dir, p))
+            for p in langs.pairs
+            if has_split(d.dir, "test", p.src, p.tgt)
+        ]
     parts = [
         f"<h1>mt run {html.escape(run_dir.name)}</h1>",
         f"<p class='small'>{html.escape(str(path))}, step "
@@ -177,13 +188,14 @@ def build_report(
         _tuning(records),
     ]
     translator = Translator.from_trained(run, device)
-    if src is None:
+    if not tests:
         parts.append(
             f"<h2>Test scores</h2><p>No test split in {html.escape(d.dir)}: pass "
             f"--src and --ref.</p>"
         )
-    else:
-        parts += _test_sections(translator, run_dir, src, refs or [], baseline, device)
+    for title, lang, test_src, test_refs in tests:
+        parts += [f"<h2>{html.escape(title)}</h2>"] if title else []
+        parts += _test_sections(translator, run_dir, test_src, test_refs, baseline, device, lang)
     config = yaml.safe_dump(checkpoint.config_dict(ckpt), sort_keys=False)
     parts += ["<h2>Config</h2>", f"<pre>{html.escape(config)}</pre>"]
     return (
@@ -215,17 +227,24 @@ def _paired_rows(rows: list[dict]) -> tuple[list[dict], list[str]]:
     return out, columns
 
 
+def _test_split(folder: str, pair) -> tuple[Path, list[Path]]:
+    src, ref = split_paths(folder, "test", pair.src, pair.tgt)
+    return src, [ref]
+
+
 def _test_sections(
-    translator, run_dir: Path, src: Path, ref: list[Path], baseline: Path | None, device: str
-) -> list[str]:
+    translator, run_dir: Path, src: Path, ref: list[Path], baseline: Path | None, device: str,
+    lang: str | None = None,
+) -> list[str]:  # fmt: skip
     """The test set's scores, attention pictures and translations, and the paired tests
-    against a baseline run when one is given."""
+    against a baseline run when one is given; lang: the target language whose token leads
+    the sources (a model of several pairs)."""
     from mt.decode.translator import Translator
     from mt.evaluate.compare import references
 
     if not ref:
         raise MTError("--src needs --ref: the references to score against")
-    src_lines, refs = read_lines(src), references(ref)
+    src_lines, refs = tagged(read_lines(src), lang), references(ref)
     hyps = translator.translate(src_lines)
     parts = [
         "<h2>Test scores</h2>",

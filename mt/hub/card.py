@@ -15,6 +15,7 @@ from pathlib import Path
 import yaml
 
 from mt.artifacts import checkpoint
+from mt.data.pairs import Languages, tag
 from mt.errors import MTError, shorten
 from mt.hub import HUB_ID
 
@@ -91,7 +92,7 @@ def _header(cfg, evaluated: dict | None, license_id: str, name: str) -> str:
         "library_name": "transformers",
         "pipeline_tag": "translation",
         "license": license_id,
-        "language": [d.src_lang, d.tgt_lang],
+        "language": _languages(d),
         "tags": ["translation", "marian", "mt"],
         "datasets": [d.dataset] if d.dataset else [],
         "metrics": ["bleu", "chrf", "ter"],
@@ -112,6 +113,14 @@ def _header(cfg, evaluated: dict | None, license_id: str, name: str) -> str:
     return "---\n" + yaml.safe_dump(meta, sort_keys=False, allow_unicode=True) + "---"
 
 
+def _languages(d) -> list[str]:
+    """Every language of the run's pairs, the default direction's first."""
+    pairs = Languages.of(d).pairs
+    return list(
+        dict.fromkeys([d.src_lang, d.tgt_lang, *(x for p in pairs for x in (p.src, p.tgt))])
+    )
+
+
 def check_license(license_id: str) -> str:
     if not re.fullmatch(r"[A-Za-z0-9][\w.+-]{0,63}", license_id):
         raise MTError(
@@ -126,7 +135,7 @@ def model_card(trained, run: Path, out: Path, evaluated: dict | None, license_id
     lines = [
         _header(cfg, evaluated, license_id, out.name),
         "",
-        f"# {d.src_lang}-{d.tgt_lang} translation: a Transformer trained with mt",
+        f"# {Languages.of(d).describe()} translation: a Transformer trained with mt",
         "",
         *_usage(cfg, run, out),
         *_about(trained),
@@ -165,11 +174,26 @@ def _usage(cfg, run: Path, out: Path) -> list[str]:
         "print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))",
         "```",
         "",
+        *_tokens_note(cfg),
         f"`generate` searches with beam {cfg.decode.beam} and length penalty "
         f"{cfg.decode.length_penalty} (generation_config.json), {chosen}. It stops a sentence "
         f"at {m.max_positions} tokens (max_length), where mt stops each at "
         f"{cfg.decode.max_len_a:g} x its source length + {cfg.decode.max_len_b}: for the same "
         f"output on a sentence that would run on, pass `max_new_tokens` per batch.",
+        "",
+    ]
+
+
+def _tokens_note(cfg) -> list[str]:
+    """A model of several target languages: how a source asks for one."""
+    langs = Languages.of(cfg.data)
+    if not langs.tagged:
+        return []
+    tokens = ", ".join(f"`{tag(lang)}`" for lang in langs.targets)
+    return [
+        f"Start each source with the token of the language to translate into ({tokens}; "
+        f"OPUS-MT's convention, which MarianTokenizer keeps whole), e.g. "
+        f'`">>{langs.targets[0]}<< ..."`. The model was trained on {langs.describe()}.',
         "",
     ]
 
@@ -187,7 +211,7 @@ def _about(trained) -> list[str]:
     return [
         "## Data",
         "",
-        f"- corpus: {corpus}, {d.src_lang} -> {d.tgt_lang}; pairs longer than {d.max_len} "
+        f"- corpus: {corpus}, {Languages.of(d).describe()}; pairs longer than {d.max_len} "
         f"subwords left out",
         f"- vocabulary: sentencepiece, {tok.src_vocab_size} source and {tok.tgt_vocab_size} "
         f"target pieces ({'shared' if tok.shared_ids else 'separate'})",

@@ -24,6 +24,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 
+from mt.data.pairs import tagged
 from mt.errors import MTError, shorten
 from mt.serve.batcher import Batcher, QueueFull, TimedOut, decode_seconds
 from mt.serve.decoding import decode_batch
@@ -287,8 +288,22 @@ async def translate(request: Request) -> Any:
     model = service.choose(req.model)
     request.state.model = model.name
     settings = settings_of(req, model.translator, model.info)
+    req = _in_language(req, model.translator)
     lengths = _admitted(model, req, settings, service.limits)
     return await _translated(request, model, req, settings, lengths, service.limits)
+
+
+def _in_language(req: TranslateRequest, translator) -> TranslateRequest:
+    """The request with its sentences led by the target-language token its src_lang and
+    tgt_lang ask for (a model of several pairs; mt/data/pairs.py); a pair the model cannot
+    translate is a 422 naming the field."""
+    try:
+        lang = translator.source_tag(req.src_lang, req.tgt_lang, lambda _said: None)
+    except MTError as e:
+        raise BadRequest(422, str(e), "tgt_lang" if req.tgt_lang else "src_lang") from None
+    return (
+        req if lang is None else req.model_copy(update={"sentences": tagged(req.sentences, lang)})
+    )
 
 
 def _admitted(model: Served, req: TranslateRequest, settings, limits: Limits) -> list[int]:

@@ -80,6 +80,7 @@ def model_info(translator: Any, ckpts: list[dict[str, Any]], paths: list[Path]) 
 
     import mt
     from mt.artifacts import checkpoint
+    from mt.data.pairs import Languages
 
     cfg = checkpoint.config_of(ckpts[0], str(paths[0]))
     decode = translator.cfg
@@ -88,8 +89,9 @@ def model_info(translator: Any, ckpts: list[dict[str, Any]], paths: list[Path]) 
         "mt_version": mt.__version__,
         "models": [f"{p.parent.name}/{p.name}" for p in paths],  # (no path of the machine's)
         "ensemble": len(ckpts) > 1,
-        "source_language": cfg.data.src_lang,
+        "source_language": cfg.data.src_lang,  # (several pairs: the default direction's)
         "target_language": cfg.data.tgt_lang,
+        "pairs": [str(p) for p in Languages.of(cfg.data).pairs],
         "architecture": cfg.model.arch,
         "model": {k: getattr(cfg.model, k) for k in _SHAPE[cfg.model.arch == "rnn"]},
         "parameters": sum(p.numel() for p in translator.model.parameters()),

@@ -30,6 +30,14 @@ class TranslateRequest(BaseModel):
     topp: float = Field(1.0, gt=0.0, le=1.0, description="sample: the nucleus of this mass")
     seed: int | None = Field(None, description="sample: repeatable draws (as mt translate --seed)")
     prefix: str | None = Field(None, description="every translation starts with this text")
+    src_lang: str | None = Field(
+        None, max_length=32, description="a model of several pairs (GET /info's pairs): the "
+        "source language; unset: the model's default direction's, or the one pair into tgt_lang's"
+    )  # fmt: skip
+    tgt_lang: str | None = Field(
+        None, max_length=32, description="a model of several pairs: the language to translate "
+        "into; unset: the model's default"
+    )  # fmt: skip
     alignment: bool = Field(False, description="add source-output subword links (s-t, 0-based)")
     attention: bool = Field(False, description="add the cross-attention weights (L, H, T, S)")
 

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# One model for En->De, En->Fr and En->Cs (configs/multi30k_en_x.yaml) against a bilingual model
+# of the shipped recipe's shape for each direction (configs/multi30k_en_de.yaml, its target
+# language changed), each direction getting as many of its batches: STEPS updates for a
+# bilingual run, 3 x STEPS for the multilingual one (a third of each batch from each pair).
+# Each direction is scored on test_2016_flickr with the run's tuned beam: cased sacreBLEU and
+# lowercased tokenized BLEU. Prints a markdown table; the runs stay in OUT.
+#   bash scripts/pairs_compare.sh OUT STEPS [DATA_DIR]    (DATA_DIR: data/multi30k)
+#   PAIRS_DRY=1 ...: 20 updates a run, for the tests
+set -euo pipefail
+out=$1
+steps=$2
+data=${3:-data/multi30k}
+mkdir -p "$out"
+every=$(( steps > 1000 ? steps / 2 : steps ))
+budget=(data.dir="$data" train.max_minutes=0 train.log_every=100 train.valid_beam=1
+        train.save_every=$(( every / 2 > 0 ? every / 2 : 1 )) train.average_last=4)
+if [ -n "${PAIRS_DRY:-}" ]; then
+  budget+=(model.d_model=32 model.d_ff=64 model.enc_layers=1 model.dec_layers=1
+           tokenizer.vocab_size=300 train.max_tokens=1024 "decode.tune_beams=[1]"
+           train.log_every=5 train.average_last=0 data.dataset=null)
+fi
+
+train() {  # RUN CONFIG STEPS VALID_EVERY [KEY=VALUE ...]
+  local run=$1 config=$2 n=$3 valid=$4 start
+  shift 4
+  start=$(date +%s)
+  mt train "$config" --run-dir "$out/$run" --set "${budget[@]}" train.max_steps="$n" \
+    train.valid_every="$valid" "$@" 2>&1 | tr '\r' '\n' | grep -v "^\s*$\|it/s" > "$out/$run.log"
+  echo $(( $(date +%s) - start )) > "$out/$run.seconds"
+}
+
+score() {  # RUN LANG [FLAGS ...]: OUT/RUN/test.LANG.json
+  local run=$1 lang=$2
+  shift 2
+  mt translate "$out/$run" -i "$data/test.en" -o "$out/$run/test.hyp.$lang" --force "$@" 2>/dev/null
+  mt eval --hyp "$out/$run/test.hyp.$lang" --ref "$data/test.$lang" --lc-tok "$lang" --json \
+    | tail -1 > "$out/$run/test.$lang.json"
+  echo "== $run -> $lang: $(cat "$out/$run/test.$lang.json")"
+}
+
+for lang in de fr cs; do
+  train "en_$lang" configs/multi30k_en_de.yaml "$steps" "$every" data.tgt_lang="$lang"
+  score "en_$lang" "$lang"
+done
+train en_x configs/multi30k_en_x.yaml $(( 3 * steps )) $(( 3 * every ))
+for lang in de fr cs; do
+  score en_x "$lang" --tgt-lang "$lang"
+done
+
+python - "$out" "$steps" <<'PY'
+import json, re, sys
+from pathlib import Path
+out, steps = Path(sys.argv[1]), int(sys.argv[2])
+def params(run):
+    return re.search(r"model: ([\d,]+) parameters", (out / f"{run}.log").read_text()).group(1)
+def minutes(run):
+    return int((out / f"{run}.seconds").read_text()) / 60
+print(f"| direction | bilingual BLEU / lc-tok | multilingual BLEU / lc-tok | difference |")
+print("|---|---|---|---|")
+for lang in ("de", "fr", "cs"):
+    bi = json.loads((out / f"en_{lang}" / f"test.{lang}.json").read_text())
+    multi = json.loads((out / "en_x" / f"test.{lang}.json").read_text())
+    print(f"| en-{lang} | {bi['bleu']:.2f} / {bi['bleu_lc_tok']:.2f} | "
+          f"{multi['bleu']:.2f} / {multi['bleu_lc_tok']:.2f} | {multi['bleu'] - bi['bleu']:+.2f} |")
+print()
+print(f"bilingual: {steps:,} updates each, {params('en_de')} parameters (en-de), "
+      f"{' / '.join(f'{minutes(f'en_{x}'):.0f}' for x in ('de', 'fr', 'cs'))} minutes; "
+      f"multilingual: {3 * steps:,} updates, {params('en_x')} parameters, "
+      f"{minutes('en_x'):.0f} minutes")
+PY
