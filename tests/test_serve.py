@@ -299,6 +299,7 @@ class ScriptedTranslator:
     source lengths (a word a subword)."""
 
     max_source_len = 255
+    languages = None  # (a model that does not say: one pair)
 
     @staticmethod
     def source_lengths(lines):
@@ -309,10 +310,6 @@ class ScriptedTranslator:
         from mt.decode.options import DecodeOptions
 
         return DecodeOptions().with_(**given)
-
-    @staticmethod
-    def source_tag(src_lang, tgt_lang, warn):
-        return None  # (one pair)
 
 
 def test_a_full_queue_answers_429_at_once_and_a_slow_request_times_out_alone():

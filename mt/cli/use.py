@@ -137,7 +137,7 @@ def _translate(models, input, output, force, device, precision, given, more, ali
         read_input,
         write_output,
     )
-    from mt.data.pairs import tagged
+    from mt.data.pairs import lead_token, tagged
     from mt.decode.options import OptionError
     from mt.decode.translator import Translator
     from mt.outputs import is_stdio
@@ -148,7 +148,7 @@ def _translate(models, input, output, force, device, precision, given, more, ali
     choose_threads(0, _err)
     translator = Translator.load(paths, device, precision)
     translator.check_applies(**given)
-    lang = translator.source_tag(*langs, _err)
+    lang = lead_token(translator.languages, *langs, _err)
     try:
         opts = translator.options(**given, **more)
     except OptionError as e:

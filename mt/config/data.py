@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from mt.config.section import Section, no_number, user_path
+
+_LANG = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,31}")  # (a file suffix: no dot, dash or slash)
+
+
+def split_pair(text: str) -> tuple[str, str]:
+    """ "en-de" -> ("en", "de"): a language pair as data.pairs writes it."""
+    src, sep, tgt = text.partition("-")
+    if not (sep and _LANG.fullmatch(src) and _LANG.fullmatch(tgt)) or src == tgt:
+        raise ValueError(
+            f"{text!r} is not a language pair: write it SRC-TGT, two different language "
+            f"suffixes of the corpus files (e.g. en-de for train.en and train.de)"
+        )
+    return src, tgt
 
 
 class DataConfig(Section):
@@ -55,22 +69,19 @@ class DataConfig(Section):
     def _direction_of_pairs(cls, v: Any) -> Any:
         """With data.pairs, src_lang and tgt_lang default to the first pair's, and must name
         one of them."""
-        from mt.data.pairs import Pair
-
         if not isinstance(v, dict) or not v.get("pairs"):
             return v
         if not isinstance(v["pairs"], list) or not all(isinstance(p, str) for p in v["pairs"]):
             return v  # (the field's own check says what is wrong)
-        pairs = [Pair.parse(p) for p in v["pairs"]]
+        pairs = [split_pair(p) for p in v["pairs"]]
         if len(set(pairs)) < len(pairs):
             raise ValueError(f"data.pairs {v['pairs']} names a pair twice")
-        first = pairs[0]
-        v = {"src_lang": first.src, "tgt_lang": first.tgt, **v}
-        if Pair(str(v["src_lang"]), str(v["tgt_lang"])) not in pairs:
+        v = {"src_lang": pairs[0][0], "tgt_lang": pairs[0][1], **v}
+        if (str(v["src_lang"]), str(v["tgt_lang"])) not in pairs:
             raise ValueError(
                 f"data.src_lang and data.tgt_lang ({v['src_lang']}-{v['tgt_lang']}) are the "
                 f"direction translation takes by default and must be one of data.pairs "
-                f"({', '.join(map(str, pairs))}); leave them out for the first pair's"
+                f"({', '.join(v['pairs'])}); leave them out for the first pair's"
             )
         return v
 

@@ -16,14 +16,12 @@ a larger T gives the small pairs more of each epoch (drawn again) and the large 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import numpy as np
 
+from mt.config.data import split_pair
 from mt.errors import MTError
-
-_LANG = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,31}")  # (a file suffix: no dot, dash or slash)
 
 
 @dataclass(frozen=True)
@@ -33,14 +31,8 @@ class Pair:
 
     @classmethod
     def parse(cls, text: str) -> Pair:
-        """ "en-de" -> Pair("en", "de")."""
-        src, sep, tgt = text.partition("-")
-        if not (sep and _LANG.fullmatch(src) and _LANG.fullmatch(tgt)) or src == tgt:
-            raise ValueError(
-                f"{text!r} is not a language pair: write it SRC-TGT, two different language "
-                f"suffixes of the corpus files (e.g. en-de for train.en and train.de)"
-            )
-        return cls(src, tgt)
+        """ "en-de" -> Pair("en", "de") (mt.config.data.split_pair's checks)."""
+        return cls(*split_pair(text))
 
     def __str__(self) -> str:
         return f"{self.src}-{self.tgt}"
@@ -120,6 +112,18 @@ class Languages:
 
     def describe(self) -> str:
         return ", ".join(map(str, self.pairs))
+
+
+def lead_token(languages: Languages | None, src: str | None, tgt: str | None, warn) -> str | None:
+    """The target language whose token leads the sources of a translation from `src` into
+    `tgt` (None: the default direction), or None where the model needs none; a pair the model
+    cannot translate is refused (Languages.choose). languages None: a model that does not say
+    (one of its own, as a test builds it)."""
+    if languages is None:
+        if src or tgt:
+            raise MTError("this model does not say which languages it translates")
+        return None
+    return languages.tag_of(languages.choose(src, tgt, warn))
 
 
 def _first(items) -> str | None:

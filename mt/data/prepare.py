@@ -202,8 +202,7 @@ def bpe_dropout_epochs(cfg: Config, tokenizer: Tokenizer, first: ParallelData):
 
 def ensure_data(cfg: Config, log) -> None:
     """data.dir's train and valid splits of every pair exist, or data.dataset is fetched into
-    data.dir when that folder is absent, empty or an earlier download's (never among a user's
-    files)."""
+    data.dir (_fetch; never among a user's files)."""
     d, langs = cfg.data, Languages.of(cfg.data)
     missing = [
         (split, pair)
@@ -221,6 +220,13 @@ def ensure_data(cfg: Config, log) -> None:
                     f"{path} is {kind}: the {split} split is read from text files; put the "
                     f"{split}.{pair.src} and {split}.{pair.tgt} files in {d.dir}"
                 )
+    _fetch(cfg, missing, log)
+
+
+def _fetch(cfg: Config, missing: list[tuple[str, Pair]], log) -> None:
+    """data.dataset downloaded into data.dir, which lacks the `missing` splits, when that
+    folder is absent, empty or an earlier download's; else what is missing is said."""
+    d, langs = cfg.data, Languages.of(cfg.data)
     folder = Path(d.dir)
     own = downloaded_into(folder)
     if d.dataset is None or not (is_empty_folder(folder) or own == d.dataset):

@@ -72,15 +72,19 @@ def training_batches(
         usable = len(order) - len(order) % world  # every rank gets as many batches
         positions = range(state.batch_in_epoch + rank, usable, world)
         make = functools.partial(_make_batch, data, order, cfg, state.epoch, pin, prepare)
-        if resident:
-            made = resident_batches(make, positions, device)
-        else:
-            made = ((p, b.to(device)) for p, b in ahead(make, positions, cfg.prefetch_batches))
-        for position, batch in made:
+        for position, batch in _made(make, positions, device, resident, cfg.prefetch_batches):
             state.batch_in_epoch = position - rank + world  # counted once it is handed out
             yield batch
         state.epoch += 1
         state.batch_in_epoch = 0
+
+
+def _made(make, positions: range, device: torch.device, resident: bool, depth: int):
+    """(position, batch on the device) for every position: made `depth` ahead and moved one
+    by one, or made and moved in groups (resident_batches)."""
+    if resident:
+        return resident_batches(make, positions, device)
+    return ((p, b.to(device)) for p, b in ahead(make, positions, depth))
 
 
 def _make_batch(

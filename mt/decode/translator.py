@@ -144,18 +144,6 @@ class Translator:
     def non_autoregressive(self) -> bool:
         return bool(getattr(self.model, "non_autoregressive", False))
 
-    def source_tag(
-        self, src_lang: str | None, tgt_lang: str | None, warn: Callable[[str], Any]
-    ) -> str | None:
-        """The target language whose token leads the sources of a translation from src_lang
-        into tgt_lang (None: the model's default direction), or None where the model needs
-        none; a pair the model cannot translate is refused (Languages.choose)."""
-        if self.languages is None:
-            if src_lang or tgt_lang:
-                raise MTError("this model does not say which languages it translates")
-            return None
-        return self.languages.tag_of(self.languages.choose(src_lang, tgt_lang, warn))
-
     def options(self, **given: Any) -> DecodeOptions:
         """The run's decoding options (its decode section, as tuned on valid) with those given
         (beam, length_penalty, nbest, sampling, prefix, use_cache, nat_iterations, ...; None:

@@ -30,7 +30,7 @@ def systems(
         return [(str(h), read_lines(h)) for h in hyps]
     if not models or src is None:
         raise MTError("nothing to score: pass --hyp FILE, or a model and --src FILE")
-    from mt.data.pairs import tagged
+    from mt.data.pairs import lead_token, tagged
     from mt.decode.translator import Translator
 
     lines = read_lines(src)
@@ -39,7 +39,7 @@ def systems(
     for m in models:
         t = Translator.from_checkpoint(m, device, precision)
         t.check_applies(**decode)
-        tag = t.source_tag(*langs, lambda said: print(said, file=sys.stderr))
+        tag = lead_token(t.languages, *langs, lambda said: print(said, file=sys.stderr))
         out.append((str(m), t.translate(tagged(lines, tag), **decode)))
     return out
 

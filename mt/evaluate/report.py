@@ -165,17 +165,8 @@ def build_report(
     records = read_log(run_dir)
     run = checkpoint.open_trained(run_dir)
     path, ckpt, cfg = run.path, run.ckpt, run.config
-    d, langs = cfg.data, Languages.of(cfg.data)
-    tests: list[tuple[str, str | None, Path, list[Path]]] = []  # (title, token, src, refs)
-    if src is not None:
-        tests = [("", None, src, refs or [])]
-    else:  # the run's test split: every pair's, led by its token where the model needs one
-        several = len(langs.pairs) > 1
-        tests = [
-            (str(p) if several else "", langs.tag_of(p), *_test_split(d.dir, p))
-            for p in langs.pairs
-            if has_split(d.dir, "test", p.src, p.tgt)
-        ]
+    d = cfg.data
+    tests = _test_sets(cfg, src, refs)
     parts = [
         f"<h1>mt run {html.escape(run_dir.name)}</h1>",
         f"<p class='small'>{html.escape(str(path))}, step "
@@ -225,6 +216,20 @@ def _paired_rows(rows: list[dict]) -> tuple[list[dict], list[str]]:
             row[f"{name} p (bootstrap)"], row[f"{name} p (AR)"] = bs, ar
         out.append(row)
     return out, columns
+
+
+def _test_sets(cfg, src: Path | None, refs: list[Path] | None) -> list[tuple]:
+    """[(title, target-language token, source, references)]: the ones given, else the run's
+    test split, every pair's (a title each where there are several)."""
+    if src is not None:
+        return [("", None, src, refs or [])]
+    langs = Languages.of(cfg.data)
+    several = len(langs.pairs) > 1
+    return [
+        (str(p) if several else "", langs.tag_of(p), *_test_split(cfg.data.dir, p))
+        for p in langs.pairs
+        if has_split(cfg.data.dir, "test", p.src, p.tgt)
+    ]
 
 
 def _test_split(folder: str, pair) -> tuple[Path, list[Path]]:

@@ -24,7 +24,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 
-from mt.data.pairs import tagged
+from mt.data.pairs import lead_token, tagged
 from mt.errors import MTError, shorten
 from mt.serve.batcher import Batcher, QueueFull, TimedOut, decode_seconds
 from mt.serve.decoding import decode_batch
@@ -298,7 +298,7 @@ def _in_language(req: TranslateRequest, translator) -> TranslateRequest:
     tgt_lang ask for (a model of several pairs; mt/data/pairs.py); a pair the model cannot
     translate is a 422 naming the field."""
     try:
-        lang = translator.source_tag(req.src_lang, req.tgt_lang, lambda _said: None)
+        lang = lead_token(translator.languages, req.src_lang, req.tgt_lang, lambda _said: None)
     except MTError as e:
         raise BadRequest(422, str(e), "tgt_lang" if req.tgt_lang else "src_lang") from None
     return (

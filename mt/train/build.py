@@ -180,12 +180,8 @@ def _build(
     ranks = f" x {dist.world} ranks" if dist.enabled else ""
     log(f"model: {sum(p.numel() for p in model.parameters()):,} parameters on {device}{ranks}")
     optimizer, scheduler, scaler, dtype = _optimization(cfg, model, device, pretraining)
-    beam = t.valid_beam or cfg.decode.beam  # (no validation for the encoder's pretraining)
-    vsrc, vtgt, valid_data, pairs = valid
-    validation = (
-        None if pretraining
-        else Validation(vsrc, vtgt, valid_data, beam, cfg.decode, pairs, t.best_by)
-    )  # fmt: skip
+    # (no validation for the encoder's pretraining)
+    validation = None if pretraining else _validation(cfg, *valid)
     return Trainer(
         model=model,
         optimizer=optimizer,
@@ -208,6 +204,12 @@ def _build(
         compile=bool(t.compile),
         pair_temperature=cfg.data.pair_temperature,
     )
+
+
+def _validation(cfg: Config, src, refs, data, pairs) -> Validation:
+    """The valid split as validation decodes and scores it (prepare_data's valid tuple)."""
+    beam = cfg.train.valid_beam or cfg.decode.beam
+    return Validation(src, refs, data, beam, cfg.decode, pairs, cfg.train.best_by)
 
 
 def _model_and_objective(cfg: Config, tokenizer, run_dir: Path, device, dist, pretraining, log):

@@ -81,8 +81,7 @@ class Trainer:
         self.dist = dist = dist or Dist()  # (None: one process, no ranks)
         dist.broadcast_parameters(model)  # rank 0's weights everywhere
         self.train_data, self.epoch_data, self.cfg = train_data, epoch_data, cfg
-        self.pair_temperature = pair_temperature  # (data.pairs: mt/data/pairs.py)
-        self.tokenizer, self.run_dir = tokenizer, run_dir
+        self.tokenizer, self.run_dir, self.pair_temperature = tokenizer, run_dir, pair_temperature
         self.device, self.amp_dtype = device, amp_dtype
         self.state, self.lock = state or TrainState(), lock
         self.run_log = RunLog(run_dir, tensorboard) if dist.is_main else None
