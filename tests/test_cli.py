@@ -11,7 +11,7 @@ import pytest
 from mt.data.corpus import read_lines
 from mt.data.synthetic import generate
 from mt.decode.translator import Translator
-from tests.conftest import ROOT, assert_user_error, cli_env, run_mt
+from tests.conftest import ROOT, assert_user_error, cli_env, mt_here, run_mt
 
 
 def test_help_for_every_command():
@@ -93,6 +93,12 @@ def test_bad_flags_exit_2(tiny_run, tmp_path):
     assert_user_error(run_mt("translate", tiny_run, "--device", "tpu", input="a\n"), "--device")
     assert_user_error(run_mt("translate", tiny_run, "-i", tmp_path / "nope"), "not found")
     assert_user_error(run_mt("translate", tmp_path), "no best.pt or last.pt")
+    # a bilingual model asked for another language: one line, in-process (mt_here)
+    code, _, err = mt_here("translate", tiny_run, "--tgt-lang", "fr", input="a\n")
+    assert code == 2 and "translates src-tgt only (a bilingual model)" in err, err
+    code, _, err = mt_here("translate", tiny_run, "--tgt-lang", "tgt", "-o", tmp_path / "h",
+                           input="a\n")  # fmt: skip
+    assert code == 0, err
 
 
 def test_rerun_refuses_a_different_config(tiny_run):

@@ -108,7 +108,9 @@ class GraphUpdate:
         assert self.static is not None
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph):  # (on a stream of its own, memory of its own)
+            # (on a stream of its own, memory of its own; the batches' thread may pin memory
+            # meanwhile, which only this thread's capture must not do)
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 self.row = self._update()
         except torch.OutOfMemoryError:
             blocks = "x".join(map(str, self.static.src.shape))
