@@ -51,9 +51,17 @@ def test_one_model_learns_three_pairs_and_the_token_alone_chooses(tmp_path):
     scores BLEU >= 90 against that language's references, the same source giving each
     language's own code; an unknown language is one line."""
     write_three_targets(tmp_path / "d")
-    code, _, err = mt_here("train", "configs/tiny.yaml", "--run-dir", tmp_path / "run", "--set",
-                           f"data.dir={tmp_path / 'd'}", "train.device=cpu", *THREE,
-                           "model.norm=post")  # fmt: skip  (post-LN: Marian's, for the export)
+    code, _, err = mt_here(
+        "train",
+        "configs/tiny.yaml",
+        "--run-dir",
+        tmp_path / "run",
+        "--set",
+        f"data.dir={tmp_path / 'd'}",
+        "train.device=cpu",
+        *THREE,
+        "model.norm=post",
+    )  # fmt: skip  (post-LN: Marian's, for the export)
     assert code == 0, err
     log = [json.loads(x) for x in (tmp_path / "run/train_log.jsonl").read_text().splitlines()]
     last = [r for r in log if "valid_bleu_pairs" in r][-1]
@@ -276,3 +284,52 @@ def test_the_comparison_script_trains_four_runs_and_writes_its_table(tmp_path):
     assert "multilingual: 60 updates" in r.stdout
     log = (tmp_path / "out/en_x/train_log.jsonl").read_text()
     assert '"valid_bleu_pairs"' in log and os.path.isfile(tmp_path / "out/en_x/best.pt")
+
+
+def test_bpe_learns_from_an_equal_share_of_each_language(tmp_path):
+    """Pairs of 600, 200 and 50 lines, tokenizer.max_sentences 600 among six languages: 100
+    lines of each language that has them, all 50 of the smallest pair's, where drawing from
+    the pooled pairs would give the small languages a twelfth of the large one's."""
+    from mt.config import load_config
+    from mt.data.pairs import Languages
+    from mt.data.prepare import bpe_sample
+    from tests.conftest import ROOT
+
+    write_three_targets(tmp_path, train=600, sizes={"ta": 600, "tb": 200, "tc": 50})
+    cfg = load_config(ROOT / "configs/tiny.yaml", [
+        f"data.dir={tmp_path}", "data.pairs=[sa-ta,sb-tb,sc-tc]", "data.src_lang=sa",
+        "data.tgt_lang=ta", "tokenizer.max_sentences=600"])  # fmt: skip
+    src, tgt = bpe_sample(cfg, Languages.of(cfg.data))
+    assert tgt == [] and len(src) == 100 + 100 + 50 + 100 + 100 + 50  # (joint: one list)
+    smallest = set((tmp_path / "train.tc").read_text().splitlines())
+    assert smallest <= set(src)
+
+
+def test_each_pairs_token_ids_are_cached_apart_and_read_back_the_same(tmp_path, monkeypatch):
+    """data.token_cache with several pairs: each pair's ids in a cache entry of its own, its
+    token in the key (a bilingual run's entry for the same files is not the multilingual
+    run's, whose sources start with the token), memory-mapped by the next run: the corpus of
+    the run that encoded."""
+    monkeypatch.setenv("MT_CACHE_DIR", str(tmp_path / "cache"))
+    write_three_targets(tmp_path / "d", train=300)
+    common = (f"data.dir={tmp_path / 'd'}", "data.token_cache=true", "data.dataset=null")
+    first = trainer_for(tmp_path / "a", *common, PAIRS, "data.tgt_lang=ta")
+    data, tokenizer = first.train_data, first.tokenizer
+    first.close()
+    assert len(list((tmp_path / "cache/tokens").iterdir())) == 3
+    from mt.config import load_config
+    from mt.data.prepare import cached_train
+    from mt.runtime.distributed import Dist
+    from tests.conftest import ROOT
+
+    # the same files and BPE model without the token: an entry of their own
+    cfg = load_config(ROOT / "configs/tiny.yaml", [*common, PAIRS, "data.tgt_lang=ta"])
+    untagged = cached_train(cfg, tokenizer, Pair("src", "ta"), None, Dist(), lambda *_: None)
+    assert len(list((tmp_path / "cache/tokens").iterdir())) == 4
+    tag = tokenizer.src.PieceToId(">>ta<<")
+    assert data.src[0][0] == tag and untagged.src[0][0] != tag
+    again = trainer_for(tmp_path / "a", *common, PAIRS, "data.tgt_lang=ta").train_data
+    assert np.array_equal(again.pair_of, data.pair_of)
+    assert np.array_equal(again.src.data, data.src.data) and np.array_equal(
+        again.tgt.data, data.tgt.data
+    )
