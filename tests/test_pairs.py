@@ -14,6 +14,7 @@ import torch
 from mt.data.pairs import Languages, Pair, epoch_members, pair_shares
 from mt.data.synthetic import splits
 from mt.errors import MTError
+from mt.evaluate.metrics import score
 from tests.conftest import mt_here, trainer_for
 
 # three target languages, each a different reversible code of the synthetic task's target
@@ -96,6 +97,7 @@ def test_one_model_learns_three_pairs_and_the_token_alone_chooses(tmp_path):
     assert code != 0 and "src-zz: this model translates src-ta, src-tb, src-tc" in err
     served(tmp_path / "run", test[:6], {lang: out[:6] for lang, out in outs.items()})
     exported(tmp_path / "run", tmp_path / "hf", test[:4])
+    tuned(tmp_path / "run", tmp_path / "d")  # (last: it rewrites best.pt's decoding)
 
 
 def exported(run, out, sources: list[str]) -> None:
@@ -109,6 +111,22 @@ def exported(run, out, sources: list[str]) -> None:
     assert code == 0, err
     assert '">>ta<< ..."' in (out / "README.md").read_text()
     check_transformers_translates_as_mt(run, out, tagged(sources, "tb"))
+
+
+def tuned(run, data) -> None:
+    """`mt tune` on the run's valid splits: greedy search's BLEU in its grid is the mean of
+    the three pairs' BLEU of `mt translate --beam 1 --tgt-lang` each (train.best_by mean)."""
+    code, out, err = mt_here("tune", run, "--beams", "1", "--length-penalties", "1.0",
+                             "--device", "cpu")  # fmt: skip
+    assert code == 0, err
+    got = float(out.split("BLEU")[1].split()[0])
+    each = []
+    for lang in CODES:
+        code, hyp, err = mt_here("translate", run, "-i", data / "valid.src", "--beam", "1",
+                                 "--tgt-lang", lang, "--device", "cpu")  # fmt: skip
+        refs = (data / f"valid.{lang}").read_text().splitlines()
+        each.append(score(hyp.splitlines(), refs).bleu)
+    assert abs(got - sum(each) / 3) < 0.01, (got, each)
 
 
 def served(run, sources: list[str], want: dict[str, list[str]]) -> None:

@@ -130,8 +130,8 @@ def tune_cmd(
     lists = _tuning_lists(cfg.model.arch == "nat", beams, penalties, nat_length_beams,
                           nat_iterations)  # fmt: skip
     refuse_test_split(cfg, src, ref)
-    src_lines, ref_lines = tuning_pairs(cfg, src, ref)
-    rec = tune_best(run_dir / "best.pt", src_lines, ref_lines, device, **lists)
+    src_lines, ref_lines, pairs = tuning_pairs(cfg, src, ref)
+    rec = tune_best(run_dir / "best.pt", src_lines, ref_lines, device, pairs, **lists)
     for g in rec["grid"]:
         typer.echo(f"{describe_settings(g):<50} BLEU {g['valid_bleu']:.2f}")
     log_tuning(run_dir, rec, checkpoint.train_counters(best).get("step", 0))

@@ -101,6 +101,25 @@ class _CHRF(sacrebleu.CHRF):
         return score
 
 
+def pair_scores(
+    hyps: list[str], refs: list[str], pairs: tuple = (), best_by: str = "mean"
+) -> tuple[float, float, dict[str, float]]:
+    """(BLEU, chrF, each pair's BLEU) of translations of several language pairs' lines, held
+    one pair after another (pairs: ((name, lines), ...) in that order; data.pairs): each pair
+    scored on its own, the BLEU best_by's (their mean, or one pair's) and the chrF their mean.
+    No pairs: the corpus's scores, and {}."""
+    if not pairs:
+        s = score(hyps, refs)
+        return s.bleu, s.chrf, {}
+    by_pair, chrfs, start = {}, [], 0
+    for name, n in pairs:
+        s = score(hyps[start : start + n], refs[start : start + n])
+        by_pair[name], start = s.bleu, start + n
+        chrfs.append(s.chrf)
+    bleu = sum(by_pair.values()) / len(by_pair) if best_by == "mean" else by_pair[best_by]
+    return bleu, sum(chrfs) / len(chrfs), by_pair
+
+
 def full_scores(hyps: list[str], refs, n_bootstrap: int = 0) -> dict:
     """What `mt eval` reports: BLEU, chrF, chrF++ (word bigrams too, Popović 2017) and TER,
     each with its sacreBLEU signature; with n_bootstrap > 1 also each one's bootstrap mean and

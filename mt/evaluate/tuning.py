@@ -9,7 +9,7 @@ from pathlib import Path
 
 from mt.artifacts import checkpoint
 from mt.decode.translator import Translator
-from mt.evaluate.metrics import score
+from mt.evaluate.metrics import pair_scores, score
 from mt.outputs import check_not_training
 
 
@@ -70,24 +70,26 @@ def describe_settings(settings: dict) -> str:
     )
 
 
-def tuning_pairs(cfg, src: Path | None, ref: Path | None) -> tuple[list, list]:
+def tuning_pairs(cfg, src: Path | None, ref: Path | None) -> tuple[list, list, tuple]:
     """The tuning sentences: `src` and `ref`, or the run's valid split (cfg: best.pt's
-    config); pairs with an empty side dropped."""
-    from mt.data.corpus import Stats, drop_empty, read_parallel, split_paths
+    config; several language pairs: every pair's, each source led by its token, as
+    validation reads them); pairs with an empty side dropped. Returns (sources, references,
+    ((pair, lines), ...) for several pairs of the valid split, else ())."""
+    from mt.data.corpus import Stats, drop_empty, read_parallel
     from mt.data.pairs import Languages, tagged
+    from mt.data.prepare import read_valid
     from mt.errors import MTError
 
-    if src is None:
-        d = cfg.data
-        src, ref = split_paths(d.dir, "valid", d.src_lang, d.tgt_lang)
-    if ref is None:
+    if src is None and ref is None:
+        return read_valid(cfg, Stats())
+    if ref is None or src is None:
         raise MTError("--src needs --ref: the references to tune against")
     for path in (src, ref):
         if not Path(path).is_file():
             raise MTError(f"{path} not found; pass the tuning files with --src and --ref")
     lines, refs = drop_empty(*read_parallel(src, ref), Stats())
     langs = Languages.of(cfg.data)  # (several target languages: the default one's token)
-    return tagged(lines, langs.tag_of(langs.default)), refs
+    return tagged(lines, langs.tag_of(langs.default)), refs, ()
 
 
 def refuse_test_split(cfg, src: Path | None, ref: Path | None) -> None:
@@ -130,12 +132,20 @@ def log_tuning(run_dir: Path, rec: dict, step: int) -> None:
     write_text(log, text)
 
 
-def tune_best(path: Path, src: list[str], refs: list[str], device: str, **lists) -> dict:
+def tune_best(
+    path: Path, src: list[str], refs: list[str], device: str, pairs: tuple = (), **lists
+) -> dict:
     """`mt tune`: best.pt read once, tuned over decoding_grid(**lists), its decode config
-    rewritten."""
+    rewritten; pairs: the lines of each language pair in src and refs (tuning_pairs), whose
+    BLEU train.best_by follows."""
     run = checkpoint.open_trained(path)
     translator = Translator.from_trained(run, device)
-    rec = tune_decoding(translator, src, refs, decoding_grid(translator, **lists))
+    best_by = run.config.train.best_by
+
+    def bleu(hyps: list[str]) -> float:
+        return pair_scores(hyps, refs, pairs, best_by)[0]
+
+    rec = tune_decoding(translator, src, refs, decoding_grid(translator, **lists), bleu)
     checkpoint.set_decoding(run.ckpt, rec["tuned_decoding"])
     check_not_training(path)  # (again: a training may have started while this tuned)
     checkpoint.atomic_save(run.ckpt, path)

@@ -13,7 +13,7 @@ import torch
 from mt.data.batching import collate, epoch_batches
 from mt.data.tokenizer import Tokenizer
 from mt.decode.translator import Translator
-from mt.evaluate.metrics import score
+from mt.evaluate.metrics import pair_scores
 from mt.model import Seq2Seq
 from mt.objectives import Objective
 from mt.runtime.device import autocast
@@ -114,20 +114,7 @@ class Validator:
     def criterion(self, hyps: list[str]) -> tuple[float, float, dict[str, float]]:
         """scores() of these translations of the valid sources."""
         v = self.validation
-        if not v.pairs:
-            s = score(hyps, v.refs)
-            return s.bleu, s.chrf, {}
-        by_pair, chrfs, start = {}, [], 0
-        for name, n in v.pairs:
-            s = score(hyps[start : start + n], v.refs[start : start + n])
-            by_pair[name], start = s.bleu, start + n
-            chrfs.append(s.chrf)
-        mean = sum(by_pair.values()) / len(by_pair)
-        return (
-            (mean if v.best_by == "mean" else by_pair[v.best_by]),
-            sum(chrfs) / len(chrfs),
-            by_pair,
-        )
+        return pair_scores(hyps, v.refs, v.pairs, v.best_by)
 
     def translator(self) -> Translator:
         """The model as it decodes the valid split (also for the end of the run's averaging
