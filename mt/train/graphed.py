@@ -45,7 +45,7 @@ def graph_refusal(cfg, multi_rank: bool, fp16: bool) -> str | None:
     if cfg.accum_steps != 1:
         return "train.update graph captures one batch's update: set train.accum_steps: 1"
     if not cfg.pack_width:
-        return "train.update graph replays one batch shape: set train.pack_width (or auto)"
+        return "train.update graph replays one batch shape: set train.pack_width (e.g. 128)"
     return None
 
 
