@@ -129,6 +129,30 @@ def tuned(run, data) -> None:
     assert abs(got - sum(each) / 3) < 0.01, (got, each)
 
 
+def in_browser(url: str, source: str, into_tc: str) -> None:
+    """The page at / offers the model's target languages, the default first chosen, and
+    translates into the one chosen (skipped without chromium)."""
+    from tests.conftest import free_port
+    from tests.webdriver import Browser, find_browser
+
+    found = find_browser()
+    if found is None:
+        return  # (the API was checked above; the page needs chromium and chromedriver)
+    browser = Browser(*found, free_port())
+    try:
+        browser.go(url + "/")
+        browser.wait_for("document.getElementById('tgtlang').options.length === 3")
+        assert browser.script("return document.getElementById('tgtlang').value;") == "ta"
+        browser.script("document.getElementById('tgtlang').value = 'tc';")
+        browser.type("#source", source)
+        browser.click("#translate")
+        browser.wait_for("document.querySelectorAll('#output li').length")
+        shown = browser.script("return document.querySelector('#output .text').textContent;")
+        assert shown == into_tc
+    finally:
+        browser.close()
+
+
 def served(run, sources: list[str], want: dict[str, list[str]]) -> None:
     """`mt serve`'s app on the run: a request's tgt_lang chooses as --tgt-lang does (the
     same translations), GET /info lists the pairs, an unknown language is a 422 naming
@@ -150,6 +174,7 @@ def served(run, sources: list[str], want: dict[str, list[str]]) -> None:
                 assert [t["text"] for t in got.json()["translations"]] == texts, lang
             bad = http.post("/translate", json={"sentences": sources, "tgt_lang": "zz"})
             assert bad.status_code == 422 and bad.json()["field"] == "tgt_lang"
+        in_browser(url, sources[0], want["tc"][0])
     finally:
         server.should_exit = True
         thread.join(10)
