@@ -51,12 +51,13 @@ def graph_refusal(cfg, multi_rank: bool, fp16: bool) -> str | None:
 
 class GraphUpdate:
     """exchange: mt/train/exchange.py's Flat (one process); optimizer: mt.fast.optim.Adam;
-    scheduler and ema: what a skip found late is taken back from (ema None: no weight
-    average); capture: record and replay (a GPU), else every update runs as recorded would."""
+    scaler: the run's GradScaler (disabled: graph_refusal refuses fp16); scheduler and ema:
+    what a skip found late is taken back from (ema None: no weight average); capture: record
+    and replay (a GPU), else every update runs as recorded would."""
 
-    def __init__(self, model, loss, exchange, optimizer, scheduler, ema, skips: Skips,
+    def __init__(self, model, loss, exchange, optimizer, scheduler, scaler, ema, skips: Skips,
                  clip_norm: float, device: torch.device, amp_dtype, capture: bool):  # fmt: skip
-        self.model, self.loss, self.exchange = model, loss, exchange
+        self.model, self.loss, self.exchange, self.scaler = model, loss, exchange, scaler
         self.optimizer, self.scheduler, self.ema, self.skips = optimizer, scheduler, ema, skips
         self.clip_norm, self.device, self.amp_dtype = clip_norm, device, amp_dtype
         self.capture = capture
@@ -96,7 +97,7 @@ class GraphUpdate:
         device's learning rate. Returns the log row (zeros when skipped)."""
         assert self.static is not None and self.skips.deferred is not None
         loss, nll = forward(self.model, self.loss, self.static, self.device, self.amp_dtype)
-        self.exchange.backward(loss, nll, _NO_SCALER)
+        self.exchange.backward(loss, nll, self.scaler)
         found_inf, kept, row, scale = self.exchange.finish(
             self.skips.deferred.count, self.clip_norm
         )
@@ -143,13 +144,3 @@ class GraphUpdate:
         """The updates skipped on the device since the host's last read taken back
         (Skips.take_back)."""
         self.skips.take_back(state, self.scheduler, self.ema)
-
-
-class _NoScaler:
-    """The GradScaler of a run without fp16 (the graph update refuses fp16)."""
-
-    def is_enabled(self) -> bool:
-        return False
-
-
-_NO_SCALER = _NoScaler()

@@ -129,9 +129,9 @@ class Trainer:
         refusal = graph_refusal(self.cfg, self.dist.enabled, fp16)
         if refusal:
             raise MTError(refusal)
-        return GraphUpdate(self.model, loss, exchange, self.optimizer, self.scheduler, self.ema,
-                           self.skips, self.cfg.clip_norm, self.device, self.amp_dtype,
-                           capture=self.device.type == "cuda")  # fmt: skip
+        return GraphUpdate(self.model, loss, exchange, self.optimizer, self.scheduler,
+                           self.scaler, self.ema, self.skips, self.cfg.clip_norm, self.device,
+                           self.amp_dtype, capture=self.device.type == "cuda")  # fmt: skip
 
     def _outputs(self, run_config: dict, validation: Validation | None) -> tuple:
         """What the run writes: (Checkpoints, the Validator or None, the RunEnd)."""
