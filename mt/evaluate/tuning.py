@@ -4,12 +4,12 @@ search, candidate lengths and iterations for mask-predict (model.arch nat)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from mt.artifacts import checkpoint
 from mt.decode.translator import Translator
-from mt.evaluate.metrics import pair_scores, score
+from mt.evaluate.metrics import pair_scores
 from mt.outputs import check_not_training
 
 
@@ -48,14 +48,12 @@ def translate_with(translator: Translator, src: list[str], settings: dict) -> li
 
 
 def tune_decoding(
-    translator: Translator, src: list[str], refs: list[str], grid: list[dict], bleu=None
+    translator: Translator, src: list[str], grid: list[dict], bleu: Callable[[list[str]], float]
 ) -> dict:
     """Translate the validation source with every settings dict of `grid` (decoding_grid) and
     keep the highest BLEU (ties: the cheaper, _cost); bleu(translations): the BLEU to follow
-    (None: sacreBLEU's against refs; several pairs: their mean, Validator.criterion). Returns
-    the record for train_log.jsonl: {"tuned_decoding": best, "grid": [...]}, each with its
-    valid_bleu."""
-    bleu = bleu or (lambda hyps: score(hyps, refs).bleu)
+    (pair_scores': the corpus's, or with several pairs train.best_by's). Returns the record
+    for train_log.jsonl: {"tuned_decoding": best, "grid": [...]}, each with its valid_bleu."""
     scored = [{**g, "valid_bleu": round(bleu(translate_with(translator, src, g)), 2)} for g in grid]
     best = max(scored, key=lambda g: (g["valid_bleu"], *_cost(g)))
     return {"tuned_decoding": best, "grid": scored}
@@ -145,7 +143,7 @@ def tune_best(
     def bleu(hyps: list[str]) -> float:
         return pair_scores(hyps, refs, pairs, best_by)[0]
 
-    rec = tune_decoding(translator, src, refs, decoding_grid(translator, **lists), bleu)
+    rec = tune_decoding(translator, src, decoding_grid(translator, **lists), bleu)
     checkpoint.set_decoding(run.ckpt, rec["tuned_decoding"])
     check_not_training(path)  # (again: a training may have started while this tuned)
     checkpoint.atomic_save(run.ckpt, path)

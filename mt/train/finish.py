@@ -118,9 +118,7 @@ class RunEnd:
                 d.tune_nat_length_beams,
                 d.tune_nat_iterations,
             )
-            return tune_decoding(
-                translator, v.src, v.refs, grid, lambda hyps: validator.criterion(hyps)[0]
-            )
+            return tune_decoding(translator, v.src, grid, lambda h: validator.criterion(h)[0])
 
         rec = with_weights(validator.model, checkpoint.weights_of(ckpt), tune)
         best = rec["tuned_decoding"]
