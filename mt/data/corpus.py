@@ -240,7 +240,10 @@ class ParallelData:
 
 
 def concat_pairs(parts: list[ParallelData]) -> ParallelData:
-    """The corpora of several language pairs as one, each example's pair kept (pair_of)."""
+    """The corpora of several language pairs as one, each example's pair kept (pair_of); one
+    pair's corpus as it is (no pair_of)."""
+    if len(parts) == 1:
+        return parts[0]
     stats = Stats(
         *(sum(getattr(p.stats, k) for p in parts) for k in ("total", "empty", "too_long"))
     )

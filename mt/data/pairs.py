@@ -79,6 +79,11 @@ class Languages:
     def sources(self) -> list[str]:
         return sorted({p.src for p in self.pairs})
 
+    @property
+    def every(self) -> list[str]:
+        """Every language of the pairs, read or written."""
+        return sorted({lang for p in self.pairs for lang in (p.src, p.tgt)})
+
     def tag_of(self, pair: Pair) -> str | None:
         """The target language whose token leads this pair's sources (None: untagged)."""
         return pair.tgt if self.tagged else None

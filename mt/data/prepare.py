@@ -100,7 +100,7 @@ def train_split(cfg: Config, tokenizer: Tokenizer, dist, log, bpe_dropout: float
             data = encode_train(cfg, tokenizer, Stats(), bpe_dropout, 0, pair, tag)
         log(data.stats.describe("train" if len(langs.pairs) == 1 else f"train {pair}"))
         parts.append(data)
-    return parts[0] if len(parts) == 1 else concat_pairs(parts)
+    return concat_pairs(parts)
 
 
 def encode_train(
@@ -142,7 +142,7 @@ def encode_epoch(cfg: Config, tokenizer: Tokenizer, bpe_dropout: float, epoch: i
         encode_train(cfg, tokenizer, Stats(), bpe_dropout, epoch, p, langs.tag_of(p))
         for p in langs.pairs
     ]
-    return parts[0] if len(parts) == 1 else concat_pairs(parts)
+    return concat_pairs(parts)
 
 
 def cached_train(
@@ -238,9 +238,7 @@ def _fetch(cfg: Config, missing: list[tuple[str, Pair]], log) -> None:
         f"{d.dataset} corpus (data.dataset) into it; to train on your own files, set data.dir "
         f"to their folder ..."
     )
-    every = tuple(sorted({lang for p in langs.pairs for lang in (p.src, p.tgt)}))
-    if len(langs.pairs) == 1:
-        every = (pair.src, pair.tgt)
+    every = (pair.src, pair.tgt) if len(langs.pairs) == 1 else tuple(langs.every)
     try:
         download(
             d.dataset,
@@ -332,31 +330,26 @@ def load_tokenizer(
 def bpe_sample(cfg: Config, langs: Languages) -> tuple[list[str], list[str]]:
     """(source lines, target lines) to train BPE on: one pair's, at most
     tokenizer.max_sentences pairs drawn uniformly; several pairs', an equal share of
-    tokenizer.max_sentences from each language's lines (each read once, from the first pair
-    that has it), so that a language with less text keeps its pieces. A joint BPE model
-    reads both lists as one."""
+    tokenizer.max_sentences from each language's lines (from the first pair that has it, each
+    pair's files read once), so that a language with less text keeps its pieces. A joint BPE
+    model reads both lists as one."""
     d, t = cfg.data, cfg.tokenizer
-    if len(langs.pairs) == 1:
-        paths = split_paths(d.dir, "train", langs.pairs[0].src, langs.pairs[0].tgt)
-        src, tgt = sample_pairs(
-            clean_pairs(iter_parallel(*paths), Stats()), t.max_sentences, cfg.train.seed
-        )
-        if not src:
-            raise MTError(f"{paths[0]}: the training split has no non-empty pairs")
-        return src, tgt
-    every = sorted({lang for p in langs.pairs for lang in (p.src, p.tgt)})
-    share = max(1, t.max_sentences // len(every))
-    lines = {}
-    for lang in every:
-        pair = next(p for p in langs.pairs if lang in (p.src, p.tgt))
-        side = 0 if lang == pair.src else 1
+    one = len(langs.pairs) == 1
+    share = t.max_sentences if one else max(1, t.max_sentences // len(langs.every))
+    # each language from the first pair that has it; each such pair sampled once
+    source = {lang: next(p for p in langs.pairs if lang in (p.src, p.tgt)) for lang in langs.every}
+    samples = {}
+    for pair in dict.fromkeys(source.values()):
         paths = split_paths(d.dir, "train", pair.src, pair.tgt)
-        pairs = clean_pairs(iter_parallel(*paths), Stats())
-        sample = sample_pairs(pairs, share, cfg.train.seed)[side]
-        if not sample:
-            raise MTError(f"{paths[side]}: the training split has no non-empty pairs")
-        lines[lang] = sample
-    src = [x for lang in langs.sources for x in lines[lang]]
+        samples[pair] = sample_pairs(
+            clean_pairs(iter_parallel(*paths), Stats()), share, cfg.train.seed
+        )
+        if not samples[pair][0]:
+            raise MTError(f"{paths[0]}: the training split has no non-empty pairs")
+    if one:
+        return samples[langs.pairs[0]]
+    lines = {lang: samples[p][0 if lang == p.src else 1] for lang, p in source.items()}
     if cfg.tokenizer.joint:  # (each language once, also one both read and written)
-        return [x for lang in every for x in lines[lang]], []
+        return [x for lang in langs.every for x in lines[lang]], []
+    src = [x for lang in langs.sources for x in lines[lang]]
     return src, [x for lang in langs.targets for x in lines[lang]]

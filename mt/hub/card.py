@@ -115,10 +115,7 @@ def _header(cfg, evaluated: dict | None, license_id: str, name: str) -> str:
 
 def _languages(d) -> list[str]:
     """Every language of the run's pairs, the default direction's first."""
-    pairs = Languages.of(d).pairs
-    return list(
-        dict.fromkeys([d.src_lang, d.tgt_lang, *(x for p in pairs for x in (p.src, p.tgt))])
-    )
+    return list(dict.fromkeys([d.src_lang, d.tgt_lang, *Languages.of(d).every]))
 
 
 def check_license(license_id: str) -> str:
