@@ -189,6 +189,21 @@ def test_word_dropout_turns_source_pieces_into_unk_the_same_on_resume(tmp_path):
     assert all(torch.equal(a.src, b.src) for a, b in zip(noisy[5:8], resumed, strict=True))
 
 
+def _walked(tmp_path, overrides, n: int, at=None) -> list:
+    """[(batch, (epoch, batch_in_epoch) after it)] of the first n batches of configs/tiny.yaml's
+    walk with `overrides`, from the position `at` (None: the start)."""
+    t = trainer_for(tmp_path, *overrides)
+    if at is not None:
+        t.state.epoch, t.state.batch_in_epoch = at
+    batches, out = t.batches(), []
+    for _ in range(n):
+        batch = next(batches)
+        out.append((batch, (t.state.epoch, t.state.batch_in_epoch)))
+    batches.close()
+    t.close()
+    return out
+
+
 def test_batches_made_ahead_are_the_batches_made_when_asked_for(tmp_path):
     """train.prefetch_batches: a background thread collates ahead, yet every batch, with its
     word dropout, and the position the state holds after it (what last.pt saves) are those of
@@ -197,16 +212,8 @@ def test_batches_made_ahead_are_the_batches_made_when_asked_for(tmp_path):
     import threading
 
     def walk(*overrides, n=60, at=None):
-        t = trainer_for(tmp_path, "train.max_tokens=4096", "train.word_dropout=0.2", *overrides)
-        if at is not None:
-            t.state.epoch, t.state.batch_in_epoch = at
-        batches, out = t.batches(), []
-        for _ in range(n):
-            batch = next(batches)
-            out.append((batch, (t.state.epoch, t.state.batch_in_epoch)))
-        batches.close()
-        t.close()
-        return out
+        return _walked(tmp_path, ("train.max_tokens=4096", "train.word_dropout=0.2", *overrides),
+                       n, at)  # fmt: skip
 
     here = walk("train.prefetch_batches=0")
     before = {th.name for th in threading.enumerate()}
@@ -252,17 +259,9 @@ def test_resident_batches_are_the_batches_each_made_and_moved_alone(tmp_path, mo
     monkeypatch.setattr(walk_mod, "RESIDENT_BATCHES", 3)
 
     def walk(kind, n=40, at=None):
-        t = trainer_for(tmp_path, f"train.update={kind}", "train.pack_width=64",
-                        "train.max_tokens=4096", "train.word_dropout=0.2")  # fmt: skip
-        if at is not None:
-            t.state.epoch, t.state.batch_in_epoch = at
-        batches, out = t.batches(), []
-        for _ in range(n):
-            batch = next(batches)
-            out.append((batch, (t.state.epoch, t.state.batch_in_epoch)))
-        batches.close()
-        t.close()
-        return out
+        sets = (f"train.update={kind}", "train.pack_width=64", "train.max_tokens=4096",
+                "train.word_dropout=0.2")  # fmt: skip
+        return _walked(tmp_path, sets, n, at)
 
     alone, resident = walk("device", n=50), walk("graph", n=50)
     assert alone[-1][1][0] >= 2  # the walk crossed epochs
