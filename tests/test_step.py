@@ -193,8 +193,9 @@ def test_auto_takes_the_device_update_on_a_gpu_or_with_ranks():
     assert update_kind("auto", cpu, two) == "device"
     assert update_kind("device", cpu, one) == "device"
     assert update_kind("plain", gpu, one) == "plain"
-    with pytest.raises(MTError, match=r"train\.update: plain trains one process"):
-        update_kind("plain", cpu, two)
+    for one_process in ("plain", "graph"):
+        with pytest.raises(MTError, match=rf"train\.update: {one_process} trains one process"):
+            update_kind(one_process, cpu, two)
 
 
 # -- each kind on its own: skips, accumulation, what the device update never reads --------

@@ -35,11 +35,9 @@ from mt.train.step import forward
 WARMUP = 3
 
 
-def graph_refusal(cfg, multi_rank: bool, fp16: bool) -> str | None:
+def graph_refusal(cfg, fp16: bool) -> str | None:
     """Why train.update graph cannot make this run's update (cfg: the train section, as
-    resolved for the device), or None."""
-    if multi_rank:
-        return "train.update graph captures one process's update: under torchrun use device"
+    resolved for the device; one process: mt.train.step.update_kind), or None."""
     if fp16:
         return "train.update graph skips on the device; fp16's GradScaler reads it: use bf16"
     if cfg.accum_steps != 1:

@@ -37,10 +37,10 @@ from mt.train.state import TrainState
 def update_kind(setting: str, device: torch.device, dist: Dist) -> str:
     """train.update resolved: "plain", "device" or "graph" (mt/train/graphed.py; auto: device
     on a GPU or with ranks, else plain)."""
-    if setting == "plain" and dist.enabled:
+    if setting in ("plain", "graph") and dist.enabled:
         raise MTError(
-            "train.update: plain trains one process; under torchrun the ranks exchange their "
-            "gradients in the device update: set train.update to auto or device"
+            f"train.update: {setting} trains one process; under torchrun the ranks exchange "
+            f"their gradients in the device update: set train.update to auto or device"
         )
     if setting != "auto":
         return setting

@@ -105,11 +105,14 @@ class Trainer:
         """The update train.update chose (mt/train/step.py), with its Skips and its loss,
         compiled where train.compile says (each shape's step through CUDA graphs for the
         device update alone: compiled_step; the graph update records the whole update)."""
+        fp16 = self.scaler.is_enabled()
+        refusal = graph_refusal(self.cfg, fp16) if kind == "graph" else None
+        if refusal:  # (before anything is compiled or allocated)
+            raise MTError(refusal)
         self.cuda_graphs, self.compiled_loss = compiled_step(
             self.objective, self.cfg, compile, self.device, graphs=kind == "device"
         )
         cfg, loss = self.cfg, self.compiled_loss or self.objective.loss
-        fp16 = self.scaler.is_enabled()
         self.skips = Skips(self.device, kind != "plain" and not fp16, cfg.max_nonfinite,
                            self.write_log)  # fmt: skip
         if kind == "plain":
@@ -119,16 +122,13 @@ class Trainer:
         exchange = build_exchange(cfg, self.model, self.optimizer, self.objective.loss,
                                   self.dist, masked_lm, self.compiled_loss is not None)  # fmt: skip
         if kind == "graph":
-            return self._graph_update(loss, exchange, fp16)
+            return self._graph_update(loss, exchange)
         return DeviceUpdate(self.model, loss, exchange, self.optimizer, self.scheduler,
                             self.scaler, self.ema, self.skips, cfg.clip_norm, self.dist,
                             self.device, self.amp_dtype)  # fmt: skip
 
-    def _graph_update(self, loss, exchange, fp16: bool) -> GraphUpdate:
+    def _graph_update(self, loss, exchange) -> GraphUpdate:
         """The device update recorded as one CUDA graph (on a CPU, run as recorded)."""
-        refusal = graph_refusal(self.cfg, self.dist.enabled, fp16)
-        if refusal:
-            raise MTError(refusal)
         return GraphUpdate(self.model, loss, exchange, self.optimizer, self.scheduler,
                            self.scaler, self.ema, self.skips, self.cfg.clip_norm, self.device,
                            self.amp_dtype, capture=self.device.type == "cuda")  # fmt: skip
