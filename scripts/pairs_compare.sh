@@ -4,33 +4,39 @@
 # language changed), each direction getting as many of its batches: STEPS updates for a
 # bilingual run, 3 x STEPS for the multilingual one (a third of each batch from each pair).
 # Each direction is scored on test_2016_flickr with the run's tuned beam: cased sacreBLEU and
-# lowercased tokenized BLEU. Prints a markdown table; the runs stay in OUT.
+# lowercased tokenized BLEU. Prints a markdown table; the runs stay in OUT, and rerunning the
+# same command resumes them.
 #   bash scripts/pairs_compare.sh OUT STEPS [DATA_DIR]    (DATA_DIR: data/multi30k)
-#   PAIRS_DRY=1 ...: 20 updates a run, for the tests
+#   PAIRS_JOBS=2 ...: the three bilingual runs and the multilingual one side by side, one CPU
+#                     thread each (a 2-core machine; the same updates, about half the time)
+#   PAIRS_DRY=1 ...: tiny models, for the tests
 set -euo pipefail
 out=$1
 steps=$2
 data=${3:-data/multi30k}
 mkdir -p "$out"
-every=$(( steps > 1000 ? steps / 2 : steps ))
-# the recipe's warm-up, or half the bilingual budget where that is shorter (the same number of
-# updates in both kinds of run: a short budget should not end before its peak learning rate)
+# the recipe's warm-up (2,000) and peak learning rate (lr_factor 2.5: 0.005), or half the
+# bilingual budget where that is shorter, with lr_factor scaled by sqrt(warmup / 2000) so that
+# the peak stays 0.005 (a short budget should neither end before its peak nor reach a higher
+# one: a warm-up of 500 at lr_factor 2.5 peaks at 0.01, where this post-LN model stalls)
 warmup=$(( steps / 2 < 2000 ? steps / 2 : 2000 ))
+warmup=$(( warmup > 0 ? warmup : 1 ))
+lr_factor=$(python -c "print(round(2.5 * ($warmup / 2000) ** 0.5, 6))")
 budget=(data.dir="$data" train.max_minutes=0 train.log_every=100 train.valid_beam=1
-        train.warmup=$(( warmup > 0 ? warmup : 1 )) train.average_last=4
-        train.save_every=$(( every / 2 > 0 ? every / 2 : 1 )))
+        train.warmup=$warmup train.lr_factor="$lr_factor" train.average_last=4)
 if [ -n "${PAIRS_DRY:-}" ]; then
   budget+=(model.d_model=32 model.d_ff=64 model.enc_layers=1 model.dec_layers=1
            tokenizer.vocab_size=300 train.max_tokens=1024 "decode.tune_beams=[1]"
            train.log_every=5 train.average_last=0 data.dataset=null)
 fi
 
-train() {  # RUN CONFIG STEPS VALID_EVERY [KEY=VALUE ...]
-  local run=$1 config=$2 n=$3 valid=$4 start
-  shift 4
+train() {  # RUN CONFIG STEPS [KEY=VALUE ...]: valid at half and the end, snapshots every eighth
+  local run=$1 config=$2 n=$3 start
+  shift 3
   start=$(date +%s)
   mt train "$config" --run-dir "$out/$run" --set "${budget[@]}" train.max_steps="$n" \
-    train.valid_every="$valid" "$@" 2>&1 | tr '\r' '\n' | grep -v "^\s*$\|it/s" > "$out/$run.log"
+    train.valid_every=$(( n > 1 ? n / 2 : 1 )) train.save_every=$(( n > 7 ? n / 8 : 1 )) "$@" \
+    2>&1 | tr '\r' '\n' | grep -v "^\s*$\|it/s" > "$out/$run.log"
   echo $(( $(date +%s) - start )) > "$out/$run.seconds"
 }
 
@@ -43,14 +49,29 @@ score() {  # RUN LANG [FLAGS ...]: OUT/RUN/test.LANG.json
   echo "== $run -> $lang: $(cat "$out/$run/test.$lang.json")"
 }
 
-for lang in de fr cs; do
-  train "en_$lang" configs/multi30k_en_de.yaml "$steps" "$every" data.tgt_lang="$lang"
-  score "en_$lang" "$lang"
-done
-train en_x configs/multi30k_en_x.yaml $(( 3 * steps )) $(( 3 * every ))
-for lang in de fr cs; do
-  score en_x "$lang" --tgt-lang "$lang"
-done
+bilingual() {
+  for lang in de fr cs; do
+    train "en_$lang" configs/multi30k_en_de.yaml "$steps" data.tgt_lang="$lang"
+    score "en_$lang" "$lang"
+  done
+}
+
+multilingual() {
+  train en_x configs/multi30k_en_x.yaml $(( 3 * steps ))
+  for lang in de fr cs; do
+    score en_x "$lang" --tgt-lang "$lang"
+  done
+}
+
+if [ "${PAIRS_JOBS:-1}" = 2 ]; then
+  export OMP_NUM_THREADS=1 MT_THREADS=1
+  bilingual & side=$!
+  multilingual
+  wait "$side"
+else
+  bilingual
+  multilingual
+fi
 
 python - "$out" "$steps" <<'PY'
 import json, re, sys
