@@ -6,6 +6,7 @@ every bad input is one line."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -262,6 +263,46 @@ def test_one_pair_as_data_pairs_trains_as_src_and_tgt_lang(tmp_path):
     assert losses[0] == losses[1] and len(losses[0]) == 15
     for k, v in a.model.state_dict().items():
         assert torch.equal(v, b.model.state_dict()[k]), k
+
+
+def test_pairs_of_their_own_files_train_and_distill_pair_by_pair(tmp_path):
+    """Pairs from different corpora in one folder (train.src-ta.src and train.src-ta.ta, ...:
+    120, 60 and 30 lines, tb's sources not ta's), valid and test shared (valid.src, valid.ta,
+    ...): a run reads each pair's own files; mt distill of it writes each pair's training
+    sources and the teacher's `mt translate --tgt-lang` of them into that pair's own files,
+    and copies valid and test."""
+    d = tmp_path / "d"
+    write_three_targets(d, train=200)
+    src = (d / "train.src").read_text().splitlines()
+    for lang, rows in (("ta", slice(0, 120)), ("tb", slice(140, 200)), ("tc", slice(0, 30))):
+        tgt = (d / f"train.{lang}").read_text().splitlines()
+        (d / f"train.src-{lang}.src").write_text("\n".join(src[rows]) + "\n")
+        (d / f"train.src-{lang}.{lang}").write_text("\n".join(tgt[rows]) + "\n")
+        (d / f"train.{lang}").unlink()
+    (d / "train.src").unlink()
+    code, _, err = mt_here("train", "configs/tiny.yaml", "--run-dir", tmp_path / "run", "--set",
+                           f"data.dir={d}", "train.device=cpu", *THREE, "train.max_steps=40",
+                           "train.valid_every=40", "decode.tune_beams=[]")  # fmt: skip
+    assert code == 0, err
+    assert "train src-ta: 120" in err and "train src-tb: 60" in err and "train src-tc: 30" in err
+    code, _, err = mt_here("distill", tmp_path / "run", "--data", d, "--out", tmp_path / "kd",
+                           "--beam", "1", "--device", "cpu")  # fmt: skip
+    assert code == 0, err
+    for lang, rows in (("ta", slice(0, 120)), ("tb", slice(140, 200)), ("tc", slice(0, 30))):
+        kd = tmp_path / "kd" / f"train.src-{lang}"
+        assert Path(f"{kd}.src").read_text().splitlines() == src[rows]
+        code, _, err = mt_here("translate", tmp_path / "run", "-i", f"{kd}.src", "-o",
+                               tmp_path / f"hyp.{lang}", "--tgt-lang", lang, "--beam", "1",
+                               "--device", "cpu")  # fmt: skip
+        assert code == 0, err
+        hyps = (tmp_path / f"hyp.{lang}").read_text()
+        assert Path(f"{kd}.{lang}").read_text() == hyps
+        for split in ("valid", "test"):
+            copied = tmp_path / "kd" / f"{split}.src-{lang}.{lang}"
+            assert copied.read_text() == (d / f"{split}.{lang}").read_text()
+    # the same 30 sources into ta and tc: each pair's token led its sources
+    ta, tc = ((tmp_path / f"hyp.{lang}").read_text().splitlines()[:30] for lang in ("ta", "tc"))
+    assert ta != tc and any(ta)
 
 
 def test_the_pair_a_translation_asks_for():

@@ -110,7 +110,15 @@ def clean(line: str) -> str:
 def split_paths(
     data_dir: str | Path, split: str, src_lang: str, tgt_lang: str
 ) -> tuple[Path, Path]:
+    """A split's two files: the pair's own, `{split}.{src}-{tgt}.{lang}` (fairseq's naming: a
+    folder of pairs from different corpora, as en-de and en-fr of different sizes), where
+    either is there; else `{split}.{lang}` (one corpus parallel in every language, as
+    Multi30k)."""
     d = Path(data_dir)
+    own = (d / f"{split}.{src_lang}-{tgt_lang}.{src_lang}",
+           d / f"{split}.{src_lang}-{tgt_lang}.{tgt_lang}")  # fmt: skip
+    if any(p.exists() for p in own):
+        return own
     return d / f"{split}.{src_lang}", d / f"{split}.{tgt_lang}"
 
 

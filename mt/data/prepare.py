@@ -273,6 +273,8 @@ def _no_split_message(cfg: Config, split: str, pair: Pair, downloaded: str | Non
     found = ", ".join(there[:8]) + (", ..." if len(there) > 8 else "") if there else "no files"
     fix = "check data.pairs" if d.pairs else "check data.src_lang and data.tgt_lang"
     fix += ", or name the files so"
+    if d.pairs:
+        fix += f" (a pair's own files: {split}.{pair}.{pair.src} and {split}.{pair}.{pair.tgt})"
     if d.dataset is not None and downloaded != d.dataset:
         fix += f" (mt downloads {d.dataset} only into an absent or empty folder)"
     return f"no {split} data: {src} and {tgt} must exist ({d.dir} has {found}); {fix}"

@@ -3,7 +3,9 @@ Rush 2016). The teacher translates the training sources with beam search, and it
 translations replace the training targets: a corpus in DIR2 that any config can train on (the
 non-autoregressive model learns from such a corpus far better than from the references,
 Gu et al. 2018). The valid and test splits are copied unchanged, so scores stay against the
-real references."""
+real references. A teacher of several pairs (data.pairs) translates each pair's sources into
+that pair's language, each pair written to files of its own (train.en-de.en, ...), which a
+student with the same data.pairs reads."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from pathlib import Path
 
 from mt.artifacts import checkpoint
 from mt.data.corpus import SPLITS, has_split, read_lines, split_paths
+from mt.data.pairs import Languages, Pair, tagged
 from mt.errors import MTError
 from mt.outputs import check_folder_creatable, write_text
 
@@ -25,44 +28,60 @@ def distill(
     force: bool = False,
     log=print,
 ) -> int:
-    """Write DIR2/{train,valid,test}.{src,tgt}; returns the number of training pairs."""
+    """Write DIR2's splits of every pair the teacher learned; returns the number of training
+    pairs written (of every pair)."""
     from mt.decode.translator import Translator
 
     run = checkpoint.open_trained(teacher)
-    d = run.config.data
-    if not has_split(data, "train", d.src_lang, d.tgt_lang):
-        src, tgt = split_paths(data, "train", d.src_lang, d.tgt_lang)
-        raise MTError(
-            f"--data {data}: no {src.name} and {tgt.name} (the teacher translates "
-            f"{d.src_lang} -> {d.tgt_lang})"
+    langs = Languages.of(run.config.data)
+    _check(langs, data, out, force)
+    out.mkdir(parents=True, exist_ok=True)
+    translator = Translator.from_trained(run, device)
+    written = 0
+    for pair in langs.pairs:
+        src_path, _ = split_paths(data, "train", pair.src, pair.tgt)
+        sources = read_lines(src_path)
+        of = f" of {pair}" if len(langs.pairs) > 1 else ""
+        log(
+            translator.describe([run.path or teacher], translator.options(beam=beam))
+            + f" ({len(sources):,} training sources{of})"
         )
+        hyps = translator.translate(tagged(sources, langs.tag_of(pair)), beam=beam, progress=True)
+        new_src, new_tgt = _written(out, "train", pair, langs)
+        write_text(new_src, "".join(s + "\n" for s in sources))
+        write_text(new_tgt, "".join(h + "\n" for h in hyps))
+        for split in ("valid", "test"):
+            if has_split(data, split, pair.src, pair.tgt):
+                old = split_paths(data, split, pair.src, pair.tgt)
+                for a, b in zip(old, _written(out, split, pair, langs), strict=True):
+                    shutil.copyfile(a, b)
+        written += len(sources)
+    return written
+
+
+def _check(langs: Languages, data: Path, out: Path, force: bool) -> None:
+    """Every pair's training split is in --data, and --out is another folder that may be
+    written (its files of an earlier distillation replaced only with --force)."""
+    for pair in langs.pairs:
+        if not has_split(data, "train", pair.src, pair.tgt):
+            src, tgt = split_paths(data, "train", pair.src, pair.tgt)
+            raise MTError(
+                f"--data {data}: no {src.name} and {tgt.name} (the teacher translates {pair})"
+            )
     if Path(out).resolve() == Path(data).resolve():
         raise MTError("--out must be another folder than --data: the references are kept")
-    targets = [p for split in SPLITS for p in split_paths(out, split, d.src_lang, d.tgt_lang)]
+    targets = [p for pair in langs.pairs for s in SPLITS for p in _written(out, s, pair, langs)]
     existing = [p for p in targets if p.exists()]
     if existing and not force:
         raise MTError(
             f"{existing[0]} already exists; pass --force to overwrite it or choose another --out"
         )
     check_folder_creatable(out, "--out")
-    out.mkdir(parents=True, exist_ok=True)
-    src_path, _ = split_paths(data, "train", d.src_lang, d.tgt_lang)
-    sources = read_lines(src_path)
-    translator = Translator.from_trained(run, device)
-    log(
-        translator.describe([run.path or teacher], translator.options(beam=beam))
-        + f" ({len(sources):,} training sources)"
-    )
-    hyps = translator.translate(sources, beam=beam, progress=True)
-    new_src, new_tgt = split_paths(out, "train", d.src_lang, d.tgt_lang)
-    write_text(new_src, "".join(s + "\n" for s in sources))
-    write_text(new_tgt, "".join(h + "\n" for h in hyps))
-    for split in ("valid", "test"):
-        if has_split(data, split, d.src_lang, d.tgt_lang):
-            for a, b in zip(
-                split_paths(data, split, d.src_lang, d.tgt_lang),
-                split_paths(out, split, d.src_lang, d.tgt_lang),
-                strict=True,
-            ):
-                shutil.copyfile(a, b)
-    return len(sources)
+
+
+def _written(out: Path, split: str, pair: Pair, langs: Languages) -> tuple[Path, Path]:
+    """Where a split of `pair` is written: {split}.{lang}, or for a teacher of several pairs
+    the pair's own files (two pairs may share a language, as en-de and en-fr their source)."""
+    if len(langs.pairs) == 1:
+        return out / f"{split}.{pair.src}", out / f"{split}.{pair.tgt}"
+    return out / f"{split}.{pair}.{pair.src}", out / f"{split}.{pair}.{pair.tgt}"
