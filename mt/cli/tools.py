@@ -202,7 +202,8 @@ def distill_cmd(
     force: bool = typer.Option(False, "--force", help="overwrite files in --out"),
 ):
     """Sequence-level knowledge distillation: the teacher's translations of the training
-    sources become the training targets of a new corpus (valid/test copied unchanged).
+    sources become the training targets of a new corpus (valid/test copied unchanged); a
+    teacher of several pairs distils each pair into files of its own (train.en-fr.fr, ...).
 
     Example: mt distill runs/multi30k_de_en --data data/multi30k --out data/multi30k_kd
     """

@@ -42,7 +42,8 @@ class DataConfig(Section):
         [],
         max_length=256,
         description="several language pairs in one model, e.g. [en-de, en-fr, en-cs], each "
-        "read from {split}.{src} and {split}.{tgt} in dir; with more than one target language "
+        "read from the pair's own {split}.{src}-{tgt}.{lang} files in dir where there, else "
+        "from {split}.{src} and {split}.{tgt}; with more than one target language "
         "each source starts with the target's token (>>de<<; mt/data/pairs.py). src_lang and "
         "tgt_lang are then the direction translation takes when none is asked for (the first "
         "pair's unless set). Empty: the one pair src_lang-tgt_lang",
