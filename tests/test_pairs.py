@@ -300,6 +300,13 @@ def test_pairs_of_their_own_files_train_and_distill_pair_by_pair(tmp_path):
         for split in ("valid", "test"):
             copied = tmp_path / "kd" / f"{split}.src-{lang}.{lang}"
             assert copied.read_text() == (d / f"{split}.{lang}").read_text()
+    (d / "train.src-tb.tb").unlink()
+    code, _, err = mt_here("distill", tmp_path / "run", "--data", d, "--out", tmp_path / "kd2")
+    assert code != 0 and len(err.strip().splitlines()) == 1, err
+    assert "no train.src-tb.src and train.src-tb.tb (the teacher translates src-tb)" in err
+    (d / "train.src-tb.src").unlink()
+    code, _, err = mt_here("distill", tmp_path / "run", "--data", d, "--out", tmp_path / "kd2")
+    assert "no train.src and train.tb or train.src-tb.src and .tb (the teacher" in err
     # the same 30 sources into ta and tc: each pair's token led its sources
     ta, tc = ((tmp_path / f"hyp.{lang}").read_text().splitlines()[:30] for lang in ("ta", "tc"))
     assert ta != tc and any(ta)

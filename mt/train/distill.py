@@ -65,8 +65,10 @@ def _check(langs: Languages, data: Path, out: Path, force: bool) -> None:
     for pair in langs.pairs:
         if not has_split(data, "train", pair.src, pair.tgt):
             src, tgt = split_paths(data, "train", pair.src, pair.tgt)
+            plain = len(langs.pairs) > 1 and src.name == f"train.{pair.src}"
+            own = f" or train.{pair}.{pair.src} and .{pair.tgt}" if plain else ""
             raise MTError(
-                f"--data {data}: no {src.name} and {tgt.name} (the teacher translates {pair})"
+                f"--data {data}: no {src.name} and {tgt.name}{own} (the teacher translates {pair})"
             )
     if Path(out).resolve() == Path(data).resolve():
         raise MTError("--out must be another folder than --data: the references are kept")
