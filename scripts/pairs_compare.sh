@@ -15,15 +15,20 @@ out=$1
 steps=$2
 data=${3:-data/multi30k}
 mkdir -p "$out"
-# the recipe's warm-up (2,000) and peak learning rate (lr_factor 2.5: 0.005), or half the
-# bilingual budget where that is shorter, with lr_factor scaled by sqrt(warmup / 2000) so that
-# the peak stays 0.005 (a short budget should neither end before its peak nor reach a higher
-# one: a warm-up of 500 at lr_factor 2.5 peaks at 0.01, where this post-LN model stalls)
+# The learning rate per direction's batch is the same in both kinds of run: the bilingual runs
+# take the recipe's warm-up (2,000) and peak (lr_factor 2.5: 0.005), or half their budget where
+# that is shorter, lr_factor scaled by sqrt(warmup / 2000) so that the peak stays 0.005 (a short
+# budget should neither end before its peak nor reach a higher one: a warm-up of 500 at
+# lr_factor 2.5 peaks at 0.01, where this post-LN model stalls); the multilingual run, whose
+# update 3k is each direction's batch k, warms up for three times the updates, lr_factor
+# scaled by sqrt(3), so that its learning rate at update 3k is the bilingual one's at k.
 warmup=$(( steps / 2 < 2000 ? steps / 2 : 2000 ))
 warmup=$(( warmup > 0 ? warmup : 1 ))
-lr_factor=$(python -c "print(round(2.5 * ($warmup / 2000) ** 0.5, 6))")
+schedule() {  # WARMUP: the --set of a Noam schedule that peaks at 0.005 after WARMUP updates
+  echo "train.warmup=$1 train.lr_factor=$(python -c "print(round(2.5 * ($1 / 2000) ** .5, 6))")"
+}
 budget=(data.dir="$data" train.max_minutes=0 train.log_every=100 train.valid_beam=1
-        train.warmup=$warmup train.lr_factor="$lr_factor" train.average_last=4)
+        train.average_last=4)
 if [ -n "${PAIRS_DRY:-}" ]; then
   budget+=(model.d_model=32 model.d_ff=64 model.enc_layers=1 model.dec_layers=1
            tokenizer.vocab_size=300 train.max_tokens=1024 "decode.tune_beams=[1]"
@@ -51,13 +56,14 @@ score() {  # RUN LANG [FLAGS ...]: OUT/RUN/test.LANG.json
 
 bilingual() {
   for lang in de fr cs; do
-    train "en_$lang" configs/multi30k_en_de.yaml "$steps" data.tgt_lang="$lang"
+    train "en_$lang" configs/multi30k_en_de.yaml "$steps" data.tgt_lang="$lang" \
+      $(schedule "$warmup")
     score "en_$lang" "$lang"
   done
 }
 
 multilingual() {
-  train en_x configs/multi30k_en_x.yaml $(( 3 * steps ))
+  train en_x configs/multi30k_en_x.yaml $(( 3 * steps )) $(schedule $(( 3 * warmup )))
   for lang in de fr cs; do
     score en_x "$lang" --tgt-lang "$lang"
   done
