@@ -114,12 +114,17 @@ def split_paths(
     folder of pairs from different corpora, as en-de and en-fr of different sizes), where
     either is there; else `{split}.{lang}` (one corpus parallel in every language, as
     Multi30k)."""
-    d = Path(data_dir)
-    own = (d / f"{split}.{src_lang}-{tgt_lang}.{src_lang}",
-           d / f"{split}.{src_lang}-{tgt_lang}.{tgt_lang}")  # fmt: skip
+    own = pair_paths(data_dir, split, src_lang, tgt_lang)
     if any(p.exists() for p in own):
         return own
+    d = Path(data_dir)
     return d / f"{split}.{src_lang}", d / f"{split}.{tgt_lang}"
+
+
+def pair_paths(data_dir: str | Path, split: str, src_lang: str, tgt_lang: str) -> tuple[Path, Path]:
+    """A pair's own files of a split, `{split}.{src}-{tgt}.{lang}`, there or not."""
+    d, pair = Path(data_dir), f"{src_lang}-{tgt_lang}"
+    return d / f"{split}.{pair}.{src_lang}", d / f"{split}.{pair}.{tgt_lang}"
 
 
 def has_split(data_dir: str | Path, split: str, src_lang: str, tgt_lang: str) -> bool:

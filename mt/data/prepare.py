@@ -18,6 +18,7 @@ from mt.data.corpus import (
     encode_stream,
     has_split,
     iter_parallel,
+    pair_paths,
     read_parallel,
     sample_pairs,
     split_paths,
@@ -273,8 +274,9 @@ def _no_split_message(cfg: Config, split: str, pair: Pair, downloaded: str | Non
     found = ", ".join(there[:8]) + (", ..." if len(there) > 8 else "") if there else "no files"
     fix = "check data.pairs" if d.pairs else "check data.src_lang and data.tgt_lang"
     fix += ", or name the files so"
-    if d.pairs:
-        fix += f" (a pair's own files: {split}.{pair}.{pair.src} and {split}.{pair}.{pair.tgt})"
+    own = pair_paths(d.dir, split, pair.src, pair.tgt)
+    if d.pairs and (src, tgt) != own:
+        fix += f" (a pair's own files: {own[0].name} and {own[1].name})"
     if d.dataset is not None and downloaded != d.dataset:
         fix += f" (mt downloads {d.dataset} only into an absent or empty folder)"
     return f"no {split} data: {src} and {tgt} must exist ({d.dir} has {found}); {fix}"

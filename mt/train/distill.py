@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 
 from mt.artifacts import checkpoint
-from mt.data.corpus import SPLITS, has_split, read_lines, split_paths
+from mt.data.corpus import SPLITS, has_split, pair_paths, read_lines, split_paths
 from mt.data.pairs import Languages, Pair, tagged
 from mt.errors import MTError
 from mt.outputs import check_folder_creatable, write_text
@@ -65,8 +65,9 @@ def _check(langs: Languages, data: Path, out: Path, force: bool) -> None:
     for pair in langs.pairs:
         if not has_split(data, "train", pair.src, pair.tgt):
             src, tgt = split_paths(data, "train", pair.src, pair.tgt)
-            plain = len(langs.pairs) > 1 and src.name == f"train.{pair.src}"
-            own = f" or train.{pair}.{pair.src} and .{pair.tgt}" if plain else ""
+            named = pair_paths(data, "train", pair.src, pair.tgt)
+            plain = len(langs.pairs) > 1 and (src, tgt) != named
+            own = f" or {named[0].name} and .{pair.tgt}" if plain else ""
             raise MTError(
                 f"--data {data}: no {src.name} and {tgt.name}{own} (the teacher translates {pair})"
             )
@@ -86,4 +87,4 @@ def _written(out: Path, split: str, pair: Pair, langs: Languages) -> tuple[Path,
     the pair's own files (two pairs may share a language, as en-de and en-fr their source)."""
     if len(langs.pairs) == 1:
         return out / f"{split}.{pair.src}", out / f"{split}.{pair.tgt}"
-    return out / f"{split}.{pair}.{pair.src}", out / f"{split}.{pair}.{pair.tgt}"
+    return pair_paths(out, split, pair.src, pair.tgt)
