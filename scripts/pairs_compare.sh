@@ -9,6 +9,7 @@
 #   bash scripts/pairs_compare.sh OUT STEPS [DATA_DIR]    (DATA_DIR: data/multi30k)
 #   PAIRS_JOBS=2 ...: the three bilingual runs and the multilingual one side by side, one CPU
 #                     thread each (a 2-core machine; the same updates, about half the time)
+#   PAIRS_SET="model.d_ff=512 ..." ...: --set options for both kinds of run (another size)
 #   PAIRS_DRY=1 ...: tiny models, for the tests
 set -euo pipefail
 out=$1
@@ -29,6 +30,8 @@ schedule() {  # WARMUP: the --set of a Noam schedule that peaks at 0.005 after W
 }
 budget=(data.dir="$data" train.max_minutes=0 train.log_every=100 train.valid_beam=1
         train.average_last=4)
+# shellcheck disable=SC2206  # (PAIRS_SET's options split on purpose)
+budget+=(${PAIRS_SET:-})
 if [ -n "${PAIRS_DRY:-}" ]; then
   budget+=(model.d_model=32 model.d_ff=64 model.enc_layers=1 model.dec_layers=1
            tokenizer.vocab_size=300 train.max_tokens=1024 "decode.tune_beams=[1]"
