@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from mt.data import token_cache
 from mt.data.corpus import ParallelData, Stats, TokenArray
@@ -111,3 +112,45 @@ def test_a_cache_that_cannot_be_written_is_a_warning_and_training_goes_on(tmp_pa
     warning = [line for line in err.splitlines() if "could not write the token cache" in line]
     assert len(warning) == 1 and "No space left on device" in warning[0]
     assert not list((tmp_path / "cache").rglob("*.npy"))
+
+
+def test_several_cached_corpora_stay_mapped_and_batch_as_one_copy_would(tmp_path):
+    """Several pairs' cached ids (or a pair in both directions) joined stay memory-mapped, not
+    read into memory, and every batch, padded or packed, holds the ids a copy of them would."""
+    from mt.data.batching import collate, collate_packed
+    from mt.data.corpus import FlatParts, both_directions, concat_pairs
+    from mt.data.packing import pack_blocks
+
+    rng = np.random.default_rng(0)
+
+    def corpus(n: int) -> ParallelData:
+        def seqs() -> list[list[int]]:
+            return [list(rng.integers(4, 900, rng.integers(1, 9))) for _ in range(n)]
+
+        return _data(seqs(), seqs())
+
+    parts = []
+    for k, n in enumerate((7, 1, 12)):
+        token_cache.save(tmp_path / str(k), corpus(n))
+        parts.append(token_cache.load(tmp_path / str(k)))
+    joined = both_directions(concat_pairs(parts))
+    copied = ParallelData(*(TokenArray.from_arrays(np.array(a.data), a.lengths, a.offsets)
+                            for a in (joined.src, joined.tgt)), joined.stats)  # fmt: skip
+    assert isinstance(joined.src.data, FlatParts) and len(joined.src.data.parts) == 6
+    assert all(isinstance(p, np.memmap) for p in joined.src.data.parts)
+    assert np.array_equal(
+        copied.src.data,
+        np.concatenate(
+            [np.asarray(p.src.data) for p in parts] + [np.asarray(p.tgt.data) for p in parts]
+        ),
+    )
+    for i in range(len(joined.src)):
+        assert np.array_equal(joined.tgt[i], copied.tgt[i])
+    for indices in (np.arange(40), rng.permutation(40)[:9], np.array([3, -1, 39, 19, 20])):
+        a, b = collate(joined, indices), collate(copied, indices)
+        assert all(torch.equal(getattr(a, k), getattr(b, k)) for k in ("src", "tgt_in", "tgt_out"))
+    for block in pack_blocks(joined.src.lengths, joined.tgt.lengths, 24, 3, seed=1):
+        a, b = collate_packed(joined, block, 24, 3), collate_packed(copied, block, 24, 3)
+        assert all(torch.equal(getattr(a, k), getattr(b, k)) for k in ("src", "tgt_in", "tgt_out"))
+    with pytest.raises(IndexError):
+        joined.src.data[np.array([len(joined.src.data)])]

@@ -206,8 +206,47 @@ def sample_pairs(
     return [s for s, _ in sample], [t for _, t in sample]
 
 
+class FlatParts:
+    """Flat arrays read as one, none of them copied: what TokenArray.concat keeps of memory-
+    mapped parts (the token cache's, mt/data/token_cache.py), so that the ids of several pairs
+    stay in the files and the page cache that every rank shares, instead of being read into
+    each process's memory whole. Indexed as the collators index a flat array: by an array of
+    positions or by a slice."""
+
+    def __init__(self, parts: list):
+        self.parts: list[np.ndarray] = []
+        for p in parts:  # (parts that are FlatParts themselves: their own parts)
+            self.parts += p.parts if isinstance(p, FlatParts) else [p]
+        self.starts = np.zeros(len(self.parts) + 1, dtype=np.int64)
+        np.cumsum([len(p) for p in self.parts], out=self.starts[1:])
+        self.dtype = np.result_type(*self.parts)
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def __getitem__(self, index) -> np.ndarray:
+        if isinstance(index, slice):
+            return self[np.arange(*index.indices(len(self)))]
+        index = np.asarray(index)
+        if index.size and (index.min() < 0 or index.max() >= len(self)):
+            raise IndexError(f"positions outside 0..{len(self) - 1}")
+        part = np.searchsorted(self.starts, index, side="right") - 1
+        out = np.empty(index.shape, dtype=self.dtype)
+        for k in np.unique(part):
+            chosen = part == k
+            out[chosen] = self.parts[k][index[chosen] - self.starts[k]]
+        return out
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        """The whole, copied into memory (np.asarray, np.save)."""
+        whole = np.concatenate(self.parts)
+        return whole if dtype is None else whole.astype(dtype)
+
+
 class TokenArray:
     """Variable-length int sequences in one flat int32 array plus offsets (no Python lists)."""
+
+    data: np.ndarray | FlatParts  # (the flat ids; several mapped parts: FlatParts)
 
     def __init__(self, seqs: list[list[int]], dtype=np.int32):
         self.lengths = np.fromiter((len(s) for s in seqs), dtype=np.int32, count=len(seqs))
@@ -227,10 +266,14 @@ class TokenArray:
 
     @classmethod
     def concat(cls, parts: list[TokenArray]) -> TokenArray:
+        """The sequences of `parts` one after another; memory-mapped ids stay mapped (FlatParts),
+        ids in memory are copied into one array."""
         out = cls([])
         if parts:
             out.lengths = np.concatenate([p.lengths for p in parts])
-            out.data = np.concatenate([p.data for p in parts])
+            flats = [p.data for p in parts]
+            mapped = any(isinstance(f, np.memmap | FlatParts) for f in flats)
+            out.data = FlatParts(flats) if mapped else np.concatenate(flats)
             out.offsets = np.zeros(len(out.lengths) + 1, dtype=np.int64)
             np.cumsum(out.lengths, out=out.offsets[1:])
         return out
