@@ -35,10 +35,20 @@ def _pieces(model: bytes) -> list[str]:
 
 
 def make_opus_like(
-    folder: Path, src: list[str], tgt: list[str], seed: int = 0, d_model: int = 32, size: int = 200
+    folder: Path,
+    src: list[str],
+    tgt: list[str],
+    seed: int = 0,
+    d_model: int = 32,
+    size: int = 200,
+    codes: tuple[str, ...] = (),
+    **languages: str,
 ) -> Path:
     """An OPUS-MT-like MarianMTModel with random weights and its MarianTokenizer in `folder`
-    (save_pretrained's files), its sentencepiece models trained on `src` and `tgt`."""
+    (save_pretrained's files), its sentencepiece models trained on `src` and `tgt`; codes: a
+    multilingual model's target languages, each a token of the vocabulary (>>fr<<) as
+    OPUS-MT's multilingual models have them; languages: tokenizer_config.json's source_lang
+    and target_lang."""
     from transformers import MarianConfig, MarianMTModel, MarianTokenizer
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -47,7 +57,7 @@ def make_opus_like(
         (folder / name).write_bytes(model)
     # one vocabulary over both models, numbered its own way: </s> 0, <unk> 1, the pieces in
     # order of first appearance (the target's first: no id is the sentencepiece one), pad last
-    pieces = ["</s>", "<unk>"]
+    pieces = ["</s>", "<unk>", *(f">>{code}<<" for code in codes)]
     for piece in _pieces(models["target.spm"]) + _pieces(models["source.spm"]):
         if piece not in pieces:
             pieces.append(piece)
@@ -92,6 +102,7 @@ def make_opus_like(
         source_spm=str(folder / "source.spm"),
         target_spm=str(folder / "target.spm"),
         vocab=str(folder / "vocab.json"),
+        **languages,
     )
     tok.save_pretrained(folder)
     return folder

@@ -510,12 +510,82 @@ def test_an_imported_folder_is_checked_before_it_is_used(opus_like, tmp_path):
         (variant("no_vocab", drop("vocab.json")), ["lacks vocab.json"]),
         (variant("no_weights", drop("model.safetensors")), ["lacks model.safetensors or"]),
         (variant("past", vocab_past_its_size), ["'▁extra'", "vocabulary size"]),
-        (variant("en_de", english_to_german), ["translates en -> de", "de -> en"]),
+        (variant("en_de", english_to_german), ["translates en -> de", "data is de-en"]),
         ("tests/no_such_model", ["no such folder", str(ROOT)]),
     ]  # fmt: skip
     for source, needles in cases:
         config = _finetune_config(tmp_path / "c.yaml", source, data)
         _refused("train", config, "--run-dir", tmp_path / "r", needles=[str(source), *needles])
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.fixture(scope="module")
+def opus_multi(tmp_path_factory):
+    """A multilingual OPUS-MT-like model: German sources, English and French targets asked
+    for by a leading >>en<< or >>fr<< (its tokenizer_config.json names groups, as en-mul's)."""
+    if not MULTI30K.is_dir():
+        pytest.skip("real Multi30k not found at ../shared/data/multi30k")
+    base = tmp_path_factory.mktemp("opus_multi")
+    target = _lines("train.en", 1500) + _lines("train.fr", 1500)
+    return make_opus_like(base / "model", _lines("train.de", 3000), target, seed=2,
+                          codes=("en", "fr"), source_lang="gmw", target_lang="mul")  # fmt: skip
+
+
+@needs_multi30k
+def test_a_multilingual_model_fine_tunes_with_its_target_token(opus_multi, opus_like, tmp_path):
+    """A multilingual Marian model imported for one of its directions: the run's sources,
+    in training and in mt translate, start with the target's token (data.target_token, which
+    the import sets), so mt translates as transformers does with the token written; a target
+    it has no token for, or several targets asked of a model without tokens, one line."""
+    from transformers import MarianMTModel, MarianTokenizer
+
+    from mt.data.prepare import train_split
+    from mt.hub.imports import imported
+    from mt.runtime.distributed import Dist
+    from mt.train.build import load_run_config
+
+    data = _corpus(tmp_path / "data", n_train=200, n_valid=20)
+    more = ("decode:\n  max_len_a: 0\n  max_len_b: 30\ntrain:\n  lr_factor: 1.0e-9\n"
+            "  max_steps: 2\n  valid_every: 2\n  save_every: 2\n  device: cpu")  # fmt: skip
+    config = tmp_path / "ft.yaml"
+    config.write_text(f"data:\n  dir: {data}\n  src_lang: de\n  tgt_lang: en\n"
+                      f"model:\n  init_from: {opus_multi}\n{more}\n")  # fmt: skip
+    cfg = load_run_config(config)
+    assert cfg.data.target_token is True
+    tok = imported(str(opus_multi)).tokenizer
+    train = train_split(cfg, tok, Dist(), lambda *_: None, 0.0)
+    lead = tok.encode_src([">>en<< x"])[0][0]
+    assert {int(train.src[i][0]) for i in range(len(train.src))} == {lead}
+    run = tmp_path / "run"
+    code, _, err = mt_here("train", config, "--run-dir", run, "--set", "train.average_last=0")
+    assert code == 0, err
+    sources = _lines("val.de", 40)
+    code, out, err = mt_here("translate", run, "--greedy", input="\n".join(sources) + "\n")
+    assert code == 0, err
+    hf = MarianMTModel.from_pretrained(opus_multi).eval()
+    hf_tok = MarianTokenizer.from_pretrained(opus_multi)
+    pad = hf.config.pad_token_id
+
+    def theirs(lines: list[str]) -> list[str]:
+        enc = hf_tok(lines, return_tensors="pt", padding=True)
+        with torch.no_grad():
+            gen = hf.generate(**enc, num_beams=1, max_length=31, bad_words_ids=[[pad], [1]])
+        return hf_tok.batch_decode(gen, skip_special_tokens=True)
+
+    assert out.splitlines() == theirs([">>en<< " + s for s in sources])
+    assert len(set(out.splitlines())) > 10  # (not one output for every source)
+    assert out.splitlines() != theirs(sources)  # (the token changes what it writes)
+    assert out.splitlines() != theirs([">>fr<< " + s for s in sources])
+
+    (data / "train.cs").write_text((data / "train.en").read_text())
+    (data / "valid.cs").write_text((data / "valid.en").read_text())
+    _refused("train", config, "--run-dir", tmp_path / "r", "--set", "data.tgt_lang=cs",
+             needles=["no token for cs (>>cs<<)", ">>en<<, >>fr<<"])  # fmt: skip
+    _refused("train", config, "--run-dir", tmp_path / "r", "--set", "data.target_token=false",
+             needles=["data.target_token is False", "remove"])  # fmt: skip
+    bilingual = _finetune_config(tmp_path / "b.yaml", opus_like, data)
+    _refused("train", bilingual, "--run-dir", tmp_path / "r", "--set", "data.pairs=[de-en,de-cs]",
+             needles=["no target-language tokens", "for cs, en"])  # fmt: skip
     assert not (tmp_path / "r").exists()
 
 

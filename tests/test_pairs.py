@@ -325,6 +325,11 @@ def test_the_pair_a_translation_asks_for():
     assert not one.tagged and one.choose("de", "en", said.append) == Pair("de", "en")
     with pytest.raises(MTError, match="translates de-en only"):
         one.choose(None, "fr", said.append)
+    # data.target_token true: one target language, and still its token (an imported
+    # multilingual model's); false: none
+    told = Languages((Pair("de", "en"),), Pair("de", "en"), token=True)
+    assert told.tagged and told.tag_of(told.choose(None, None, said.append)) == "en"
+    assert not Languages(langs.pairs[:2], Pair("en", "de"), token=False).tagged
 
 
 @pytest.mark.parametrize(
@@ -340,6 +345,10 @@ def test_the_pair_a_translation_asks_for():
         (
             ("data.pairs=[src-ta,src-tx]", "data.tgt_lang=ta", "data.dataset=null"),
             "no train data:",
+        ),
+        (
+            ("data.pairs=[src-ta,src-tb]", "data.tgt_lang=ta", "data.target_token=false"),
+            "data.target_token is false, but data.pairs has 2 target languages (ta, tb)",
         ),
     ],
 )

@@ -57,6 +57,14 @@ class DataConfig(Section):
         "epoch), the large ones less",
     )
 
+    target_token: bool | None = Field(
+        None,
+        description="whether each source starts with its target language's token (>>de<<): "
+        "null: where data.pairs has more than one target language; true: always (a "
+        "multilingual model imported with model.init_from needs its token even for one "
+        "pair, and the import sets this); false: never (one target language only)",
+    )
+
     _dir_is_a_path = field_validator("dir", mode="before")(user_path)
     token_cache: Literal["auto", True, False] = Field(
         "auto",
@@ -85,6 +93,17 @@ class DataConfig(Section):
                 f"({', '.join(v['pairs'])}); leave them out for the first pair's"
             )
         return v
+
+    @model_validator(mode="after")
+    def _several_targets_need_their_token(self) -> DataConfig:
+        targets = {split_pair(p)[1] for p in self.pairs}
+        if self.target_token is False and len(targets) > 1:
+            raise ValueError(
+                f"data.target_token is false, but data.pairs has {len(targets)} target "
+                f"languages ({', '.join(sorted(targets))}): the token is how the model knows "
+                f"which to write; remove data.target_token"
+            )
+        return self
 
     @field_validator("token_cache", mode="before")
     @classmethod

@@ -59,17 +59,20 @@ class Languages:
 
     pairs: tuple[Pair, ...]
     default: Pair
+    token: bool | None = None  # data.target_token: None where more than one target
 
     @classmethod
     def of(cls, data) -> Languages:
         """The pairs of a data config: data.pairs, else (data.src_lang, data.tgt_lang)."""
         default = Pair(data.src_lang, data.tgt_lang)
         pairs = tuple(Pair.parse(p) for p in data.pairs) or (default,)
-        return cls(pairs, default)
+        return cls(pairs, default, data.target_token)
 
     @property
     def tagged(self) -> bool:
-        return len(self.targets) > 1
+        """Whether sources start with their target language's token: data.target_token, by
+        default where the pairs have more than one target language."""
+        return self.token if self.token is not None else len(self.targets) > 1
 
     @property
     def targets(self) -> list[str]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from mt.hub.marian import from_marian, tie_mode
 from mt.tokens import BOS, EOS, PAD, UNK
 
 ACTIVATIONS = {"relu": "relu", "swish": "swish", "silu": "swish", "gelu": "gelu"}
+LANGUAGE_TOKEN = re.compile(r">>([^<>\s]+)<<")
 
 
 class Imported:
@@ -64,6 +66,13 @@ class Imported:
         self.tgt_order, tgt_pieces = _order(target, self, c.decoder_vocab_size)
         src_spm, tgt_spm = (Path(f).read_bytes() for f in self.hf_tokenizer.spm_files)
         self.tokenizer = Tokenizer(src_spm, tgt_spm, Vocabulary(src_pieces, tgt_pieces))
+
+    @property
+    def target_tokens(self) -> list[str]:
+        """The languages of a multilingual model's target-language tokens (">>fr<<" in its
+        source vocabulary, which MarianTokenizer keeps whole): what a source may ask for."""
+        found = (LANGUAGE_TOKEN.fullmatch(p) for p in self.hf_tokenizer.encoder)
+        return sorted(m.group(1) for m in found if m)
 
     @property
     def languages(self) -> tuple[str | None, str | None]:
@@ -237,14 +246,12 @@ def with_imported_settings(cfg, written: set[str], where: str):
     source = cfg.model.init_from
     model = imported(source)
     fixed = model.settings()
-    theirs, ours = model.languages, (cfg.data.src_lang, cfg.data.tgt_lang)
-    if None not in theirs and theirs != ours:
-        raise MTError(
-            f"{where}: model.init_from {source} translates {theirs[0]} -> {theirs[1]} (its "
-            f"tokenizer_config.json), but this run's data is {ours[0]} -> {ours[1]}: set "
-            f"data.src_lang and data.tgt_lang to its direction, or start from a "
-            f"{ours[0]} -> {ours[1]} model"
-        )
+    if model.target_tokens:  # a multilingual model: its tokens say what it writes
+        _check_targets(cfg, model.target_tokens, source, where)
+        fixed["data.target_token"] = True
+    else:
+        _check_direction(cfg, model.languages, source, where)
+        _check_no_targets(cfg, source, where)
     for key in sorted(written):
         if key.startswith("tokenizer.") and key not in fixed:
             raise MTError(
@@ -260,6 +267,46 @@ def with_imported_settings(cfg, written: set[str], where: str):
         section, name = key.split(".")
         raw[section][name] = value
     return config_from_dict(raw, where)
+
+
+def _check_direction(cfg, theirs: tuple[str | None, str | None], source: str, where: str) -> None:
+    """A bilingual model's direction (its tokenizer_config.json's, where it says) is the run's."""
+    ours = (cfg.data.src_lang, cfg.data.tgt_lang)
+    pairs = cfg.data.pairs or [f"{ours[0]}-{ours[1]}"]
+    if None not in theirs and (theirs != ours or len(pairs) > 1):
+        raise MTError(
+            f"{where}: model.init_from {source} translates {theirs[0]} -> {theirs[1]} (its "
+            f"tokenizer_config.json), but this run's data is {', '.join(pairs)}: set "
+            f"data.src_lang and data.tgt_lang to its direction, or start from a model of "
+            f"{'these pairs' if len(pairs) > 1 else 'this direction'}"
+        )
+
+
+def _check_no_targets(cfg, source: str, where: str) -> None:
+    """A model without target-language tokens cannot be told which language to write."""
+    from mt.data.pairs import Languages
+
+    langs = Languages.of(cfg.data)
+    if langs.tagged:
+        raise MTError(
+            f"{where}: model.init_from {source} has no target-language tokens (>>fr<<), so "
+            f"sources cannot ask it for {', '.join(langs.targets)}: start from a multilingual "
+            f"model (one with such tokens), or train it on one target language"
+        )
+
+
+def _check_targets(cfg, tokens: list[str], source: str, where: str) -> None:
+    """Every target language of the run has its token in the multilingual model."""
+    from mt.data.pairs import Languages, tag
+
+    missing = [lang for lang in Languages.of(cfg.data).targets if lang not in tokens]
+    if missing:
+        shown = ", ".join(tag(t) for t in tokens[:12]) + (", ..." if len(tokens) > 12 else "")
+        raise MTError(
+            f"{where}: model.init_from {source} has no token for {', '.join(missing)} "
+            f"({', '.join(tag(m) for m in missing)}); it writes {len(tokens)} target "
+            f"language(s): {shown}. Name the target files with its codes (train.{tokens[0]})"
+        )
 
 
 def _get(cfg, key: str):
