@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One model for En->De, En->Fr and En->Cs (configs/multi30k_en_x.yaml) against a bilingual model
-# of the shipped recipe's shape for each direction (configs/multi30k_en_de.yaml, its target
-# language changed), each direction getting as many of its batches: STEPS updates for a
+# for each direction (configs/multi30k_en_de.yaml, its target language changed), both of the
+# bilingual recipe's shape (FFN 256; PAIRS_SET="model.d_ff=512" for the multilingual config's),
+# each direction getting as many of its batches: STEPS updates for a
 # bilingual run, 3 x STEPS for the multilingual one (a third of each batch from each pair).
 # Each direction is scored on test_2016_flickr with the run's tuned beam: cased sacreBLEU and
 # lowercased tokenized BLEU. Prints a markdown table; the runs stay in OUT, and rerunning the
@@ -28,8 +29,12 @@ warmup=$(( warmup > 0 ? warmup : 1 ))
 schedule() {  # WARMUP: the --set of a Noam schedule that peaks at 0.005 after WARMUP updates
   echo "train.warmup=$1 train.lr_factor=$(python -c "print(round(2.5 * ($1 / 2000) ** .5, 6))")"
 }
+# both kinds of run of the bilingual recipe's shape (the multilingual config's FFN is wider),
+# unless PAIRS_SET says otherwise
+d_ff=$(python -c "import yaml, sys; print(yaml.safe_load(open(sys.argv[1]))['model']['d_ff'])" \
+  configs/multi30k_en_de.yaml)
 budget=(data.dir="$data" train.max_minutes=0 train.log_every=100 train.valid_beam=1
-        train.average_last=4)
+        train.average_last=4 model.d_ff="$d_ff")
 # shellcheck disable=SC2206  # (PAIRS_SET's options split on purpose)
 budget+=(${PAIRS_SET:-})
 if [ -n "${PAIRS_DRY:-}" ]; then
