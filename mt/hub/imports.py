@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from mt.config.load import config_from_dict
+from mt.data.pairs import Languages, tag
 from mt.data.tokenizer import Tokenizer, Vocabulary
 from mt.errors import MTError
 from mt.hub import HUB_ID
@@ -284,8 +285,6 @@ def _check_direction(cfg, theirs: tuple[str | None, str | None], source: str, wh
 
 def _check_no_targets(cfg, source: str, where: str) -> None:
     """A model without target-language tokens cannot be told which language to write."""
-    from mt.data.pairs import Languages
-
     langs = Languages.of(cfg.data)
     if langs.tagged:
         raise MTError(
@@ -297,8 +296,6 @@ def _check_no_targets(cfg, source: str, where: str) -> None:
 
 def _check_targets(cfg, tokens: list[str], source: str, where: str) -> None:
     """Every target language of the run has its token in the multilingual model."""
-    from mt.data.pairs import Languages, tag
-
     missing = [lang for lang in Languages.of(cfg.data).targets if lang not in tokens]
     if missing:
         shown = ", ".join(tag(t) for t in tokens[:12]) + (", ..." if len(tokens) > 12 else "")
