@@ -247,12 +247,13 @@ def with_imported_settings(cfg, written: set[str], where: str):
     source = cfg.model.init_from
     model = imported(source)
     fixed = model.settings()
-    if model.target_tokens:  # a multilingual model: its tokens say what it writes
-        _check_targets(cfg, model.target_tokens, source, where)
+    langs, tokens = Languages.of(cfg.data), model.target_tokens
+    if tokens:  # a multilingual model: its tokens say what it writes
+        _check_targets(langs, tokens, source, where)
         fixed["data.target_token"] = True
     else:
-        _check_direction(cfg, model.languages, source, where)
-        _check_no_targets(cfg, source, where)
+        _check_direction(langs, model.languages, source, where)
+        _check_no_targets(langs, source, where)
     for key in sorted(written):
         if key.startswith("tokenizer.") and key not in fixed:
             raise MTError(
@@ -270,22 +271,23 @@ def with_imported_settings(cfg, written: set[str], where: str):
     return config_from_dict(raw, where)
 
 
-def _check_direction(cfg, theirs: tuple[str | None, str | None], source: str, where: str) -> None:
+def _check_direction(
+    langs: Languages, theirs: tuple[str | None, str | None], source: str, where: str
+) -> None:
     """A bilingual model's direction (its tokenizer_config.json's, where it says) is the run's."""
-    ours = (cfg.data.src_lang, cfg.data.tgt_lang)
-    pairs = cfg.data.pairs or [f"{ours[0]}-{ours[1]}"]
-    if None not in theirs and (theirs != ours or len(pairs) > 1):
+    ours = (langs.default.src, langs.default.tgt)
+    several = len(langs.pairs) > 1
+    if None not in theirs and (theirs != ours or several):
         raise MTError(
             f"{where}: model.init_from {source} translates {theirs[0]} -> {theirs[1]} (its "
-            f"tokenizer_config.json), but this run's data is {', '.join(pairs)}: set "
+            f"tokenizer_config.json), but this run's data is {langs.describe()}: set "
             f"data.src_lang and data.tgt_lang to its direction, or start from a model of "
-            f"{'these pairs' if len(pairs) > 1 else 'this direction'}"
+            f"{'these pairs' if several else 'this direction'}"
         )
 
 
-def _check_no_targets(cfg, source: str, where: str) -> None:
+def _check_no_targets(langs: Languages, source: str, where: str) -> None:
     """A model without target-language tokens cannot be told which language to write."""
-    langs = Languages.of(cfg.data)
     if langs.tagged:
         raise MTError(
             f"{where}: model.init_from {source} has no target-language tokens (>>fr<<), so "
@@ -294,9 +296,9 @@ def _check_no_targets(cfg, source: str, where: str) -> None:
         )
 
 
-def _check_targets(cfg, tokens: list[str], source: str, where: str) -> None:
+def _check_targets(langs: Languages, tokens: list[str], source: str, where: str) -> None:
     """Every target language of the run has its token in the multilingual model."""
-    missing = [lang for lang in Languages.of(cfg.data).targets if lang not in tokens]
+    missing = [lang for lang in langs.targets if lang not in tokens]
     if missing:
         shown = ", ".join(tag(t) for t in tokens[:12]) + (", ..." if len(tokens) > 12 else "")
         raise MTError(
