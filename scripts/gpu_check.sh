@@ -35,6 +35,10 @@
 #                (scripts/bench/gpu_ablate.py), about 7 min
 #   ablatem30k   the same for the Multi30k config (rows 128 and 256 wide, the whole update as
 #                one CUDA graph, with its loss in chunks): OUT/ablate_m30k.json, about 4 min
+#   pairs        several pairs against one each (scripts/pairs_compare.sh): the multilingual
+#                En->{De,Fr,Cs} model against a bilingual one a direction, PAIRS_STEPS (6,000)
+#                batches a direction, PAIRS_SET for both kinds (another size); the table in
+#                OUT/pairs.md, the runs in runs/gpu_pairs (a second call on a warm machine resumes)
 #   cudatests    tests/test_cuda.py alone (the paths only a GPU takes), under 3 min
 #   host         the host's work per update (scripts/bench/bench_host.py --device cuda): update
 #                time, kernels launched outside the compiled graphs, Adam, batch, save; 3-5 min
@@ -165,6 +169,13 @@ probe)
     step "why the first steps are slow: the first sight of a batch shape against the second"
     timeout "${PROBE_SECONDS:-100}" python3 scripts/bench/gpu_shape_probe.py --size tiny
     ;;
+pairs)
+    step "several pairs against one each: ${PAIRS_STEPS:-6000} batches a direction, sizes ${PAIRS_SET:-of the bilingual recipe}"
+    PAIRS_JOBS=2 timeout "${PAIRS_SECONDS:-540}" bash scripts/pairs_compare.sh runs/gpu_pairs \
+        "${PAIRS_STEPS:-6000}" data/multi30k > "$out/pairs.md" || failed=1
+    cat "$out/pairs.md"
+    for log in runs/gpu_pairs/*.log; do grep -E "parameters|packed|compil|error" "$log" | head -4; done
+    ;;
 cudatests)
     step "tests/test_cuda.py (the paths only a GPU takes), alone"
     timeout "${CUDATEST_SECONDS:-170}" python3 -m pytest -v -n 4 -p no:cacheprovider -rf \
@@ -257,7 +268,7 @@ print("valid BLEU by step:", [(r["step"], r["valid_bleu"]) for r in recs if "val
 print("target tokens/s by step:", [(r["step"], round(r["tok_s"])) for r in recs if "tok_s" in r])
 EOF
     ;;
-*) echo "unknown part $part (mfu m30k job decode profile ablate ablatem30k probe cudatests tests cpudecode gpudecode trainshapes trainpack benchgraphs bench benchbase benchref benchfast train)"; exit 2 ;;
+*) echo "unknown part $part (mfu m30k job decode profile ablate ablatem30k probe pairs cudatests tests cpudecode gpudecode trainshapes trainpack benchgraphs bench benchbase benchref benchfast train)"; exit 2 ;;
 esac; done
 step done
 exit "$failed"

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One model for En->De, En->Fr and En->Cs (configs/multi30k_en_x.yaml) against a bilingual model
 # for each direction (configs/multi30k_en_de.yaml, its target language changed), both of the
-# bilingual recipe's shape (FFN 256; PAIRS_SET="model.d_ff=512" for the multilingual config's),
-# each direction getting as many of its batches: STEPS updates for a
-# bilingual run, 3 x STEPS for the multilingual one (a third of each batch from each pair).
+# bilingual recipe's shape (FFN 256; PAIRS_SET="model.d_ff=512" for the multilingual config's)
+# and as many BPE pieces a language (5k for two languages, 10k for four), each direction
+# getting as many of its batches: STEPS updates for a bilingual run, 3 x STEPS for the
+# multilingual one (a third of each batch from each pair).
 # Each direction is scored on test_2016_flickr with the run's tuned beam: cased sacreBLEU and
 # lowercased tokenized BLEU. Prints a markdown table; the runs stay in OUT, and rerunning the
 # same command resumes them.
@@ -31,15 +32,21 @@ schedule() {  # WARMUP: the --set of a Noam schedule that peaks at 0.005 after W
 }
 # both kinds of run of the bilingual recipe's shape (the multilingual config's FFN is wider),
 # unless PAIRS_SET says otherwise
-d_ff=$(python -c "import yaml, sys; print(yaml.safe_load(open(sys.argv[1]))['model']['d_ff'])" \
-  configs/multi30k_en_de.yaml)
+recipe() {  # SECTION KEY: the bilingual recipe's value
+  python -c "import yaml, sys; print(yaml.safe_load(open(sys.argv[1]))[sys.argv[2]][sys.argv[3]])" \
+    configs/multi30k_en_de.yaml "$1" "$2"
+}
 budget=(data.dir="$data" train.max_minutes=0 train.log_every=100 train.valid_beam=1
-        train.average_last=4 model.d_ff="$d_ff")
+        train.average_last=4 model.d_ff="$(recipe model d_ff)")
+# as many BPE pieces a language: the bilingual vocabulary holds two languages, the
+# multilingual one four
+vocab=$(recipe tokenizer vocab_size)
 # shellcheck disable=SC2206  # (PAIRS_SET's options split on purpose)
 budget+=(${PAIRS_SET:-})
 if [ -n "${PAIRS_DRY:-}" ]; then
+  vocab=300
   budget+=(model.d_model=32 model.d_ff=64 model.enc_layers=1 model.dec_layers=1
-           tokenizer.vocab_size=300 train.max_tokens=1024 "decode.tune_beams=[1]"
+           train.max_tokens=1024 "decode.tune_beams=[1]"
            train.log_every=5 train.average_last=0 data.dataset=null)
 fi
 
@@ -47,8 +54,9 @@ train() {  # RUN CONFIG STEPS [KEY=VALUE ...]: valid at half and the end, snapsh
   local run=$1 config=$2 n=$3 start
   shift 3
   start=$(date +%s)
-  mt train "$config" --run-dir "$out/$run" --set "${budget[@]}" train.max_steps="$n" \
-    train.valid_every=$(( n > 1 ? n / 2 : 1 )) train.save_every=$(( n > 7 ? n / 8 : 1 )) "$@" \
+  # the run's own options first, so that PAIRS_SET and the dry run's sizes override them
+  mt train "$config" --run-dir "$out/$run" --set "$@" "${budget[@]}" train.max_steps="$n" \
+    train.valid_every=$(( n > 1 ? n / 2 : 1 )) train.save_every=$(( n > 7 ? n / 8 : 1 )) \
     2>&1 | tr '\r' '\n' | grep -v "^\s*$\|it/s" > "$out/$run.log"
   echo $(( $(date +%s) - start )) > "$out/$run.seconds"
 }
@@ -65,13 +73,14 @@ score() {  # RUN LANG [FLAGS ...]: OUT/RUN/test.LANG.json
 bilingual() {
   for lang in de fr cs; do
     train "en_$lang" configs/multi30k_en_de.yaml "$steps" data.tgt_lang="$lang" \
-      $(schedule "$warmup")
+      tokenizer.vocab_size="$vocab" $(schedule "$warmup")
     score "en_$lang" "$lang"
   done
 }
 
 multilingual() {
-  train en_x configs/multi30k_en_x.yaml $(( 3 * steps )) $(schedule $(( 3 * warmup )))
+  train en_x configs/multi30k_en_x.yaml $(( 3 * steps )) $(schedule $(( 3 * warmup ))) \
+    tokenizer.vocab_size=$(( 2 * vocab ))
   for lang in de fr cs; do
     score en_x "$lang" --tgt-lang "$lang"
   done

@@ -364,9 +364,13 @@ def test_a_bad_pair_setting_is_one_line(tmp_path, sets, says):
 def test_the_comparison_script_trains_four_runs_and_writes_its_table(tmp_path):
     """scripts/pairs_compare.sh on a four-language synthetic corpus (en, and de, fr, cs
     coded from it), 20 updates a bilingual run (PAIRS_DRY: tiny models): the table of the
-    three directions, bilingual against multilingual, and the runs' budgets."""
+    three directions, bilingual against multilingual, and the runs' budgets; the
+    multilingual vocabulary holds as many pieces a language as the bilingual ones (four
+    languages against two: twice the size)."""
     import os
     import subprocess
+
+    import yaml
 
     from tests.conftest import ROOT, cli_env
 
@@ -384,6 +388,9 @@ def test_the_comparison_script_trains_four_runs_and_writes_its_table(tmp_path):
     assert "multilingual: 60 updates" in r.stdout
     log = (tmp_path / "out/en_x/train_log.jsonl").read_text()
     assert '"valid_bleu_pairs"' in log and os.path.isfile(tmp_path / "out/en_x/best.pt")
+    vocab = {run: yaml.safe_load((tmp_path / "out" / run / "config.yaml").read_text())[
+        "tokenizer"]["vocab_size"] for run in ("en_de", "en_fr", "en_cs", "en_x")}  # fmt: skip
+    assert vocab == {"en_de": 300, "en_fr": 300, "en_cs": 300, "en_x": 600}
 
 
 def test_bpe_learns_from_an_equal_share_of_each_language(tmp_path):
