@@ -12,6 +12,8 @@
 #   PAIRS_JOBS=2 ...: the three bilingual runs and the multilingual one side by side, one CPU
 #                     thread each (a 2-core machine; the same updates, about half the time)
 #   PAIRS_SET="model.d_ff=512 ..." ...: --set options for both kinds of run (another size)
+#   PAIRS_ONLY="en_fr en_x" ...: these runs alone (en_de, en_fr, en_cs, en_x); the table once
+#                     every run is there
 #   PAIRS_DRY=1 ...: tiny models, for the tests
 set -euo pipefail
 out=$1
@@ -50,9 +52,14 @@ if [ -n "${PAIRS_DRY:-}" ]; then
            train.log_every=5 train.average_last=0 data.dataset=null)
 fi
 
+wanted() {  # RUN: whether PAIRS_ONLY (empty: every run) names it
+  [[ -z "${PAIRS_ONLY:-}" || " $PAIRS_ONLY " == *" $1 "* ]]
+}
+
 train() {  # RUN CONFIG STEPS [KEY=VALUE ...]: valid at half and the end, snapshots every eighth
   local run=$1 config=$2 n=$3 start
   shift 3
+  [ -f "$out/$run.seconds" ] && return 0  # done (and timed) before
   start=$(date +%s)
   # the run's own options first, so that PAIRS_SET and the dry run's sizes override them
   mt train "$config" --run-dir "$out/$run" --set "$@" "${budget[@]}" train.max_steps="$n" \
@@ -72,6 +79,7 @@ score() {  # RUN LANG [FLAGS ...]: OUT/RUN/test.LANG.json
 
 bilingual() {
   for lang in de fr cs; do
+    wanted "en_$lang" || continue
     train "en_$lang" configs/multi30k_en_de.yaml "$steps" data.tgt_lang="$lang" \
       tokenizer.vocab_size="$vocab" $(schedule "$warmup")
     score "en_$lang" "$lang"
@@ -79,6 +87,7 @@ bilingual() {
 }
 
 multilingual() {
+  wanted en_x || return 0
   train en_x configs/multi30k_en_x.yaml $(( 3 * steps )) $(schedule $(( 3 * warmup ))) \
     tokenizer.vocab_size=$(( 2 * vocab ))
   for lang in de fr cs; do
@@ -96,6 +105,9 @@ else
   multilingual
 fi
 
+for run in en_de en_fr en_cs en_x; do
+  [ -f "$out/$run.seconds" ] || { echo "pairs_compare: $out/$run is not done yet; no table"; exit 0; }
+done
 python - "$out" "$steps" <<'PY'
 import json, re, sys
 from pathlib import Path

@@ -364,7 +364,8 @@ def test_a_bad_pair_setting_is_one_line(tmp_path, sets, says):
 def test_the_comparison_script_trains_four_runs_and_writes_its_table(tmp_path):
     """scripts/pairs_compare.sh on a four-language synthetic corpus (en, and de, fr, cs
     coded from it), 20 updates a bilingual run (PAIRS_DRY: tiny models): the table of the
-    three directions, bilingual against multilingual, and the runs' budgets; the
+    three directions, bilingual against multilingual, and the runs' budgets, once every run
+    is done (PAIRS_ONLY trains one run first; the second command leaves it be); the
     multilingual vocabulary holds as many pieces a language as the bilingual ones (four
     languages against two: twice the size)."""
     import os
@@ -380,9 +381,15 @@ def test_the_comparison_script_trains_four_runs_and_writes_its_table(tmp_path):
         for split in ("train", "valid", "test"):
             (data / f"{split}.{name}").rename(data / f"{split}.{lang}")
     env = {**cli_env(), "PAIRS_DRY": "1", "OMP_NUM_THREADS": "1"}
-    r = subprocess.run(["bash", "scripts/pairs_compare.sh", str(tmp_path / "out"), "20", str(data)],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)  # fmt: skip
+    command = ["bash", "scripts/pairs_compare.sh", str(tmp_path / "out"), "20", str(data)]
+    r = subprocess.run(command, cwd=ROOT, env={**env, "PAIRS_ONLY": "en_fr"},
+                       capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert r.returncode == 0 and "no table" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    assert sorted(p.name for p in (tmp_path / "out").glob("*.seconds")) == ["en_fr.seconds"]
+    fr_timed = (tmp_path / "out/en_fr.seconds").stat().st_mtime_ns
+    r = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert (tmp_path / "out/en_fr.seconds").stat().st_mtime_ns == fr_timed  # not trained again
     rows = [line for line in r.stdout.splitlines() if line.startswith("| en-")]
     assert [row.split(" | ")[0] for row in rows] == ["| en-de", "| en-fr", "| en-cs"]
     assert "multilingual: 60 updates" in r.stdout
