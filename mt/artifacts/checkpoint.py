@@ -5,7 +5,7 @@ code (`weights_only=True`)."""
 from __future__ import annotations
 
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from mt.artifacts import members
 from mt.errors import MTError
 from mt.outputs import atomic_file
 
@@ -204,10 +205,11 @@ class Trained:
     precision: str
 
 
-def open_trained(path: str | Path) -> Trained:
-    """The one way in for a command that uses a model: a run directory (its best.pt, else
-    last.pt) or a checkpoint file, loaded once, with its config, tokenizer and model."""
-    path = resolve(path)
+def open_trained(path: str | Path, what: str = "this command") -> Trained:
+    """The one way in for a command that uses one model: a run directory (its best.pt, else
+    last.pt) or a checkpoint file, loaded once, with its config, tokenizer and model (`what`:
+    the command, named where a run of several members is given)."""
+    path = resolve(path, what)
     return trained_from(load(path), path)
 
 
@@ -310,9 +312,17 @@ def tokenizer_state(tokenizer: Tokenizer) -> dict[str, Any]:
     return state
 
 
-def resolve(path: str | Path) -> Path:
-    """A checkpoint file, or a run directory (its best.pt, else last.pt)."""
+def resolve(path: str | Path, what: str = "this command") -> Path:
+    """A checkpoint file, or a run directory (its best.pt, else last.pt); a run of several
+    members is refused (`what` takes one model: resolve_all takes their ensemble)."""
     path = Path(path)
+    dirs = members.member_dirs(path) if path.is_dir() else None
+    if dirs is not None:
+        raise MTError(
+            f"{path} is a run of {len(dirs)} members (train.members), and {what} takes one "
+            f"model: give one member ({dirs[0]}), or distil the ensemble into one model "
+            f"first (mt distill {path} ...)"
+        )
     if path.is_dir():
         for name in ("best.pt", "last.pt"):
             if (path / name).is_file():
@@ -321,6 +331,16 @@ def resolve(path: str | Path) -> Path:
     if not path.exists():
         raise MTError(f"{path} not found: give a run directory or a checkpoint file")
     return path
+
+
+def resolve_all(paths: Sequence[str | Path]) -> list[Path]:
+    """The checkpoints of `paths` (see resolve), a run of several members standing for each
+    member's: the models of an ensemble."""
+    out: list[Path] = []
+    for path in paths:
+        dirs = members.member_dirs(path) if Path(path).is_dir() else None
+        out += [resolve(d) for d in dirs] if dirs is not None else [resolve(path)]
+    return out
 
 
 def snapshots(run_dir: Path) -> list[Path]:

@@ -123,7 +123,7 @@ def export(run: Path, out: Path, quantization: str | None = None, force: bool = 
     ct2 = _ctranslate2()
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise MTError(f"--quantization {quantization}: use one of {', '.join(QUANTIZATIONS)}")
-    trained = checkpoint.open_trained(run)
+    trained = checkpoint.open_trained(run, "mt export")
     cfg, tokenizer, model = trained.config, trained.tokenizer, trained.model
     check_exportable(cfg)
     check_out(out, force)

@@ -91,8 +91,14 @@ def train_cmd(
     """
     from mt.train.build import build_trainer, load_run_config
 
-    cfg = load_run_config(config, list(overrides) + list(more or []), log=_err)
+    sets = list(overrides) + list(more or [])
+    cfg = load_run_config(config, sets, log=_err)
     run_dir = run_dir or Path("runs") / config.stem
+    if cfg.train.members > 1:
+        from mt.train.members import train_members
+
+        status = train_members(config, sets, cfg, run_dir, allow_config_change, restart, _err)
+        raise typer.Exit(status)
     trainer = build_trainer(cfg, run_dir, allow_config_change, log=_err, restart=restart)
     try:
         state = trainer.fit()

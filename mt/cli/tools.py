@@ -110,6 +110,24 @@ def tune_cmd(
 
     Example: mt tune runs/multi30k_de_en --beams 1,5,10 --length-penalties 0.6,1.0,1.4
     """
+    from mt.artifacts.members import member_dirs
+
+    if (src is None) != (ref is None):
+        raise MTError("give both --src and --ref, or neither (the run's valid split)")
+
+    def lists_for(cfg) -> dict:
+        nat = cfg.model.arch == "nat"
+        return _tuning_lists(nat, beams, penalties, nat_length_beams, nat_iterations)
+
+    dirs = member_dirs(run_dir) if run_dir.is_dir() else None
+    if dirs is not None:
+        _tune_members(run_dir, dirs, lists_for, src, ref, device)
+    else:
+        _tune_run(run_dir, lists_for, src, ref, device)
+
+
+def _tune_run(run_dir: Path, lists_for, src, ref, device: str) -> None:
+    """mt tune of a run: the settings kept in its best.pt."""
     from mt.artifacts import checkpoint
     from mt.evaluate.tuning import (
         describe_settings,
@@ -123,12 +141,9 @@ def tune_cmd(
     if not (run_dir / "best.pt").is_file():
         raise MTError(f"{run_dir}/best.pt not found: tune a run directory that has validated")
     check_not_training(run_dir / "best.pt")
-    if (src is None) != (ref is None):
-        raise MTError("give both --src and --ref, or neither (the run's valid split)")
     best = checkpoint.load(run_dir / "best.pt")  # (its settings; tune_best reads it for the work)
     cfg = checkpoint.config_of(best, "best.pt")
-    lists = _tuning_lists(cfg.model.arch == "nat", beams, penalties, nat_length_beams,
-                          nat_iterations)  # fmt: skip
+    lists = lists_for(cfg)
     refuse_test_split(cfg, src, ref)
     src_lines, ref_lines, pairs = tuning_pairs(cfg, src, ref)
     rec = tune_best(run_dir / "best.pt", src_lines, ref_lines, device, pairs, **lists)
@@ -136,6 +151,27 @@ def tune_cmd(
         typer.echo(f"{describe_settings(g):<50} BLEU {g['valid_bleu']:.2f}")
     log_tuning(run_dir, rec, checkpoint.train_counters(best).get("step", 0))
     typer.echo(f"stored in {run_dir / 'best.pt'}: {describe_settings(rec['tuned_decoding'])}")
+
+
+def _tune_members(run_dir: Path, dirs: list[Path], lists_for, src, ref, device: str) -> None:
+    """mt tune of a run of several members: their ensemble, kept in RUN_DIR/ensemble.json
+    (each member's best.pt keeps its own settings, for use alone)."""
+    from mt.artifacts import checkpoint
+    from mt.artifacts.members import ENSEMBLE_FILE
+    from mt.evaluate.tuning import describe_settings, refuse_test_split, tune_ensemble, tuning_pairs
+
+    for d in dirs:
+        if not (d / "best.pt").is_file():
+            raise MTError(f"{d}/best.pt not found: tune a run whose members have validated")
+    cfg = checkpoint.config_of(checkpoint.load(dirs[0] / "best.pt"), "best.pt")
+    lists = lists_for(cfg)
+    refuse_test_split(cfg, src, ref)
+    src_lines, ref_lines, pairs = tuning_pairs(cfg, src, ref)
+    rec = tune_ensemble(run_dir, src_lines, ref_lines, device, pairs, **lists)
+    for g in rec["grid"]:
+        typer.echo(f"{describe_settings(g):<50} BLEU {g['valid_bleu']:.2f}")
+    best = describe_settings(rec["tuned_decoding"])
+    typer.echo(f"stored in {run_dir / ENSEMBLE_FILE} for the ensemble of {len(dirs)}: {best}")
 
 
 def _tuning_lists(nat: bool, beams, penalties, nat_length_beams, nat_iterations) -> dict:

@@ -143,7 +143,7 @@ def _translate(models, input, output, force, device, precision, given, more, ali
     from mt.outputs import is_stdio
     from mt.runtime.threads import choose_threads
 
-    paths = [checkpoint.resolve(m) for m in models]
+    paths = checkpoint.resolve_all(models)
     check_input_output(input, output, force, paths)
     choose_threads(0, _err)
     translator = Translator.load(paths, device, precision)
@@ -252,7 +252,7 @@ def attention_cmd(
 
     _check_device(device)
     _check_beam(beam)
-    path = checkpoint.resolve(model)
+    path = checkpoint.resolve(model, "mt attention")
     check_output(output, force=force, inputs=[path], what="picture")
     translator = Translator.from_checkpoint(path, device)
     text, weights, src_labels, tgt_labels = translator.attention(sentence, beam)

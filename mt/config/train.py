@@ -228,6 +228,14 @@ class TrainConfig(Section):
     seed: int = Field(
         1234, ge=0, le=2**63 - 1, description="seeds weights, batches, dropout and sampling"
     )
+    members: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="train this many models side by side as one run (an ensemble): member K "
+        "in RUN_DIR/memberK with the seed seed + K - 1, on a CPU each on its share of the "
+        "cores; translate, eval, tune, serve and distill take RUN_DIR as their ensemble",
+    )
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="auto: a GPU when there is one"
     )

@@ -70,17 +70,18 @@ class Translator:
     ) -> Translator:
         """A run directory (its best.pt, else last.pt) or checkpoint; several make an ensemble
         that averages the models' log-probabilities at every step (one BPE model required;
-        decoding settings and precision from the first)."""
-        if isinstance(paths, (str, Path)) or len(paths) == 1:
-            return cls.from_checkpoint(
-                paths if isinstance(paths, (str, Path)) else paths[0], device, precision
-            )
+        decoding settings and precision from the first). A run of several members
+        (train.members) is their ensemble, with the decoding tuned for them together."""
+        from mt.artifacts.members import tuned_decoding
+
+        found = checkpoint.resolve_all([paths] if isinstance(paths, (str, Path)) else paths)
+        if len(found) == 1:
+            return cls.from_checkpoint(found[0], device, precision)
         from mt.decode.ensemble import ensemble_of
 
-        model, first = ensemble_of(paths, lambda run: cls.from_trained(run, device, precision))
-        return cls(
-            model, first.tokenizer, first.cfg, first.device, first.amp_dtype, first.languages
-        )
+        model, first = ensemble_of(found, lambda run: cls.from_trained(run, device, precision))
+        cfg = first.cfg.model_copy(update=tuned_decoding(found) or {})
+        return cls(model, first.tokenizer, cfg, first.device, first.amp_dtype, first.languages)
 
     @classmethod
     def from_checkpoint(

@@ -37,7 +37,7 @@ def systems(
     device, precision = decode.pop("device"), decode.pop("precision")
     out = []
     for m in models:
-        t = Translator.from_checkpoint(m, device, precision)
+        t = Translator.load(m, device, precision)
         t.check_applies(**decode)
         tag = lead_token(t.languages, *langs, lambda said: print(said, file=sys.stderr))
         out.append((str(m), t.translate(tagged(lines, tag), **decode)))

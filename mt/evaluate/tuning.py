@@ -148,3 +148,27 @@ def tune_best(
     check_not_training(path)  # (again: a training may have started while this tuned)
     checkpoint.atomic_save(run.ckpt, path)
     return rec
+
+
+def tune_ensemble(
+    run_dir: Path, src: list[str], refs: list[str], device: str, pairs: tuple = (), **lists
+) -> dict:
+    """`mt tune` of a run of several members (train.members): their ensemble tuned over
+    decoding_grid(**lists), the best settings kept in RUN_DIR/ensemble.json (the members'
+    own best.pt keep theirs, for use one by one)."""
+    from mt.artifacts import members
+
+    translator = Translator.load(run_dir, device)
+    first = checkpoint.resolve_all([run_dir])[0]
+    best_by = checkpoint.config_of(checkpoint.load(first), str(first)).train.best_by
+
+    def bleu(hyps: list[str]) -> float:
+        return pair_scores(hyps, refs, pairs, best_by)[0]
+
+    rec = tune_decoding(translator, src, decoding_grid(translator, **lists), bleu)
+    found = members.manifest(run_dir) or {}
+    best = rec["tuned_decoding"]
+    found["decoding"] = {k: v for k, v in best.items() if k != "valid_bleu"}
+    found["tuning"] = {"valid_bleu": best["valid_bleu"], "grid": rec["grid"]}
+    members.write_manifest(run_dir, found)
+    return rec

@@ -133,7 +133,7 @@ def export(
     """Write the transformers Marian model of a run (its best.pt, else last.pt) into `out`."""
     check_license(license_id)
     transformers = transformers_modules()
-    trained = checkpoint.open_trained(run)
+    trained = checkpoint.open_trained(run, "mt export")
     cfg, tokenizer, model = trained.config, trained.tokenizer, trained.model
     evaluated = _read_scores(scores) if scores is not None else None
     check_out(out, force, "config.json")

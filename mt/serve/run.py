@@ -133,10 +133,11 @@ def model_specs(paths: list[Path], given: list[str]) -> list[tuple[str, list[Pat
         if not sep or not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", name) or not path.strip():
             raise MTError(f"--model {spec!r}: give NAME=PATH, a name of letters, digits, '.', "
                           "'_' or '-' (--model de_en=runs/de_en)")  # fmt: skip
-        specs.setdefault(name, []).append(checkpoint.resolve(path))
+        specs.setdefault(name, []).extend(checkpoint.resolve_all([path]))
     if paths:
-        resolved = [checkpoint.resolve(p) for p in paths]
-        name = resolved[0].parent.name or "model"
+        resolved = checkpoint.resolve_all(paths)
+        first = Path(paths[0])  # (a run of several members: named after its own folder)
+        name = (first if first.is_dir() else resolved[0].parent).name or "model"
         if name in specs:
             raise MTError(f"the model {paths[0]} would be named {name!r}, which a --model names "
                           f"too: serve it as --model OTHER={paths[0]}")  # fmt: skip

@@ -32,18 +32,19 @@ def distill(
     pairs written (of every pair)."""
     from mt.decode.translator import Translator
 
-    run = checkpoint.open_trained(teacher)
-    langs = Languages.of(run.config.data)
+    paths = checkpoint.resolve_all([teacher])  # (a run of several members: their ensemble)
+    translator = Translator.load(paths, device)
+    langs = translator.languages
+    assert langs is not None  # (a translator loaded from checkpoints knows its pairs)
     _check(langs, data, out, force)
     out.mkdir(parents=True, exist_ok=True)
-    translator = Translator.from_trained(run, device)
     written = 0
     for pair in langs.pairs:
         src_path, _ = split_paths(data, "train", pair.src, pair.tgt)
         sources = read_lines(src_path)
         of = f" of {pair}" if len(langs.pairs) > 1 else ""
         log(
-            translator.describe([run.path or teacher], translator.options(beam=beam))
+            translator.describe(paths, translator.options(beam=beam))
             + f" ({len(sources):,} training sources{of})"
         )
         hyps = translator.translate(tagged(sources, langs.tag_of(pair)), beam=beam, progress=True)

@@ -11,6 +11,7 @@ config and makes it.
 from __future__ import annotations
 
 import functools
+import os
 import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -255,7 +256,9 @@ class Trainer:
             desc="train",
             dynamic_ncols=True,
             mininterval=1.0,
-            disable=not self.dist.is_main,
+            # (TQDM_DISABLE, tqdm's own switch, which the argument would override: a run of
+            # several members shows one bar over all of them, mt/train/members.py)
+            disable=not self.dist.is_main or bool(os.environ.get("TQDM_DISABLE")),
         )
         if st.step:  # resumed: last.pt holds this step
             self.checkpoints.last_step = st.step
