@@ -3,6 +3,7 @@ every checkpoint, so training, translation and evaluation tokenize text identica
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import random
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import sentencepiece as spm
 
+from mt.data.bpe_dropout import MergeDropout, seed_dropout
 from mt.errors import MTError
 from mt.outputs import write_bytes
 from mt.tokens import BOS, EOS, PAD, UNK
@@ -69,15 +71,17 @@ def _load(model: bytes) -> spm.SentencePieceProcessor:
 
 
 def _encode(sp: spm.SentencePieceProcessor, lines: list[str], dropout: float, out_type=int):
-    """The lines as ids (out_type int) or pieces (str)."""
+    """The lines as ids (out_type int) or pieces (str); dropout > 0: BPE-dropout's
+    segmentation (mt/data/bpe_dropout.py), drawn anew at each call."""
     if not dropout:
         return sp.Encode(lines, out_type=out_type)
-    # For a BPE model, sentencepiece's sampling with alpha = p is BPE-dropout (each merge
-    # skipped with probability p). One thread: with several, the segmentation a seed gives
-    # depends on the thread schedule, and the ranks (or a resumed run) would disagree.
-    return sp.Encode(
-        lines, out_type=out_type, enable_sampling=True, alpha=dropout, nbest_size=-1, num_threads=1
-    )
+    pieces = _merges(sp).encode(lines, dropout)
+    return pieces if out_type is str else [[sp.PieceToId(p) for p in line] for line in pieces]
+
+
+@functools.lru_cache(maxsize=8)
+def _merges(sp: spm.SentencePieceProcessor) -> MergeDropout:
+    return MergeDropout(sp)
 
 
 # the files of a run's tokenizer: one joint BPE model, or a source and a target one, and the
@@ -218,9 +222,9 @@ class Tokenizer:
 
     @staticmethod
     def seed_dropout(seed: int) -> None:
-        """Seed the sampling of `dropout` > 0 encodings (sentencepiece has one generator per
-        process), so that every rank, and a resumed run, segments an epoch identically."""
-        spm.set_random_generator_seed(seed)
+        """Seed the sampling of `dropout` > 0 encodings (one generator per process), so that
+        every rank, and a resumed run, segments an epoch identically."""
+        seed_dropout(seed)
 
     def decode_tgt(self, ids: list[list[int]]) -> list[str]:
         return self._tgt.decode(ids)
