@@ -13,6 +13,7 @@ import torch
 
 from mt.artifacts import checkpoint
 from mt.data.pairs import Languages, tag
+from mt.data.textform import check_raw_text
 from mt.errors import MTError
 from mt.outputs import atomic_folder, check_folder_creatable
 
@@ -29,6 +30,7 @@ def _ctranslate2():
 
 def check_exportable(cfg) -> None:
     """What CTranslate2's Transformer cannot represent is refused before any work."""
+    check_raw_text(cfg.data)
     m = cfg.model
     if m.arch != "transformer":
         raise MTError(

@@ -65,6 +65,15 @@ class DataConfig(Section):
         "pair, and the import sets this); false: never (one target language only)",
     )
 
+    text: Literal["raw", "lc_tok"] = Field(
+        "raw",
+        description="raw: the text as the corpus has it (cased, detokenized); lc_tok: "
+        "lowercased, punctuation-normalised and tokenized by the Moses scripts, as Multi30k's "
+        "task1-tokenize.sh and the published Multi30k models have it: training and sources "
+        "read so, translations written lowercased and detokenized (score them with mt eval "
+        "--lc-tok, the papers' protocol; mt/data/textform.py)",
+    )
+
     _dir_is_a_path = field_validator("dir", mode="before")(user_path)
     token_cache: Literal["auto", True, False] = Field(
         "auto",
@@ -102,6 +111,11 @@ class DataConfig(Section):
                 f"data.target_token is false, but data.pairs has {len(targets)} target "
                 f"languages ({', '.join(sorted(targets))}): the token is how the model knows "
                 f"which to write; remove data.target_token"
+            )
+        if self.text != "raw" and len(self.pairs) > 1:
+            raise ValueError(
+                f"data.text {self.text} reads one language pair (the Moses scripts tokenize "
+                f"each language its own way); use data.text raw with data.pairs"
             )
         return self
 

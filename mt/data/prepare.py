@@ -25,6 +25,7 @@ from mt.data.corpus import (
 )
 from mt.data.download import download, downloaded_into, is_empty_folder
 from mt.data.pairs import Languages, Pair, tag, tagged
+from mt.data.textform import text_form
 from mt.data.tokenizer import Tokenizer
 from mt.errors import MTError
 
@@ -61,7 +62,10 @@ def prepare_data(
     dist.wait_for_main()
     tokenizer = load_tokenizer(cfg, run_dir, log, saved=saved)
     train_data = train_split(cfg, tokenizer, dist, log, bpe_dropout)
-    valid_data = encode_pairs(vsrc, vtgt, tokenizer, cfg.max_side_len, valid_stats)
+    form = text_form(cfg.data)  # (data.text lc_tok: one pair)
+    valid_data = encode_pairs(
+        form.sources(vsrc), form.targets(vtgt), tokenizer, cfg.max_side_len, valid_stats
+    )
     log(valid_stats.describe("valid"))
     return tokenizer, train_data, (vsrc, vtgt, valid_data, counts)
 
@@ -121,8 +125,9 @@ def encode_train(
     paths = split_paths(d.dir, "train", pair.src, pair.tgt)
     if bpe_dropout > 0:
         tokenizer.seed_dropout(epoch_seed(cfg.train.seed, epoch))
+    text = text_form(d, pair.src, pair.tgt).pairs(iter_parallel(*paths))
     data = encode_stream(
-        clean_pairs(iter_parallel(*paths), stats), tokenizer, d.max_len, stats,
+        clean_pairs(text, stats), tokenizer, d.max_len, stats,
         dropout=bpe_dropout, tag=tag,
     )  # fmt: skip
     if not len(data.src):
@@ -157,6 +162,7 @@ def cached_train(
     models = [tokenizer.src_model] + ([] if tokenizer.joint else [tokenizer.tgt_model])
     models += [] if tokenizer.vocab is None else [tokenizer.vocab.to_json()]
     models += [] if tag is None else [f"sources led by {tag}".encode()]
+    models += [] if cfg.data.text == "raw" else [f"text {cfg.data.text}".encode()]
     folder = token_cache.folder_for(token_cache.cache_key(paths, models, cfg.data.max_len))
 
     def encode() -> ParallelData:
@@ -345,9 +351,8 @@ def bpe_sample(cfg: Config, langs: Languages) -> tuple[list[str], list[str]]:
     samples = {}
     for pair in dict.fromkeys(source.values()):
         paths = split_paths(d.dir, "train", pair.src, pair.tgt)
-        samples[pair] = sample_pairs(
-            clean_pairs(iter_parallel(*paths), Stats()), share, cfg.train.seed
-        )
+        text = text_form(d, pair.src, pair.tgt).pairs(iter_parallel(*paths))
+        samples[pair] = sample_pairs(clean_pairs(text, Stats()), share, cfg.train.seed)
         if not samples[pair][0]:
             raise MTError(f"{paths[0]}: the training split has no non-empty pairs")
     if one:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Protocol, TypeVar
 
 import torch
 from torch import nn
@@ -18,9 +18,19 @@ from mt.errors import MTError
 from mt.model.base import Seq2Seq
 
 
+class _Decoding(Protocol):
+    """What the ensemble takes from the first model's Translator."""
+
+    model: Seq2Seq
+    device: torch.device
+
+
+T = TypeVar("T", bound=_Decoding)
+
+
 def ensemble_of(
-    paths: Sequence[str | Path], first_of: Callable[[checkpoint.Trained], Any]
-) -> tuple[Ensemble, Any]:
+    paths: Sequence[str | Path], first_of: Callable[[checkpoint.Trained], T]
+) -> tuple[Ensemble, T]:
     """(the ensemble of the runs or checkpoints at `paths`, the Translator of the first, which
     first_of makes: its tokenizer, decoding settings, device and precision are the
     ensemble's). One BPE model is required of them all, checked before any is built."""

@@ -5,6 +5,7 @@ the step can run compiled, with CUDA graphs on a GPU (`CompiledStep`)."""
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable
 
@@ -137,3 +138,8 @@ class Decoder:
         lprobs = decoder_step(self.model, bos, memory, pad_mask, self.cache, 0)
         self.cache.keep(torch.arange(b, device=dev).repeat_interleave(k), None)
         return lprobs.repeat_interleave(k, 0)
+
+
+def describe_job(steps: float) -> str:
+    """A decoding job's size in words, for the message that says a compile repays it."""
+    return "a job without end" if math.isinf(steps) else f"a job of {int(steps):,} decoder steps"

@@ -15,15 +15,17 @@ import torch
 from tqdm import tqdm
 
 from mt.artifacts import checkpoint
+from mt.artifacts.members import tuned_decoding
 from mt.config import DecodeConfig
 from mt.data.batching import pad_sources, token_batches
 from mt.data.pairs import Languages
+from mt.data.textform import RAW, TextForm, text_form
 from mt.data.tokenizer import Tokenizer
 from mt.decode.mask_predict import mask_predict
 from mt.decode.options import DecodeOptions, OptionError
 from mt.decode.sampling import Sampling
 from mt.decode.search import EVERY_STEP, ON_DEVICE, decoding_steps, max_lengths, search
-from mt.decode.step import CompiledStep, compile_pays
+from mt.decode.step import CompiledStep, compile_pays, describe_job
 from mt.errors import MTError, shorten
 from mt.model import Seq2Seq
 from mt.runtime.device import autocast, decode_dtype, fp32_matmuls, pick_device
@@ -52,12 +54,13 @@ class Translator:
         device: torch.device,
         amp_dtype: torch.dtype | None = None,
         languages: Languages | None = None,
+        text: TextForm = RAW,
     ) -> None:
         """amp_dtype: autocast dtype for the encoder and decoder layers (None: fp32); the output
         layer and log-softmax are fp32 either way (mt.decode.search); languages: the pairs
         the model was trained on (mt/data/pairs.py; None: unknown, a model of its own)."""
         self.model, self.tokenizer, self.cfg, self.device = model, tokenizer, decode_cfg, device
-        self.amp_dtype, self.languages = amp_dtype, languages
+        self.amp_dtype, self.languages, self.text = amp_dtype, languages, text
         fp32_matmuls(device, amp_dtype)
         self._compiled: CompiledStep | None = None  # see compiled()
         # how many jobs like each search call this translator will decode (validation: one per
@@ -72,16 +75,14 @@ class Translator:
         that averages the models' log-probabilities at every step (one BPE model required;
         decoding settings and precision from the first). A run of several members
         (train.members) is their ensemble, with the decoding tuned for them together."""
-        from mt.artifacts.members import tuned_decoding
-
         found = checkpoint.resolve_all([paths] if isinstance(paths, (str, Path)) else paths)
         if len(found) == 1:
             return cls.from_checkpoint(found[0], device, precision)
         from mt.decode.ensemble import ensemble_of
 
         model, first = ensemble_of(found, lambda run: cls.from_trained(run, device, precision))
-        cfg = first.cfg.model_copy(update=tuned_decoding(found) or {})
-        return cls(model, first.tokenizer, cfg, first.device, first.amp_dtype, first.languages)
+        first.model, first.cfg = model, first.cfg.model_copy(update=tuned_decoding(found) or {})
+        return first
 
     @classmethod
     def from_checkpoint(
@@ -102,6 +103,7 @@ class Translator:
             dev,
             decode_dtype(precision, run.precision, dev),
             Languages.of(run.config.data),
+            text_form(run.config.data),
         )
 
     @property
@@ -131,7 +133,7 @@ class Translator:
             why = (
                 "always"
                 if self.cfg.compile_step == "always"
-                else f"auto: {_job(steps * self.repeats)} repays it"
+                else f"auto: {describe_job(steps * self.repeats)} repays it"
             )
             print(
                 f"compiling the decoder step for {self.device} first (decode.compile_step "
@@ -151,7 +153,7 @@ class Translator:
         the run's), every bound checked (mt.decode.options), and a prefix that the model's
         BPE can write."""
         opts = DecodeOptions.from_config(self.cfg, **given)
-        if opts.prefix and UNK in self.tokenizer.encode_tgt([opts.prefix])[0]:
+        if opts.prefix and UNK in self._prefix_ids(opts.prefix):
             unseen = sorted({c for c in opts.prefix if UNK in self.tokenizer.encode_tgt([c])[0]})
             raise OptionError(
                 "prefix",
@@ -207,7 +209,7 @@ class Translator:
         texts = [" ".join(line.split()) for line in lines]
         todo = [i for i, t in enumerate(texts) if t]
         ids = self._source_ids([texts[i] for i in todo])
-        forced = self.tokenizer.encode_tgt([opts.prefix])[0] if opts.prefix else []
+        forced = self._prefix_ids(opts.prefix)
         generator = self._generator(opts.sampling)
         out: list[Found | None] = [None] * len(lines)
         lens = np.array([len(x) + 1 for x in ids], dtype=np.int64)
@@ -233,7 +235,7 @@ class Translator:
     def source_lengths(self, lines: list[str]) -> list[int]:
         """Each line's source subwords, uncut (0 for an empty line), as search reads it."""
         texts = [" ".join(line.split()) for line in lines]
-        ids = self.tokenizer.encode_src([t for t in texts if t])
+        ids = self.tokenizer.encode_src(self.text.sources([t for t in texts if t]))
         it = iter(ids)
         return [len(next(it)) if t else 0 for t in texts]
 
@@ -253,7 +255,7 @@ class Translator:
         )
 
     def _source_ids(self, texts: list[str]) -> list[list[int]]:
-        ids = self.tokenizer.encode_src(texts)
+        ids = self.tokenizer.encode_src(self.text.sources(texts))
         limit = self.max_source_len
         n_long = sum(len(x) > limit for x in ids)
         if n_long:
@@ -262,6 +264,9 @@ class Translator:
                 file=sys.stderr,
             )
         return [x[:limit] for x in ids]
+
+    def _prefix_ids(self, prefix: str | None) -> list[int]:
+        return self.tokenizer.encode_tgt(self.text.targets([prefix]))[0] if prefix else []
 
     def _generator(self, sampling: Sampling | None) -> torch.Generator | None:
         """Sampling's random draws: from its seed, else from a fresh one; None without."""
@@ -332,7 +337,7 @@ class Translator:
     def texts_of(self, found: list[Found | None]) -> list[list[tuple[str, float | None]]]:
         """The hypotheses of `search` detokenized ([("", None)] for an empty line)."""
         flat = [ids for f in found if f is not None for ids, _ in f[1]]
-        it = iter(self.tokenizer.decode_tgt(flat))
+        it = iter(self.text.outputs(self.tokenizer.decode_tgt(flat)))
         return [
             [("", None)] if f is None else [(next(it), score) for _, score in f[1]] for f in found
         ]
@@ -343,7 +348,7 @@ class Translator:
         from mt.decode.alignment import format_alignment, hard_alignment
 
         hyp, weights, eos_row = self._attention_of(found[0], found[1][0][0], opts)
-        text = self.tokenizer.decode_tgt([hyp])[0]
+        text = self.text.outputs(self.tokenizer.decode_tgt([hyp]))[0]
         return text, format_alignment(hard_alignment(weights, eos_row))
 
     def _attention_of(
@@ -379,11 +384,8 @@ class Translator:
         hyp, weights, eos_row = self._attention_of(found[0], found[1][0][0], opts)
         src_labels = [*self.tokenizer.src_pieces_of(found[0]), "</s>"]
         tgt_labels = [*self.tokenizer.tgt_pieces_of(hyp), *(["</s>"] if eos_row else [])]
-        return self.tokenizer.decode_tgt([hyp])[0], weights, src_labels, tgt_labels
-
-
-def _job(steps: float) -> str:
-    return "a job without end" if math.isinf(steps) else f"a job of {int(steps):,} decoder steps"
+        text = self.text.outputs(self.tokenizer.decode_tgt([hyp]))[0]
+        return text, weights, src_labels, tgt_labels
 
 
 def _progress_bar(n: int, progress: bool) -> tqdm[Any]:

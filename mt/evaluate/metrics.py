@@ -3,7 +3,6 @@ references; bootstrap confidence intervals and paired significance tests between
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,15 +39,10 @@ def _check_counts(hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[s
         raise MTError("nothing to score: the hypotheses and references have no lines")
 
 
-@functools.lru_cache(maxsize=1)
-def moses_languages() -> list[str]:
-    from sacremoses.corpus import NonbreakingPrefixes
-
-    return sorted(set(NonbreakingPrefixes().available_langs.values()))
-
-
 def check_moses_lang(lang: str) -> None:
     """sacremoses accepts any string and silently tokenizes unknown languages as English."""
+    from mt.data.textform import moses_languages
+
     known = moses_languages()
     if lang not in known:
         raise MTError(

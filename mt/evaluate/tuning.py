@@ -76,10 +76,12 @@ def tuning_pairs(cfg, src: Path | None, ref: Path | None) -> tuple[list, list, t
     from mt.data.corpus import Stats, drop_empty, read_parallel
     from mt.data.pairs import Languages, tagged
     from mt.data.prepare import read_valid
+    from mt.data.textform import text_form
     from mt.errors import MTError
 
     if src is None and ref is None:
-        return read_valid(cfg, Stats())
+        vsrc, vrefs, pairs = read_valid(cfg, Stats())
+        return vsrc, text_form(cfg.data).references(vrefs), pairs
     if ref is None or src is None:
         raise MTError("--src needs --ref: the references to tune against")
     for path in (src, ref):
@@ -87,6 +89,7 @@ def tuning_pairs(cfg, src: Path | None, ref: Path | None) -> tuple[list, list, t
             raise MTError(f"{path} not found; pass the tuning files with --src and --ref")
     lines, refs = drop_empty(*read_parallel(src, ref), Stats())
     langs = Languages.of(cfg.data)  # (several target languages: the default one's token)
+    refs = text_form(cfg.data).references(refs)  # (as translations are written)
     return tagged(lines, langs.tag_of(langs.default)), refs, ()
 
 

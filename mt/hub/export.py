@@ -12,6 +12,7 @@ from pathlib import Path
 
 from mt.artifacts import checkpoint
 from mt.artifacts.export import check_out
+from mt.data.textform import check_raw_text
 from mt.errors import MTError
 from mt.hub.card import check_license, model_card
 from mt.hub.marian import to_marian
@@ -34,6 +35,7 @@ def transformers_modules():
 
 def check_exportable(cfg) -> None:
     """What a Marian model cannot hold is refused, naming what would be lost."""
+    check_raw_text(cfg.data)
     m = cfg.model
     if m.arch != "transformer":
         raise MTError(

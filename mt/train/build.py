@@ -13,6 +13,7 @@ from mt.artifacts import checkpoint
 from mt.config import Config
 from mt.config.load import read_config
 from mt.data.prepare import bpe_dropout_epochs, prepare_data
+from mt.data.textform import text_form
 from mt.data.tokenizer import MODEL_FILES
 from mt.errors import MTError
 from mt.model import REFERENCE, build_model
@@ -209,7 +210,9 @@ def _build(
 def _validation(cfg: Config, src, refs, data, pairs) -> Validation:
     """The valid split as validation decodes and scores it (prepare_data's valid tuple)."""
     beam = cfg.train.valid_beam or cfg.decode.beam
-    return Validation(src, refs, data, beam, cfg.decode, pairs, cfg.train.best_by)
+    text = text_form(cfg.data)
+    refs = text.references(refs)  # (as translations are written)
+    return Validation(src, refs, data, beam, cfg.decode, pairs, cfg.train.best_by, text)
 
 
 def _model_and_objective(cfg: Config, tokenizer, run_dir: Path, device, dist, pretraining, log):

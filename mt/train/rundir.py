@@ -43,7 +43,7 @@ RESUMABLE = (
 # Keys no flag can change in a run that has a checkpoint: the weights, the optimizer's moments
 # and the BPE model were made for them.
 FIXED_SECTIONS = ("model", "tokenizer")
-FIXED_KEYS = ("data.src_lang", "data.tgt_lang", "data.pairs")
+FIXED_KEYS = ("data.src_lang", "data.tgt_lang", "data.pairs", "data.text")
 # ...except these, on which no shape depends
 CHANGEABLE_IN_MODEL = (
     "model.dropout",

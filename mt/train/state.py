@@ -12,6 +12,7 @@ import torch
 
 from mt.config import DecodeConfig
 from mt.data.corpus import ParallelData
+from mt.data.textform import RAW, TextForm
 
 
 @dataclass
@@ -44,13 +45,14 @@ class TrainState:
 @dataclass
 class Validation:
     src: list[str]  # raw source lines
-    refs: list[str]  # raw, untouched references
+    refs: list[str]  # the references, as translations are written (TextForm.references)
     data: ParallelData  # the same pairs as token ids, for the loss
     beam: int
     decode: DecodeConfig  # how it is decoded, and the grid tuned on it at the end
     # several language pairs: ((pair, its lines), ...) in the order src and refs hold them
     pairs: tuple[tuple[str, int], ...] = ()
     best_by: str = "mean"  # train.best_by: the BLEU best.pt follows, "mean" or one pair's
+    text: TextForm = RAW  # data.text: how sources are read and translations written
 
 
 @dataclass

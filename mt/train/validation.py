@@ -121,8 +121,9 @@ class Validator:
         and tuning), one Translator for the whole run: a compiled decoder step and its CUDA
         graphs are made once."""
         if self._translator is None:
+            v = self.validation
             self._translator = Translator(
-                self.model, self.tokenizer, self.validation.decode, self.device, self.amp_dtype
+                self.model, self.tokenizer, v.decode, self.device, self.amp_dtype, text=v.text
             )
             self._translator.repeats = self.decodes
         return self._translator
