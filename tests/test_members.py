@@ -183,3 +183,29 @@ def test_ctrl_c_saves_every_member_and_the_run_resumes_to_the_uninterrupted_weig
     assert resumed.returncode == 0, resumed.stderr
     for m in ("member1", "member2"):
         assert _same(_weights(tmp_path / "straight" / m), _weights(tmp_path / "r" / m)), m
+
+
+def test_the_report_of_a_run_of_members_shows_each_and_scores_their_ensemble(two_members):
+    ens, out = two_members / "ens", two_members / "report.html"
+    code, _, err = mt_here("report", ens, "-o", out, "--device", "cpu")
+    assert code == 0, err
+    page = out.read_text()
+    assert "Training curves: member1" in page and "Validation: member2" in page
+    assert "The ensemble&#x27;s decoding" in page or "The ensemble's decoding" in page
+    test = two_members / "d"
+    scored = []
+    for model in (ens, ens / "member1"):
+        code, printed, err = mt_here(
+            "eval",
+            model,
+            "--src",
+            test / "test.src",
+            "--ref",
+            test / "test.tgt",
+            "--json",
+            "--device",
+            "cpu",
+        )
+        assert code == 0, err
+        scored.append(json.loads(printed)["chrf"])
+    assert scored[0] != scored[1] and f'"num">{scored[0]:.2f}<' in page  # (the ensemble's)

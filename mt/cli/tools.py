@@ -42,8 +42,11 @@ def report_cmd(
     _check_device(device)
     if (src is None) != (not ref):
         raise MTError("give both --src and --ref, or neither (the run's test split)")
-    if not (run_dir / "train_log.jsonl").is_file():
-        raise MTError(f"{run_dir} is not a run directory (no train_log.jsonl)")
+    from mt.artifacts.members import member_dirs
+
+    for d in (member_dirs(run_dir) if run_dir.is_dir() else None) or [run_dir]:
+        if not (d / "train_log.jsonl").is_file():
+            raise MTError(f"{d} is not a run directory (no train_log.jsonl)")
     check_output(output, force=force, what="report")
     for path in [src, *ref]:
         if path is not None and not path.is_file():

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from mt.artifacts import checkpoint
+from mt.artifacts import checkpoint, members
 from mt.data.corpus import has_split, read_lines, split_paths
 from mt.data.pairs import Languages, tagged
 from mt.errors import MTError
@@ -159,35 +159,30 @@ def build_report(
     refs: list[Path] | None = None,
     device: str = "cpu",
 ) -> str:
-    """The HTML page (a string); translating the test split takes most of the time."""
+    """The HTML page (a string); translating the test split takes most of the time. A run of
+    several members (train.members): each member's training, and the ensemble's tuning and
+    test scores."""
     from mt.decode.translator import Translator
 
-    records = read_log(run_dir)
-    run = checkpoint.open_trained(run_dir)
-    path, ckpt, cfg = run.path, run.ckpt, run.config
-    d = cfg.data
+    dirs = members.member_dirs(run_dir)
+    run = checkpoint.open_trained((dirs or [run_dir])[0])
+    cfg = run.config
     tests = _test_sets(cfg, src, refs)
-    parts = [
-        f"<h1>mt run {html.escape(run_dir.name)}</h1>",
-        f"<p class='small'>{html.escape(str(path))}, step "
-        f"{checkpoint.train_counters(ckpt).get('step', '?')}</p>",
-        "<h2>Training curves</h2>",
-        _curves(run_dir),
-        "<h2>Validation</h2>",
-        _validation(records),
-        "<h2>Decoding tuned on the valid split</h2>",
-        _tuning(records),
-    ]
-    translator = Translator.from_trained(run, device)
+    parts = [f"<h1>mt run {html.escape(run_dir.name)}</h1>"]
+    for d in dirs or [run_dir]:
+        parts += _training_sections(d, d.name if dirs else "")
+    if dirs:
+        parts += ["<h2>The ensemble's decoding, tuned on the valid split</h2>", _tuning_of(run_dir)]
+    translator = Translator.load(run_dir, device) if dirs else Translator.from_trained(run, device)
     if not tests:
         parts.append(
-            f"<h2>Test scores</h2><p>No test split in {html.escape(d.dir)}: pass "
+            f"<h2>Test scores</h2><p>No test split in {html.escape(cfg.data.dir)}: pass "
             f"--src and --ref.</p>"
         )
     for title, lang, test_src, test_refs in tests:
         parts += [f"<h2>{html.escape(title)}</h2>"] if title else []
         parts += _test_sections(translator, run_dir, test_src, test_refs, baseline, device, lang)
-    config = yaml.safe_dump(checkpoint.config_dict(ckpt), sort_keys=False)
+    config = yaml.safe_dump(checkpoint.config_dict(run.ckpt), sort_keys=False)
     parts += ["<h2>Config</h2>", f"<pre>{html.escape(config)}</pre>"]
     return (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>mt run "
@@ -195,6 +190,32 @@ def build_report(
         + "\n".join(parts)
         + "</body></html>\n"
     )
+
+
+def _training_sections(run_dir: Path, member: str) -> list[str]:
+    """One run's (or member's) checkpoint, curves, validations and tuning."""
+    records, path = read_log(run_dir), checkpoint.resolve(run_dir)
+    of = f": {html.escape(member)}" if member else ""
+    step = checkpoint.train_counters(checkpoint.load(path)).get("step", "?")
+    return [
+        f"<p class='small'>{html.escape(str(path))}, step {step}</p>",
+        f"<h2>Training curves{of}</h2>",
+        _curves(run_dir),
+        f"<h2>Validation{of}</h2>",
+        _validation(records),
+        f"<h2>Decoding tuned on the valid split{of}</h2>",
+        _tuning(records),
+    ]
+
+
+def _tuning_of(run_dir: Path) -> str:
+    """The ensemble's tuning grid (RUN_DIR/ensemble.json)."""
+    found = members.manifest(run_dir) or {}
+    tuning = found.get("tuning")
+    if not tuning:
+        return "<p>Not tuned yet (mt tune RUN_DIR).</p>"
+    best = {**found["decoding"], "valid_bleu": tuning["valid_bleu"]}
+    return _tuning([{"grid": tuning["grid"], "tuned_decoding": best}])
 
 
 def _paired_rows(rows: list[dict]) -> tuple[list[dict], list[str]]:
