@@ -2,6 +2,7 @@
 returns is the best one by logp / len^length_penalty, found by enumerating every output."""
 
 import itertools
+import math
 
 import pytest
 import torch
@@ -57,13 +58,14 @@ def _best_by_enumeration(table, max_tokens: int, lp: float) -> list[int]:
                 logp += float(table[a, b])
             if n < max_tokens - 1:
                 logp += float(table[seq[-1], EOS])  # ends by choice, not forced
-            score = logp / (n + 1) ** lp
+            # logp / (n + 1) ** lp, compared in log space: (n + 1) ** 1000 is no float
+            score = -math.log(-logp) + lp * math.log(n + 1)
             if best is None or score > best[0]:
                 best = (score, list(words))
     return best[1]
 
 
-@pytest.mark.parametrize("lp", [0.0, 1.0, 2.0])
+@pytest.mark.parametrize("lp", [0.0, 1.0, 2.0, 1000.0])
 def test_exhaustive_beam_returns_the_best_scored_hypothesis(lp):
     """With 3 words and at most 2 before EOS, beam 9 keeps every prefix alive: its answer must
     be the enumeration's, for every length penalty (over 15 random models)."""
@@ -217,3 +219,25 @@ def test_decoding_options_out_of_bounds_are_refused_naming_the_option():
         assert e.value.as_flag().args[0].startswith("--" + field.replace("_", "-"))
     assert DecodeOptions(beam=100, nbest=100).nbest == 100  # the bounds themselves are fine
     assert DecodeOptions(beam=1, sampling=Sampling(topp=1.0)).greedy
+
+
+def test_a_penalty_beyond_floats_ranks_as_exact_arithmetic_does():
+    """logp / len ** 1000 for outputs of a few tokens is beyond a float (an OverflowError once):
+    the finished hypotheses are ranked by the formula in log space, as exact fractions rank."""
+    from fractions import Fraction
+
+    from mt.decode.search import Finished
+
+    found = [(-3.0, 4), (-5.0, 4), (-1.0, 3), (-9.0, 5), (-0.5, 1), (-2.0, 5)]
+    finished = Finished(1, len(found), 6, torch.device("cpu"))
+    for j, (raw, length) in enumerate(found):
+        finished.raw[0, j], finished.length[0, j] = raw, length
+        finished.tokens[0, j, :length] = j + 4  # (which hypothesis it is)
+    finished.count[0] = len(found)
+    for lp in (1.0, 500.0, 1000.0):
+        exact = sorted(
+            range(len(found)),
+            key=lambda j: -Fraction(found[j][0]) / Fraction(found[j][1] + 1) ** int(lp),
+        )
+        ranked = [ids[0] - 4 for ids, _ in finished.best(len(found), lp)[0]]
+        assert ranked == exact, lp

@@ -539,6 +539,21 @@ def test_a_key_no_client_could_send_is_refused_at_start(tiny_run, key, needle):
     assert proc.returncode == 2 and needle in err and len(err.strip().splitlines()) == 1, err
 
 
+def test_an_empty_key_in_the_environment_is_refused_at_start(tiny_run):
+    """MT_API_KEY="$KEY" with KEY unset: the flag's parser reads an empty variable as none,
+    which once started an open server without a word."""
+    import subprocess
+    import sys
+
+    from tests.conftest import cli_env
+
+    args = [sys.executable, "-m", "mt", "serve", str(tiny_run), "--port", str(free_port())]
+    proc = subprocess.run(
+        args, env=cli_env(MT_API_KEY=""), capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2 and "MT_API_KEY) is empty" in proc.stderr, proc.stderr
+
+
 def test_an_error_quotes_a_bounded_part_of_what_it_refuses(server):
     """A refused value of any length is quoted in at most ~100 characters: a long prefix the
     model cannot write, an unknown model name, a long path (a 1,197-byte message before)."""

@@ -337,9 +337,23 @@ class Finished:
         out: list[Found] = []
         for s, n in enumerate(count):
             found = [
-                (raw[s][j] / (length[s][j] + 1) ** length_penalty, tokens[s][j][: length[s][j]])
+                (
+                    *_normalised(raw[s][j], length[s][j] + 1, length_penalty),
+                    tokens[s][j][: length[s][j]],
+                )
                 for j in range(n)
             ]
-            found.sort(key=lambda x: -x[0])  # stable: equal scores keep their order
-            out.append([(ids, score) for score, ids in found[:nbest]])
+            found.sort(key=lambda x: (-x[0], x[1]))  # stable: equal scores keep their order
+            out.append([(ids, score) for score, _, ids in found[:nbest]])
         return out
+
+
+def _normalised(raw: float, length: int, length_penalty: float) -> tuple[float, float]:
+    """(raw / length ** length_penalty, the log of its magnitude): where the power is beyond a
+    float (a penalty of 1000 on 3 tokens) the score underflows to 0 and the log, computed in
+    log space, still ranks the hypotheses (smaller: better)."""
+    log = math.log(-raw) - length_penalty * math.log(length) if raw < 0 else -math.inf
+    try:
+        return raw / length**length_penalty, log
+    except OverflowError:
+        return -0.0, log

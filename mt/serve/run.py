@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import re
 import signal
 from collections.abc import Callable
@@ -53,7 +54,7 @@ def serve(o: ServeOptions, say: Callable[[str], None]) -> None:
     from mt.runtime.threads import choose_threads
     from mt.serve.app import Limits, create_app
 
-    check_api_key(o.api_key)
+    check_api_key(o.api_key if o.api_key is not None else os.environ.get("MT_API_KEY"))
     check_origins(o.cors_origin)
     specs = model_specs(o.models or [], o.model)
     choose_threads(o.threads, say)
@@ -70,7 +71,7 @@ def serve(o: ServeOptions, say: Callable[[str], None]) -> None:
                       for m in served)  # fmt: skip
     say(
         f"serving {names} on http://{o.host}:{o.port}/ (batching {'on' if o.batching else 'off'}"
-        f"{', API key required' if o.api_key else ''}"
+        f"{', API key required' if o.api_key else ', no API key: open to any client'}"
         f"{'; any Host name accepted (--allowed-host limits them)' if hosts is None else ''}"
         f"); Ctrl-C or SIGTERM stops it"
     )
@@ -183,7 +184,8 @@ def access_log():
 
 def check_api_key(key: str | None) -> None:
     """A key no client could send is refused before the server starts: an empty one (an unset
-    "$KEY", MT_API_KEY="") would serve without a key in silence, and one that is not
+    "$KEY", MT_API_KEY="", which the flag's parser reads as no variable at all, so the caller
+    passes the variable itself) would serve without a key in silence, and one that is not
     printable ASCII cannot travel in an HTTP header."""
     if key is None:
         return
