@@ -47,7 +47,7 @@ from mt.serve.schemas import (
     TranslateRequest,
     errors,
 )
-from mt.serve.web import LOOPBACK_NAMES, HostCheck, page_policy
+from mt.serve.web import LOOPBACK_NAMES, HostCheck, OneFraming, page_policy
 
 
 @dataclass
@@ -131,6 +131,7 @@ def create_app(
             allow_headers=["Content-Type", "Authorization", "X-API-Key", "X-Request-ID"],
             expose_headers=["X-Request-ID"],
         )
+    app.add_middleware(OneFraming)  # (before the Host, the route, the key: on every path)
     app.add_middleware(Observe, metrics=metrics, log=log)  # (outermost: every answer counted)
     return app
 
@@ -278,10 +279,6 @@ async def translate(request: Request) -> Any:
     if not service.authorised(request):
         return _unauthorised()
     check_json_type(request)
-    if "transfer-encoding" in request.headers and "content-length" in request.headers:
-        # two lengths for one body: a request smuggled past a proxy that reads the other
-        said = "Content-Length and Transfer-Encoding given together: send one"
-        return error(400, said, "Content-Length", Connection="close")
     req = parse(await read_body(request, service.limits.max_body))
     request.state.sentences = len(req.sentences)
     check_sizes(req.sentences, req.prefix, service.limits)

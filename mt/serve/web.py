@@ -37,6 +37,26 @@ class HostCheck:
         await self.app(scope, receive, send)
 
 
+class OneFraming:
+    """Refuses (400, and closes the connection) a request that frames its body twice, with
+    Content-Length and Transfer-Encoding both, on every path and before any other check: a
+    proxy that reads the other header would take the rest of the bytes for a request of its
+    own, hidden from it (request smuggling; RFC 9112 section 6.1: close after answering)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            names = {name.lower() for name, _ in scope["headers"]}
+            if b"content-length" in names and b"transfer-encoding" in names:
+                said = "Content-Length and Transfer-Encoding given together: send one"
+                response = error(400, said, "Content-Length", Connection="close")
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def page_policy(html: str) -> str:
     """The page's Content Security Policy: its own inline script and style (by their hashes),
     requests to this server, nothing from elsewhere, no framing."""
