@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from mt.errors import MTError
+from mt.errors import MTError, shorten
 
 # Below this much free space a failed write is reported as a full disk: torch's zip writer
 # says "unexpected pos" rather than ENOSPC when the disk fills under it.
@@ -289,3 +289,22 @@ def write_text(path: str | Path, text: str) -> None:
 def write_bytes(path: str | Path, data: bytes) -> None:
     with atomic_file(path, "wb") as f:
         f.write(data)
+
+
+# what a picture is written as, by its name's ending (matplotlib's writers; raw pixel dumps and
+# LaTeX's pgf left out: no viewer opens them)
+PICTURE_FORMATS = ("png", "svg", "pdf", "jpg", "jpeg", "eps", "ps", "tif", "tiff", "webp")
+
+
+def picture_format(path: str | Path, flag: str = "-o") -> str:
+    """The format a picture at `path` is written in, read from its name's ending (out.svg: an
+    SVG); a name without one of PICTURE_FORMATS' endings is refused, naming them."""
+    ending = Path(path).suffix.lower().lstrip(".")
+    if ending not in PICTURE_FORMATS:
+        shown = f"ends in .{ending}" if ending else "has no ending"
+        raise MTError(
+            f"{flag} {shorten(str(path), 80)}: the name {shown}, and a picture is written in "
+            f"the format its name ends in: .{', .'.join(PICTURE_FORMATS)} (e.g. "
+            f"{Path(path).stem or 'picture'}.png)"
+        )
+    return ending

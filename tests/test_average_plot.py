@@ -89,6 +89,27 @@ def test_plot_command_redraws(tiny_run, tmp_path):
     assert_user_error(run_mt("plot", tmp_path), "train_log.jsonl")
 
 
+# the first bytes of each format: what a viewer of that name's ending expects to open
+MAGIC = {"png": b"\x89PNG", "svg": b"<?xml", "pdf": b"%PDF", "jpg": b"\xff\xd8\xff", "eps": b"%!PS"}
+
+
+def test_a_picture_is_written_in_the_format_its_name_asks_for(tiny_run, tmp_path):
+    from tests.conftest import mt_here
+
+    for ending, magic in MAGIC.items():
+        out = tmp_path / f"curve.{ending}"
+        code, _, err = mt_here("plot", tiny_run, "-o", out)
+        assert code == 0 and out.read_bytes()[: len(magic)] == magic, (ending, err)
+    out = tmp_path / "attention.svg"
+    code, _, err = mt_here("attention", tiny_run, "a b c", "-o", out, "--device", "cpu")
+    assert code == 0 and out.read_bytes()[:5] == b"<?xml", err
+    for name in ("curve.txt", "curve"):
+        code, _, err = mt_here("plot", tiny_run, "-o", tmp_path / name)
+        assert code == 2 and "curve.png" in err and not (tmp_path / name).exists(), err
+    code, _, err = mt_here("report", tiny_run, "-o", tmp_path / "r.pdf")
+    assert code == 2 and "r.html" in err and not (tmp_path / "r.pdf").exists(), err
+
+
 def _tuning_of(run, data, keys: tuple[str, ...]) -> dict:
     """The run's tuning record, checked: its winner has the grid's best valid BLEU, best.pt
     holds the winner's settings (`keys`), and translating the valid split with them gives

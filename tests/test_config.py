@@ -380,3 +380,11 @@ def test_set_options_apply_in_command_line_order(monkeypatch):
             got = apply_overrides({}, seen[0])
             assert got["train"]["max_steps"] == int(steps), args
             assert seen[0] == list(order), args
+
+
+def test_the_same_language_on_both_sides_is_refused():
+    """data.tgt_lang=src trained a model that copies its input (valid BLEU 99.72) without a
+    word; data.pairs [en-en] was refused already."""
+    with pytest.raises(MTError, match=r"both 'src'.*copy its input"):
+        load_config(ROOT / "configs/tiny.yaml", ["data.tgt_lang=src"])
+    load_config(ROOT / "configs/tiny.yaml", ["data.tgt_lang=tgt"])  # (the toy task's own)

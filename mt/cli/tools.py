@@ -47,6 +47,10 @@ def report_cmd(
     for d in (member_dirs(run_dir) if run_dir.is_dir() else None) or [run_dir]:
         if not (d / "train_log.jsonl").is_file():
             raise MTError(f"{d} is not a run directory (no train_log.jsonl)")
+    if output.suffix.lower() not in (".html", ".htm"):
+        raise MTError(
+            f"-o {output}: a report is one HTML page; name it {output.stem or 'report'}.html"
+        )
     check_output(output, force=force, what="report")
     for path in [src, *ref]:
         if path is not None and not path.is_file():
@@ -210,7 +214,13 @@ def _or(given: str | None, default: str) -> str:
 @command("plot")
 def plot_cmd(
     run_dir: Path = typer.Argument(..., help="run directory with train_log.jsonl"),
-    output: Path | None = typer.Option(None, "--output", "-o", help="default RUN_DIR/training.png"),
+    output: Path | None = typer.Option(
+        None,
+        "--output",
+        "-o",
+        help="picture to write, in the format its name ends in (.png, .svg, .pdf, ...); "
+        "default RUN_DIR/training.png",
+    ),
     force: bool = typer.Option(False, "--force", help="overwrite --output if it exists"),
 ):
     """Draw the training curve (training/validation loss, validation BLEU) as a PNG.
@@ -218,7 +228,7 @@ def plot_cmd(
     Example: mt plot runs/multi30k_de_en
     """
     from mt.evaluate.plot import plot_run
-    from mt.outputs import check_folder_writable, check_output
+    from mt.outputs import check_folder_writable, check_output, picture_format
 
     if output is None:  # the run's own picture, redrawn as training redraws it
         if run_dir.is_dir():
@@ -227,6 +237,7 @@ def plot_cmd(
             except MTError as e:
                 raise MTError(f"{e}; or draw it elsewhere with -o PICTURE.png") from None
     else:
+        picture_format(output)  # (out.txt is refused, out.svg is an SVG)
         check_output(output, force=force, inputs=[run_dir / "train_log.jsonl"], what="picture")
     typer.echo(f"wrote {plot_run(run_dir, output)}")
 

@@ -225,7 +225,9 @@ def _report(systems, ref: list[Path], ci: bool, moses_lang: str | None, as_json:
 def attention_cmd(
     model: Path = typer.Argument(..., help="run directory or checkpoint"),
     sentence: str = typer.Argument(..., help="the source sentence to translate"),
-    output: Path = typer.Option(Path("attention.png"), "--output", "-o", help="PNG to write"),
+    output: Path = typer.Option(
+        Path("attention.png"), "--output", "-o", help="picture to write: .png, .svg, .pdf, ..."
+    ),
     layer: int | None = typer.Option(
         None,
         "--layer",
@@ -248,10 +250,11 @@ def attention_cmd(
     from mt.artifacts import checkpoint
     from mt.decode.alignment import plot_attention
     from mt.decode.translator import Translator
-    from mt.outputs import check_output
+    from mt.outputs import check_output, picture_format
 
     _check_device(device)
     _check_beam(beam)
+    picture_format(output)  # (before any work: out.txt is refused, out.svg is an SVG)
     path = checkpoint.resolve(model, "mt attention")
     check_output(output, force=force, inputs=[path], what="picture")
     translator = Translator.from_checkpoint(path, device)

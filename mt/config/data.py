@@ -112,6 +112,12 @@ class DataConfig(Section):
                 f"languages ({', '.join(sorted(targets))}): the token is how the model knows "
                 f"which to write; remove data.target_token"
             )
+        if self.src_lang == self.tgt_lang:
+            raise ValueError(
+                f"data.src_lang and data.tgt_lang are both {self.src_lang!r}: the model would "
+                f"learn to copy its input (train.{self.src_lang} read as both sides); set "
+                f"data.tgt_lang to the suffix of the target files"
+            )
         if self.text != "raw" and len(self.pairs) > 1:
             raise ValueError(
                 f"data.text {self.text} reads one language pair (the Moses scripts tokenize "

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mt.outputs import atomic_file
+from mt.outputs import atomic_file, picture_format
 from mt.tokens import BOS, EOS
 
 
@@ -76,12 +76,12 @@ def plot_attention(
     grid: bool = False,
     title: str = "",
 ) -> Path:
-    """Draw attention_figure into the PNG file `out`."""
+    """Draw attention_figure into `out`, in the format its name ends in (PNG, SVG, PDF...)."""
     import matplotlib.pyplot as plt
 
     fig = attention_figure(weights, src_labels, tgt_labels, layer, head, grid, title)
     with atomic_file(out) as f:
-        fig.savefig(f, format="png", dpi=110)
+        fig.savefig(f, format=picture_format(out), dpi=110)
     plt.close(fig)
     return out
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from mt.errors import MTError
-from mt.outputs import atomic_file
+from mt.outputs import atomic_file, picture_format
 
 
 def read_log(run_dir: Path) -> list[dict]:
@@ -34,7 +34,7 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
     fig = training_figure(run_dir)
     out = out or run_dir / "training.png"
     with atomic_file(out) as f:
-        fig.savefig(f, format="png", dpi=100)
+        fig.savefig(f, format=picture_format(out), dpi=100)
     plt.close(fig)
     return out
 
