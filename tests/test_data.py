@@ -332,9 +332,16 @@ def test_a_corpus_changed_before_a_resume_is_named(tmp_path):
 
     fetch("synthetic", tmp_path / "d")
     args = [
-        "train", "tiny", "--run-dir", tmp_path / "r", "--set", f"data.dir={tmp_path / 'd'}",
-        "train.valid_every=1000", "train.save_every=2", "train.average_last=0",
-    ]  # fmt: skip
+        "train",
+        "tiny",
+        "--run-dir",
+        tmp_path / "r",
+        "--set",
+        f"data.dir={tmp_path / 'd'}",
+        "train.valid_every=1000",
+        "train.save_every=2",
+        "train.average_last=0",
+    ]
     assert run_mt(*args, "train.max_steps=2").returncode == 0
     train = tmp_path / "d/train.src"
     size = train.stat().st_size
@@ -427,10 +434,15 @@ def test_bucketed_batches_give_the_same_loss_sum_and_tokens_as_padded_ones(tmp_p
 def test_training_on_bucketed_batches_says_its_shapes_and_resumes_exactly(tmp_path):
     def run(name, steps):
         return train_tiny(
-            tmp_path / name, tmp_path / "d", f"train.max_steps={steps}", "train.log_every=2",
-            "train.valid_every=100", "train.save_every=4", "train.average_last=0",
+            tmp_path / name,
+            tmp_path / "d",
+            f"train.max_steps={steps}",
+            "train.log_every=2",
+            "train.valid_every=100",
+            "train.save_every=4",
+            "train.average_last=0",
             "train.shape_buckets=16",
-        )  # fmt: skip
+        )
 
     err, straight = run("straight", 8)
     import re
@@ -472,3 +484,54 @@ def test_collate_builds_what_a_sentence_by_sentence_loop_builds():
             assert batch.tgt_out[row].tolist() == want_out
         assert batch.n_tokens == sum(len(tgt[i]) + 1 for i in real)
         assert batch.src.dtype == torch.int64
+
+
+def _import(source, out, *flags):
+    """mt download of a table corpus, in this process: (exit code, stderr)."""
+    from tests.conftest import mt_here
+
+    code, _, err = mt_here("download", "mine", "--from-dir", source, *flags, "--out", out)
+    return code, err
+
+
+def test_tables_import_with_their_columns_named_and_a_valid_split_drawn(tmp_path):
+    """A TSV (no header: --src and --tgt name its columns) or a CSV (its header names them),
+    as a folder of SPLIT tables or one table of training pairs; --valid-size draws a valid
+    split from train, the same for the same corpus."""
+    rows = [(f"a man {i}", f"ein mann {i}") for i in range(50)]
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t/train.tsv").write_text("".join(f"{a}\t{b}\n" for a, b in rows))
+    (tmp_path / "t/test.tsv").write_text("hello\thallo\n")
+    langs = ["--src", "en", "--tgt", "de"]
+    code, err = _import(tmp_path / "t", tmp_path / "o", *langs, "--valid-size", "10")
+    assert code == 0 and "10 pairs drawn from train" in err, err
+    valid = (tmp_path / "o/valid.en").read_text().splitlines()
+    train = (tmp_path / "o/train.en").read_text().splitlines()
+    assert len(valid) == 10 and len(train) == 40 and not set(valid) & set(train)
+    assert sorted(valid + train) == sorted(a for a, _ in rows)
+    pairs = dict(zip(valid, (tmp_path / "o/valid.de").read_text().splitlines(), strict=True))
+    assert all(pairs[a] == a.replace("a man", "ein mann") for a in valid)  # (rows kept whole)
+    assert (tmp_path / "o/test.de").read_text() == "hallo\n"
+    _import(tmp_path / "t", tmp_path / "again", *langs, "--valid-size", "10")
+    assert (tmp_path / "again/valid.en").read_text().splitlines() == valid  # (the same draw)
+
+    (tmp_path / "pairs.csv").write_text('id,de,en\n1,"Hund, klein",small dog\n2,Katze,cat\n')
+    code, err = _import(tmp_path / "pairs.csv", tmp_path / "c", *langs)
+    assert code == 0, err
+    assert (tmp_path / "c/train.de").read_text() == "Hund, klein\nKatze\n"
+    assert (tmp_path / "c/train.en").read_text() == "small dog\ncat\n"
+
+
+@pytest.mark.parametrize(
+    "table,flags,needle",
+    [
+        ("a\tb\n", [], "--src LANG and --tgt LANG"),
+        ("a\tb\nc\n", ["--src", "en", "--tgt", "de"], "line 2: 1 column(s)"),
+        ("x,y\n1,2\n", ["--src", "en", "--tgt", "de"], "its columns are x, y"),
+    ],
+)
+def test_a_table_that_cannot_be_read_as_two_columns_is_one_line(tmp_path, table, flags, needle):
+    name = "train.csv" if table.startswith("x,") else "train.tsv"
+    (tmp_path / name).write_text(table)
+    code, err = _import(tmp_path / name, tmp_path / "o", *flags)
+    assert code == 2 and needle in err and not (tmp_path / "o").exists(), err

@@ -24,12 +24,21 @@ def download_cmd(
     src: str | None = typer.Option(None, "--src", help="source language / column"),
     tgt: str | None = typer.Option(None, "--tgt", help="target language / column"),
     force: bool = typer.Option(False, "--force", help="overwrite existing split files"),
+    valid_size: int = typer.Option(
+        0,
+        "--valid-size",
+        min=0,
+        max=1 << 30,
+        help="a corpus without a valid split: draw this many training pairs as one",
+    ),
 ):
     """Fetch a parallel corpus and write plain text splits.
 
     \b
     Example: mt download multi30k --out data/multi30k
     Offline: mt download multi30k --from-dir ~/multi30k/data/task1/raw --out data/multi30k
+    A table: mt download mine --from-dir pairs.tsv --src en --tgt de --valid-size 1000 \\
+      --out data/mine
     """
     from mt.data.download import download
 
@@ -42,6 +51,7 @@ def download_cmd(
         from_path=from_dir,
         langs=(src, tgt) if src and tgt else None,
         force=force,
+        valid_size=valid_size,
     )
     for split, n in counts.items():
         typer.echo(f"{split}: {n} pairs")

@@ -14,6 +14,7 @@ from typing import Any
 
 from mt.data import synthetic
 from mt.data.corpus import SPLITS, read_lines
+from mt.data.tables import carve_valid, read_tables, tables_in
 from mt.errors import MTError, shorten
 from mt.outputs import atomic_folder, check_folder_creatable, write_text
 
@@ -124,8 +125,15 @@ def from_datasets(dd, langs: tuple[str, ...] | None = None) -> dict[str, dict[st
 
 
 def from_dir(path: Path, langs: tuple[str, ...] | None = None) -> dict[str, dict[str, list[str]]]:
+    tables = tables_in(path)
+    if tables:  # (SPLIT.tsv or SPLIT.csv files, or one table of training pairs)
+        return read_tables(tables, langs)
     if not path.is_dir():
-        raise MTError(f"--from-dir {path}: not a folder")
+        what = "not found" if not path.exists() else "not a folder, nor a .tsv or .csv table"
+        raise MTError(
+            f"--from-dir {path}: {what}; give a folder of SPLIT.LANG files or of tables "
+            f"(train.tsv, ...), or one .tsv or .csv table of training pairs"
+        )
     if (path / "dataset_dict.json").is_file():
         import datasets
 
@@ -140,7 +148,8 @@ def from_dir(path: Path, langs: tuple[str, ...] | None = None) -> dict[str, dict
     if "train" not in found:
         raise MTError(
             f"--from-dir {path}: no training files found; expected train.LANG[.gz] "
-            f"(and val/valid/dev, test or test_2016_flickr) for two languages"
+            f"(and val/valid/dev, test or test_2016_flickr) for two languages, or tables "
+            f"(train.tsv, train.csv, ...)"
         )
     return {
         split: {lang: read_lines(p) for lang, p in by_lang.items()}
@@ -173,6 +182,7 @@ def download(
     from_path: Path | None = None,
     langs: tuple[str, ...] | None = None,
     force: bool = False,
+    valid_size: int = 0,
 ) -> dict[str, int]:
     check_folder_creatable(out, "--out")  # before anything is fetched
     if config is not None and (name == "synthetic" or from_path is not None):
@@ -198,13 +208,15 @@ def download(
                 f"split {split} has only the language(s) {list(splits[split])}; "
                 f"a parallel corpus needs two"
             )
+    if valid_size:
+        carve_valid(splits, valid_size, lambda said: print(said, file=sys.stderr))
     missing = [split for split in SPLITS if split not in splits]
     counts = write_splits(splits, out, force, name)
     if missing:  # (a corpus without them still trains: validation needs valid, mt eval a test)
         print(
             f"note: no {' or '.join(missing)} split found; {out} holds "
-            f"{', '.join(counts)} alone (mt train needs valid; give mt eval --src and --ref "
-            f"of your own test set)",
+            f"{', '.join(counts)} alone (mt train needs valid: --valid-size N draws one from "
+            f"train; give mt eval --src and --ref of your own test set)",
             file=sys.stderr,
         )
     return counts
