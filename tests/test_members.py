@@ -209,3 +209,23 @@ def test_the_report_of_a_run_of_members_shows_each_and_scores_their_ensemble(two
         assert code == 0, err
         scored.append(json.loads(printed)["chrf"])
     assert scored[0] != scored[1] and f'"num">{scored[0]:.2f}<' in page  # (the ensemble's)
+
+
+def test_a_run_of_members_is_served_and_distilled_as_their_ensemble(two_members, tmp_path):
+    from mt.serve.run import model_specs
+
+    ens = two_members / "ens"
+    members = [ens / "member1/best.pt", ens / "member2/best.pt"]
+    assert model_specs([ens], []) == [("ens", members)]
+    assert model_specs([], [f"de_en={ens}"]) == [("de_en", members)]
+    small = tmp_path / "small"  # (50 training sources: the teacher translates them all)
+    small.mkdir()
+    for name in ("train.src", "train.tgt", "valid.src", "valid.tgt"):
+        lines = (two_members / "d" / name).read_text().splitlines(keepends=True)[:50]
+        (small / name).write_text("".join(lines))
+    code, _, err = mt_here(
+        "distill", ens, "--data", small, "--out", tmp_path / "kd", "--device", "cpu"
+    )
+    assert code == 0 and "ensemble of 2 models" in err, err
+    code, whole, _ = mt_here("translate", ens, "-i", small / "train.src", "--device", "cpu")
+    assert (tmp_path / "kd/train.tgt").read_text() == whole  # (the ensemble's translations)
