@@ -439,6 +439,7 @@ def test_cors_origins_and_hosts_named_by_flags_are_allowed():
             other = http.options("/translate", headers={"Origin": "https://evil.example",
                                                         **asks, "Host": "mt.example"})  # fmt: skip
             assert "access-control-allow-origin" not in other.headers
+            assert other.status_code == 400 and other.json()["field"] == "Origin", other.text
             assert http.get("/health", headers={"Host": "mt.example:80"}).status_code == 200
             assert http.get("/health", headers={"Host": "localhost"}).status_code == 421
     finally:
@@ -605,3 +606,25 @@ def test_a_body_with_two_lengths_is_refused_on_every_path_and_hides_nothing(serv
             pytest.fail(f"the connection stayed open: {answer[:300]!r}")
     assert answer.startswith(b"HTTP/1.1 400 "), answer[:300]
     assert b"SMUGGLED" not in answer and answer.count(b"HTTP/1.1") == 1, answer
+
+
+def test_head_probes_get_routes_and_odd_expectations_and_hosts_are_answered_usefully(server):
+    """HEAD on every GET route answers as GET without a body (load balancers probe so); an
+    Expect other than 100-continue is 417; an IPv6 loopback Host is a name of the server, and
+    the 421 for another name or for none says a usable fix."""
+    for path in ("/", "/health", "/health/live", "/metrics", "/models", "/info"):
+        got, head = server.http.get(path), server.http.head(path)
+        assert head.status_code == got.status_code == 200 and head.content == b"", path
+        assert head.headers["content-type"] == got.headers["content-type"], path
+    odd = server.http.get("/health", headers={"Expect": "200-ok"})
+    assert odd.status_code == 417 and odd.json()["field"] == "Expect", odd.text
+    assert server.http.post("/translate", json={"sentences": ["a b"]},
+                            headers={"Expect": "100-continue"}).is_success  # fmt: skip
+    for host in ("::1", "[::1]:8000", "[::1]"):
+        assert server.http.get("/health", headers={"Host": host}).status_code == 200, host
+    other = server.http.get("/health", headers={"Host": "mt.example.org:8080"})
+    assert other.status_code == 421 and "--allowed-host 'mt.example.org'" in other.json()["error"]
+    with _connect(server) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: \r\n\r\n")
+        answer = _response(sock)
+    assert b" 421 " in answer.split(b"\r\n")[0] and b"Host: 127.0.0.1" in answer, answer

@@ -22,7 +22,6 @@ from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.middleware.cors import CORSMiddleware
 
 from mt.data.pairs import lead_token, tagged
 from mt.errors import MTError, shorten
@@ -47,7 +46,7 @@ from mt.serve.schemas import (
     TranslateRequest,
     errors,
 )
-from mt.serve.web import LOOPBACK_NAMES, HostCheck, OneFraming, page_policy
+from mt.serve.web import LOOPBACK_NAMES, Framing, HeadAsGet, HostCheck, JsonCORS, page_policy
 
 
 @dataclass
@@ -125,13 +124,14 @@ def create_app(
         app.add_middleware(HostCheck, names=allowed_hosts)
     if cors_origins:
         app.add_middleware(
-            CORSMiddleware,
+            JsonCORS,
             allow_origins=list(cors_origins),
             allow_methods=["GET", "POST"],
             allow_headers=["Content-Type", "Authorization", "X-API-Key", "X-Request-ID"],
             expose_headers=["X-Request-ID"],
         )
-    app.add_middleware(OneFraming)  # (before the Host, the route, the key: on every path)
+    app.add_middleware(HeadAsGet)
+    app.add_middleware(Framing)  # (before the Host, the route, the key: on every path)
     app.add_middleware(Observe, metrics=metrics, log=log)  # (outermost: every answer counted)
     return app
 
