@@ -628,3 +628,24 @@ def test_head_probes_get_routes_and_odd_expectations_and_hosts_are_answered_usef
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: \r\n\r\n")
         answer = _response(sock)
     assert b" 421 " in answer.split(b"\r\n")[0] and b"Host: 127.0.0.1" in answer, answer
+
+
+@pytest.mark.slow
+def test_a_flood_of_requests_to_tokenize_leaves_the_server_answering(server):
+    """Ten requests of 5 sentences and a 1,000-character prefix of a character the model never
+    saw: their tokenizing and checks run off the event loop, so /health/live still answers at
+    once (3.1 s at worst while they were checked on the loop; 71 ms after, on a busy 2-core
+    machine: the bound leaves room for a slower one)."""
+    import concurrent.futures
+
+    body = {"sentences": ["a b c"] * 5, "prefix": "一" * 1000}
+    with concurrent.futures.ThreadPoolExecutor(10) as pool:
+        sent = [pool.submit(server.http.post, "/translate", json=body) for _ in range(10)]
+        worst = 0.0
+        while not all(f.done() for f in sent):
+            start = time.perf_counter()
+            assert server.http.get("/health/live").status_code == 200
+            worst = max(worst, time.perf_counter() - start)
+            time.sleep(0.02)
+    assert all(f.result().status_code == 422 for f in sent)
+    assert worst < 0.5, worst

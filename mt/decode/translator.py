@@ -153,8 +153,8 @@ class Translator:
         the run's), every bound checked (mt.decode.options), and a prefix that the model's
         BPE can write."""
         opts = DecodeOptions.from_config(self.cfg, **given)
-        if opts.prefix and UNK in self._prefix_ids(opts.prefix):
-            unseen = sorted({c for c in opts.prefix if UNK in self.tokenizer.encode_tgt([c])[0]})
+        if opts.prefix and UNK in self.prefix_ids(opts.prefix):
+            unseen = sorted(c for c in set(opts.prefix) if UNK in self.tokenizer.encode_tgt([c])[0])
             raise OptionError(
                 "prefix",
                 f"{shorten(repr(opts.prefix), 100)}: "
@@ -209,7 +209,7 @@ class Translator:
         texts = [" ".join(line.split()) for line in lines]
         todo = [i for i, t in enumerate(texts) if t]
         ids = self._source_ids([texts[i] for i in todo])
-        forced = self._prefix_ids(opts.prefix)
+        forced = self.prefix_ids(opts.prefix)
         generator = self._generator(opts.sampling)
         out: list[Found | None] = [None] * len(lines)
         lens = np.array([len(x) + 1 for x in ids], dtype=np.int64)
@@ -265,7 +265,7 @@ class Translator:
             )
         return [x[:limit] for x in ids]
 
-    def _prefix_ids(self, prefix: str | None) -> list[int]:
+    def prefix_ids(self, prefix: str | None) -> list[int]:
         return self.tokenizer.encode_tgt(self.text.targets([prefix]))[0] if prefix else []
 
     def _generator(self, sampling: Sampling | None) -> torch.Generator | None:

@@ -284,9 +284,10 @@ async def translate(request: Request) -> Any:
     check_sizes(req.sentences, req.prefix, service.limits)
     model = service.choose(req.model)
     request.state.model = model.name
-    settings = settings_of(req, model.translator, model.info)
+    # (tokenizing up to 64 x 1,000 characters, off the event loop: /health/live answers)
+    settings = await asyncio.to_thread(settings_of, req, model.translator, model.info)
     req = _in_language(req, model.translator)
-    lengths = _admitted(model, req, settings, service.limits)
+    lengths = await asyncio.to_thread(_admitted, model, req, settings, service.limits)
     return await _translated(request, model, req, settings, lengths, service.limits)
 
 
@@ -308,7 +309,7 @@ def _admitted(model: Served, req: TranslateRequest, settings, limits: Limits) ->
     (mt/serve/limits.py: the decoding steps its sentences and its prefix may take)."""
     lengths = model.translator.source_lengths(req.sentences)
     prefix = settings.options.prefix
-    forced = len(model.translator.tokenizer.encode_tgt([prefix])[0]) if prefix else 0
+    forced = len(model.translator.prefix_ids(prefix))
     admit(lengths, settings.options, req.attention, model.translator.max_source_len,
           attention_shape(model.info), limits,
           model.info["architecture"] == "nat", forced)  # fmt: skip
