@@ -557,16 +557,19 @@ def test_an_empty_key_in_the_environment_is_refused_at_start(tiny_run):
 
 def test_an_error_quotes_a_bounded_part_of_what_it_refuses(server):
     """A refused value of any length is quoted in at most ~100 characters: a long prefix the
-    model cannot write, an unknown model name, a long path (a 1,197-byte message before)."""
+    model cannot write, an unknown model name, a long path (a 1,197-byte message before), an
+    unknown key of 100,000 characters (echoed whole in the message and the field before)."""
     answers = [
         server.post({"sentences": ["a b"], "prefix": "é" * 900}),
         server.post({"sentences": ["a b"], "model": "m" * 900}),
         server.http.get("/" + "p" * 900),
+        server.post({"sentences": ["a b"], "k" * 100_000: 1}),
     ]
     for answer in answers:
         assert 400 <= answer.status_code < 500, answer.text[:200]
         message = answer.json()["error"]
         assert len(message) < 300 and "..." in message, message
+        assert len(answer.content) < 600, answer.content[:200]
 
 
 SMUGGLED = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Request-ID: SMUGGLED\r\n\r\n"

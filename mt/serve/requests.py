@@ -125,7 +125,8 @@ def parse(body: bytes) -> TranslateRequest:
 
 
 def _field(loc: tuple[Any, ...]) -> str:
-    return ".".join(str(part) for part in loc if part != "body") or "body"
+    """The field at fault, as the request names it: bounded (an unknown key may be any size)."""
+    return shorten(".".join(str(part) for part in loc if part != "body") or "body", 60)
 
 
 def as_bad_request(errors: Any) -> BadRequest:
