@@ -296,7 +296,7 @@ INFO = {"architecture": "transformer", "decoding": {"beam": 5}, "source_language
 
 class ScriptedTranslator:
     """What the app asks of a translator before the worker decodes: its options, and its
-    source lengths (a word a subword)."""
+    source and prefix lengths (a word a subword)."""
 
     max_source_len = 255
     languages = None  # (a model that does not say: one pair)
@@ -310,6 +310,10 @@ class ScriptedTranslator:
         from mt.decode.options import DecodeOptions
 
         return DecodeOptions().with_(**given)
+
+    @staticmethod
+    def prefix_ids(prefix):
+        return [0] * len(prefix.split()) if prefix else []
 
 
 def test_a_full_queue_answers_429_at_once_and_a_slow_request_times_out_alone():

@@ -652,3 +652,30 @@ def test_a_flood_of_requests_to_tokenize_leaves_the_server_answering(server):
             time.sleep(0.02)
     assert all(f.result().status_code == 422 for f in sent)
     assert worst < 0.5, worst
+
+
+def test_a_direction_never_trained_is_answered_with_a_warning_the_client_reads():
+    """A model of en-de and en-fr asked for de->fr translates zero-shot and says so in the
+    answer's warnings (the server once dropped what mt translate warns); a tgt_lang given
+    empty is refused naming tgt_lang."""
+    from mt.data.pairs import Languages, Pair
+
+    class Several(ScriptedTranslator):
+        languages = Languages((Pair("en", "de"), Pair("en", "fr")), Pair("en", "de"))
+
+    batcher = Batcher(lambda s, _, __: list(s), max_wait=0.0)
+    app = create_app(Served("m", Several(), INFO, batcher), Limits())
+    url, thread, server = _serve_in_thread(app)
+    try:
+        with httpx.Client(base_url=url, timeout=10) as http:
+            asked = {"sentences": ["a b"], "src_lang": "de", "tgt_lang": "fr"}
+            zero = http.post("/translate", json=asked)
+            assert zero.status_code == 200 and "zero-shot" in zero.json()["warnings"][0], zero.text
+            trained = http.post("/translate", json={**asked, "src_lang": "en"})
+            assert trained.status_code == 200 and "warnings" not in trained.json()
+            empty = http.post("/translate", json={**asked, "tgt_lang": ""})
+            assert empty.status_code == 422 and empty.json()["field"] == "tgt_lang", empty.text
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        batcher.close(5)

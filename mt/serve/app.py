@@ -286,22 +286,27 @@ async def translate(request: Request) -> Any:
     request.state.model = model.name
     # (tokenizing up to 64 x 1,000 characters, off the event loop: /health/live answers)
     settings = await asyncio.to_thread(settings_of, req, model.translator, model.info)
-    req = _in_language(req, model.translator)
+    req, warnings = _in_language(req, model.translator)
     lengths = await asyncio.to_thread(_admitted, model, req, settings, service.limits)
-    return await _translated(request, model, req, settings, lengths, service.limits)
+    return await _translated(request, model, req, settings, lengths, service.limits, warnings)
 
 
-def _in_language(req: TranslateRequest, translator) -> TranslateRequest:
+def _in_language(req: TranslateRequest, translator) -> tuple[TranslateRequest, list[str]]:
     """The request with its sentences led by the target-language token its src_lang and
-    tgt_lang ask for (a model of several pairs; mt/data/pairs.py); a pair the model cannot
-    translate is a 422 naming the field."""
+    tgt_lang ask for (a model of several pairs; mt/data/pairs.py), and the warnings for its
+    client (a direction never trained); a pair the model cannot translate is a 422 naming
+    the field."""
+    said: list[str] = []
     try:
-        lang = lead_token(translator.languages, req.src_lang, req.tgt_lang, lambda _said: None)
+        lang = lead_token(translator.languages, req.src_lang, req.tgt_lang, said.append)
     except MTError as e:
-        raise BadRequest(422, str(e), "tgt_lang" if req.tgt_lang else "src_lang") from None
-    return (
-        req if lang is None else req.model_copy(update={"sentences": tagged(req.sentences, lang)})
-    )
+        raise BadRequest(
+            422, str(e), "tgt_lang" if req.tgt_lang is not None else "src_lang"
+        ) from None
+    warnings = [x.removeprefix("warning: ") for x in said]
+    if lang is None:
+        return req, warnings
+    return req.model_copy(update={"sentences": tagged(req.sentences, lang)}), warnings
 
 
 def _admitted(model: Served, req: TranslateRequest, settings, limits: Limits) -> list[int]:
@@ -317,10 +322,17 @@ def _admitted(model: Served, req: TranslateRequest, settings, limits: Limits) ->
 
 
 async def _translated(
-    request: Request, model: Served, req: TranslateRequest, settings, lengths, limits: Limits
+    request: Request,
+    model: Served,
+    req: TranslateRequest,
+    settings,
+    lengths,
+    limits: Limits,
+    warnings: list[str],
 ) -> Response:
-    """The request queued for its model's worker and answered: its translations, or 429 (a
-    full queue), 503 (its timeout), 499 (its client left)."""
+    """The request queued for its model's worker and answered: its translations (with the
+    warnings for its client, where there are any), or 429 (a full queue), 503 (its timeout),
+    499 (its client left)."""
     timing: dict[str, float] = {}
     try:
         future = model.batcher.submit(req.sentences, settings, [n + 1 for n in lengths],
@@ -344,7 +356,12 @@ async def _translated(
         return Response(status_code=499)
     # (a large answer, attention weights, is written out by a thread: the event loop keeps
     # answering the others meanwhile)
-    body = await asyncio.to_thread(json.dumps, {"translations": results, "model": model.name})
+    said = {
+        "translations": results,
+        "model": model.name,
+        **({"warnings": warnings} if warnings else {}),
+    }
+    body = await asyncio.to_thread(json.dumps, said)
     return Response(body, media_type="application/json")
 
 

@@ -66,6 +66,11 @@ class Translation(BaseModel):
 class TranslateAnswer(BaseModel):
     translations: list[Translation] = Field(description="one per sentence, in their order")
     model: str = Field(description="the name of the model that translated them")
+    warnings: list[str] | None = Field(
+        None,
+        description="what the client should know, where there is any: a direction the "
+        "model was never trained on (zero-shot), say",
+    )
 
 
 class ErrorBody(BaseModel):

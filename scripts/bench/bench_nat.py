@@ -22,8 +22,9 @@ import torch
 from harness import take_turns
 
 from mt.data.corpus import read_lines
+from mt.data.textform import moses_languages
 from mt.decode.translator import Translator
-from mt.evaluate.metrics import lc_tok_bleu, moses_languages, score
+from mt.evaluate.metrics import lc_tok_bleu, score
 
 
 def with_iterations(nat: Translator, iterations: int) -> Translator:
