@@ -62,7 +62,7 @@ def test_the_scripted_model_gets_the_same_nbest_lists(beam):
 
 def _batch(translator, n=40, seed=1):
     lines, _ = generate(n, seed=seed)
-    ids = translator._source_ids(lines)
+    ids = translator.source_ids(lines)
     src = pad_sources([np.asarray(x, dtype=np.int64) for x in ids])
     return src, src == PAD
 

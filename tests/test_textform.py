@@ -71,7 +71,7 @@ def test_a_lc_tok_run_learns_lowercased_tokens_and_translates_detokenized(tmp_pa
 
     t = Translator.load(tmp_path / "r", "cpu")
     read = t.tokenizer.encode_src(["a man 's dog runs ."])
-    assert t._source_ids(["A MAN'S DOG RUNS."]) == read  # (sources read as training read them)
+    assert t.source_ids(["A MAN'S DOG RUNS."]) == read  # (sources read as training read them)
 
 
 def test_lc_tok_is_refused_where_it_cannot_hold(tmp_path):

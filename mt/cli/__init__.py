@@ -4,6 +4,7 @@ a user error is one line on stderr and exit status 2, never a traceback.
     app.py      the Typer app, the error handling, shared flag checks
     run.py      download, configs, train
     use.py      translate, eval, attention, export
+    score.py    score
     tools.py    report, average, tune, plot
     serve.py    serve (the HTTP server of mt/serve/)
     streams.py  standard output whose failures name it
@@ -15,6 +16,7 @@ import sys
 
 from mt.cli import (
     run,  # noqa: F401  (each module registers its commands, in this order)
+    score,  # noqa: F401
     serve,  # noqa: F401
     tools,  # noqa: F401
     use,  # noqa: F401

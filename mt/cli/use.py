@@ -119,8 +119,12 @@ def translate_cmd(
     sampling = Sampling.from_flags(sample, temperature, topk, topp, seed, beam, nbest)
     if print_alignment and (len(models) > 1 or nbest > 1 or sampling):
         raise MTError("--print-alignment works with one model and one translation per line")
-    given = {"beam": 1 if greedy else beam, "length_penalty": length_penalty,
-             "nat_iterations": nat_iterations, "nat_length_beam": nat_length_beam}  # fmt: skip
+    given = {
+        "beam": 1 if greedy else beam,
+        "length_penalty": length_penalty,
+        "nat_iterations": nat_iterations,
+        "nat_length_beam": nat_length_beam,
+    }
     more = {"nbest": nbest, "sampling": sampling, "prefix": prefix}
     langs = (src_lang, tgt_lang)
     _translate(models, input, output, force, device, precision, given, more, print_alignment, langs)
@@ -195,9 +199,14 @@ def eval_cmd(
     _check_beam(beam)
     if moses_lang:
         check_moses_lang(moses_lang)  # before any translating
-    settings = {"beam": beam, "length_penalty": length_penalty, "device": device,
-                "nat_iterations": nat_iterations, "nat_length_beam": nat_length_beam,
-                "precision": precision}  # fmt: skip
+    settings = {
+        "beam": beam,
+        "length_penalty": length_penalty,
+        "device": device,
+        "nat_iterations": nat_iterations,
+        "nat_length_beam": nat_length_beam,
+        "precision": precision,
+    }
     systems = compare.systems(
         list(models or []), list(hyps or []), src, (src_lang, tgt_lang), **settings
     )

@@ -208,7 +208,7 @@ class Translator:
         opts = opts or self.options(**given)
         texts = [" ".join(line.split()) for line in lines]
         todo = [i for i, t in enumerate(texts) if t]
-        ids = self._source_ids([texts[i] for i in todo])
+        ids = self.source_ids([texts[i] for i in todo])
         forced = self.prefix_ids(opts.prefix)
         generator = self._generator(opts.sampling)
         out: list[Found | None] = [None] * len(lines)
@@ -254,7 +254,7 @@ class Translator:
             if len(b)
         )
 
-    def _source_ids(self, texts: list[str]) -> list[list[int]]:
+    def source_ids(self, texts: list[str]) -> list[list[int]]:
         ids = self.tokenizer.encode_src(self.text.sources(texts))
         limit = self.max_source_len
         n_long = sum(len(x) > limit for x in ids)
