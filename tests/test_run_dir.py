@@ -125,8 +125,13 @@ def test_a_run_with_nothing_to_resume_from_is_not_trained_over_unless_restarted(
     from tests.conftest import mt_here
 
     run, data = tmp_path / "run", tmp_path / "data"
-    sets = ["--set", f"data.dir={data}", "train.max_steps=6", "train.valid_every=3",
-            "train.log_every=3"]  # fmt: skip
+    sets = [
+        "--set",
+        f"data.dir={data}",
+        "train.max_steps=6",
+        "train.valid_every=3",
+        "train.log_every=3",
+    ]
     code, _, err = mt_here("train", TINY, "--run-dir", run, *sets)
     assert code == 0, err
     (run / "last.pt").unlink()
@@ -155,8 +160,14 @@ def test_a_damaged_run_directory_is_one_line_or_resumes_from_what_is_whole(tmp_p
     run = tmp_path / "run"
     shutil.copytree(tiny_run, run)
     data = tiny_run.parent / "data"
-    sets = ["--set", f"data.dir={data}", "train.max_steps=65", "train.valid_every=60",
-            "train.save_every=30", "train.log_every=20"]  # fmt: skip
+    sets = [
+        "--set",
+        f"data.dir={data}",
+        "train.max_steps=65",
+        "train.valid_every=60",
+        "train.save_every=30",
+        "train.log_every=20",
+    ]
     config = (run / "config.yaml").read_text()
     (run / "config.yaml").write_text(config.replace("  ", "\t", 1))
     code, _, err = mt_here("train", TINY, "--run-dir", run, *sets)
@@ -211,8 +222,13 @@ def test_no_command_writes_a_running_trainings_own_files(tmp_path, tiny_run):
 def test_a_vocabulary_larger_than_the_corpus_gives_is_said_and_recorded(tmp_path):
     from tests.conftest import mt_here
 
-    sets = ["--set", f"data.dir={tmp_path / 'd'}", "tokenizer.vocab_size=100000",
-            "train.max_steps=1", "train.valid_every=1"]  # fmt: skip
+    sets = [
+        "--set",
+        f"data.dir={tmp_path / 'd'}",
+        "tokenizer.vocab_size=100000",
+        "train.max_steps=1",
+        "train.valid_every=1",
+    ]
     code, _, err = mt_here("train", TINY, "--run-dir", tmp_path / "run", *sets)
     assert code == 0, err
     said = [line for line in err.splitlines() if "tokenizer.vocab_size 100000" in line]
@@ -230,8 +246,13 @@ def test_a_run_s_other_files_damaged_or_replaced_are_one_line_or_restored(tmp_pa
 
     run = tmp_path / "run"
     shutil.copytree(tiny_run, run)
-    sets = ["--set", f"data.dir={tiny_run.parent / 'data'}", "train.max_steps=61",
-            "train.valid_every=60", "train.log_every=20"]  # fmt: skip
+    sets = [
+        "--set",
+        f"data.dir={tiny_run.parent / 'data'}",
+        "train.max_steps=61",
+        "train.valid_every=60",
+        "train.log_every=20",
+    ]
     corpus = (run / "corpus.json").read_text()
     for junk in ("{cut", "[1]", '{"a": 3}'):
         (run / "corpus.json").write_text(junk)
@@ -268,8 +289,18 @@ def test_a_resumed_run_decodes_with_the_decode_settings_it_was_given(tmp_path):
     from tests.conftest import mt_here
 
     run, data = tmp_path / "run", tmp_path / "data"
-    common = ["train", "tiny", "--run-dir", run, "--set", f"data.dir={data}", "train.max_steps=4",
-              "train.valid_every=2", "train.save_every=2", "train.average_last=0"]  # fmt: skip
+    common = [
+        "train",
+        "tiny",
+        "--run-dir",
+        run,
+        "--set",
+        f"data.dir={data}",
+        "train.max_steps=4",
+        "train.valid_every=2",
+        "train.save_every=2",
+        "train.average_last=0",
+    ]
     assert mt_here(*common)[0] == 0
     assert checkpoint.load(run / "best.pt")["config"]["decode"]["beam"] != 6
     code, _, err = mt_here(*common, "decode.beam=6", "decode.length_penalty=0.5")
@@ -278,3 +309,35 @@ def test_a_resumed_run_decodes_with_the_decode_settings_it_was_given(tmp_path):
     decode = checkpoint.load(run / "best.pt")["config"]["decode"]
     assert decode["beam"] == 6 and decode["length_penalty"] == 0.5, decode
     assert "decode.beam" in err and "best.pt" in err
+
+
+def test_a_run_that_ended_says_so_and_keeps_its_files_until_its_budget_grows(tmp_path):
+    """Re-running a finished run trained nothing but rewrote last.pt and said "resuming";
+    now it says it is done and how to go on, its checkpoints untouched; a larger budget
+    resumes it."""
+    from tests.conftest import mt_here
+
+    sets = [
+        f"data.dir={tmp_path / 'd'}",
+        "train.valid_every=10",
+        "train.save_every=10",
+        "train.device=cpu",
+    ]
+    code, _, err = mt_here(
+        "train", "tiny", "--run-dir", tmp_path / "r", "--set", *sets, "train.max_steps=10"
+    )
+    assert code == 0, err
+    files = {p.name: p.read_bytes() for p in (tmp_path / "r").glob("*.pt")}
+    code, _, err = mt_here(
+        "train", "tiny", "--run-dir", tmp_path / "r", "--set", *sets, "train.max_steps=10"
+    )
+    assert code == 0 and "is done: it ended at step 10" in err and "train.max_steps=20" in err, err
+    assert {p.name: p.read_bytes() for p in (tmp_path / "r").glob("*.pt")} == files
+    code, _, err = mt_here(
+        "train", "tiny", "--run-dir", tmp_path / "r", "--set", *sets, "train.max_steps=20"
+    )
+    assert code == 0 and "is done" not in err, err
+    from mt.artifacts import checkpoint
+
+    state = checkpoint.load(tmp_path / "r/last.pt")["train_state"]
+    assert state["step"] == 20 and state["finished"]

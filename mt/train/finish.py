@@ -59,6 +59,9 @@ class RunEnd:
         if not stopped and asks and st.best_bleu >= 0:
             self.tune_best(st)
         draw_training_picture(self.run_dir, self.say)
+        if not stopped:  # (last.pt says so: a re-run of the same budget does nothing)
+            st.finished = True
+            self.checkpoints.save("last.pt", st, rank_rng)
         if st.fp16_skipped:
             self.say(
                 f"note: the fp16 loss scaler skipped {st.fp16_skipped} update(s) with "

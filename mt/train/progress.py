@@ -185,3 +185,20 @@ def show_progress(bar, st, cfg, forecast: Forecast, last_update, say) -> None:
     if end_step is not None and end_step != bar.total:
         bar.total = end_step  # a time budget ends the bar (and its ETA) earlier
         bar.refresh()
+
+
+def done_message(run_dir, st, cfg) -> str:
+    """What a re-run of a run that ended (its end ran, its budget is spent) says: it trains
+    nothing and leaves its checkpoints as they were; how to let it go on. cfg: the train
+    section."""
+    if st.step >= cfg.max_steps:
+        why, more = f"train.max_steps {cfg.max_steps:,}", f"train.max_steps={st.step * 2}"
+    else:
+        minutes = st.train_seconds / 60
+        why = f"train.max_minutes {cfg.max_minutes:g}, {minutes:.0f} minutes trained"
+        more = f"train.max_minutes={2 * cfg.max_minutes:g}"
+    return (
+        f"{run_dir} is done: it ended at step {st.step:,} ({why}) and its end ran "
+        f"(validation, averaging, tuning); nothing was trained, its checkpoints are as they "
+        f"were. To train on: --set {more} (a higher budget resumes it)"
+    )

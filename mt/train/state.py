@@ -37,6 +37,9 @@ class TrainState:
     # which run this is: drawn when it starts, kept when it resumes, so that its snapshots are
     # told from another run's of the same shape (mt average)
     run_id: str = field(default_factory=lambda: secrets.token_hex(8))
+    # the end of the run (final validation, averaging, tuning) ran at `step`: a re-run of the
+    # same budget has nothing to do
+    finished: bool = False
 
     def state_dict(self) -> dict:
         return asdict(self)

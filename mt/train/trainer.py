@@ -31,7 +31,13 @@ from mt.train.ema import WeightAverage
 from mt.train.exchange import build_exchange
 from mt.train.finish import RunEnd, draw_training_picture
 from mt.train.graphed import GraphUpdate, graph_refusal
-from mt.train.progress import Forecast, lost_work_message, show_progress, stop_on_signal
+from mt.train.progress import (
+    Forecast,
+    done_message,
+    lost_work_message,
+    show_progress,
+    stop_on_signal,
+)
 from mt.train.saving import Checkpoints
 from mt.train.skips import Skips
 from mt.train.state import LogWindow, TrainState, Validation
@@ -249,6 +255,10 @@ class Trainer:
 
     def _fit(self) -> TrainState:
         cfg, st = self.cfg, self.state
+        if st.finished and self.budget_spent():
+            self.say(done_message(self.run_dir, st, cfg))
+            return st
+        st.finished = False
         batches = self.batches()
         bar = tqdm(
             total=cfg.max_steps,
@@ -272,6 +282,11 @@ class Trainer:
         bar.close()
         self._finish()
         return st
+
+    def budget_spent(self) -> bool:
+        """Whether train.max_steps or train.max_minutes leaves no update to make."""
+        cfg, st = self.cfg, self.state
+        return st.step >= cfg.max_steps or 0 < cfg.max_minutes * 60 <= st.train_seconds
 
     def _after_update(self, bar) -> bool:
         """The clock, the cool-down, the progress shown, and what _after_step does; True when
