@@ -628,6 +628,7 @@ def test_every_whole_number_flag_refuses_a_long_digit_string_in_one_short_line(t
         "translate": [tiny_run],
         "eval": [tiny_run, "--src", tmp_path / "a", "--ref", tmp_path / "a"],
         "attention": [tiny_run, "a b", "-o", tmp_path / "att.png"],
+        "download": ["synthetic", "--out", tmp_path / "dl"],
     }
     tried = 0
     for name, cmd in typer.main.get_command(app).commands.items():
