@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from mt.data.batching import pad_sources, token_batches
+from mt.decode.search import normalised_score
 from mt.decode.translator import Translator
 from mt.runtime.device import autocast
 from mt.tokens import BOS, EOS, PAD
@@ -36,8 +37,9 @@ class Scored:
         return math.exp(-self.per_token)
 
     def normalised(self, length_penalty: float) -> float:
-        """The beam's score: logprob / tokens ** length_penalty."""
-        return self.logprob / self.tokens**length_penalty
+        """The beam's score: logprob / tokens ** length_penalty, as search computes it (a
+        penalty beyond a float's range underflows to 0 instead of overflowing)."""
+        return normalised_score(self.logprob, self.tokens, length_penalty)[0]
 
 
 def score_pairs(translator: Translator, sources: list[str], targets: list[str]) -> list[Scored]:

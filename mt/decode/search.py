@@ -338,7 +338,7 @@ class Finished:
         for s, n in enumerate(count):
             found = [
                 (
-                    *_normalised(raw[s][j], length[s][j] + 1, length_penalty),
+                    *normalised_score(raw[s][j], length[s][j] + 1, length_penalty),
                     tokens[s][j][: length[s][j]],
                 )
                 for j in range(n)
@@ -348,7 +348,7 @@ class Finished:
         return out
 
 
-def _normalised(raw: float, length: int, length_penalty: float) -> tuple[float, float]:
+def normalised_score(raw: float, length: int, length_penalty: float) -> tuple[float, float]:
     """(raw / length ** length_penalty, the log of its magnitude): where the power is beyond a
     float (a penalty of 1000 on 3 tokens) the score underflows to 0 and the log, computed in
     log space, still ranks the hypotheses (smaller: better)."""
