@@ -450,3 +450,32 @@ def test_each_pairs_token_ids_are_cached_apart_and_read_back_the_same(tmp_path, 
     assert np.array_equal(again.src.data, data.src.data) and np.array_equal(
         again.tgt.data, data.tgt.data
     )
+
+
+def test_user_text_cannot_carry_a_target_language_token():
+    """A model of several targets reads its language tokens whole wherever text holds them,
+    so a token typed into a source line (or a prefix) would choose the output's language
+    against the one asked for: the line is refused, naming it, in search, in the server's
+    pricing (source_lengths) and in mt score; the token the line leads with, a token the model
+    never reserved, and the same text for a bilingual model are text as before."""
+    from mt.data.tokenizer import HeldToken, Tokenizer, train_bpe
+    from mt.decode.options import OptionError
+    from mt.decode.scoring import score_pairs
+    from tests.conftest import tagged_translator
+
+    t = tagged_translator()
+    de = t.tokenizer.src.PieceToId(">>de<<")
+    assert de in t.tokenizer.encode_src([">>fr<< a man >>de<< rides"])[0]  # (why it matters)
+    lines = [">>fr<< a man rides", ">>fr<< >>de<< a man", ">>fr<< a >>hi<< man", ">>fr<< two>>de<<"]
+    for call in (t.translate, t.source_lengths, lambda x: score_pairs(t, x, ["a"] * len(x))):
+        with pytest.raises(HeldToken, match=r"line 2 holds '>>de<<'") as e:
+            call(lines)
+        assert e.value.index == 1
+        with pytest.raises(HeldToken, match="line 2 holds '>>de<<'"):
+            call([lines[0], lines[3]])
+    assert len(t.translate([lines[0], lines[2]], beam=1)) == 2
+    with pytest.raises(OptionError, match="holds '>>fr<<'") as e:
+        t.options(prefix="a >>fr<<")
+    assert e.value.field == "prefix"
+    bilingual = Tokenizer(train_bpe(["a man >>de<< rides"] * 20, vocab_size=30))
+    bilingual.check_sources([">>fr<< a >>de<< b"])

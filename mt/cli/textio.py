@@ -49,6 +49,7 @@ def interactive(translator, opts, lang: str | None = None) -> None:
     """stdin is a terminal: answer each line as it is typed (Ctrl-D ends); lang: the target
     language whose token leads each line (a model of several pairs)."""
     from mt.data.pairs import tagged
+    from mt.data.tokenizer import HeldToken
 
     _say("type a sentence and press Enter; Ctrl-D to quit")
     while True:
@@ -64,7 +65,10 @@ def interactive(translator, opts, lang: str | None = None) -> None:
         if line is None:
             _say("")
             return
-        print(translator.translate(tagged([line.rstrip("\n")], lang), opts)[0], flush=True)
+        try:
+            print(translator.translate(tagged([line.rstrip("\n")], lang), opts)[0], flush=True)
+        except HeldToken as e:  # a typed line: say so, and go on reading
+            _say(f"error: this line {str(e).removeprefix('line 1 ')}")
 
 
 def output_lines(translator, lines: list[str], opts, alignment: bool = False) -> list[str]:

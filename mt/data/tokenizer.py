@@ -19,6 +19,19 @@ from mt.outputs import write_bytes
 from mt.tokens import BOS, EOS, PAD, UNK
 
 
+class HeldToken(MTError):
+    """A source line (number `index`, from 0) holding a target-language token as text
+    (Tokenizer.held_token): the token would tell the model the output's language, against
+    the one the translation asks for."""
+
+    def __init__(self, index: int, token: str):
+        super().__init__(
+            f"line {index + 1} holds {token!r}, a target-language token of this model, as "
+            f"text: remove it (the target language is chosen by --tgt-lang)"
+        )
+        self.index, self.token = index, token
+
+
 def train_bpe(
     lines: Iterable[str],
     vocab_size: int,
@@ -129,6 +142,14 @@ class _Side:
     def __init__(self, sp: spm.SentencePieceProcessor, pieces: tuple[str, ...] | None):
         self.sp, self.pieces = sp, pieces
         self.ids = None if pieces is None else {p: i for i, p in enumerate(pieces)}
+        # the target-language tokens its BPE reserved (mt/data/pairs.py), which sentencepiece
+        # reads whole wherever a text holds them; a model with its own numbering (imported
+        # from transformers) reads one whole only at the head of a line, as MarianTokenizer
+        self.reserved = (
+            ()
+            if pieces is not None
+            else tuple(p for p in self.all_pieces() if p.startswith(">>") and p.endswith("<<"))
+        )
 
     @property
     def size(self) -> int:
@@ -154,6 +175,16 @@ class _Side:
         codes, rest = _language_code(line)
         i = self.sp.PieceToId(codes[0]) if codes else UNK
         return ((i,), rest.lstrip()) if i != UNK else ((), line)
+
+    def held_token(self, text: str, lead: bool) -> str | None:
+        """The reserved token `text` holds as text (past the one that leads it, where `lead`
+        allows one), which would reach the model as the token itself; None if it holds none."""
+        if not self.reserved or "<<" not in text:
+            return None
+        if lead:
+            codes, rest = _language_code(text)
+            text = rest if codes and codes[0] in self.reserved else text
+        return next((t for t in self.reserved if t in text), None)
 
     def decode(self, ids: list[list[int]]) -> list[str]:
         if self.pieces is None:
@@ -225,6 +256,20 @@ class Tokenizer:
         """Seed the sampling of `dropout` > 0 encodings (one generator per process), so that
         every rank, and a resumed run, segments an epoch identically."""
         seed_dropout(seed)
+
+    def held_token(self, text: str, side: str = "src") -> str | None:
+        """A target-language token (mt/data/pairs.py) that `text` holds as text, where the
+        model would read the token itself: past the one token a source line may lead with
+        (side src), anywhere in a target text (side tgt); None if it holds none. User text
+        that holds one is refused (Translator.check_sources): it would choose the language."""
+        return (self._src if side == "src" else self._tgt).held_token(text, side == "src")
+
+    def check_sources(self, lines: list[str]) -> None:
+        """Refuse source lines that hold a target-language token as text (held_token)."""
+        for i, line in enumerate(lines):
+            held = self._src.held_token(line, lead=True)
+            if held:
+                raise HeldToken(i, held)
 
     def decode_tgt(self, ids: list[list[int]]) -> list[str]:
         return self._tgt.decode(ids)

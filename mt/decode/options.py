@@ -10,9 +10,11 @@ from typing import TYPE_CHECKING, Any
 from mt.config.decode import MAX_BEAM
 from mt.decode.sampling import Sampling
 from mt.errors import MTError, shorten
+from mt.tokens import UNK
 
 if TYPE_CHECKING:
     from mt.config import DecodeConfig
+    from mt.data.tokenizer import Tokenizer
 
 
 MAX_SEED = 2**63 - 1  # (what a torch.Generator takes, and JSON's integers safely hold)
@@ -112,3 +114,24 @@ def _within(name: str, value: float, low: float, high: float) -> None:
     finite = isinstance(value, int) or math.isfinite(value)  # (an int of any size is exact)
     if not (finite and low <= value <= high):
         raise OptionError(name, f"{shorten(repr(value))}: must be from {low} to {high}")
+
+
+def check_prefix(prefix: str, ids: list[int], tokenizer: Tokenizer) -> None:
+    """Refuse a prefix (its subword `ids`) that no output can start with: a character the
+    model's BPE never saw (no piece: <unk>), or a target-language token held as text."""
+    held = tokenizer.held_token(prefix, "tgt")
+    if held:
+        raise OptionError(
+            "prefix",
+            f"holds {held!r}, a target-language token of this model, not text: leave it out "
+            f"(the target language is chosen by --tgt-lang, a request's tgt_lang)",
+        )
+    if UNK in ids:
+        unseen = sorted(c for c in set(prefix) if UNK in tokenizer.encode_tgt([c])[0])
+        raise OptionError(
+            "prefix",
+            f"{shorten(repr(prefix), 100)}: "
+            f"{shorten(', '.join(map(repr, unseen)), 60) or 'a piece'} never occurred in "
+            f"the model's training data (its BPE has no piece for it), so no output can "
+            f"start so: leave it out, or write it as the training data does",
+        )

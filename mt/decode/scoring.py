@@ -46,6 +46,7 @@ def score_pairs(translator: Translator, sources: list[str], targets: list[str]) 
     """Each (source, target) pair's Scored, in their order; the sources read as translation
     reads them (the run's text form, cut at what the model reads), the targets as training
     reads them. An empty target scores its end of sentence alone."""
+    translator.tokenizer.check_sources(sources)
     src_ids = translator.source_ids(sources)
     tgt_ids = translator.tokenizer.encode_tgt(translator.text.targets(targets))
     limit = translator.model.max_positions - 1

@@ -22,14 +22,14 @@ from mt.data.pairs import Languages
 from mt.data.textform import RAW, TextForm, text_form
 from mt.data.tokenizer import Tokenizer
 from mt.decode.mask_predict import mask_predict
-from mt.decode.options import DecodeOptions, OptionError
+from mt.decode.options import DecodeOptions, check_prefix
 from mt.decode.sampling import Sampling
 from mt.decode.search import EVERY_STEP, ON_DEVICE, decoding_steps, max_lengths, search
 from mt.decode.step import CompiledStep, compile_pays, describe_job
-from mt.errors import MTError, shorten
+from mt.errors import MTError
 from mt.model import Seq2Seq
 from mt.runtime.device import autocast, decode_dtype, fp32_matmuls, pick_device
-from mt.tokens import EOS, PAD, UNK
+from mt.tokens import EOS, PAD
 
 # one line's search result: (its source ids, [(output ids, score or None), ...] best first)
 Found = tuple[list[int], list[tuple[list[int], float | None]]]
@@ -153,15 +153,8 @@ class Translator:
         the run's), every bound checked (mt.decode.options), and a prefix that the model's
         BPE can write."""
         opts = DecodeOptions.from_config(self.cfg, **given)
-        if opts.prefix and UNK in self.prefix_ids(opts.prefix):
-            unseen = sorted(c for c in set(opts.prefix) if UNK in self.tokenizer.encode_tgt([c])[0])
-            raise OptionError(
-                "prefix",
-                f"{shorten(repr(opts.prefix), 100)}: "
-                f"{shorten(', '.join(map(repr, unseen)), 60) or 'a piece'} never occurred in "
-                f"the model's training data (its BPE has no piece for it), so no output can "
-                f"start so: leave it out, or write it as the training data does",
-            )
+        if opts.prefix:
+            check_prefix(opts.prefix, self.prefix_ids(opts.prefix), self.tokenizer)
         return opts
 
     def check_applies(self, **given: Any) -> None:
@@ -206,6 +199,7 @@ class Translator:
         run's with those `given`); progress: a bar on stderr when it is a terminal;
         on_step(step): after every decoder step (it may raise to stop)."""
         opts = opts or self.options(**given)
+        self.tokenizer.check_sources(lines)
         texts = [" ".join(line.split()) for line in lines]
         todo = [i for i, t in enumerate(texts) if t]
         ids = self.source_ids([texts[i] for i in todo])
@@ -234,6 +228,7 @@ class Translator:
 
     def source_lengths(self, lines: list[str]) -> list[int]:
         """Each line's source subwords, uncut (0 for an empty line), as search reads it."""
+        self.tokenizer.check_sources(lines)
         texts = [" ".join(line.split()) for line in lines]
         ids = self.tokenizer.encode_src(self.text.sources([t for t in texts if t]))
         it = iter(ids)

@@ -24,6 +24,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mt.data.pairs import lead_token, tagged
+from mt.data.tokenizer import HeldToken
 from mt.errors import MTError, shorten
 from mt.serve.batcher import Batcher, QueueFull, TimedOut, decode_seconds
 from mt.serve.decoding import decode_batch
@@ -312,12 +313,27 @@ def _in_language(req: TranslateRequest, translator) -> tuple[TranslateRequest, l
 def _admitted(model: Served, req: TranslateRequest, settings, limits: Limits) -> list[int]:
     """The sentences' source lengths, once the request's price is within the limits
     (mt/serve/limits.py: the decoding steps its sentences and its prefix may take)."""
-    lengths = model.translator.source_lengths(req.sentences)
-    prefix = settings.options.prefix
-    forced = len(model.translator.prefix_ids(prefix))
-    admit(lengths, settings.options, req.attention, model.translator.max_source_len,
-          attention_shape(model.info), limits,
-          model.info["architecture"] == "nat", forced)  # fmt: skip
+    try:
+        lengths = model.translator.source_lengths(req.sentences)
+    except HeldToken as e:
+        field = f"sentences.{e.index}"
+        raise BadRequest(
+            422,
+            f"{field}: holds {e.token!r}, a target-language token of this model, as text: "
+            f"remove it (tgt_lang chooses the target language)",
+            field,
+        ) from None
+    forced = len(model.translator.prefix_ids(settings.options.prefix))
+    admit(
+        lengths,
+        settings.options,
+        req.attention,
+        model.translator.max_source_len,
+        attention_shape(model.info),
+        limits,
+        model.info["architecture"] == "nat",
+        forced,
+    )
     return lengths
 
 
