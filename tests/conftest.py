@@ -167,7 +167,9 @@ def tagged_translator(targets=("de", "fr")):
     bpe = train_bpe(words, vocab_size=V, symbols=tuple(tag(t) for t in targets))
     pairs = tuple(Pair("en", t) for t in targets)
     languages = Languages(pairs, pairs[0])
-    return Translator(make_model(), Tokenizer(bpe), DecodeConfig(), torch.device("cpu"), None, languages)
+    return Translator(
+        make_model(), Tokenizer(bpe), DecodeConfig(), torch.device("cpu"), None, languages
+    )
 
 
 def make_src(lengths, seed=1):

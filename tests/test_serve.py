@@ -167,8 +167,37 @@ def test_info_and_health_describe_the_model(server, tiny_run):
     unique = {v.data_ptr(): v.numel() for v in weights.values() if v.is_floating_point()}
     assert info["parameters"] == sum(unique.values())  # tied matrices counted once
     assert server.http.get("/health").json()["status"] == "ok"
+    from mt.serve.schemas import ModelInfo
+
+    ModelInfo.model_validate(info)  # (the documented shape, no key left out of it)
     schema = server.http.get("/openapi.json").json()
-    assert "/translate" in schema["paths"]
+    assert schema["paths"]["/info"]["get"]["responses"]["200"]["content"]["application/json"][
+        "schema"
+    ] == {"$ref": "#/components/schemas/ModelInfo"}
+    fields = schema["paths"]["/translate"]["post"]["requestBody"]["content"]["application/json"]
+    fields = fields["schema"]["properties"]
+    assert fields["length_penalty"]["anyOf"][0]["maximum"] == 1000
+    assert fields["seed"]["anyOf"][0]["maximum"] == float(2**63 - 1)  # (OpenAPI: a number)
+    assert (
+        fields["sentences"]["maxItems"] == 64 and fields["sentences"]["items"]["maxLength"] == 1000
+    )
+
+
+def test_the_schema_states_the_limits_the_flags_set():
+    """/openapi.json gives --max-sentences and --max-chars as this server enforces them."""
+    batcher = Batcher(lambda s, _, __: list(s), max_wait=0.0)
+    try:
+        app = create_app(Served("m", ScriptedTranslator(), INFO, batcher), Limits(3, 7))
+        fields = app.openapi()["paths"]["/translate"]["post"]["requestBody"]["content"]
+        fields = fields["application/json"]["schema"]["properties"]
+        assert (
+            fields["sentences"]["maxItems"] == 3 and fields["sentences"]["items"]["maxLength"] == 7
+        )
+        assert fields["prefix"]["anyOf"][0]["maxLength"] == 7
+        other = create_app(Served("m", ScriptedTranslator(), INFO, batcher), Limits())
+        assert other.openapi()["paths"]["/translate"] != app.openapi()["paths"]["/translate"]
+    finally:
+        batcher.close(5)
 
 
 BAD = [
@@ -184,7 +213,7 @@ BAD = [
     ({"sentences": ["a"], "beam": 101}, 422, "beam", "100"),
     ({"sentences": ["a"], "beam": "5"}, 422, "beam", "integer"),
     ({"sentences": ["a"], "sample": True, "topp": 1.5}, 422, "topp", "less than or equal to 1"),
-    ({"sentences": ["a"], "sample": True, "temperature": 0}, 422, "temperature", "greater than 0"),
+    ({"sentences": ["a"], "sample": True, "temperature": 0}, 422, "temperature", "0.000001"),
     ({"sentences": ["a"], "topk": 3}, 422, "topk", "sample"),
     ({"sentences": ["a"], "sample": True, "beam": 3}, 422, "sample", "beam"),
     ({"sentences": ["a"], "nbest": 50, "beam": 4}, 422, "nbest", "beam of at least 50"),

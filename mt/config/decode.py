@@ -9,12 +9,16 @@ from pydantic import Field, model_validator
 from mt.config.section import Section
 
 MAX_BEAM = 100
+MAX_LENGTH_PENALTY = 1e3  # (finite up to it in log space: search.normalised_score)
 
 
 class DecodeConfig(Section):
     beam: int = Field(5, ge=1, le=MAX_BEAM, description="beam size; 1 = greedy")
     length_penalty: float = Field(
-        1.0, ge=0.0, le=1e3, description="scores are log-probability / length ** length_penalty"
+        1.0,
+        ge=0.0,
+        le=MAX_LENGTH_PENALTY,
+        description="scores are log-probability / length ** length_penalty",
     )
     max_len_a: float = Field(1.5, ge=0.0, le=1e3, description="max output length = a * src_len + b")
     max_len_b: int = Field(10, ge=1, le=1 << 20, description="see max_len_a")

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
-from mt.config.decode import MAX_BEAM
+from mt.config.decode import MAX_BEAM, MAX_LENGTH_PENALTY
 from mt.decode.sampling import Sampling
 from mt.errors import MTError, shorten
 from mt.tokens import UNK
@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from mt.data.tokenizer import Tokenizer
 
 
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-6, 1e3
+MAX_TOPK = 1 << 30
 MAX_SEED = 2**63 - 1  # (what a torch.Generator takes, and JSON's integers safely hold)
 
 
@@ -52,7 +54,7 @@ class DecodeOptions:
     def __post_init__(self) -> None:
         _within("beam", self.beam, 1, MAX_BEAM)
         _within("nbest", self.nbest, 1, MAX_BEAM)
-        _within("length_penalty", self.length_penalty, 0.0, 1e3)
+        _within("length_penalty", self.length_penalty, 0.0, MAX_LENGTH_PENALTY)
         _within("max_len_a", self.max_len_a, 0.0, 1e3)
         _within("max_len_b", self.max_len_b, 1, 1 << 20)
         _within("min_len", self.min_len, 0, 1 << 20)
@@ -60,8 +62,8 @@ class DecodeOptions:
         _within("nat_length_beam", self.nat_length_beam, 1, MAX_BEAM)
         if self.sampling is not None:
             s = self.sampling
-            _within("temperature", s.temperature, 1e-6, 1e3)
-            _within("topk", s.topk, 0, 1 << 30)
+            _within("temperature", s.temperature, MIN_TEMPERATURE, MAX_TEMPERATURE)
+            _within("topk", s.topk, 0, MAX_TOPK)
             if not 0.0 < s.topp <= 1.0:
                 raise OptionError("topp", f"{s.topp}: must be in (0, 1]")
             if s.seed is not None:

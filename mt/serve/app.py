@@ -15,6 +15,7 @@ import hmac
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from importlib import resources
 from typing import Any
 
@@ -23,7 +24,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from mt.data.pairs import lead_token, tagged
 from mt.data.tokenizer import HeldToken
 from mt.errors import MTError, shorten
 from mt.serve.batcher import Batcher, QueueFull, TimedOut, decode_seconds
@@ -35,6 +35,7 @@ from mt.serve.requests import (
     as_bad_request,
     check_json_type,
     error,
+    in_language,
     parse,
     read_body,
     settings_of,
@@ -42,10 +43,12 @@ from mt.serve.requests import (
 from mt.serve.schemas import (
     Health,
     ModelHealth,
+    ModelInfo,
     Models,
     TranslateAnswer,
     TranslateRequest,
     errors,
+    limited_openapi,
 )
 from mt.serve.web import LOOPBACK_NAMES, Framing, HeadAsGet, HostCheck, JsonCORS, page_policy
 
@@ -116,6 +119,7 @@ def create_app(
         redoc_url=None,
     )
     app.state.mt = Service(served, limits, api_key, metrics)
+    app.openapi = partial(limited_openapi, app, limits.max_sentences, limits.max_chars)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(BadRequest, _bad)
     app.add_exception_handler(RequestValidationError, _invalid)  # (a query parameter's)
@@ -251,7 +255,8 @@ async def models_list(request: Request) -> Any:
 @router.get(
     "/info",
     summary="A model: languages, architecture, size, training, decoding",
-    responses=errors(401, 421, 422),
+    response_model=None,  # (documented as ModelInfo, answered as model_info builds it)
+    responses={200: {"model": ModelInfo}, **errors(401, 421, 422)},
 )
 async def model_info(
     request: Request,
@@ -287,27 +292,9 @@ async def translate(request: Request) -> Any:
     request.state.model = model.name
     # (tokenizing up to 64 x 1,000 characters, off the event loop: /health/live answers)
     settings = await asyncio.to_thread(settings_of, req, model.translator, model.info)
-    req, warnings = _in_language(req, model.translator)
+    req, warnings = in_language(req, model.translator)
     lengths = await asyncio.to_thread(_admitted, model, req, settings, service.limits)
     return await _translated(request, model, req, settings, lengths, service.limits, warnings)
-
-
-def _in_language(req: TranslateRequest, translator) -> tuple[TranslateRequest, list[str]]:
-    """The request with its sentences led by the target-language token its src_lang and
-    tgt_lang ask for (a model of several pairs; mt/data/pairs.py), and the warnings for its
-    client (a direction never trained); a pair the model cannot translate is a 422 naming
-    the field."""
-    said: list[str] = []
-    try:
-        lang = lead_token(translator.languages, req.src_lang, req.tgt_lang, said.append)
-    except MTError as e:
-        raise BadRequest(
-            422, str(e), "tgt_lang" if req.tgt_lang is not None else "src_lang"
-        ) from None
-    warnings = [x.removeprefix("warning: ") for x in said]
-    if lang is None:
-        return req, warnings
-    return req.model_copy(update={"sentences": tagged(req.sentences, lang)}), warnings
 
 
 def _admitted(model: Served, req: TranslateRequest, settings, limits: Limits) -> list[int]:

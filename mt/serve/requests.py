@@ -1,6 +1,6 @@
 """Reading and checking one POST /translate: the body (JSON only, within --max-body, a
 client that leaves mid-body), its parse into TranslateRequest, the checks across its fields
-and against the model (its DecodeOptions), and the wait for its answer."""
+and against the model (its DecodeOptions, its language pairs), and the wait for its answer."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.requests import ClientDisconnect
 
+from mt.data.pairs import lead_token, tagged
 from mt.decode.options import OptionError
 from mt.decode.sampling import Sampling
-from mt.errors import shorten
+from mt.errors import MTError, shorten
 from mt.serve.decoding import Settings
 from mt.serve.limits import BadRequest
 from mt.serve.schemas import TranslateRequest
@@ -181,3 +182,21 @@ def settings_of(req: TranslateRequest, translator: Any, info: dict[str, Any]) ->
     except OptionError as e:
         raise BadRequest(422, str(e), e.field) from None
     return Settings(opts, alignment=req.alignment, attention=req.attention)
+
+
+def in_language(req: TranslateRequest, translator) -> tuple[TranslateRequest, list[str]]:
+    """The request with its sentences led by the target-language token its src_lang and
+    tgt_lang ask for (a model of several pairs; mt/data/pairs.py), and the warnings for its
+    client (a direction never trained); a pair the model cannot translate is a 422 naming
+    the field."""
+    said: list[str] = []
+    try:
+        lang = lead_token(translator.languages, req.src_lang, req.tgt_lang, said.append)
+    except MTError as e:
+        raise BadRequest(
+            422, str(e), "tgt_lang" if req.tgt_lang is not None else "src_lang"
+        ) from None
+    warnings = [x.removeprefix("warning: ") for x in said]
+    if lang is None:
+        return req, warnings
+    return req.model_copy(update={"sentences": tagged(req.sentences, lang)}), warnings

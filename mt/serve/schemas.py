@@ -4,11 +4,13 @@ generated HTTP reference page)."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from mt.config.decode import MAX_BEAM
+from mt.config.decode import MAX_BEAM, MAX_LENGTH_PENALTY
+from mt.decode.options import MAX_SEED, MAX_TEMPERATURE, MAX_TOPK, MIN_TEMPERATURE
 
 
 class TranslateRequest(BaseModel):
@@ -22,13 +24,21 @@ class TranslateRequest(BaseModel):
         None, description="the model's name (GET /models); unset: the server's only model"
     )
     beam: int | None = Field(None, ge=1, le=MAX_BEAM, description="beam size; 1 = greedy")
-    length_penalty: float | None = Field(None, ge=0.0, description="scores: logp / len^lp")
+    length_penalty: float | None = Field(
+        None, ge=0.0, le=MAX_LENGTH_PENALTY, description="scores: logp / len^lp"
+    )
     nbest: int = Field(1, ge=1, le=MAX_BEAM, description="translations per sentence, best first")
     sample: bool = Field(False, description="draw each token instead of searching")
-    temperature: float = Field(1.0, gt=0.0, description="sample: <1 sharper, >1 flatter")
-    topk: int = Field(0, ge=0, description="sample: only the k likeliest tokens (0: all)")
+    temperature: float = Field(
+        1.0, ge=MIN_TEMPERATURE, le=MAX_TEMPERATURE, description="sample: <1 sharper, >1 flatter"
+    )
+    topk: int = Field(
+        0, ge=0, le=MAX_TOPK, description="sample: only the k likeliest tokens (0: all)"
+    )
     topp: float = Field(1.0, gt=0.0, le=1.0, description="sample: the nucleus of this mass")
-    seed: int | None = Field(None, description="sample: repeatable draws (as mt translate --seed)")
+    seed: int | None = Field(
+        None, ge=0, le=MAX_SEED, description="sample: repeatable draws (as mt translate --seed)"
+    )
     prefix: str | None = Field(None, description="every translation starts with this text")
     src_lang: str | None = Field(
         None, max_length=32, description="a model of several pairs (GET /info's pairs): the "
@@ -71,6 +81,46 @@ class TranslateAnswer(BaseModel):
         description="what the client should know, where there is any: a direction the "
         "model was never trained on (zero-shot), say",
     )
+
+
+class DecodingInfo(BaseModel):
+    """The settings a request's unset fields take: the model's own, as tuned on valid."""
+
+    beam: int
+    length_penalty: float
+    max_len_a: float = Field(description="outputs of at most max_len_a * source length ...")
+    max_len_b: int = Field(description="... + max_len_b subwords")
+    nat_iterations: int | None = Field(None, description="mask-predict models only")
+    nat_length_beam: int | None = Field(None, description="mask-predict models only")
+
+
+class AttentionInfo(BaseModel):
+    available: bool = Field(description="whether a request may ask for attention: true")
+    why_not: str | None = Field(description="why not, where it is not available")
+    shape: list[int] | None = Field(description="[decoder layers, heads] of the weights")
+
+
+class ModelInfo(BaseModel):
+    """GET /info: what the server translates with."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="the model's name (a request's model field)")
+    mt_version: str
+    models: list[str] = Field(description="its checkpoints (run/file), several: an ensemble")
+    ensemble: bool
+    source_language: str = Field(description="several pairs: the default direction's")
+    target_language: str
+    pairs: list[str] = Field(description="the directions it was trained on (src-tgt)")
+    architecture: str = Field(description="model.arch: transformer, rnn, nat, ...")
+    model: dict[str, Any] = Field(description="its shape: d_model, layers, heads, ...")
+    parameters: int
+    training_steps: list[int] = Field(description="each checkpoint's updates")
+    trained_precision: str = Field(description="what training computed in: fp32, bf16, ...")
+    device: str
+    threads: int = Field(description="torch's threads on a CPU")
+    decoding: DecodingInfo
+    attention: AttentionInfo
 
 
 class ErrorBody(BaseModel):
@@ -129,3 +179,17 @@ _ERRORS = {
 def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """FastAPI's `responses` for these error statuses, each with the ErrorBody schema."""
     return {s: {"model": ErrorBody, "description": _ERRORS[s]} for s in statuses}
+
+
+def limited_openapi(app: Any, max_sentences: int, max_chars: int) -> dict[str, Any]:
+    """The app's OpenAPI schema (FastAPI's, made once) with the request limits this server
+    enforces, its --max-sentences and --max-chars: FastAPI.openapi in its place."""
+    if app.openapi_schema is None:
+        schema = copy.deepcopy(type(app).openapi(app))  # (its request schema is shared)
+        fields = schema["paths"]["/translate"]["post"]["requestBody"]["content"]
+        fields = fields["application/json"]["schema"]["properties"]
+        fields["sentences"].update(minItems=1, maxItems=max_sentences)
+        fields["sentences"]["items"]["maxLength"] = max_chars
+        fields["prefix"]["anyOf"][0]["maxLength"] = max_chars
+        app.openapi_schema = schema
+    return app.openapi_schema
