@@ -507,6 +507,46 @@ def test_over_the_cap_a_stalled_connection_goes_before_an_answered_idle_one():
         batcher.close(5)
 
 
+def test_a_connection_refused_at_the_cap_is_told_to_the_door():
+    """With 2 connections allowed and both busy with a request, a third is answered 503 and
+    closed, and the refusal is told (counted and logged by mt serve: mt.serve.observe.Door)."""
+    import uvicorn
+
+    from mt.serve.connections import guarded
+
+    gate, told = threading.Event(), []
+    batcher = Batcher(lambda s, _, __: (gate.wait(10), list(s))[1], max_wait=0.0, batching=False)
+    app = create_app(Served("m", ScriptedTranslator(), INFO, batcher), Limits())
+    port = free_port()
+    protocol = guarded(30.0, 30.0, 2, lambda *refusal: told.append(refusal))
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", http=protocol)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    body = b'{"sentences": ["a"]}'
+    ask = b"POST /translate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+    ask += b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    socks = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(2)]
+    try:
+        for sock in socks:
+            sock.sendall(ask)
+        time.sleep(0.3)  # (both requests are in)
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as third:
+            assert _response(third).startswith(b"HTTP/1.1 503 ")
+        assert told == [(told[0][0], 503, "max_connections")], told
+        gate.set()
+        assert all(_response(sock).startswith(b"HTTP/1.1 200 OK") for sock in socks)
+    finally:
+        gate.set()
+        for sock in socks:
+            sock.close()
+        server.should_exit = True
+        thread.join(10)
+        batcher.close(5)
+
+
 # -- strict input -----------------------------------------------------------------------------
 
 
@@ -609,6 +649,29 @@ def test_a_body_with_two_lengths_is_refused_on_every_path_and_hides_nothing(serv
             pytest.fail(f"the connection stayed open: {answer[:300]!r}")
     assert answer.startswith(b"HTTP/1.1 400 "), answer[:300]
     assert b"SMUGGLED" not in answer and answer.count(b"HTTP/1.1") == 1, answer
+
+
+def test_a_request_the_parser_refuses_is_counted_and_logged(server):
+    """A request h11 cannot parse is answered 400 by uvicorn before the app sees it: it is
+    counted (mt_refused_connections, mt_requests under the path "-") and logged as a
+    request is, with an id."""
+
+    def refused() -> float:
+        text = server.http.get("/metrics").text
+        name = 'mt_refused_connections_total{reason="malformed_request"}'
+        found = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+        return float(found.group(1)) if found else 0.0
+
+    before = refused()
+    with _connect(server) as sock:
+        sock.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+        sock.settimeout(5)
+        assert sock.recv(4096).startswith(b"HTTP/1.1 400 ")
+    assert refused() == before + 1
+    deadline = time.monotonic() + 5
+    while not any('"- -" 400' in line and "malformed_request id=" in line for line in server.lines):
+        assert time.monotonic() < deadline, server.lines[-5:]
+        time.sleep(0.05)
 
 
 def test_head_probes_get_routes_and_odd_expectations_and_hosts_are_answered_usefully(server):

@@ -29,7 +29,7 @@ from mt.errors import MTError, shorten
 from mt.serve.batcher import Batcher, QueueFull, TimedOut, decode_seconds
 from mt.serve.decoding import decode_batch
 from mt.serve.limits import BadRequest, Limits, admit, attention_shape, check_sizes
-from mt.serve.observe import ACCESS_LOG, Metrics, Observe
+from mt.serve.observe import ACCESS_LOG, Door, Metrics, Observe
 from mt.serve.requests import (
     answer,
     as_bad_request,
@@ -119,6 +119,7 @@ def create_app(
         redoc_url=None,
     )
     app.state.mt = Service(served, limits, api_key, metrics)
+    app.state.door = Door(metrics, log)  # (for the connections: mt/serve/connections.py)
     app.openapi = partial(limited_openapi, app, limits.max_sentences, limits.max_chars)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(BadRequest, _bad)

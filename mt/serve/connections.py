@@ -12,12 +12,14 @@ leaves open, so that careless or hostile clients cannot hold the server.
   limit_concurrency counts stalled sockets with the rest and answers 503 to everyone else.)
 
 Timed-out and dropped connections are closed without a log line: a flood of them must not fill
-the log."""
+the log. A request h11 cannot parse (answered 400 by uvicorn) and a connection refused at the
+cap are told to `refused` (mt.serve.observe.Door: counted, and logged as requests are)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import Any
 
 import h11
@@ -30,6 +32,10 @@ class GuardedH11Protocol(H11Protocol):
     header_timeout = 10.0
     body_timeout = 30.0
     max_connections = 1000
+
+    @staticmethod
+    def refused(client: tuple[str, int] | None, status: int, reason: str) -> None:
+        """Told of each refusal before a request reached the app (see `guarded`)."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -68,6 +74,10 @@ class GuardedH11Protocol(H11Protocol):
         if idle and not self.transport.is_closing():
             self.waiting_since = self.loop.time()
             self._arm(self.header_timeout, self._headers_late)
+
+    def send_400_response(self, msg: str) -> None:  # h11 could not parse the request
+        self.refused(self.client, 400, "malformed_request")
+        super().send_400_response(msg)
 
     def pause_writing(self) -> None:  # the client does not read what it asked for
         super().pause_writing()
@@ -132,14 +142,19 @@ class GuardedH11Protocol(H11Protocol):
             f"content-length: {len(body)}\r\nretry-after: 1\r\nconnection: close\r\n\r\n"
         )
         self.waiting_since = None
+        self.refused(self.client, 503, "max_connections")
         self.transport.write(head.encode() + body)
         self.transport.close()
 
 
 def guarded(
-    header_timeout: float, body_timeout: float, max_connections: int
+    header_timeout: float,
+    body_timeout: float,
+    max_connections: int,
+    refused: Callable[[tuple[str, int] | None, int, str], None] | None = None,
 ) -> type[GuardedH11Protocol]:
-    """The protocol class for uvicorn.Config(http=...), with these limits."""
+    """The protocol class for uvicorn.Config(http=...), with these limits; refused(client,
+    status, reason): told of each connection refused before the app saw a request."""
     return type(
         "GuardedH11Protocol",
         (GuardedH11Protocol,),
@@ -147,5 +162,6 @@ def guarded(
             "header_timeout": header_timeout,
             "body_timeout": body_timeout,
             "max_connections": max_connections,
+            **({"refused": staticmethod(refused)} if refused is not None else {}),
         },
     )

@@ -59,6 +59,12 @@ class Metrics:
             "mt_translate_requests", "translation requests by model and outcome",
             ["model", "outcome"], registry=r,
         )  # fmt: skip
+        # connections refused before a request reached the app: a request h11 could not
+        # parse (400), a connection over --max-connections with every other one busy (503)
+        self.refused = Counter(
+            "mt_refused_connections", "connections refused before a request was read",
+            ["reason"], registry=r,
+        )  # fmt: skip
         self.translate_latency = Histogram(
             "mt_translate_request_seconds", "a translation request's time, by model", ["model"],
             buckets=_SECONDS, registry=r,
@@ -123,6 +129,21 @@ class Observe:
                 self.metrics.translations.labels(model, outcome(status)).inc()
                 self.metrics.translate_latency.labels(model).observe(seconds)
             self.log(_line(scope, state, status, seconds, rid))
+
+
+class Door:
+    """What the connections (mt/serve/connections.py) refuse before the app sees a request,
+    counted (mt_refused_connections by reason, mt_requests under the path "-") and logged as
+    an access line of its own: `client "- -" STATUS 0.0 ms refused: REASON id=ID`."""
+
+    def __init__(self, metrics: Metrics, log: Callable[[str], None]) -> None:
+        self.metrics, self.log = metrics, log
+
+    def __call__(self, client: tuple[str, int] | None, status: int, reason: str) -> None:
+        self.metrics.refused.labels(reason).inc()
+        self.metrics.requests.labels("-", str(status)).inc()
+        address = _field(str((client or ("-", 0))[0]), 64)
+        self.log(f'{address} "- -" {status} 0.0 ms refused: {reason} id={uuid.uuid4().hex}')
 
 
 # how a translation request ended, by its status (mt.serve.app answers each case so)

@@ -93,7 +93,12 @@ def run(app, served: list, o: ServeOptions, say: Callable[[str], None]) -> None:
         log_level="warning",
         timeout_graceful_shutdown=int(o.timeout) + 1,
         timeout_keep_alive=int(o.keep_alive),
-        http=guarded(o.header_timeout, o.body_timeout, within_open_files(o.max_connections, say)),
+        http=guarded(
+            o.header_timeout,
+            o.body_timeout,
+            within_open_files(o.max_connections, say),
+            app.state.door,
+        ),
         # uvicorn trusts X-Forwarded-For from loopback by default: off, unless proxies are named
         proxy_headers=o.forwarded_allow_ips is not None,
         forwarded_allow_ips=o.forwarded_allow_ips or "",
