@@ -127,7 +127,8 @@ def test_a_forced_prefix_is_priced_by_the_steps_it_forces(server, tiny_run):
     started = time.monotonic()
     heavy = server.post({"sentences": ["a"] * 64, "beam": 100, "prefix": prefix})
     error = _one_line(heavy, 413, "--max-cost", "the prefix included")
-    assert f"{64 * 100 * (forced + 1):,}" in error["error"]
+    steps = forced + 1  # (each step t counted 1 + t/32: the sum of 1..steps, over 32)
+    assert f"{64 * 100 * (steps + steps * (steps + 1) // 64):,}" in error["error"]
     assert time.monotonic() - started < 2
     looking = server.post({"sentences": ["a"] * 32, "beam": 1, "prefix": prefix, "attention": True})
     _one_line(looking, 413, "--max-attention-cells")
@@ -175,15 +176,68 @@ def test_a_stream_of_prefixed_requests_does_not_starve_a_normal_client(
     assert p99 < 2.0, (p99, len(normal))
 
 
+@pytest.mark.slow
+def test_every_request_admitted_under_the_cap_is_answered_within_the_timeout(tiny_run, sentences):
+    """The default limits (--max-cost 100,000, --timeout 30) over prefix lengths x beams x
+    sentence counts: each request is refused at once (413) or answered within --timeout (a
+    request at the old price's cap, 5 one-word sentences at beam 100 behind a 199-word prefix,
+    ran past it), and a neighbour translating one sentence meanwhile is answered within it
+    too; the slowest admitted request and the neighbour's 99th percentile are printed."""
+    server = Server(tiny_run)
+    long = " ".join(sentences[:4])
+    grid = [
+        (prefix, beam, count)
+        for prefix in ("", "VIFO " * 20, "VIFO " * 60, "VIFO " * 199)
+        for beam in (1, 10, 100)
+        for count in (1, 8, 64)
+    ]
+    waits: list[float] = []
+    done = threading.Event()
+
+    def neighbour() -> None:
+        with httpx.Client(base_url=server.url, timeout=60) as http:
+            while not done.is_set():
+                started = time.monotonic()
+                assert http.post("/translate", json={"sentences": ["a b c"]}).status_code == 200
+                waits.append(time.monotonic() - started)
+
+    admitted = []
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            beside = pool.submit(neighbour)
+            for prefix, beam, count in grid:
+                body = {"sentences": [long] * count, "beam": beam, "prefix": prefix or None}
+                started = time.monotonic()
+                answer = server.post(body)
+                seconds = time.monotonic() - started
+                assert answer.status_code in (200, 413), (body, answer.text[:200])
+                assert seconds < (30 if answer.status_code == 200 else 2), (body, seconds)
+                if answer.status_code == 200:
+                    admitted.append((seconds, len(prefix.split()), beam, count))
+            done.set()
+            beside.result()
+    finally:
+        done.set()
+        server.stop()
+    p99 = sorted(waits)[int(0.99 * (len(waits) - 1))]
+    print(
+        f"admitted {len(admitted)} of {len(grid)}; slowest {max(admitted)}; neighbour: "
+        f"{len(waits)} requests, p99 {p99:.2f} s, slowest {max(waits):.2f} s"
+    )
+    assert len(admitted) >= 9 and max(waits) < 30
+
+
 def test_the_price_is_the_hypotheses_times_each_sentences_steps():
     """Counted by hand: sources of 3 and 5 subwords (4 and 6 with EOS) at max_len 1.5 x + 10
-    may take 16 and 19 steps; a 30-subword prefix makes each take 31; a beam of 4 keeps 4
-    hypotheses for each: 4 x (16 + 19) without the prefix, 4 x (31 + 31) with it."""
+    may take 16 and 19 steps; a 30-subword prefix makes each take 31; step t counts
+    1 + t/32, so 16 steps are 16 + 136/32 = 20 (rounded down), 19 are 19 + 190/32 = 24 and
+    31 are 31 + 496/32 = 46; a beam of 4 keeps 4 hypotheses for each: 4 x (20 + 24) without
+    the prefix, 4 x (46 + 46) with it."""
     from mt.decode.options import DecodeOptions
     from mt.serve.limits import BadRequest, Limits, admit
 
     opts = DecodeOptions(beam=4, max_len_a=1.5, max_len_b=10)
-    for forced, price in ((0, 4 * (16 + 19)), (30, 4 * (31 + 31))):
+    for forced, price in ((0, 4 * (20 + 24)), (30, 4 * (46 + 46))):
         admit([3, 5], opts, False, 255, (1, 1), Limits(max_cost=price), forced=forced)
         with pytest.raises(BadRequest, match=f"request cost {price:,}"):
             admit([3, 5], opts, False, 255, (1, 1), Limits(max_cost=price - 1), forced=forced)

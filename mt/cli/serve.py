@@ -47,9 +47,17 @@ MaxWait = Annotated[float, _flag("--max-wait-ms", "how long a batch waits for mo
                     min=0.0, max=60000.0)]  # fmt: skip
 Batching = Annotated[bool, _flag("--batching/--no-batching", "decode requests together (off: "
                      "one at a time)")]  # fmt: skip
-MaxCost = Annotated[int, _flag("--max-cost", "per request: the beam x the decoding steps its "
-                    "sentences may take (each one's length limit, or the prefix), at most",
-                    min=1, max=1 << 40)]  # fmt: skip
+MaxCost = Annotated[
+    int,
+    _flag(
+        "--max-cost",
+        "per request: the beam x the work of the decoding steps its sentences may take (each "
+        "one's length limit, or the prefix; a step with t outputs behind it counts 1 + t/32), "
+        "at most",
+        min=1,
+        max=1 << 40,
+    ),
+]
 MaxCells = Annotated[int, _flag("--max-attention-cells", "per request: the attention weights it "
                      "may ask for (layers x heads x target x source, summed)", min=1,
                      max=1 << 31)]  # fmt: skip

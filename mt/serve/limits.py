@@ -19,11 +19,26 @@ class Limits:
     max_chars: int = 1000  # per sentence
     max_body: int = 1 << 20  # bytes
     timeout: float = 30.0  # seconds a request may wait for its answer
-    # the decoding work: hypotheses kept (the beam) x the decoding steps a sentence may take
-    # (its length limit or the forced prefix), summed over sentences
+    # the decoding work: hypotheses kept (the beam) x the work of the decoding steps a
+    # sentence may take (its length limit or the forced prefix: step_work), summed over
+    # sentences
     max_cost: int = 100_000
     # the attention weights returned: layers x heads x target x source, summed over sentences
     max_attention_cells: int = 500_000
+
+
+# A decoder step of one hypothesis costs more as its cache grows: it attends over, and a beam
+# reorder copies, every past position's keys and values. Timed on the tiny config's model on a
+# CPU core (docs/deployment.md), a step with t positions behind it costs about 1 + t / 32 of a
+# first step's work; a wider model spends more of each step in its layers and output, so this
+# overstates its growth, never understates it.
+CACHE_DOUBLING = 32
+
+
+def step_work(steps: int) -> int:
+    """The work of `steps` decoder steps of one hypothesis, in first steps: the sum over
+    t = 1..steps of 1 + t / CACHE_DOUBLING, rounded down."""
+    return steps + steps * (steps + 1) // (2 * CACHE_DOUBLING)
 
 
 class BadRequest(Exception):
@@ -76,8 +91,9 @@ def admit(
     forced: int = 0,
 ) -> None:
     """Refuse a request the model would cut (a sentence longer than it reads) or whose cost
-    is over the limits, priced by what the search will do: each sentence's decoding steps
-    (its length limit, or the forced prefix when that is longer) x the hypotheses kept.
+    is over the limits, priced by the most the search may do: the work (step_work) of each
+    sentence's decoding steps (its length limit, or the forced prefix when that is longer) x
+    the hypotheses kept. (A search may run to its limit: a forced prefix always does.)
     lengths: each sentence's source subwords; attention_shape: the decoder's (layers, heads)
     of cross-attention; forced: the prefix's target subwords."""
     for i, n in enumerate(lengths):
@@ -90,14 +106,14 @@ def admit(
             )
     width = opts.nat_length_beam if non_autoregressive else _hypotheses(opts)
     steps = [decoding_steps(n, opts, forced, max_source_len) for n in lengths if n]
-    cost = width * sum(steps)
+    cost = width * sum(map(step_work, steps))
     if cost > limits.max_cost:
         raise BadRequest(
             413,
-            f"request cost {cost:,} (the beam, {width}, x the decoding steps its sentences may "
-            f"take, {sum(steps):,}{', the prefix included' if forced else ''}): at most "
-            f"{limits.max_cost:,} (--max-cost); send fewer or shorter sentences, a shorter "
-            f"prefix, or a smaller beam",
+            f"request cost {cost:,} (the beam, {width}, x the work of the {sum(steps):,} "
+            f"decoding steps its sentences may take{', the prefix included' if forced else ''}, "
+            f"each dearer as the output grows): at most {limits.max_cost:,} (--max-cost); send "
+            f"fewer or shorter sentences, a shorter prefix, or a smaller beam",
             "sentences",
         )
     if attention:
