@@ -43,6 +43,17 @@ def test_wrong_type_names_key():
         validate({"tokenizer": {"joint": "yes"}}, "x.yaml")
 
 
+def test_a_yaml_boolean_where_text_belongs_is_named_with_the_fix(tmp_path):
+    """YAML 1.1 reads an unquoted no (Norwegian), on or off as a boolean: the error says so
+    and how to write it, not "a valid string (got False)"."""
+    config = tmp_path / "c.yaml"
+    config.write_text("data:\n  src_lang: no\n  tgt_lang: en\n")
+    with pytest.raises(MTError, match=r'data\.src_lang: YAML reads .* \(False\).* quote it.*"no"'):
+        load_config(config)
+    config.write_text('data:\n  src_lang: "no"\n  tgt_lang: en\n')
+    assert load_config(config).data.src_lang == "no"
+
+
 @pytest.mark.parametrize(
     "raw,key",
     [

@@ -57,6 +57,11 @@ def _describe(err: ErrorDetails) -> str:
         return f"{key}: unknown key{hint}"
     if err["type"] == "model_type" and len(loc) == 1:  # (a section written as a value)
         return f"{key}: expected a section of settings (key: value lines), not {err.get('input')!r}"
+    if err["type"] == "string_type" and isinstance(err.get("input"), bool):
+        return (
+            f"{key}: YAML reads an unquoted yes, no, on, off, true or false as a boolean "
+            f"({err['input']}), not text: quote it, as in {loc[-1]}: \"no\""
+        )
     msg = err["msg"]
     if err["type"] == "value_error":
         msg = msg.removeprefix("Value error, ")

@@ -27,7 +27,7 @@ from mt.data.download import download, downloaded_into, is_empty_folder
 from mt.data.pairs import Languages, Pair, tag, tagged
 from mt.data.textform import text_form
 from mt.data.tokenizer import Tokenizer
-from mt.errors import MTError
+from mt.errors import MTError, shorten
 
 
 def prepare_data(
@@ -239,6 +239,13 @@ def _fetch(cfg: Config, missing: list[tuple[str, Pair]], log) -> None:
     if d.dataset is None or not (is_empty_folder(folder) or own == d.dataset):
         raise MTError(_no_split_message(cfg, *missing[0], own))
     split, pair = missing[0]
+    strange = [lang for lang in langs.every if lang not in ("src", "tgt")]
+    if d.dataset == "synthetic" and strange:
+        raise MTError(
+            f"the synthetic corpus (data.dataset) has the languages src and tgt, not "
+            f"{shorten(repr(strange[0]))}: set data.src_lang=src and data.tgt_lang=tgt, or "
+            f"data.dir and data.dataset to your corpus's folder and name"
+        )
     names = ", ".join(Path(f).name for f in split_paths(d.dir, split, pair.src, pair.tgt))
     log(
         f"data.dir {folder.resolve()} has no {split} split ({names}): downloading the "
