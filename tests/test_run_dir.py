@@ -44,6 +44,37 @@ def test_a_locked_run_directory_is_refused_with_the_holders_pid(tmp_path):
     finally:
         lock.release()
     assert not (run / "config.yaml").exists()
+    assert not (run / ".lock").exists()  # removed by its holder as it let go
+
+
+def test_a_lock_removed_as_another_takes_it_is_not_shared(tmp_path):
+    """A taker that opened the lock file just before its holder removed it locks a file no
+    longer in the folder: it takes the new one instead, so two runs never both hold it."""
+    from mt.outputs import training_in
+
+    first = RunLock(tmp_path)
+    stale = open(tmp_path / ".lock", encoding="utf-8")  # noqa: SIM115 (the taker's handle)
+    real_open = open
+    handed = []
+
+    def open_stale_once(path, *args, **kwargs):  # (the race: the taker gets the old file)
+        if not handed and str(path).endswith(".lock"):
+            handed.append(path)
+            first.release()
+            return stale
+        return real_open(path, *args, **kwargs)
+
+    import builtins
+
+    builtins.open, saved = open_stale_once, builtins.open
+    try:
+        second = RunLock(tmp_path)
+    finally:
+        builtins.open = saved
+    assert handed and stale.closed  # the old file was seen for what it was and let go
+    assert training_in(tmp_path) == str(os.getpid())
+    second.release()
+    assert training_in(tmp_path) is None and not (tmp_path / ".lock").exists()
 
 
 def test_a_second_training_process_is_refused_and_a_stale_lock_taken_over(tmp_path):
@@ -68,6 +99,7 @@ def test_a_second_training_process_is_refused_and_a_stale_lock_taken_over(tmp_pa
 def test_a_config_change_that_cannot_be_honoured_is_refused_before_writing(tmp_path):
     run, data = tmp_path / "run", tmp_path / "data"
     assert _train(run, data, "train.max_steps=20", "train.save_every=10").returncode == 0
+    assert not (run / ".lock").exists()  # (a run that ends leaves no lock naming a dead pid)
     before = _snapshot(run)
     proc = _train(run, data, "train.max_steps=40", "model.d_model=32", "--allow-config-change")
     assert_user_error(proc, "model.d_model", "cannot change", "another --run-dir")
