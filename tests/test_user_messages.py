@@ -48,6 +48,27 @@ def test_mt_report_shows_what_mt_tune_chose(tiny_run, tmp_path):
     assert "No decoding tuning" not in html and "chosen" in html
 
 
+def test_mt_tune_says_how_to_restore_what_it_replaced(tiny_run, tmp_path):
+    """mt tune rewrites best.pt's decoding settings: the ones it replaced are printed with the
+    command that stores them again, which does."""
+    run = _copy(tiny_run, tmp_path)
+    before = _decoding(run)
+    other = 3 if before[0] != 3 else 2  # (a beam: greedy search has no length penalty)
+    code, out, err = mt_here("tune", run, "--beams", str(other), "--length-penalties", "0.25")
+    assert code == 0 and _decoding(run)[:2] == (other, 0.25), err
+    said = out.splitlines()[-1]
+    assert f"it was beam {before[0]}, length penalty {before[1]}" in said, out
+    restore = said.split(": ", 1)[1].removesuffix(" restores it)").split()
+    assert restore[:3] == ["mt", "tune", str(run)], said
+    code, _, err = mt_here(*restore[1:])
+    assert code == 0 and _decoding(run)[:2] == before[:2], err
+
+
+def _decoding(run) -> tuple:
+    decode = checkpoint.load(run / "best.pt")["config"]["decode"]
+    return decode["beam"], decode["length_penalty"], decode
+
+
 def test_a_damaged_best_pt_is_said_and_set_aside_on_resume(tiny_run, tmp_path):
     """Translating with a damaged best.pt names the run's other checkpoint (not the damaged
     one); resuming moves it aside, says so, and the next validation writes a new best.pt."""

@@ -157,7 +157,22 @@ def _tune_run(run_dir: Path, lists_for, src, ref, device: str) -> None:
     for g in rec["grid"]:
         typer.echo(f"{describe_settings(g):<50} BLEU {g['valid_bleu']:.2f}")
     log_tuning(run_dir, rec, checkpoint.train_counters(best).get("step", 0))
-    typer.echo(f"stored in {run_dir / 'best.pt'}: {describe_settings(rec['tuned_decoding'])}")
+    chosen = rec["tuned_decoding"]
+    was = {k: getattr(cfg.decode, k) for k in chosen if k != "valid_bleu"}
+    typer.echo(f"stored in {run_dir / 'best.pt'}: {describe_settings(chosen)}")
+    if was != {k: chosen[k] for k in was}:
+        typer.echo(f"(it was {describe_settings(was)}: {_retune(run_dir, was)} restores it)")
+
+
+def _retune(run_dir: Path, settings: dict) -> str:
+    """The mt tune command whose one-point grid stores `settings` again."""
+    flags = {
+        "beam": "--beams",
+        "length_penalty": "--length-penalties",
+        "nat_length_beam": "--nat-length-beams",
+        "nat_iterations": "--nat-iterations",
+    }
+    return f"mt tune {run_dir} " + " ".join(f"{flags[k]} {v}" for k, v in settings.items())
 
 
 def _tune_members(run_dir: Path, dirs: list[Path], lists_for, src, ref, device: str) -> None:
