@@ -159,3 +159,16 @@ def test_a_relative_data_dir_that_cannot_be_fetched_says_where_it_was_looked_for
     code, _, err = mt_here("train", "tiny", "--run-dir", "r", "--set", *sets)
     assert code == 2 and "is relative to the current folder" in err and str(tmp_path) in err, err
     assert not (tmp_path / "corpus").exists() or not any((tmp_path / "corpus").rglob("*.en"))
+
+
+def test_translating_a_run_that_has_not_validated_says_which_step(tiny_run, tmp_path):
+    """A run with no best.pt yet is translated with its last.pt: the line says so, and at
+    which step (a user otherwise takes it for the validated model)."""
+    run = _copy(tiny_run, tmp_path)
+    (run / "best.pt").unlink()
+    step = checkpoint.trained_steps(checkpoint.load(run / "last.pt"))
+    code, out, err = mt_here("translate", run, input="a b c\n")
+    assert code == 0 and out.strip(), err
+    assert f"last.pt (step {step:,}: the run has not validated yet" in err, err
+    code, _, err = mt_here("translate", tiny_run, input="a b c\n")
+    assert code == 0 and "not validated" not in err, err

@@ -66,6 +66,7 @@ class Translator:
         # how many jobs like each search call this translator will decode (validation: one per
         # validation of the run; a server: without end), for decode.compile_step auto
         self.repeats: float = 1
+        self.step = 0  # the updates its (first) model was trained (from_trained)
 
     @classmethod
     def load(
@@ -96,7 +97,7 @@ class Translator:
     ) -> Translator:
         """From a checkpoint already opened (mt.artifacts.checkpoint.open_trained)."""
         dev = pick_device(device, "--device")
-        return cls(
+        translator = cls(
             run.model.to(dev).eval(),
             run.tokenizer,
             run.config.decode,
@@ -105,6 +106,8 @@ class Translator:
             Languages.of(run.config.data),
             text_form(run.config.data),
         )
+        translator.step = checkpoint.trained_steps(run.ckpt)
+        return translator
 
     @property
     def searches_on_device(self) -> bool:
@@ -176,6 +179,8 @@ class Translator:
     def describe(self, paths: list[Path], opts: DecodeOptions) -> str:
         """One line: which model(s) and which decoding settings a translation uses."""
         what = f"an ensemble of {len(paths)} models" if len(paths) > 1 else str(paths[0])
+        if len(paths) == 1 and paths[0].name == "last.pt":  # (mt translate RUN before best.pt)
+            what += f" (step {self.step:,}: the run has not validated yet, so has no best.pt)"
         if self.non_autoregressive:
             how = (
                 f"mask-predict, {opts.nat_iterations} iterations, "
