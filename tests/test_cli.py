@@ -99,6 +99,10 @@ def test_bad_flags_exit_2(tiny_run, tmp_path):
     code, _, err = mt_here("translate", tiny_run, "--tgt-lang", "tgt", "-o", tmp_path / "h",
                            input="a\n")  # fmt: skip
     assert code == 0, err
+    code, _, err = mt_here("translate", tiny_run, "--greedy", "--beam", "5", input="a\n")
+    assert code == 2 and "--greedy is --beam 1, and --beam 5 was given too" in err, err
+    code, _, err = mt_here("translate", tiny_run, "--greedy", "--beam", "1", input="a\n")
+    assert code == 0, err
 
 
 def test_rerun_refuses_a_different_config(tiny_run):

@@ -116,6 +116,8 @@ def translate_cmd(
 
     _check_device(device)
     _check_beam(beam)
+    if greedy and beam not in (None, 1):
+        raise MTError(f"--greedy is --beam 1, and --beam {beam} was given too: give one of them")
     sampling = Sampling.from_flags(sample, temperature, topk, topp, seed, beam, nbest)
     if print_alignment and (len(models) > 1 or nbest > 1 or sampling):
         raise MTError("--print-alignment works with one model and one translation per line")
