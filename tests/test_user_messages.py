@@ -101,8 +101,9 @@ def test_a_split_that_is_not_a_text_file_is_named(tiny_run, tmp_path, kind):
 
 def test_settings_a_user_gets_wrong_are_answered(tiny_run, tmp_path):
     """ddp without torchrun: a note, and the run goes on; model.init_encoder takes a run
-    directory as every command does; a key as other toolkits spell it is pointed to mt's; the
-    synthetic corpus asked for a language it lacks is refused before anything is written."""
+    directory as every command does; a key as other toolkits spell it is pointed to mt's;
+    data.pair_temperature on one pair is said to do nothing; the synthetic corpus asked for
+    a language it lacks is refused before anything is written."""
     data = _train_data(tiny_run).dir
     common = ["train", "tiny", "--set", f"data.dir={data}", "train.max_steps=2",
               "train.valid_every=2", "train.save_every=2", "train.average_last=0"]  # fmt: skip
@@ -112,6 +113,8 @@ def test_settings_a_user_gets_wrong_are_answered(tiny_run, tmp_path):
     assert code == 0 and "encoder initialised from" in err, err
     code, _, err = mt_here(*common, "train.warmup_steps=10", "--run-dir", tmp_path / "c")
     assert code == 2 and "did you mean 'warmup'" in err, err
+    code, _, err = mt_here(*common, "data.pair_temperature=5", "--run-dir", tmp_path / "e")
+    assert code == 0 and "this run has one pair, so it does nothing" in err, err
     synthetic = ["train", "tiny", "--set", f"data.dir={tmp_path / 'empty'}", "data.src_lang=no"]
     code, _, err = mt_here(*synthetic, "--run-dir", tmp_path / "d")
     assert code == 2 and "languages src and tgt, not 'no'" in err and "downloading" not in err, err

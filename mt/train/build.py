@@ -138,6 +138,11 @@ def build_trainer(
     if t.data_parallel == "ddp" and not dist.enabled:
         log("note: train.data_parallel ddp applies to several processes (torchrun "
             "--nproc_per_node N -m mt train ...); this run is one process")  # fmt: skip
+    if cfg.data.pair_temperature != 1.0 and len(cfg.data.pairs) < 2:
+        log(
+            f"note: data.pair_temperature {cfg.data.pair_temperature:g} weighs the pairs of "
+            f"data.pairs; this run has one pair, so it does nothing"
+        )
     if not dist.is_main:
         log = _quiet
     lock = prepare_run_dir(
