@@ -70,6 +70,7 @@ def test_eval_scores_hyp_file_and_model(tiny_run, tmp_path):
     assert res["chrf_pp"] == 100.0 and res["ter"] == 0.0 and "nw:2" in res["chrf_pp_signature"]
     proc = run_mt("eval", "--hyp", ref, "--ref", ref)
     assert "BLEU = 100.00" in proc.stdout and "version:" in proc.stdout
+    assert "is a reference line for line" in proc.stderr  # (a score that says nothing)
     short = tmp_path / "short"
     short.write_text("one line\n")
     assert_user_error(run_mt("eval", "--hyp", short, "--ref", ref), "same number of lines")
@@ -86,6 +87,32 @@ def test_eval_scores_hyp_file_and_model(tiny_run, tmp_path):
     model_scores = json.loads(by_model.stdout.strip().splitlines()[-1])
     assert model_scores == json.loads(by_file.stdout.strip().splitlines()[-1])
     assert 0 < model_scores["bleu"] < 100
+    assert "reference line for line" not in by_file.stderr
+
+
+def test_eval_reads_standard_input_and_reports_the_metrics_chosen(tmp_path):
+    """--hyp - scores what a pipe gives (mt translate ... | mt eval --hyp - ...), as the file
+    scores; --metrics reports those chosen only, and a name it lacks is one line."""
+    (tmp_path / "r").write_text("the cat sat on the mat\na dog runs\n")
+    (tmp_path / "h").write_text("the cat sat on a mat\na dog ran\n")
+    flags = ["--ref", tmp_path / "r", "--json"]
+    code, by_file, err = mt_here("eval", "--hyp", tmp_path / "h", *flags)
+    assert code == 0, err
+    code, piped, err = mt_here("eval", "--hyp", "-", *flags, input=(tmp_path / "h").read_text())
+    assert code == 0 and piped == by_file, err
+    code, out, err = mt_here("eval", "--hyp", tmp_path / "h", *flags, "--metrics", "ter,BLEU")
+    assert code == 0, err
+    chosen = json.loads(out)
+    assert chosen["bleu"] == json.loads(by_file)["bleu"] and "ter" in chosen
+    assert "chrf" not in chosen and "chrf_pp" not in chosen, chosen
+    code, out, _ = mt_here(
+        "eval", "--hyp", tmp_path / "h", "--ref", tmp_path / "r", "--metrics", "chrf++"
+    )
+    assert out.startswith("chrF++ = ") and "BLEU" not in out, out
+    code, _, err = mt_here("eval", "--hyp", tmp_path / "h", *flags, "--metrics", "bleu,meteor")
+    assert code == 2 and "--metrics 'bleu,meteor': choose among bleu, chrf, chrf++, ter" in err
+    code, _, err = mt_here("eval", "--hyp", "-", "--hyp", "-", *flags, input="a\nb\n")
+    assert code == 2 and "give it once" in err, err
 
 
 def test_bad_flags_exit_2(tiny_run, tmp_path):

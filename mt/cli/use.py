@@ -67,7 +67,19 @@ References = Annotated[
 ]
 Hypotheses = Annotated[
     list[Path] | None,
-    typer.Option("--hyp", help="score this file instead of translating; repeat to compare systems"),
+    typer.Option(
+        "--hyp",
+        help="score this file (- : standard input) instead of translating; repeat to compare "
+        "systems",
+    ),
+]
+Metrics = Annotated[
+    str | None,
+    typer.Option(
+        "--metrics",
+        help="the metrics to report, comma-separated among bleu, chrf, chrf++, ter (default: "
+        "all; one system)",
+    ),
 ]
 Intervals = Annotated[
     bool, typer.Option("--ci", help="bootstrap 95% confidence intervals (1,000 resamples)")
@@ -184,6 +196,7 @@ def eval_cmd(
     device: Device = "auto",
     precision: Precision = "auto",
     moses_lang: LcTok = None,
+    metrics: Metrics = None,
 ):
     """Score with sacreBLEU (BLEU, chrF, chrF++, TER) against raw references, printing the
     signatures. Two or more systems (--hyp files or models) are compared with the first as
@@ -192,15 +205,23 @@ def eval_cmd(
     \b
     Examples: mt eval runs/multi30k_de_en --src test.de --ref test.en
               mt eval --hyp out.en --ref test.en --ci
+              mt translate runs/multi30k_de_en -i test.de | mt eval --hyp - --ref test.en
               mt eval --hyp base.en --hyp new.en --ref test.en
     """
+    from mt.cli.textio import read_input
     from mt.evaluate import compare
     from mt.evaluate.metrics import check_moses_lang
 
     _check_device(device)
     _check_beam(beam)
+    chosen = compare.metrics_of(metrics)
     if moses_lang:
         check_moses_lang(moses_lang)  # before any translating
+    if metrics is not None and len(hyps or []) + len(models or []) > 1:
+        raise MTError(
+            "--metrics chooses one system's scores; a comparison of several reports BLEU "
+            "and chrF: leave it out"
+        )
     settings = {
         "beam": beam,
         "length_penalty": length_penalty,
@@ -210,19 +231,25 @@ def eval_cmd(
         "precision": precision,
     }
     systems = compare.systems(
-        list(models or []), list(hyps or []), src, (src_lang, tgt_lang), **settings
+        list(models or []), list(hyps or []), src, (src_lang, tgt_lang), read_input, **settings
     )
-    _report(systems, ref, ci, moses_lang, as_json)
+    _report(systems, ref, ci, moses_lang, as_json, chosen)
 
 
-def _report(systems, ref: list[Path], ci: bool, moses_lang: str | None, as_json: bool) -> None:
-    """mt eval's scores: one system's, or a table of several against the first."""
+def _report(systems, ref: list[Path], ci: bool, moses_lang, as_json: bool, chosen) -> None:
+    """mt eval's scores: one system's (the metrics `chosen`), or a table of several against
+    the first."""
     from mt.evaluate import compare
     from mt.evaluate.metrics import paired_significance
 
     refs = compare.references(ref)
+    for name in compare.same_as_references(systems, refs):
+        _err(
+            f"note: {name} is a reference line for line (--hyp given a --ref file?): its "
+            f"scores say nothing of a model"
+        )
     if len(systems) == 1:
-        result = compare.one_system(systems[0][1], refs, ci, moses_lang)
+        result = compare.one_system(systems[0][1], refs, ci, moses_lang, chosen)
         if as_json:  # (the files' names, which a model card shows as the test set's)
             typer.echo(json.dumps({**result, "references": [p.name for p in ref]}))
         else:

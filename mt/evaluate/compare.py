@@ -8,7 +8,7 @@ from pathlib import Path
 
 from mt.data.corpus import read_lines
 from mt.errors import MTError
-from mt.evaluate.metrics import full_scores, lc_tok_bleu
+from mt.evaluate.metrics import METRICS, full_scores, lc_tok_bleu
 
 
 def systems(
@@ -16,18 +16,22 @@ def systems(
     hyps: list[Path],
     src: Path | None,
     langs: tuple[str | None, str | None] = (None, None),
+    read=read_lines,
     **decode,
 ) -> list:
-    """[(name, hypotheses)] in the order given: hypothesis files, or each model's
-    translation of `src` (decode: beam, length_penalty, nat_iterations, nat_length_beam,
-    device, precision; langs: --src-lang and --tgt-lang, for a model of several pairs)."""
+    """[(name, hypotheses)] in the order given: hypothesis files (each read by `read`), or
+    each model's translation of `src` (decode: beam, length_penalty, nat_iterations,
+    nat_length_beam, device, precision; langs: --src-lang and --tgt-lang, for a model of
+    several pairs)."""
+    if sum(str(h) == "-" for h in hyps) > 1:
+        raise MTError("--hyp - reads standard input, which holds one system: give it once")
     if hyps and models:
         raise MTError("give --hyp files or models with --src, not both")
     if hyps and any(langs):
         raise MTError("--src-lang and --tgt-lang choose a model's direction: with --hyp files "
                       "there is none to choose; leave them out")  # fmt: skip
     if hyps:
-        return [(str(h), read_lines(h)) for h in hyps]
+        return [(str(h), read(h)) for h in hyps]
     if not models or src is None:
         raise MTError("nothing to score: pass --hyp FILE, or a model and --src FILE")
     from mt.data.pairs import lead_token, tagged
@@ -57,9 +61,11 @@ def references(paths: list[Path]) -> list[list[str]]:
     return refs
 
 
-def one_system(hyps: list[str], refs: list[list[str]], ci: bool, moses_lang: str | None) -> dict:
-    """refs: one stream of lines per reference file."""
-    result = full_scores(hyps, refs, n_bootstrap=1000 if ci else 0)
+def one_system(
+    hyps: list[str], refs: list[list[str]], ci: bool, moses_lang: str | None, chosen=METRICS
+) -> dict:
+    """refs: one stream of lines per reference file; chosen: the metrics (METRICS' names)."""
+    result = full_scores(hyps, refs, n_bootstrap=1000 if ci else 0, chosen=tuple(chosen))
     if moses_lang:
         result["bleu_lc_tok"] = round(lc_tok_bleu(hyps, refs, moses_lang), 2)
     return result
@@ -68,6 +74,8 @@ def one_system(hyps: list[str], refs: list[list[str]], ci: bool, moses_lang: str
 def describe_one(r: dict, moses_lang: str | None) -> str:
     lines = []
     for key, label in (("bleu", "BLEU"), ("chrf", "chrF"), ("chrf_pp", "chrF++"), ("ter", "TER")):
+        if key not in r:
+            continue
         spread = (
             f"  (bootstrap mean {r[key + '_mean']:.2f} ± {r[key + '_ci']:.2f})"
             if key + "_ci" in r
@@ -107,3 +115,23 @@ def describe_table(rows: list[dict]) -> str:
         "bootstrap, 1,000 resamples; approximate randomisation, 10,000 trials)"
     )
     return "\n".join(out)
+
+
+def metrics_of(text: str | None) -> tuple[str, ...]:
+    """--metrics: a comma-separated choice among METRICS' names (None: all of them)."""
+    if text is None:
+        return tuple(METRICS)
+    chosen = tuple(dict.fromkeys(m.strip().lower() for m in text.split(",") if m.strip()))
+    unknown = [m for m in chosen if m not in METRICS]
+    if unknown or not chosen:
+        raise MTError(
+            f"--metrics {text!r}: choose among {', '.join(METRICS)}, comma-separated "
+            f"(e.g. --metrics bleu,chrf)"
+        )
+    return chosen
+
+
+def same_as_references(systems: list, refs: list[list[str]]) -> list[str]:
+    """The systems whose hypotheses are a reference line for line (a score of 100 that says
+    nothing of a model: --hyp given the --ref file, say)."""
+    return [name for name, hyps in systems if any(hyps == r for r in refs)]

@@ -114,20 +114,28 @@ def pair_scores(
     return bleu, sum(chrfs) / len(chrfs), by_pair
 
 
-def full_scores(hyps: list[str], refs, n_bootstrap: int = 0) -> dict:
-    """What `mt eval` reports: BLEU, chrF, chrF++ (word bigrams too, Popović 2017) and TER,
-    each with its sacreBLEU signature; with n_bootstrap > 1 also each one's bootstrap mean and
-    95% confidence half-width (Koehn 2004), as "<metric>_mean" and "<metric>_ci". refs: one
-    stream of lines, or several (multi-reference scores: the signatures say nrefs)."""
+# what `mt eval --metrics` chooses from: the name a user gives -> the result's key
+METRICS = {"bleu": "bleu", "chrf": "chrf", "chrf++": "chrf_pp", "ter": "ter"}
+
+
+def full_scores(
+    hyps: list[str], refs, n_bootstrap: int = 0, chosen: tuple[str, ...] = tuple(METRICS)
+) -> dict:
+    """What `mt eval` reports: BLEU, chrF, chrF++ (word bigrams too, Popović 2017) and TER
+    (or those `chosen`, METRICS' names), each with its sacreBLEU signature; with n_bootstrap
+    > 1 also each one's bootstrap mean and 95% confidence half-width (Koehn 2004), as
+    "<metric>_mean" and "<metric>_ci". refs: one stream of lines, or several
+    (multi-reference scores: the signatures say nrefs)."""
     _check_counts(hyps, refs)
     out = {}
     metrics = {
-        "bleu": sacrebleu.BLEU(),
-        "chrf": _CHRF(),
-        "chrf_pp": _CHRF(word_order=2),
-        "ter": sacrebleu.TER(),
+        "bleu": sacrebleu.BLEU,
+        "chrf": _CHRF,
+        "chrf_pp": lambda: _CHRF(word_order=2),
+        "ter": sacrebleu.TER,
     }
-    for name, metric in metrics.items():
+    keys = {METRICS[c] for c in chosen}
+    for name, metric in ((n, make()) for n, make in metrics.items() if n in keys):
         s = metric.corpus_score(hyps, streams(refs), n_bootstrap=max(n_bootstrap, 1))
         out[name] = round(s.score, 2)
         out[f"{name}_signature"] = str(metric.get_signature())
