@@ -10,7 +10,7 @@ from mt.data.corpus import Stats, drop_empty, encode_pairs, read_lines, read_par
 from mt.data.download import download, from_datasets
 from mt.data.tokenizer import BOS, EOS, PAD, Tokenizer
 from mt.errors import MTError
-from tests.conftest import MULTI30K, assert_user_error, run_mt, train_tiny
+from tests.conftest import MULTI30K, assert_user_error, mt_here, run_mt, train_tiny
 
 
 def _write_gz(path, lines):
@@ -94,6 +94,33 @@ def test_hub_failure_points_to_from_dir(tmp_path):
     proc = run_mt("download", "multi30k", "--out", tmp_path / "o")
     assert_user_error(proc, "--from-dir", "bentrevett/multi30k")
     assert time.time() - t0 < 60
+
+
+def test_an_unreachable_hub_is_known_in_seconds_and_its_cache_read(tmp_path, monkeypatch):
+    """Without HF_HUB_OFFLINE, a hub that cannot be reached (here: a closed local port) is
+    known from one request: the download fails in one line within seconds (the libraries
+    retried for half a minute), saying so; a hub that answers at all, even 404, is reached."""
+    import http.server
+    import threading
+
+    from mt.data.download import _unreachable_hub
+    from tests.conftest import free_port
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{free_port()}")
+    started = time.monotonic()
+    code, _, err = mt_here("download", "wmt14", "--config", "de-en", "--out", tmp_path / "o")
+    assert code == 2 and err.count("\n") == 1, err
+    assert "the hub cannot be reached" in err and "--from-dir" in err, err
+    assert time.monotonic() - started < 15
+    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+        assert _unreachable_hub() is None  # (501 to HEAD: an answer)
+    finally:
+        server.shutdown()
 
 
 def test_mismatched_line_counts_name_both_files(tmp_path):

@@ -77,7 +77,7 @@ def output_lines(translator, lines: list[str], opts, alignment: bool = False) ->
     if alignment:
         return [
             "\t" if f is None else "\t".join(translator.alignment_of(f, opts))
-            for f in translator.search(lines, opts)
+            for f in translator.search(lines, opts, progress=True)
         ]
     if opts.nbest > 1:
         return [

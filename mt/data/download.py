@@ -7,6 +7,7 @@ or the built-in synthetic task.
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from pathlib import Path
@@ -158,20 +159,58 @@ def from_dir(path: Path, langs: tuple[str, ...] | None = None) -> dict[str, dict
 
 
 def from_hub(name: str, config: str | None, langs: tuple[str, ...] | None, out: Path):
+    """A hub dataset's splits; a hub that cannot be reached is known within seconds (the
+    library would retry for half a minute), and the local cache is read instead."""
     hub_id, default_config = HUB_ALIASES.get(name, (name, None))
     config = config or default_config
+    unreachable = _unreachable_hub()
+    if unreachable:
+        _go_offline()
     try:
         import datasets
 
         dd = datasets.load_dataset(hub_id, config)
     except Exception as e:  # network, auth and missing-dataset errors all mean the same here
         reason = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        if unreachable:
+            reason = f"the hub cannot be reached ({unreachable}), and it is not in the cache"
         raise MTError(
             f"could not load '{hub_id}' from the Hugging Face hub ({reason}); "
             f"without network access, import local files with "
             f"`mt download {name} --from-dir DIR --out {out}`"
         ) from None
     return from_datasets(dd, langs)
+
+
+def _unreachable_hub(timeout: float = 5.0) -> str | None:
+    """Why the hub (HF_ENDPOINT) cannot be reached, or None: any HTTP answer is reachable.
+    None without asking where offline mode is already set (HF_HUB_OFFLINE)."""
+    import urllib.error
+    import urllib.request
+
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return None
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    try:
+        urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=timeout)
+    except urllib.error.HTTPError:
+        return None
+    except (OSError, ValueError) as e:  # (URLError, a timeout, a malformed HF_ENDPOINT)
+        return shorten(str(getattr(e, "reason", e)), 80)
+    return None
+
+
+def _go_offline() -> None:
+    """The hub libraries read only their local caches from here on (as HF_HUB_OFFLINE=1)."""
+    os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
+    read_at_import = (
+        ("huggingface_hub.constants", "HF_HUB_OFFLINE"),
+        ("datasets.config", "HF_HUB_OFFLINE"),
+        ("datasets.config", "HF_DATASETS_OFFLINE"),
+    )
+    for module, attr in read_at_import:
+        if module in sys.modules and hasattr(sys.modules[module], attr):
+            setattr(sys.modules[module], attr, True)
 
 
 def download(
