@@ -48,18 +48,21 @@ def _table(seed: int) -> torch.Tensor:
 
 
 def _best_by_enumeration(table, max_tokens: int, lp: float) -> list[int]:
-    """Every output of at most max_tokens - 1 words (the last token, EOS, is forced with
-    probability 1 at the length limit, as the search does), scored like the search."""
+    """Every output of at most max_tokens - 1 words, scored as logp / length ** lp: an output
+    that ends by choosing EOS counts EOS in both; one cut at the length limit (its EOS forced,
+    with probability 1) counts its words alone, as CTranslate2 does."""
     best = None
     for n in range(max_tokens):
         for words in itertools.product(WORDS, repeat=n):
             seq, logp = [BOS, *words], 0.0
             for a, b in itertools.pairwise(seq):
                 logp += float(table[a, b])
+            length = n  # cut at the limit
             if n < max_tokens - 1:
                 logp += float(table[seq[-1], EOS])  # ends by choice, not forced
-            # logp / (n + 1) ** lp, compared in log space: (n + 1) ** 1000 is no float
-            score = -math.log(-logp) + lp * math.log(n + 1)
+                length = n + 1
+            # logp / length ** lp, compared in log space: length ** 1000 is no float
+            score = -math.log(-logp) + lp * math.log(length)
             if best is None or score > best[0]:
                 best = (score, list(words))
     return best[1]
@@ -232,6 +235,7 @@ def test_a_penalty_beyond_floats_ranks_as_exact_arithmetic_does():
     finished = Finished(1, len(found), 6, torch.device("cpu"))
     for j, (raw, length) in enumerate(found):
         finished.raw[0, j], finished.length[0, j] = raw, length
+        finished.norm[0, j] = length + 1  # (each ended by the model's own EOS)
         finished.tokens[0, j, :length] = j + 4  # (which hypothesis it is)
     finished.count[0] = len(found)
     for lp in (1.0, 500.0, 1000.0):

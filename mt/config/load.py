@@ -60,7 +60,7 @@ def _describe(err: ErrorDetails) -> str:
     if err["type"] == "string_type" and isinstance(err.get("input"), bool):
         return (
             f"{key}: YAML reads an unquoted yes, no, on, off, true or false as a boolean "
-            f"({err['input']}), not text: quote it, as in {loc[-1]}: \"no\""
+            f'({err["input"]}), not text: quote it, as in {loc[-1]}: "no"'
         )
     msg = err["msg"]
     if err["type"] == "value_error":

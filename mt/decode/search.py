@@ -104,7 +104,7 @@ def search(
         at_limit = live.at_limit(step)  # (n,)
         rows_at_limit = at_limit.repeat_interleave(k) if k > 1 else at_limit
         lprobs = _constrain(lprobs, step, opts.min_len, rows_at_limit, forced, pace)
-        rows = rule.advance(step, lprobs, live.alive, live.done)
+        rows = rule.advance(step, lprobs, live.alive, live.done, at_limit)
         if on_step is not None:
             on_step(step)
         live.done = rule.done(live.alive) | at_limit
@@ -198,7 +198,7 @@ class Pick:
         self.hyps = torch.full((b, 1), BOS, dtype=torch.long, device=dev)  # (n, t + 1)
         self.ended = torch.zeros(b, dtype=torch.bool, device=dev)
 
-    def advance(self, step: int, lprobs, alive, frozen) -> None:
+    def advance(self, step: int, lprobs, alive, frozen, cut) -> None:  # (cut: Beam's)
         nxt = torch.where(self.ended, EOS, self.pick(lprobs))  # (n,)
         self.out[alive, step] = nxt
         self.ended = self.ended | (nxt == EOS)
@@ -221,8 +221,9 @@ def _until_eos(ids: list[int]) -> list[int]:
 class Beam:
     """Beam search with K hypotheses per sentence: of each step's top 2K extensions, those
     ending in EOS among the top K finish (as fairseq does; score logp / len^length_penalty,
-    len counting EOS), the best K others stay live; a sentence is done at K finished or at its
-    length limit."""
+    len counting EOS where the model produced it: a hypothesis cut at the length limit counts
+    its tokens alone, as CTranslate2 does), the best K others stay live; a sentence is done at
+    K finished or at its length limit."""
 
     def __init__(self, b: int, k: int, steps: int, dev):
         self.k = k
@@ -231,10 +232,11 @@ class Beam:
         self.hyps = torch.full((b * k, 1), BOS, dtype=torch.long, device=dev)  # (n * K, t + 1)
         self.finished = Finished(b, k, steps, dev)
 
-    def advance(self, step: int, lprobs, alive, frozen) -> torch.Tensor:
-        """Returns the rows of hyps the new hypotheses extend (the cache follows them)."""
+    def advance(self, step: int, lprobs, alive, frozen, cut) -> torch.Tensor:
+        """Returns the rows of hyps the new hypotheses extend (the cache follows them). cut:
+        (n,) the sentences at their length limit, whose EOS is forced, not produced."""
         top_scores, top_beam, top_tok = candidates(lprobs, self.scores, self.k)
-        self.finished.add(step, alive, frozen, self.hyps, top_scores, top_beam, top_tok)
+        self.finished.add(step, alive, frozen, cut, self.hyps, top_scores, top_beam, top_tok)
         self.scores, rows, new_tok = _best_live(top_scores, top_beam, top_tok, self.k)
         self.hyps = torch.cat([self.hyps.index_select(0, rows), new_tok], dim=1)
         return rows
@@ -302,19 +304,23 @@ def _best_live(
 
 class Finished:
     """Each sentence's finished hypotheses, on the device: raw scores (B, K), lengths (B, K)
-    and tokens (B, K, max_len), filled best candidate first; slot K of each sentence takes the
-    writes that are not kept (so no write needs a host-side index)."""
+    and the lengths their scores are normalised by (B, K: the tokens, and EOS where it was
+    produced, not forced at the length limit), and tokens (B, K, max_len), filled best
+    candidate first; slot K of each sentence takes the writes that are not kept (so no write
+    needs a host-side index)."""
 
     def __init__(self, b: int, k: int, max_len: int, dev: torch.device):
         self.k = k
         self.raw = torch.full((b, k + 1), -float("inf"), device=dev)
         self.length = torch.zeros((b, k + 1), dtype=torch.long, device=dev)
+        self.norm = torch.ones((b, k + 1), dtype=torch.long, device=dev)
         self.tokens = torch.zeros((b, k + 1, max(max_len, 1)), dtype=torch.long, device=dev)
         self.count = torch.zeros(b, dtype=torch.long, device=dev)
 
-    def add(self, step, alive, frozen, hyps, top_scores, top_beam, top_tok) -> None:
+    def add(self, step, alive, frozen, cut, hyps, top_scores, top_beam, top_tok) -> None:
         """The EOS candidates among each live sentence's top K (best first), up to K per
-        sentence; `frozen` (n,) sentences add nothing. hyps: (n * K, step + 1), BOS first."""
+        sentence; `frozen` (n,) sentences add nothing; `cut` (n,) sentences end at their
+        length limit (their EOS forced). hyps: (n * K, step + 1), BOS first."""
         k = self.k
         n = alive.shape[0]
         is_eos = (top_tok[:, :k] == EOS) & (top_scores[:, :k] > -float("inf")) & ~frozen[:, None]
@@ -324,21 +330,22 @@ class Finished:
         sent = alive[:, None].expand(n, k)
         self.raw[sent, slot] = top_scores[:, :k]
         self.length[sent, slot] = step
+        self.norm[sent, slot] = (step + 1 - cut.long()).clamp(min=1)[:, None].expand(n, k)
         if step:
             rows = torch.arange(n, device=alive.device)[:, None] * k + top_beam[:, :k]
             self.tokens[sent, slot, :step] = hyps[rows.reshape(-1), 1:].view(n, k, step)
         self.count.index_add_(0, alive, keep.sum(1))
 
     def best(self, nbest: int, length_penalty: float) -> list[Found]:
-        """Per sentence its `nbest` (ids, score), best first: four reads of the device. The
+        """Per sentence its `nbest` (ids, score), best first: five reads of the device. The
         scores are length-normalised here, on the host."""
-        raw, length = self.raw.tolist(), self.length.tolist()
+        raw, length, norm = self.raw.tolist(), self.length.tolist(), self.norm.tolist()
         tokens, count = self.tokens.tolist(), self.count.tolist()
         out: list[Found] = []
         for s, n in enumerate(count):
             found = [
                 (
-                    *normalised_score(raw[s][j], length[s][j] + 1, length_penalty),
+                    *normalised_score(raw[s][j], norm[s][j], length_penalty),
                     tokens[s][j][: length[s][j]],
                 )
                 for j in range(n)
