@@ -114,9 +114,18 @@ def check_output(
 
 RUN_LOCK = ".lock"  # the lock file a training holds in its run directory (mt.train.rundir)
 # what a training writes into its run directory, besides step_N.pt and the BPE models
-TRAINERS_FILES = {"best.pt", "last.pt", "last.pt.prev", "averaged.pt", "pretrained.pt",
-                   "config.yaml", "corpus.json", "run_info.json", "train_log.jsonl",
-                   "training.png"}  # fmt: skip
+TRAINERS_FILES = {
+    "best.pt",
+    "last.pt",
+    "last.pt.prev",
+    "averaged.pt",
+    "pretrained.pt",
+    "config.yaml",
+    "corpus.json",
+    "run_info.json",
+    "train_log.jsonl",
+    "training.png",
+}
 
 
 def training_in(folder: Path) -> str | None:

@@ -18,12 +18,20 @@ def _flag(name: str, help: str = "", **bounds) -> typer.models.OptionInfo:
 
 Models = Annotated[
     list[Path] | None,
-    typer.Argument(help="run directory (best.pt, else last.pt) or checkpoint; several: an "
-                   "ensemble (named after the first one's folder)"),
-]  # fmt: skip
-Named = Annotated[list[str], _flag("--model", 'NAME=PATH: a model requests choose by name '
-                  '("model": NAME); repeat for several models, or with the same NAME for an '
-                  "ensemble")]  # fmt: skip
+    typer.Argument(
+        help="run directory (best.pt, else last.pt) or checkpoint; several: an "
+        "ensemble (named after the first one's folder)"
+    ),
+]
+Named = Annotated[
+    list[str],
+    _flag(
+        "--model",
+        "NAME=PATH: a model requests choose by name "
+        '("model": NAME); repeat for several models, or with the same NAME for an '
+        "ensemble",
+    ),
+]
 Host = Annotated[str, _flag("--host", "address to listen on (0.0.0.0: all)")]
 Port = Annotated[int, _flag("--port", min=1, max=65535)]
 Device = Annotated[str, _flag("--device", "auto, cpu or cuda")]
@@ -31,22 +39,33 @@ Precision = Annotated[str, _flag("--precision", "auto, fp32, bf16 or fp16")]
 Threads = Annotated[int, _flag("--threads", "CPU threads (0: the free cores)", min=0, max=1 << 20)]
 ApiKey = Annotated[
     str | None,
-    typer.Option("--api-key", envvar="MT_API_KEY", show_envvar=True, help="require this token "
-                 "(Authorization: Bearer KEY or X-API-Key) for /translate and /info"),
-]  # fmt: skip
+    typer.Option(
+        "--api-key",
+        envvar="MT_API_KEY",
+        show_envvar=True,
+        help="require this token (Authorization: Bearer KEY or X-API-Key) for /translate and /info",
+    ),
+]
 MaxSentences = Annotated[int, _flag("--max-sentences", "per request", min=1, max=1 << 20)]
 MaxChars = Annotated[int, _flag("--max-chars", "per sentence", min=1, max=1 << 24)]
 MaxBody = Annotated[int, _flag("--max-body", "bytes per request", min=64, max=1 << 31)]
-Timeout = Annotated[float, _flag("--timeout", "seconds a request may wait for its "
-                    "translations", min=0.1, max=86400.0)]  # fmt: skip
-MaxQueue = Annotated[int, _flag("--max-queue", "requests waiting at most; beyond, 429 at once",
-                     min=1, max=1 << 20)]  # fmt: skip
-BatchTokens = Annotated[int, _flag("--batch-tokens", "source words that one batch of requests "
-                        "may hold", min=1, max=1 << 24)]  # fmt: skip
-MaxWait = Annotated[float, _flag("--max-wait-ms", "how long a batch waits for more requests",
-                    min=0.0, max=60000.0)]  # fmt: skip
-Batching = Annotated[bool, _flag("--batching/--no-batching", "decode requests together (off: "
-                     "one at a time)")]  # fmt: skip
+Timeout = Annotated[
+    float,
+    _flag("--timeout", "seconds a request may wait for its translations", min=0.1, max=86400.0),
+]
+MaxQueue = Annotated[
+    int, _flag("--max-queue", "requests waiting at most; beyond, 429 at once", min=1, max=1 << 20)
+]
+BatchTokens = Annotated[
+    int,
+    _flag("--batch-tokens", "source words that one batch of requests may hold", min=1, max=1 << 24),
+]
+MaxWait = Annotated[
+    float, _flag("--max-wait-ms", "how long a batch waits for more requests", min=0.0, max=60000.0)
+]
+Batching = Annotated[
+    bool, _flag("--batching/--no-batching", "decode requests together (off: one at a time)")
+]
 MaxCost = Annotated[
     int,
     _flag(
@@ -58,27 +77,80 @@ MaxCost = Annotated[
         max=1 << 40,
     ),
 ]
-MaxCells = Annotated[int, _flag("--max-attention-cells", "per request: the attention weights it "
-                     "may ask for (layers x heads x target x source, summed)", min=1,
-                     max=1 << 31)]  # fmt: skip
-MaxConnections = Annotated[int, _flag("--max-connections", "open at most; one more closes the "
-                           "one waiting longest for its request", min=1, max=1 << 20)]  # fmt: skip
-HeaderTimeout = Annotated[float, _flag("--header-timeout", "seconds a connection may take to "
-                          "send its request headers", min=0.1, max=3600.0)]  # fmt: skip
-BodyTimeout = Annotated[float, _flag("--body-timeout", "seconds a request may take to send its "
-                        "body, and an answer to be read", min=0.1, max=3600.0)]  # fmt: skip
-KeepAlive = Annotated[float, _flag("--keep-alive", "seconds an idle connection is kept open "
-                      "between requests", min=0.0, max=3600.0)]  # fmt: skip
-AllowedHost = Annotated[list[str], _flag("--allowed-host", "a name clients reach the server by "
-                        "(the Host header); repeat for several. Default: localhost names on a "
-                        "loopback --host, any name otherwise")]  # fmt: skip
-CorsOrigin = Annotated[list[str], _flag("--cors-origin", "a site whose web pages may call the "
-                       "API (https://example.org); repeat for several. Default: none")]  # fmt: skip
+MaxCells = Annotated[
+    int,
+    _flag(
+        "--max-attention-cells",
+        "per request: the attention weights it "
+        "may ask for (layers x heads x target x source, summed)",
+        min=1,
+        max=1 << 31,
+    ),
+]
+MaxConnections = Annotated[
+    int,
+    _flag(
+        "--max-connections",
+        "open at most; one more closes the one waiting longest for its request",
+        min=1,
+        max=1 << 20,
+    ),
+]
+HeaderTimeout = Annotated[
+    float,
+    _flag(
+        "--header-timeout",
+        "seconds a connection may take to send its request headers",
+        min=0.1,
+        max=3600.0,
+    ),
+]
+BodyTimeout = Annotated[
+    float,
+    _flag(
+        "--body-timeout",
+        "seconds a request may take to send its body, and an answer to be read",
+        min=0.1,
+        max=3600.0,
+    ),
+]
+KeepAlive = Annotated[
+    float,
+    _flag(
+        "--keep-alive",
+        "seconds an idle connection is kept open between requests",
+        min=0.0,
+        max=3600.0,
+    ),
+]
+AllowedHost = Annotated[
+    list[str],
+    _flag(
+        "--allowed-host",
+        "a name clients reach the server by "
+        "(the Host header); repeat for several. Default: localhost names on a "
+        "loopback --host, any name otherwise",
+    ),
+]
+CorsOrigin = Annotated[
+    list[str],
+    _flag(
+        "--cors-origin",
+        "a site whose web pages may call the "
+        "API (https://example.org); repeat for several. Default: none",
+    ),
+]
 AccessLog = Annotated[bool, _flag("--access-log/--no-access-log", "a line on stderr per request")]
-Forwarded = Annotated[str | None, _flag("--forwarded-allow-ips", "the proxies (comma-separated "
-                      "addresses) whose X-Forwarded-For and X-Forwarded-Proto name the client; "
-                      "default: none, the connection's own address is the client (a client "
-                      "cannot name itself in the log)")]  # fmt: skip
+Forwarded = Annotated[
+    str | None,
+    _flag(
+        "--forwarded-allow-ips",
+        "the proxies (comma-separated "
+        "addresses) whose X-Forwarded-For and X-Forwarded-Proto name the client; "
+        "default: none, the connection's own address is the client (a client "
+        "cannot name itself in the log)",
+    ),
+]
 
 
 @command("serve")
@@ -120,14 +192,20 @@ def serve_cmd(
               mt serve --model de_en=runs/de_en --model en_de=runs/en_de
     """
     options = dict(locals())
+    _check_serving_installed()
+    from mt.serve.run import ServeOptions, serve
+
+    _check_device(device)
+    serve(ServeOptions(**options), _err)
+
+
+def _check_serving_installed() -> None:
     try:
         import fastapi  # noqa: F401
         import prometheus_client  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError as e:
-        raise MTError(f"mt serve needs FastAPI, uvicorn and prometheus_client ({e.name} is "
-                      "missing): pip install 'mt[serve]'") from None  # fmt: skip
-    from mt.serve.run import ServeOptions, serve
-
-    _check_device(device)
-    serve(ServeOptions(**options), _err)
+        raise MTError(
+            f"mt serve needs FastAPI, uvicorn and prometheus_client ({e.name} is "
+            "missing): pip install 'mt[serve]'"
+        ) from None

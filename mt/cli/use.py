@@ -214,14 +214,9 @@ def eval_cmd(
 
     _check_device(device)
     _check_beam(beam)
-    chosen = compare.metrics_of(metrics)
+    chosen = compare.metrics_of(metrics, len(hyps or []) + len(models or []))
     if moses_lang:
         check_moses_lang(moses_lang)  # before any translating
-    if metrics is not None and len(hyps or []) + len(models or []) > 1:
-        raise MTError(
-            "--metrics chooses one system's scores; a comparison of several reports BLEU "
-            "and chrF: leave it out"
-        )
     settings = {
         "beam": beam,
         "length_penalty": length_penalty,

@@ -274,8 +274,17 @@ def read_config(
 
 # the settings that only some architectures read, and which (model.arch); the others ignore
 # them, so a config that writes one for another architecture says one thing and does another
-_TRANSFORMER_KEYS = ("n_heads", "d_ff", "attn_dropout", "act_dropout", "norm", "positional",
-                     "max_relative", "activation", "output_bias")  # fmt: skip
+_TRANSFORMER_KEYS = (
+    "n_heads",
+    "d_ff",
+    "attn_dropout",
+    "act_dropout",
+    "norm",
+    "positional",
+    "max_relative",
+    "activation",
+    "output_bias",
+)
 _NAT_KEYS = ("nat_iterations", "nat_length_beam", "tune_nat_length_beams", "tune_nat_iterations")
 READ_BY_ARCH: dict[str, tuple[str, ...]] = {
     "model.attention": ("rnn",),

@@ -96,12 +96,16 @@ class Config(Section):
         if not t.compiled_loss_chunk:
             return self
         other = (
-            f"model.arch {m.arch}" if m.arch != "transformer"
-            else "model.output_bias" if m.output_bias
-            else "train.rdrop_alpha" if t.rdrop_alpha > 0
-            else "train.scheduled_sampling" if t.scheduled_sampling is not None
+            f"model.arch {m.arch}"
+            if m.arch != "transformer"
+            else "model.output_bias"
+            if m.output_bias
+            else "train.rdrop_alpha"
+            if t.rdrop_alpha > 0
+            else "train.scheduled_sampling"
+            if t.scheduled_sampling is not None
             else None
-        )  # fmt: skip
+        )
         if other:
             raise ValueError(
                 f"train.compiled_loss_chunk fuses a Transformer's plain label-smoothed loss "

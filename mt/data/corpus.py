@@ -306,9 +306,11 @@ def concat_pairs(parts: list[ParallelData]) -> ParallelData:
     sizes = [len(p.src) for p in parts]
     pair_of = np.repeat(np.arange(len(parts), dtype=np.int16), sizes)
     return ParallelData(
-        TokenArray.concat([p.src for p in parts]), TokenArray.concat([p.tgt for p in parts]),
-        stats, pair_of,
-    )  # fmt: skip
+        TokenArray.concat([p.src for p in parts]),
+        TokenArray.concat([p.tgt for p in parts]),
+        stats,
+        pair_of,
+    )
 
 
 def both_directions(data: ParallelData) -> ParallelData:

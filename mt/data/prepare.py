@@ -127,9 +127,13 @@ def encode_train(
         tokenizer.seed_dropout(epoch_seed(cfg.train.seed, epoch))
     text = text_form(d, pair.src, pair.tgt).pairs(iter_parallel(*paths))
     data = encode_stream(
-        clean_pairs(text, stats), tokenizer, d.max_len, stats,
-        dropout=bpe_dropout, tag=tag,
-    )  # fmt: skip
+        clean_pairs(text, stats),
+        tokenizer,
+        d.max_len,
+        stats,
+        dropout=bpe_dropout,
+        tag=tag,
+    )
     if not len(data.src):
         why = (
             f"with train.bpe_dropout={bpe_dropout} no training pair fits data.max_len="

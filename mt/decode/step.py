@@ -101,8 +101,15 @@ class Decoder:
     `steps` positions, rounded up so that batches of similar lengths share their buffers'
     shapes and CUDA graphs)."""
 
-    def __init__(self, model, steps: int, use_cache: bool, per_sentence: bool,
-                 compiled: CompiledStep | None, device: torch.device):  # fmt: skip
+    def __init__(
+        self,
+        model,
+        steps: int,
+        use_cache: bool,
+        per_sentence: bool,
+        compiled: CompiledStep | None,
+        device: torch.device,
+    ):
         self.model = model
         self.static: Static | None = None
         self.step_fn: Callable[..., torch.Tensor] = decoder_step
@@ -140,6 +147,13 @@ class Decoder:
         return lprobs.repeat_interleave(k, 0)
 
 
-def describe_job(steps: float) -> str:
-    """A decoding job's size in words, for the message that says a compile repays it."""
-    return "a job without end" if math.isinf(steps) else f"a job of {int(steps):,} decoder steps"
+def announce_compile(device, setting: str, steps: float) -> None:
+    """Say on stderr that the decoder step compiles first, and why (decode.compile_step
+    `setting`; auto: a job of `steps` decoder steps repays it)."""
+    job = "a job without end" if math.isinf(steps) else f"a job of {int(steps):,} decoder steps"
+    why = "always" if setting == "always" else f"auto: {job} repays it"
+    print(
+        f"compiling the decoder step for {device} first (decode.compile_step {why}; the "
+        f"compiled kernels are cached for later runs)",
+        file=sys.stderr,
+    )

@@ -25,7 +25,7 @@ from mt.decode.mask_predict import mask_predict
 from mt.decode.options import DecodeOptions, check_prefix
 from mt.decode.sampling import Sampling
 from mt.decode.search import EVERY_STEP, ON_DEVICE, decoding_steps, max_lengths, search
-from mt.decode.step import CompiledStep, compile_pays, describe_job
+from mt.decode.step import CompiledStep, announce_compile, compile_pays
 from mt.errors import MTError
 from mt.model import Seq2Seq
 from mt.runtime.device import autocast, decode_dtype, fp32_matmuls, pick_device
@@ -133,16 +133,7 @@ class Translator:
         (`steps`: its decoder steps) and kept for the next jobs (their CUDA graphs too); None
         while off."""
         if self._compiled is None and self.compiles_for(steps):
-            why = (
-                "always"
-                if self.cfg.compile_step == "always"
-                else f"auto: {describe_job(steps * self.repeats)} repays it"
-            )
-            print(
-                f"compiling the decoder step for {self.device} first (decode.compile_step "
-                f"{why}; the compiled kernels are cached for later runs)",
-                file=sys.stderr,
-            )
+            announce_compile(self.device, self.cfg.compile_step, steps * self.repeats)
             self._compiled = CompiledStep(self.device)
         return self._compiled
 
@@ -307,25 +298,30 @@ class Translator:
         inputs_out: see mask_predict."""
         limit = self.model.max_positions - 1
         limit = int(max_lengths(mask, opts.max_len_a, opts.max_len_b, limit).max())
-        found = mask_predict(
-            self.model, src, mask, opts.nat_iterations, opts.nat_length_beam, limit,
-            inputs_out=inputs_out,
-        )  # fmt: skip
+        passes, lengths = opts.nat_iterations, opts.nat_length_beam
+        found = mask_predict(self.model, src, mask, passes, lengths, limit, inputs_out=inputs_out)
         return [[(h, None)] for h in found]
 
     def translate(
-        self, lines: list[str], opts: DecodeOptions | None = None, progress: bool = False,
+        self,
+        lines: list[str],
+        opts: DecodeOptions | None = None,
+        progress: bool = False,
         **given: Any,
-    ) -> list[str]:  # fmt: skip
+    ) -> list[str]:
         """One output per input line, in input order; empty lines give empty outputs. opts:
         the options, else the run's with those given (beam=5, sampling=Sampling(...), ...)."""
         found = self.search(lines, opts, progress, **given)
         return [text[0][0] for text in self.texts_of(found)]
 
     def translate_nbest(
-        self, lines: list[str], nbest: int, opts: DecodeOptions | None = None,
-        progress: bool = False, **given: Any,
-    ) -> list[list[tuple[str, float | None]]]:  # fmt: skip
+        self,
+        lines: list[str],
+        nbest: int,
+        opts: DecodeOptions | None = None,
+        progress: bool = False,
+        **given: Any,
+    ) -> list[list[tuple[str, float | None]]]:
         """Per input line, its `nbest` translations with their scores (log-probability over
         length^length_penalty, the beam's ranking), best first; [] for an empty line."""
         opts = (opts or self.options(**given)).with_(nbest=nbest)

@@ -28,8 +28,10 @@ def systems(
     if hyps and models:
         raise MTError("give --hyp files or models with --src, not both")
     if hyps and any(langs):
-        raise MTError("--src-lang and --tgt-lang choose a model's direction: with --hyp files "
-                      "there is none to choose; leave them out")  # fmt: skip
+        raise MTError(
+            "--src-lang and --tgt-lang choose a model's direction: with --hyp files "
+            "there is none to choose; leave them out"
+        )
     if hyps:
         return [(str(h), read(h)) for h in hyps]
     if not models or src is None:
@@ -117,10 +119,16 @@ def describe_table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def metrics_of(text: str | None) -> tuple[str, ...]:
-    """--metrics: a comma-separated choice among METRICS' names (None: all of them)."""
+def metrics_of(text: str | None, systems: int = 1) -> tuple[str, ...]:
+    """--metrics: a comma-separated choice among METRICS' names (None: all of them), for one
+    of the `systems` (a comparison of several reports BLEU and chrF)."""
     if text is None:
         return tuple(METRICS)
+    if systems > 1:
+        raise MTError(
+            "--metrics chooses one system's scores; a comparison of several reports BLEU "
+            "and chrF: leave it out"
+        )
     chosen = tuple(dict.fromkeys(m.strip().lower() for m in text.split(",") if m.strip()))
     unknown = [m for m in chosen if m not in METRICS]
     if unknown or not chosen:

@@ -3,7 +3,7 @@ references; bootstrap confidence intervals and paired significance tests between
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,7 +128,7 @@ def full_scores(
     (multi-reference scores: the signatures say nrefs)."""
     _check_counts(hyps, refs)
     out = {}
-    metrics = {
+    metrics: dict[str, Callable[[], Any]] = {
         "bleu": sacrebleu.BLEU,
         "chrf": _CHRF,
         "chrf_pp": lambda: _CHRF(word_order=2),

@@ -259,9 +259,14 @@ def _test_split(folder: str, pair) -> tuple[Path, list[Path]]:
 
 
 def _test_sections(
-    translator, run_dir: Path, src: Path, ref: list[Path], baseline: Path | None, device: str,
+    translator,
+    run_dir: Path,
+    src: Path,
+    ref: list[Path],
+    baseline: Path | None,
+    device: str,
     lang: str | None = None,
-) -> list[str]:  # fmt: skip
+) -> list[str]:
     """The test set's scores, attention pictures and translations, and the paired tests
     against a baseline run when one is given; lang: the target language whose token leads
     the sources (a model of several pairs)."""

@@ -100,16 +100,26 @@ def _header(cfg, evaluated: dict | None, license_id: str, name: str) -> str:
     if m.init_from and HUB_ID.fullmatch(m.init_from) and not Path(m.init_from).exists():
         meta["base_model"] = m.init_from  # (a local folder is not a hub model)
     if evaluated is not None:
-        results = [{"type": key, "name": label, "value": round(float(evaluated[key]), 2)}
-                   for key, label in _METRICS if key in evaluated]  # fmt: skip
-        meta["model-index"] = [{
-            "name": name,
-            "results": [{
-                "task": {"type": "translation", "name": f"Translation {d.src_lang}-{d.tgt_lang}"},
-                "dataset": {"name": _test_set(evaluated), "type": d.dataset or "custom"},
-                "metrics": results,
-            }],
-        }]  # fmt: skip
+        results = [
+            {"type": key, "name": label, "value": round(float(evaluated[key]), 2)}
+            for key, label in _METRICS
+            if key in evaluated
+        ]
+        meta["model-index"] = [
+            {
+                "name": name,
+                "results": [
+                    {
+                        "task": {
+                            "type": "translation",
+                            "name": f"Translation {d.src_lang}-{d.tgt_lang}",
+                        },
+                        "dataset": {"name": _test_set(evaluated), "type": d.dataset or "custom"},
+                        "metrics": results,
+                    }
+                ],
+            }
+        ]
     return "---\n" + yaml.safe_dump(meta, sort_keys=False, allow_unicode=True) + "---"
 
 

@@ -52,8 +52,10 @@ class Imported:
         self.config = self.model.config
         hf_tok, c = self.hf_tokenizer, self.config
         target = hf_tok.target_encoder if hf_tok.separate_vocabs else hf_tok.encoder
-        sides = [("vocab.json", hf_tok.encoder, c.vocab_size),
-                 ("target vocabulary", target, c.decoder_vocab_size)]  # fmt: skip
+        sides = [
+            ("vocab.json", hf_tok.encoder, c.vocab_size),
+            ("target vocabulary", target, c.decoder_vocab_size),
+        ]
         for name, vocab, size in sides:
             past = [p for p, i in vocab.items() if not 0 <= i < size]
             if past:

@@ -133,14 +133,30 @@ class DecoderLayer(nn.Module):
         self.res2 = parts.residual(d_model, dropout, pre_norm)
         self.res3 = parts.residual(d_model, dropout, pre_norm)
 
-    def forward(self, x, memory, memory_mask, self_mask: Mask = CAUSAL, cache=None, positions=None,
-                weights: list | None = None):  # fmt: skip
+    def forward(
+        self,
+        x,
+        memory,
+        memory_mask,
+        self_mask: Mask = CAUSAL,
+        cache=None,
+        positions=None,
+        weights: list | None = None,
+    ):
         return self.feed_forward(
             self.mix(x, memory, memory_mask, self_mask, cache, positions, weights)
         )
 
-    def mix(self, x, memory, memory_mask, self_mask: Mask = CAUSAL, cache=None, positions=None,
-            weights: list | None = None):  # fmt: skip
+    def mix(
+        self,
+        x,
+        memory,
+        memory_mask,
+        self_mask: Mask = CAUSAL,
+        cache=None,
+        positions=None,
+        weights: list | None = None,
+    ):
         """Self-attention over the target, then cross-attention over the memory. x: (B, T, D);
         memory: (B, S, D); memory_mask: (B, 1, 1, S) True = may attend; self_mask: CAUSAL in
         training, None for a cached step (its one query may see every cached key), the

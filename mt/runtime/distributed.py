@@ -188,8 +188,11 @@ def _store_of_this_start(rank: int, world: int, timeout_minutes: float) -> dict:
         is_master=False,
         timeout=timedelta(minutes=timeout_minutes),
     )
-    return {"store": dist.PrefixStore(f"mt/start_{restart}/", agent), "rank": rank,
-            "world_size": world}  # fmt: skip
+    return {
+        "store": dist.PrefixStore(f"mt/start_{restart}/", agent),
+        "rank": rank,
+        "world_size": world,
+    }
 
 
 def teardown(d: Dist) -> None:

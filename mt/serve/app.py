@@ -24,11 +24,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from mt.data.tokenizer import HeldToken
 from mt.errors import MTError, shorten
 from mt.serve.batcher import Batcher, QueueFull, TimedOut, decode_seconds
 from mt.serve.decoding import decode_batch
-from mt.serve.limits import BadRequest, Limits, admit, attention_shape, check_sizes
+from mt.serve.limits import BadRequest, Limits, admitted, check_sizes
 from mt.serve.observe import ACCESS_LOG, Door, Metrics, Observe
 from mt.serve.requests import (
     answer,
@@ -39,6 +38,7 @@ from mt.serve.requests import (
     parse,
     read_body,
     settings_of,
+    timed_out,
 )
 from mt.serve.schemas import (
     Health,
@@ -120,7 +120,7 @@ def create_app(
     )
     app.state.mt = Service(served, limits, api_key, metrics)
     app.state.door = Door(metrics, log)  # (for the connections: mt/serve/connections.py)
-    app.openapi = partial(limited_openapi, app, limits.max_sentences, limits.max_chars)
+    app.openapi = partial(limited_openapi, app, limits.max_sentences, limits.max_chars)  # type: ignore[method-assign]
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(BadRequest, _bad)
     app.add_exception_handler(RequestValidationError, _invalid)  # (a query parameter's)
@@ -147,8 +147,10 @@ def create_app(
 
 async def _http_error(request: Request, e: Exception) -> JSONResponse:
     assert isinstance(e, StarletteHTTPException)
-    what = {404: f"no such path: {shorten(request.url.path, 100)}",
-            405: f"{shorten(request.method, 20)} not allowed here"}  # fmt: skip
+    what = {
+        404: f"no such path: {shorten(request.url.path, 100)}",
+        405: f"{shorten(request.method, 20)} not allowed here",
+    }
     return error(e.status_code, what.get(e.status_code, str(e.detail)))
 
 
@@ -242,15 +244,22 @@ async def metrics_text(request: Request) -> Response:
     return Response(service.metrics.render(now), media_type=CONTENT_TYPE_LATEST)
 
 
-@router.get("/models", summary="The models served, by name", response_model=Models,
-            responses=errors(401, 421))  # fmt: skip
+@router.get(
+    "/models",
+    summary="The models served, by name",
+    response_model=Models,
+    responses=errors(401, 421),
+)
 async def models_list(request: Request) -> Any:
     service = _service(request)
     if not service.authorised(request):
         return _unauthorised()
     keys = ("source_language", "target_language", "architecture", "ensemble")
-    return {"models": [{"name": m.name, **{k: m.info[k] for k in keys}}
-                       for m in service.served.values()]}  # fmt: skip
+    return {
+        "models": [
+            {"name": m.name, **{k: m.info[k] for k in keys}} for m in service.served.values()
+        ]
+    }
 
 
 @router.get(
@@ -294,35 +303,10 @@ async def translate(request: Request) -> Any:
     # (tokenizing up to 64 x 1,000 characters, off the event loop: /health/live answers)
     settings = await asyncio.to_thread(settings_of, req, model.translator, model.info)
     req, warnings = in_language(req, model.translator)
-    lengths = await asyncio.to_thread(_admitted, model, req, settings, service.limits)
-    return await _translated(request, model, req, settings, lengths, service.limits, warnings)
-
-
-def _admitted(model: Served, req: TranslateRequest, settings, limits: Limits) -> list[int]:
-    """The sentences' source lengths, once the request's price is within the limits
-    (mt/serve/limits.py: the decoding steps its sentences and its prefix may take)."""
-    try:
-        lengths = model.translator.source_lengths(req.sentences)
-    except HeldToken as e:
-        field = f"sentences.{e.index}"
-        raise BadRequest(
-            422,
-            f"{field}: holds {e.token!r}, a target-language token of this model, as text: "
-            f"remove it (tgt_lang chooses the target language)",
-            field,
-        ) from None
-    forced = len(model.translator.prefix_ids(settings.options.prefix))
-    admit(
-        lengths,
-        settings.options,
-        req.attention,
-        model.translator.max_source_len,
-        attention_shape(model.info),
-        limits,
-        model.info["architecture"] == "nat",
-        forced,
+    lengths = await asyncio.to_thread(
+        admitted, model.translator, model.info, req, settings.options, service.limits
     )
-    return lengths
+    return await _translated(request, model, req, settings, lengths, service.limits, warnings)
 
 
 async def _translated(
@@ -339,19 +323,21 @@ async def _translated(
     499 (its client left)."""
     timing: dict[str, float] = {}
     try:
-        future = model.batcher.submit(req.sentences, settings, [n + 1 for n in lengths],
-                                      alone=req.seed is not None, timing=timing)  # fmt: skip
+        future = model.batcher.submit(
+            req.sentences,
+            settings,
+            [n + 1 for n in lengths],
+            alone=req.seed is not None,
+            timing=timing,
+        )
     except QueueFull as e:
-        return error(429, f"too many requests waiting ({e}); try again shortly", None,
-                     **{"Retry-After": "1"})  # fmt: skip
+        return error(
+            429, f"too many requests waiting ({e}); try again shortly", None, **{"Retry-After": "1"}
+        )
     try:
         results = await answer(request, future, limits.timeout)
-    except TimedOut:  # merged into a batch that an older request's deadline ended
-        return error(503, f"the batch this request shared reached an earlier request's "
-                     f"timeout ({limits.timeout:g} s); try again", None)  # fmt: skip
-    except asyncio.TimeoutError:
-        return error(503, f"timed out after {limits.timeout:g} s waiting for the model; "
-                     "send fewer or shorter sentences, or try again", None)  # fmt: skip
+    except (TimedOut, asyncio.TimeoutError) as e:
+        return timed_out(e, limits.timeout)
     except MTError as e:
         raise BadRequest(422, str(e)) from None
     finally:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from mt.data.tokenizer import HeldToken
 from mt.decode.options import DecodeOptions
 from mt.decode.search import decoding_steps
 
@@ -80,6 +81,35 @@ def check_sizes(sentences: list[str], prefix: str | None, limits: Limits) -> Non
             ) from None
 
 
+def admitted(
+    translator: Any, info: dict[str, Any], req: Any, opts: DecodeOptions, limits: Limits
+) -> list[int]:
+    """The request's sentences' source lengths, once its price is within the limits (admit);
+    a sentence that holds a target-language token as text is a 422 naming it."""
+    try:
+        lengths = translator.source_lengths(req.sentences)
+    except HeldToken as e:
+        field = f"sentences.{e.index}"
+        raise BadRequest(
+            422,
+            f"{field}: holds {e.token!r}, a target-language token of this model, as text: "
+            f"remove it (tgt_lang chooses the target language)",
+            field,
+        ) from None
+    forced = len(translator.prefix_ids(opts.prefix))
+    admit(
+        lengths,
+        opts,
+        req.attention,
+        translator.max_source_len,
+        attention_shape(info),
+        limits,
+        info["architecture"] == "nat",
+        forced,
+    )
+    return lengths
+
+
 def admit(
     lengths: list[int],
     opts: DecodeOptions,
@@ -96,14 +126,7 @@ def admit(
     the hypotheses kept. (A search may run to its limit: a forced prefix always does.)
     lengths: each sentence's source subwords; attention_shape: the decoder's (layers, heads)
     of cross-attention; forced: the prefix's target subwords."""
-    for i, n in enumerate(lengths):
-        if n > max_source_len:
-            raise BadRequest(
-                413,
-                f"sentences.{i}: {n} subwords, the model reads at most {max_source_len}; split "
-                f"it into shorter sentences",
-                f"sentences.{i}",
-            )
+    _check_lengths(lengths, max_source_len)
     width = opts.nat_length_beam if non_autoregressive else _hypotheses(opts)
     steps = [decoding_steps(n, opts, forced, max_source_len) for n in lengths if n]
     cost = width * sum(map(step_work, steps))
@@ -130,6 +153,18 @@ def admit(
                 f"{limits.max_attention_cells:,} (--max-attention-cells); ask for the "
                 f"attention of fewer or shorter sentences",
                 "attention",
+            )
+
+
+def _check_lengths(lengths: list[int], max_source_len: int) -> None:
+    """No sentence longer than the model reads (the server never cuts one in silence)."""
+    for i, n in enumerate(lengths):
+        if n > max_source_len:
+            raise BadRequest(
+                413,
+                f"sentences.{i}: {n} subwords, the model reads at most {max_source_len}; split "
+                f"it into shorter sentences",
+                f"sentences.{i}",
             )
 
 

@@ -17,9 +17,18 @@ ACCESS_LOG = logging.getLogger("mt.serve.access")
 _SANE_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
 # the paths metrics are labelled with (any other path counts as "other": a scan of random
 # paths must not grow the metrics without bound)
-ROUTES = ("/", "/translate", "/info", "/models", "/health", "/health/live", "/metrics",
-          "/openapi.json")  # fmt: skip
+ROUTES = (
+    "/",
+    "/translate",
+    "/info",
+    "/models",
+    "/health",
+    "/health/live",
+    "/metrics",
+    "/openapi.json",
+)
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_SENTENCES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
 class Metrics:
@@ -30,45 +39,44 @@ class Metrics:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry = r = CollectorRegistry()
-        self.requests = Counter(
-            "mt_requests", "HTTP requests answered", ["path", "status"], registry=r
+
+        def counter(name: str, what: str, *labels: str) -> Counter:
+            return Counter(name, what, list(labels), registry=r)
+
+        def histogram(name: str, what: str, label: str, buckets=_SECONDS) -> Histogram:
+            return Histogram(name, what, [label], buckets=buckets, registry=r)
+
+        self.requests = counter("mt_requests", "HTTP requests answered", "path", "status")
+        self.latency = histogram(
+            "mt_request_seconds", "from a request's arrival to its answer", "path"
         )
-        self.latency = Histogram(
-            "mt_request_seconds", "from a request's arrival to its answer", ["path"],
-            buckets=_SECONDS, registry=r,
-        )  # fmt: skip
-        self.decode = Histogram(
-            "mt_batch_decode_seconds", "the decoding time of a batch", ["model"],
-            buckets=_SECONDS, registry=r,
-        )  # fmt: skip
-        self.batch = Histogram(
-            "mt_batch_sentences", "sentences in a decoded batch", ["model"],
-            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024), registry=r,
-        )  # fmt: skip
-        self.sentences = Counter("mt_sentences", "sentences translated", ["model"], registry=r)
+        self.decode = histogram("mt_batch_decode_seconds", "the decoding time of a batch", "model")
+        self.batch = histogram(
+            "mt_batch_sentences", "sentences in a decoded batch", "model", _SENTENCES
+        )
+        self.sentences = counter("mt_sentences", "sentences translated", "model")
         self.waiting = Gauge(
             "mt_waiting_requests", "requests queued or part-way decoded", ["model"], registry=r
         )
         self.busy = Gauge(
-            "mt_busy_seconds", "how long the model's batch under way has decoded (0: idle)",
-            ["model"], registry=r,
-        )  # fmt: skip
+            "mt_busy_seconds",
+            "how long the model's batch under way has decoded (0: idle)",
+            ["model"],
+            registry=r,
+        )
         # /translate by model (a configured name; "-" before one was chosen) and by how it
         # ended: what the expensive and the refused requests cost is seen per model
-        self.translations = Counter(
-            "mt_translate_requests", "translation requests by model and outcome",
-            ["model", "outcome"], registry=r,
-        )  # fmt: skip
+        self.translations = counter(
+            "mt_translate_requests", "translation requests by model and outcome", "model", "outcome"
+        )
+        self.translate_latency = histogram(
+            "mt_translate_request_seconds", "a translation request's time, by model", "model"
+        )
         # connections refused before a request reached the app: a request h11 could not
         # parse (400), a connection over --max-connections with every other one busy (503)
-        self.refused = Counter(
-            "mt_refused_connections", "connections refused before a request was read",
-            ["reason"], registry=r,
-        )  # fmt: skip
-        self.translate_latency = Histogram(
-            "mt_translate_request_seconds", "a translation request's time, by model", ["model"],
-            buckets=_SECONDS, registry=r,
-        )  # fmt: skip
+        self.refused = counter(
+            "mt_refused_connections", "connections refused before a request was read", "reason"
+        )
 
     def batch_done(self, model: str, sentences: int, seconds: float) -> None:
         self.decode.labels(model).observe(seconds)
@@ -147,8 +155,14 @@ class Door:
 
 
 # how a translation request ended, by its status (mt.serve.app answers each case so)
-OUTCOMES = {200: "answered", 499: "cancelled", 503: "timeout", 429: "queue_full",
-            401: "unauthorised", 413: "too_costly"}  # fmt: skip
+OUTCOMES = {
+    200: "answered",
+    499: "cancelled",
+    503: "timeout",
+    429: "queue_full",
+    401: "unauthorised",
+    413: "too_costly",
+}
 
 
 def outcome(status: int) -> str:

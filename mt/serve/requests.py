@@ -81,8 +81,9 @@ async def read_body(request: Request, limit: int) -> bytes:
             if len(body) > limit:
                 raise BadRequest(413, f"request body over {limit} bytes (--max-body)")
     except ClientDisconnect:  # (a client that left mid-body, or was cut off for stalling)
-        raise BadRequest(400, "request body: the client closed the connection before its "
-                         "end") from None  # fmt: skip
+        raise BadRequest(
+            400, "request body: the client closed the connection before its end"
+        ) from None
     return bytes(body)
 
 
@@ -91,8 +92,12 @@ def _no_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     seen: set[str] = set()
     for key, _ in pairs:
         if key in seen:
-            raise BadRequest(400, f"request body: the key {shorten(json.dumps(key), 60)} is "
-                             f"given twice; give each setting once", key[:60])  # fmt: skip
+            raise BadRequest(
+                400,
+                f"request body: the key {shorten(json.dumps(key), 60)} is "
+                f"given twice; give each setting once",
+                key[:60],
+            )
         seen.add(key)
     return dict(pairs)
 
@@ -111,8 +116,9 @@ def parse(body: bytes) -> TranslateRequest:
     try:
         raw = json.loads(text, parse_constant=_not_json_number, object_pairs_hook=_no_repeats)
     except json.JSONDecodeError as e:
-        raise BadRequest(400, f"request body: not valid JSON ({e.msg}, line {e.lineno} "
-                         f"column {e.colno})") from None  # fmt: skip
+        raise BadRequest(
+            400, f"request body: not valid JSON ({e.msg}, line {e.lineno} column {e.colno})"
+        ) from None
     except RecursionError:
         raise BadRequest(400, "request body: JSON nested too deeply") from None
     except ValueError as e:  # NaN/Infinity, or an integer of more digits than Python reads
@@ -142,21 +148,49 @@ def as_bad_request(errors: Any) -> BadRequest:
 
 def settings_of(req: TranslateRequest, translator: Any, info: dict[str, Any]) -> Settings:
     """The checks across fields and against the model; the request's settings."""
+    _check_together(req, info)
+    sampling = Sampling(req.temperature, req.topk, req.topp, req.seed) if req.sample else None
+    try:
+        opts = translator.options(
+            beam=req.beam,
+            length_penalty=req.length_penalty,
+            nbest=req.nbest,
+            sampling=sampling,
+            prefix=req.prefix or None,
+        )
+    except OptionError as e:
+        raise BadRequest(422, str(e), e.field) from None
+    return Settings(opts, alignment=req.alignment, attention=req.attention)
+
+
+def _check_together(req: TranslateRequest, info: dict[str, Any]) -> None:
+    """Fields that do not go together, or not with this model (/info's)."""
     if not req.sample:
-        given = {"temperature": req.temperature != 1.0, "topk": req.topk != 0,
-                 "topp": req.topp != 1.0, "seed": req.seed is not None}  # fmt: skip
+        given = {
+            "temperature": req.temperature != 1.0,
+            "topk": req.topk != 0,
+            "topp": req.topp != 1.0,
+            "seed": req.seed is not None,
+        }
         for name, set_ in given.items():
             if set_:
                 raise BadRequest(422, f"{name}: applies with sample: true only", name)
     if req.sample and (req.beam is not None or req.nbest > 1):
-        raise BadRequest(422, "sample draws one translation per sentence: leave out beam and nbest",
-                         "sample")  # fmt: skip
+        raise BadRequest(
+            422, "sample draws one translation per sentence: leave out beam and nbest", "sample"
+        )
     if (req.alignment or req.attention) and not info["attention"]["available"]:
-        raise BadRequest(422, f"{'attention' if req.attention else 'alignment'}: "
-                         f"{info['attention']['why_not']}", "attention")  # fmt: skip
+        raise BadRequest(
+            422,
+            f"{'attention' if req.attention else 'alignment'}: {info['attention']['why_not']}",
+            "attention",
+        )
     if (req.alignment or req.attention) and (req.nbest > 1 or req.sample):
-        raise BadRequest(422, "alignment and attention come with one translation per sentence "
-                         "(nbest 1, no sampling)", "attention")  # fmt: skip
+        raise BadRequest(
+            422,
+            "alignment and attention come with one translation per sentence (nbest 1, no sampling)",
+            "attention",
+        )
     if info["architecture"] == "nat" and (
         req.beam is not None
         or req.length_penalty is not None
@@ -170,18 +204,6 @@ def settings_of(req: TranslateRequest, translator: Any, info: dict[str, Any]) ->
             "sample and prefix do not apply",
             "beam",
         )
-    sampling = Sampling(req.temperature, req.topk, req.topp, req.seed) if req.sample else None
-    try:
-        opts = translator.options(
-            beam=req.beam,
-            length_penalty=req.length_penalty,
-            nbest=req.nbest,
-            sampling=sampling,
-            prefix=req.prefix or None,
-        )
-    except OptionError as e:
-        raise BadRequest(422, str(e), e.field) from None
-    return Settings(opts, alignment=req.alignment, attention=req.attention)
 
 
 def in_language(req: TranslateRequest, translator) -> tuple[TranslateRequest, list[str]]:
@@ -200,3 +222,19 @@ def in_language(req: TranslateRequest, translator) -> tuple[TranslateRequest, li
     if lang is None:
         return req, warnings
     return req.model_copy(update={"sentences": tagged(req.sentences, lang)}), warnings
+
+
+def timed_out(e: Exception, timeout: float) -> JSONResponse:
+    """503 for a request whose answer did not come within `timeout` (asyncio.TimeoutError), or
+    whose batch ended at an older request's deadline (the batcher's TimedOut)."""
+    if isinstance(e, asyncio.TimeoutError):
+        why = (
+            f"timed out after {timeout:g} s waiting for the model; send fewer or shorter "
+            f"sentences, or try again"
+        )
+    else:  # merged into a batch that an older request's deadline ended
+        why = (
+            f"the batch this request shared reached an earlier request's timeout "
+            f"({timeout:g} s); try again"
+        )
+    return error(503, why, None)

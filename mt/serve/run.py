@@ -59,16 +59,22 @@ def serve(o: ServeOptions, say: Callable[[str], None]) -> None:
     specs = model_specs(o.models or [], o.model)
     choose_threads(o.threads, say)
     check_address(o.host, o.port)
-    batching = {"max_tokens": o.batch_tokens, "max_wait": o.max_wait_ms / 1000,
-                "max_queue": o.max_queue, "batching": o.batching}  # fmt: skip
+    batching = {
+        "max_tokens": o.batch_tokens,
+        "max_wait": o.max_wait_ms / 1000,
+        "max_queue": o.max_queue,
+        "batching": o.batching,
+    }
     served = [load(name, paths, o.device, o.precision, batching, say) for name, paths in specs]
-    limits = Limits(o.max_sentences, o.max_chars, o.max_body, o.timeout, o.max_cost,
-                    o.max_attention_cells)  # fmt: skip
+    limits = Limits(
+        o.max_sentences, o.max_chars, o.max_body, o.timeout, o.max_cost, o.max_attention_cells
+    )
     hosts = allowed_hosts(o.host, o.allowed_host)
     log = access_log() if o.access_log else (lambda line: None)
     app = create_app(served, limits, o.api_key, hosts, tuple(o.cors_origin), log)
-    names = ", ".join(f"{m.name} ({m.info['source_language']}->{m.info['target_language']})"
-                      for m in served)  # fmt: skip
+    names = ", ".join(
+        f"{m.name} ({m.info['source_language']}->{m.info['target_language']})" for m in served
+    )
     say(
         f"serving {names} on http://{o.host}:{o.port}/ (batching {'on' if o.batching else 'off'}"
         f"{', API key required' if o.api_key else ', no API key: open to any client'}"
@@ -76,8 +82,10 @@ def serve(o: ServeOptions, say: Callable[[str], None]) -> None:
         f"); Ctrl-C or SIGTERM stops it"
     )
     run(app, served, o, say)
-    say(f"stopped: {sum(m.batcher.decoded for m in served)} requests answered in "
-        f"{sum(m.batcher.batches for m in served)} batches")  # fmt: skip
+    say(
+        f"stopped: {sum(m.batcher.decoded for m in served)} requests answered in "
+        f"{sum(m.batcher.batches for m in served)} batches"
+    )
 
 
 def run(app, served: list, o: ServeOptions, say: Callable[[str], None]) -> None:
@@ -124,8 +132,10 @@ def run(app, served: list, o: ServeOptions, say: Callable[[str], None]) -> None:
 def check_origins(origins: list[str]) -> None:
     for origin in origins:
         if origin != "*" and not re.fullmatch(r"https?://[^/\s]+", origin):
-            raise MTError(f"--cors-origin {origin!r}: give a site as browsers name it, "
-                          "scheme and host without a path (https://app.example.org)")  # fmt: skip
+            raise MTError(
+                f"--cors-origin {origin!r}: give a site as browsers name it, "
+                "scheme and host without a path (https://app.example.org)"
+            )
 
 
 def model_specs(paths: list[Path], given: list[str]) -> list[tuple[str, list[Path]]]:
@@ -137,16 +147,20 @@ def model_specs(paths: list[Path], given: list[str]) -> list[tuple[str, list[Pat
     for spec in given:
         name, sep, path = spec.partition("=")
         if not sep or not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", name) or not path.strip():
-            raise MTError(f"--model {spec!r}: give NAME=PATH, a name of letters, digits, '.', "
-                          "'_' or '-' (--model de_en=runs/de_en)")  # fmt: skip
+            raise MTError(
+                f"--model {spec!r}: give NAME=PATH, a name of letters, digits, '.', "
+                "'_' or '-' (--model de_en=runs/de_en)"
+            )
         specs.setdefault(name, []).extend(checkpoint.resolve_all([path]))
     if paths:
         resolved = checkpoint.resolve_all(paths)
         first = Path(paths[0])  # (a run of several members: named after its own folder)
         name = (first if first.is_dir() else resolved[0].parent).name or "model"
         if name in specs:
-            raise MTError(f"the model {paths[0]} would be named {name!r}, which a --model names "
-                          f"too: serve it as --model OTHER={paths[0]}")  # fmt: skip
+            raise MTError(
+                f"the model {paths[0]} would be named {name!r}, which a --model names "
+                f"too: serve it as --model OTHER={paths[0]}"
+            )
         specs = {name: resolved, **specs}
     if not specs:
         raise MTError("give a model: mt serve RUN_DIR, or --model NAME=RUN_DIR")
@@ -254,5 +268,7 @@ def check_address(host: str, port: int) -> None:
         try:
             probe.bind(address)
         except OSError as e:
-            raise MTError(f"--host {host} --port {port}: cannot listen there ({e.strerror}); "
-                          "choose another --port") from None  # fmt: skip
+            raise MTError(
+                f"--host {host} --port {port}: cannot listen there ({e.strerror}); "
+                "choose another --port"
+            ) from None

@@ -41,13 +41,17 @@ class TranslateRequest(BaseModel):
     )
     prefix: str | None = Field(None, description="every translation starts with this text")
     src_lang: str | None = Field(
-        None, max_length=32, description="a model of several pairs (GET /info's pairs): the "
-        "source language; unset: the model's default direction's, or the one pair into tgt_lang's"
-    )  # fmt: skip
+        None,
+        max_length=32,
+        description="a model of several pairs (GET /info's pairs): the "
+        "source language; unset: the model's default direction's, or the one pair into tgt_lang's",
+    )
     tgt_lang: str | None = Field(
-        None, max_length=32, description="a model of several pairs: the language to translate "
-        "into; unset: the model's default"
-    )  # fmt: skip
+        None,
+        max_length=32,
+        description="a model of several pairs: the language to translate "
+        "into; unset: the model's default",
+    )
     alignment: bool = Field(False, description="add source-output subword links (s-t, 0-based)")
     attention: bool = Field(False, description="add the cross-attention weights (L, H, T, S)")
 
@@ -137,8 +141,10 @@ class ModelHealth(BaseModel):
 
 
 class Health(BaseModel):
-    status: str = Field(description="ok, or busy: a model asked about (?model=, else any) has "
-                        "decoded one batch past --timeout")  # fmt: skip
+    status: str = Field(
+        description="ok, or busy: a model asked about (?model=, else any) has "
+        "decoded one batch past --timeout"
+    )
     live: bool
     ready: bool = Field(description="false (with status 503) while a model asked about is stuck")
     busy_seconds: float = Field(description="the longest decode under way, in seconds")

@@ -101,8 +101,10 @@ def _truncate_log(path: Path, step: int, log) -> None:
         if isinstance(record, dict) and record.get("step", 0) <= step:
             kept.append(line)
     if damaged:
-        log(f"warning: {path}: line(s) {', '.join(map(str, damaged[:5]))} are not JSON records "
-            f"(cut off, or edited); dropped, the rest of the log kept")  # fmt: skip
+        log(
+            f"warning: {path}: line(s) {', '.join(map(str, damaged[:5]))} are not JSON records "
+            f"(cut off, or edited); dropped, the rest of the log kept"
+        )
     if len(kept) != len(lines):
         write_text(path, "".join(x + "\n" for x in kept))
 
@@ -136,8 +138,10 @@ def build_trainer(
     t = cfg.train
     dist, device_name = setup(t.device, t.dist_timeout_minutes, t.dist_wait_minutes, log)
     if t.data_parallel == "ddp" and not dist.enabled:
-        log("note: train.data_parallel ddp applies to several processes (torchrun "
-            "--nproc_per_node N -m mt train ...); this run is one process")  # fmt: skip
+        log(
+            "note: train.data_parallel ddp applies to several processes (torchrun "
+            "--nproc_per_node N -m mt train ...); this run is one process"
+        )
     if cfg.data.pair_temperature != 1.0 and len(cfg.data.pairs) < 2:
         log(
             f"note: data.pair_temperature {cfg.data.pair_temperature:g} weighs the pairs of "
@@ -227,9 +231,13 @@ def _model_and_objective(cfg: Config, tokenizer, run_dir: Path, device, dist, pr
     )
     seed = cfg.train.seed + dist.rank  # this rank's draws
     objective = build_objective(
-        cfg, fused=fused, seed=seed, pretraining=pretraining,
-        vocab_size=tokenizer.src_vocab_size, compiled=bool(cfg.train.compile),
-    )  # fmt: skip
+        cfg,
+        fused=fused,
+        seed=seed,
+        pretraining=pretraining,
+        vocab_size=tokenizer.src_vocab_size,
+        compiled=bool(cfg.train.compile),
+    )
     torch.manual_seed(seed)  # same initial weights everywhere, own dropout masks
     return model, objective
 
@@ -318,8 +326,10 @@ def _set_aside_damaged_best(trainer: Trainer, best: Path, log) -> None:
         aside = best.with_name("best.pt.damaged")
         os.replace(best, aside)
         trainer.state.best_bleu, trainer.state.bad_validations = -1.0, 0
-        log(f"warning: {str(e).split('; ')[0]}: moved to {aside}; the next validation "
-            f"writes best.pt again")  # fmt: skip
+        log(
+            f"warning: {str(e).split('; ')[0]}: moved to {aside}; the next validation "
+            f"writes best.pt again"
+        )
 
 
 def _resume_if_saved(trainer: Trainer, run_dir: Path, log) -> None:

@@ -53,8 +53,21 @@ class GraphUpdate:
     what a skip found late is taken back from (ema None: no weight average); capture: record
     and replay (a GPU), else every update runs as recorded would."""
 
-    def __init__(self, model, loss, exchange, optimizer, scheduler, scaler, ema, skips: Skips,
-                 clip_norm: float, device: torch.device, amp_dtype, capture: bool):  # fmt: skip
+    def __init__(
+        self,
+        model,
+        loss,
+        exchange,
+        optimizer,
+        scheduler,
+        scaler,
+        ema,
+        skips: Skips,
+        clip_norm: float,
+        device: torch.device,
+        amp_dtype,
+        capture: bool,
+    ):
         self.model, self.loss, self.exchange, self.scaler = model, loss, exchange, scaler
         self.optimizer, self.scheduler, self.ema, self.skips = optimizer, scheduler, ema, skips
         self.clip_norm, self.device, self.amp_dtype = clip_norm, device, amp_dtype

@@ -190,8 +190,14 @@ def host_copy(obj: Any, copies: dict | None = None) -> Any:
     is copied once, so the file holds it once, as torch.save of the live tensors would."""
     copies = {} if copies is None else copies
     if isinstance(obj, torch.Tensor):
-        key = (obj.untyped_storage().data_ptr(), obj.storage_offset(), tuple(obj.shape),
-               tuple(obj.stride()), obj.dtype, obj.device)  # fmt: skip
+        key = (
+            obj.untyped_storage().data_ptr(),
+            obj.storage_offset(),
+            tuple(obj.shape),
+            tuple(obj.stride()),
+            obj.dtype,
+            obj.device,
+        )
         if key not in copies:
             copies[key] = obj.detach().to("cpu", copy=True)
         return copies[key]

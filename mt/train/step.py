@@ -57,8 +57,17 @@ class PlainUpdate:
     """loss: the objective's loss(model, batch), summed over target tokens (or its compiled
     form); clip_norm: train.clip_norm (0: none); scaler: the GradScaler (on for fp16)."""
 
-    def __init__(self, model, loss, optimizer, scaler, clip_norm: float, skips: Skips,
-                 device: torch.device, amp_dtype) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model,
+        loss,
+        optimizer,
+        scaler,
+        clip_norm: float,
+        skips: Skips,
+        device: torch.device,
+        amp_dtype,
+    ) -> None:
         self.model, self.loss, self.optimizer, self.scaler = model, loss, optimizer, scaler
         self.clip_norm, self.skips = clip_norm, skips
         self.device, self.amp_dtype = device, amp_dtype
@@ -106,8 +115,21 @@ class DeviceUpdate:
     batch), or its compiled form; scheduler and ema: what a skip found late is taken back
     from (ema None: no weight average)."""
 
-    def __init__(self, model, loss, exchange, optimizer, scheduler, scaler, ema, skips: Skips,
-                 clip_norm: float, dist: Dist, device: torch.device, amp_dtype):  # fmt: skip
+    def __init__(
+        self,
+        model,
+        loss,
+        exchange,
+        optimizer,
+        scheduler,
+        scaler,
+        ema,
+        skips: Skips,
+        clip_norm: float,
+        dist: Dist,
+        device: torch.device,
+        amp_dtype,
+    ):
         self.model, self.loss, self.exchange = model, loss, exchange
         self.optimizer, self.scheduler, self.scaler, self.ema = optimizer, scheduler, scaler, ema
         self.skips, self.clip_norm, self.dist = skips, clip_norm, dist

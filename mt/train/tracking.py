@@ -50,10 +50,12 @@ def scalars(record: dict) -> list[tuple[str, float]]:
     tune/beam_5_length_penalty_1.0, skipped/out of memory, ..."""
     if "grid" in record:  # the decoding tuning grid: tune/beam_5_length_penalty_1.0, ...
         return [
-            ("tune/" + "_".join(f"{k}_{v}" for k, v in g.items() if k != "valid_bleu"),
-             g["valid_bleu"])
+            (
+                "tune/" + "_".join(f"{k}_{v}" for k, v in g.items() if k != "valid_bleu"),
+                g["valid_bleu"],
+            )
             for g in record["grid"]
-        ]  # fmt: skip
+        ]
     if "skipped" in record:
         return [(f"skipped/{record['skipped']}", 1.0)]
     group = (
