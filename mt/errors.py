@@ -11,6 +11,13 @@ def shorten(text: str, limit: int = 40) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+def first_line(e: BaseException, limit: int = 200) -> str:
+    """What a one-line message quotes of an exception: its first non-empty line, cut to `limit`
+    characters, or its type's name where it says nothing."""
+    text = str(e).strip()
+    return shorten(text.splitlines()[0], limit) if text else type(e).__name__
+
+
 class Interrupted(KeyboardInterrupt):
     """The user stopped the program without waiting for a clean stop (a second Ctrl-C).
     The CLI prints the message (what was lost, how to go on) and exits with status 130.

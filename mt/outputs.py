@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from mt.errors import MTError, shorten
+from mt.errors import MTError, first_line, shorten
 
 # Below this much free space a failed write is reported as a full disk: torch's zip writer
 # says "unexpected pos" rather than ENOSPC when the disk fills under it.
@@ -162,9 +162,7 @@ def check_not_training(path: Path) -> None:
 
 def describe_write_error(path: Path, e: BaseException) -> str:
     """One line for a failed write, naming the path and saying when the disk is full."""
-    reason = getattr(e, "strerror", None) or (
-        str(e).splitlines()[0][:120] if str(e) else type(e).__name__
-    )
+    reason = getattr(e, "strerror", None) or first_line(e, 120)
     full = getattr(e, "errno", None) == errno.ENOSPC
     if not full:
         with suppress(OSError):

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from mt.artifacts import members
-from mt.errors import MTError
+from mt.errors import MTError, first_line
 from mt.outputs import atomic_file
 
 if TYPE_CHECKING:
@@ -97,7 +97,7 @@ def load(path: str | Path) -> dict[str, Any]:
         ) from None
     except Exception as e:
         # torch's first sentence (the rest is advice for torch's own users)
-        reason = str(e).strip().splitlines()[0].split(". ")[0][:160] if str(e).strip() else ""
+        reason = first_line(e, 160).split(". ")[0]
         raise MTError(
             f"checkpoint {path} is corrupt or not an mt checkpoint "
             f"({reason or type(e).__name__}); {_instead(path)}"

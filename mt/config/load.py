@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from mt.config.schema import Config
-from mt.errors import MTError, shorten
+from mt.errors import MTError, first_line, shorten
 from mt.outputs import atomic_file
 
 
@@ -229,7 +229,7 @@ def read_yaml(path: Path) -> Any:
         cause = e.problem or e.context or "syntax error"
         raise MTError(f"{path}{where}: not valid YAML ({cause})") from None
     except yaml.YAMLError as e:
-        raise MTError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+        raise MTError(f"{path}: not valid YAML ({first_line(e)})") from None
     if raw is None:
         raise MTError(
             f"{path}: the config file is empty; copy a built-in config (`mt configs` lists "

@@ -16,7 +16,7 @@ from typing import Any
 from mt.data import synthetic
 from mt.data.corpus import SPLITS, read_lines
 from mt.data.tables import carve_valid, read_tables, tables_in
-from mt.errors import MTError, shorten
+from mt.errors import MTError, first_line, shorten
 from mt.outputs import atomic_folder, check_folder_creatable, write_text
 
 # Short names -> (hub id, dataset config). Any other name is passed to the hub as it is.
@@ -171,7 +171,7 @@ def from_hub(name: str, config: str | None, langs: tuple[str, ...] | None, out: 
 
         dd = datasets.load_dataset(hub_id, config)
     except Exception as e:  # network, auth and missing-dataset errors all mean the same here
-        reason = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        reason = first_line(e)
         if unreachable:
             reason = f"the hub cannot be reached ({unreachable}), and it is not in the cache"
         raise MTError(

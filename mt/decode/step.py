@@ -13,6 +13,7 @@ import torch
 import torch.fx.experimental._config as shape_config
 
 from mt.decode.cache import BufferPool, DecodeCache, Static
+from mt.errors import first_line
 from mt.tokens import BOS, PAD, UNK
 
 # Never emitted: padding, BOS or <unk> (fairseq bans pad and bos too): an <unk> detokenizes to
@@ -86,7 +87,7 @@ class CompiledStep:
         except Exception as e:  # Dynamo's, Inductor's and CUDA graphs' errors alike
             if self.fn is decoder_step:
                 raise
-            first = str(e).splitlines()[0] if str(e) else ""
+            first = first_line(e)
             self.warn(
                 f"warning: the compiled decoder step failed ({type(e).__name__}: {first}); "
                 f"decoding without it (decode.compile_step: never skips the attempt)"

@@ -26,7 +26,7 @@ import torch
 from mt.config.load import config_from_dict
 from mt.data.pairs import Languages, tag
 from mt.data.tokenizer import Tokenizer, Vocabulary
-from mt.errors import MTError
+from mt.errors import MTError, first_line
 from mt.hub import HUB_ID
 from mt.hub.export import transformers_modules
 from mt.hub.marian import from_marian, tie_mode
@@ -48,7 +48,7 @@ class Imported:
             self.model = transformers.MarianMTModel.from_pretrained(source).eval()
             self.hf_tokenizer = transformers.MarianTokenizer.from_pretrained(source)
         except (OSError, ValueError, KeyError, AssertionError, TypeError) as e:
-            raise MTError(f"model.init_from {source}: cannot load it ({_first_line(e)})") from None
+            raise MTError(f"model.init_from {source}: cannot load it ({first_line(e)})") from None
         self.config = self.model.config
         hf_tok, c = self.hf_tokenizer, self.config
         target = hf_tok.target_encoder if hf_tok.separate_vocabs else hf_tok.encoder
@@ -142,11 +142,6 @@ class Imported:
         )
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__
-
-
 def _check_is_marian(source: str, transformers) -> None:
     """A folder with a Marian config.json, or a hub id whose config says Marian; else one line."""
     where = f"model.init_from {source}"
@@ -181,7 +176,7 @@ def _check_is_marian(source: str, transformers) -> None:
         except (OSError, ValueError) as e:
             raise MTError(
                 f"{where}: no such folder here, and the Hugging Face hub cannot give it "
-                f"({_first_line(e)}); where the hub is reachable, download it (hf download "
+                f"({first_line(e)}); where the hub is reachable, download it (hf download "
                 f"{source} --local-dir DIR) and set model.init_from: DIR"
             ) from None
     if kind != "marian":

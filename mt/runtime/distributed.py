@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from mt.errors import MTError
+from mt.errors import MTError, first_line
 from mt.runtime.env import env_int
 
 
@@ -42,7 +42,7 @@ class Dist:
         try:
             yield
         except RuntimeError as e:  # gloo's and NCCL's errors alike (DistBackendError too)
-            why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            why = first_line(e, 1000)
             raise MTError(
                 f"rank {self.rank}: {what} with the other ranks failed ({why.split('] ')[-1]}): "
                 f"another rank died, or hung for longer than train.dist_timeout_minutes; the same "
@@ -164,7 +164,7 @@ def _join(rank: int, world: int, use_cuda: bool, timeout_minutes: float, log) ->
             **_store_of_this_start(rank, world, timeout_minutes),
         )
     except (RuntimeError, TimeoutError, ValueError) as e:  # (DistStoreError is a RuntimeError)
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+        reason = first_line(e, 160)
         raise MTError(
             f"the group of {world} processes at {where} did not form ({reason}): if no "
             f"other process is starting, unset WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR and "

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from mt.data.batching import Batch
-from mt.errors import MTError
+from mt.errors import MTError, first_line
 from mt.train.skips import OUT_OF_MEMORY, Skips
 from mt.train.state import TrainState
 from mt.train.step import forward
@@ -131,7 +131,7 @@ class GraphUpdate:
                 f"(blocks {blocks}): lower train.max_tokens, or set train.update: device"
             ) from None
         except RuntimeError as e:  # (something in the update the device cannot record)
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            first = first_line(e)
             raise MTError(
                 f"step {state.step}: the update could not be recorded as a CUDA graph "
                 f"({first}); set train.update: device"
