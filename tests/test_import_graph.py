@@ -1,5 +1,5 @@
 """The folders of mt/ import one way: the graph of which package imports which, imports inside
-functions included, has no circle (docs/code_map.md draws its order)."""
+functions included, has no circle, and is the one docs/code_map.md tables."""
 
 from __future__ import annotations
 
@@ -57,3 +57,32 @@ def test_the_packages_import_one_way():
 def test_a_circle_is_found():
     assert circle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert circle({"a": {"b"}, "b": set()}) is None
+
+
+SHARED = {"tokens", "errors", "outputs"}  # (top-level modules every folder may use)
+
+
+def test_the_code_map_tables_the_imports_the_code_makes():
+    """Each row of docs/code_map.md's import table is what that folder's code imports (a
+    folder that gains or drops an import changes its row), and every module the map names
+    exists."""
+    import re
+
+    text = (ROOT / "docs/code_map.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| `(\w+)` \|([^|\n]*)\|$", text, re.M)
+    table = {folder: set(re.findall(r"`(\w+)`", uses)) for folder, uses in rows}
+    graph = package_imports()
+    folders = {p.name for p in (ROOT / "mt").iterdir() if (p / "__init__.py").is_file()}
+    assert set(table) == folders, set(table) ^ folders
+    for folder in sorted(folders):
+        made = graph.get(folder, set()) - SHARED
+        assert table[folder] == made, (
+            folder,
+            "missing",
+            made - table[folder],
+            "untrue",
+            table[folder] - made,
+        )
+    named = set(re.findall(r"`(?:mt/)?((?:\w+/)?\w+\.(?:py|html))`", text))
+    missing = [n for n in sorted(named) if not (ROOT / "mt" / n).is_file() | (ROOT / n).is_file()]
+    assert not missing, missing

@@ -33,7 +33,8 @@ class Packing(Protocol):
 
 
 class Transformer(Seq2Seq):
-    cross_cache_per_sentence = True  # see MultiHeadAttention's grouped queries
+    # the beam's queries grouped over one copy of the memory per sentence (mt/decode/cache.py)
+    cross_cache_per_sentence = True
 
     def __init__(
         self,
