@@ -64,6 +64,20 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
+case "${1:-}" in  # usage: the header above, and nothing started, installed or written
+-h | --help | "")
+    sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+    exit "$([ -n "${1:-}" ] && echo 0 || echo 2)"
+    ;;
+-*)
+    case "$1" in --prepare | --dry-run) ;; *)
+        echo "scripts/gpu_check.sh: unknown option $1 (see --help)" >&2
+        exit 2
+        ;;
+    esac
+    ;;
+esac
+
 if [ "${1:-}" = "--prepare" ]; then
     set -e
     mkdir -p .gpu/whl .gpu/m30k .gpu/en_de

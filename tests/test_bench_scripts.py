@@ -521,6 +521,21 @@ def _gpu_check_dry_run(out, *parts: str) -> None:
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
 
 
+def test_gpu_check_help_prints_its_usage_and_starts_nothing(tmp_path):
+    """--help prints the header's usage (its parts among it) and exits 0 in a second, taking
+    no folder, installing and writing nothing; an unknown option is one line, status 2."""
+    script = str(SCRIPTS / "gpu_check.sh")
+    r = subprocess.run(
+        ["bash", script, "--help"], capture_output=True, text=True, cwd=tmp_path, timeout=20
+    )
+    assert r.returncode == 0 and "PARTs:" in r.stdout and "mfu" in r.stdout, r.stderr
+    assert not (ROOT / "--help").exists() and not list(tmp_path.iterdir())  # (no OUTDIR made)
+    r = subprocess.run(
+        ["bash", script, "--hepl"], capture_output=True, text=True, cwd=tmp_path, timeout=20
+    )
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--hepl" in r.stderr, r.stderr
+
+
 def test_gpu_check_dry_run_writes_every_figure_of_both_parts(tmp_path):
     """scripts/gpu_check.sh --dry-run runs the GPU check's two parts on the CPU (tiny sizes,
     aot_eager): each writes its JSON line with every key, the packed step compiled once."""
