@@ -120,6 +120,8 @@ def test_host_syncs_count_every_read_of_a_tensors_values():
         lambda: x.to(device="cpu"),
         lambda: x.__setitem__(0, 0.0),  # t[i] = 0.0: a number copied from the host
         lambda: x.__setitem__((slice(None),), 1),
+        lambda: x.__setitem__([1, 2], 0.0),  # t[[1, 2]] = 0.0: the list copied from the host
+        lambda: x[[0, 3]],
     ]
     for i, read in enumerate(reads):
         with HostSyncs() as syncs:
@@ -127,5 +129,5 @@ def test_host_syncs_count_every_read_of_a_tensors_values():
         assert syncs.count == 1, (i, syncs.count)
     with HostSyncs() as syncs:  # none of these waits for a device
         x.to(torch.float64), x + 1, x.sum(), x[1:3], x.to(x.device)
-        x[0:1].fill_(0.0), x.__setitem__([1, 2], 0.0), x.__setitem__(0, x[1])  # kernels alone
+        x[0:1].fill_(0.0), x.__setitem__(torch.tensor([1, 2]), 0.0), x.__setitem__(0, x[1])
     assert syncs.count == 0, syncs.where

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from mt.tokens import BOS, EOS, MASK, PAD, UNK
-
-BANNED = [PAD, UNK, BOS, EOS]  # never produced inside a target of known length
+from mt.tokens import EOS, MASK, PAD
 
 
 def _candidates(model, memory, src_pad_mask, length_beam: int, max_len: int):
@@ -69,7 +67,7 @@ def mask_predict(
         hidden = tokens == MASK
         logits = model.project(model.decode(tokens, memory, mask)).float()
         lprobs = torch.log_softmax(logits, -1)
-        lprobs[..., BANNED] = -float("inf")
+        lprobs[..., : EOS + 1].fill_(-float("inf"))  # PAD, UNK, BOS, EOS: never inside a target
         best_p, best_tok = lprobs.max(-1)  # (N, T)
         tokens = torch.where(hidden, best_tok, tokens)
         probs = torch.where(hidden, best_p, probs)

@@ -14,11 +14,12 @@ import torch.fx.experimental._config as shape_config
 
 from mt.decode.cache import BufferPool, DecodeCache, Static
 from mt.errors import first_line
-from mt.tokens import BOS, PAD, UNK
+from mt.tokens import BOS, EOS, PAD, UNK
 
 # Never emitted: padding, BOS or <unk> (fairseq bans pad and bos too): an <unk> detokenizes to
-# " ⁇ " in the user's output, and the others end a sentence in nonsense.
-BANNED = [PAD, BOS, UNK]
+# " ⁇ " in the user's output, and the others end a sentence in nonsense. They are the ids before
+# EOS, so a slice bans them (an index of a Python list is a copy from the host every step).
+assert tuple(range(EOS)) == (PAD, UNK, BOS)
 ROOM = 32  # a static cache's positions: the longest output rounded up to a multiple of this
 
 
@@ -34,7 +35,7 @@ def decoder_step(model, tokens, memory, pad_mask, cache, step):
     with torch.autocast(h.device.type, enabled=False):
         logits = model.project(h[:, -1].float())  # (N, V), a new tensor
     lprobs = torch.log_softmax(logits, dim=-1, out=logits)  # in place: no new (N, V)
-    lprobs[:, BANNED] = -float("inf")
+    lprobs[:, :EOS].fill_(-float("inf"))  # PAD, UNK, BOS: never produced
     return lprobs
 
 

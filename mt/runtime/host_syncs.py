@@ -1,10 +1,11 @@
 """Counting the places where Python waits for a tensor's values (a host sync on a GPU): every
 `.item()`, `.tolist()`, `bool()`/`int()`/`float()` of a tensor, `nonzero()`, `.cpu()`,
 `.numpy()`, `.to("cpu")`, indexing with a boolean mask (whose result's size depends on the
-values), and a Python number written through a basic index (`t[i] = 0.0`: a copy from the
-host). On a GPU each one stalls the host until the device has caught up, so a decoding or
-training step written to stay on the device keeps them out of its loop. They are counted the
-same way on the CPU, where a test can see them without a GPU:
+values) or with a Python list (`t[:, [0, 1]]`: the list is copied from the host as a tensor),
+and a Python number written through a basic index (`t[i] = 0.0`: a copy from the host). On
+a GPU each one stalls the host until the device has caught up, so a decoding or training step
+written to stay on the device keeps them out of its loop. They are counted the same way on
+the CPU, where a test can see them without a GPU:
 
     with HostSyncs() as syncs:
         search(model, src, mask, DecodeOptions(beam=5))
@@ -44,18 +45,27 @@ def _to_host(args, kwargs) -> bool:
 def _scalar_write(args) -> bool:
     """t[i] = 0.0 with a basic index (ints, slices): the number becomes a CPU tensor that is
     copied to the device, and a copy from the host waits for it (t[i].fill_(0.0) passes the
-    number to the kernel instead). An index of tensors or lists writes through index_put_,
-    which takes the number as it is."""
+    number to the kernel instead). An index of tensors writes through index_put_, which takes
+    the number as it is (a list index is counted as a list: _list_index)."""
     if len(args) < 3 or isinstance(args[2], torch.Tensor) or not isinstance(args[2], int | float):
         return False
     items = args[1] if isinstance(args[1], tuple) else (args[1],)
     return not any(isinstance(i, torch.Tensor | list) for i in items)
 
 
-def _bool_index(args) -> bool:
+def _index_items(args) -> tuple:
     index = args[1] if len(args) > 1 else None
-    items = index if isinstance(index, tuple) else (index,)
-    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in items)
+    return index if isinstance(index, tuple) else (index,)
+
+
+def _bool_index(args) -> bool:
+    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in _index_items(args))
+
+
+def _list_index(args) -> bool:
+    """t[:, [0, 1, 2]]: the list becomes a tensor on the host, copied to the device (from
+    pageable memory: the host waits) at every such index; a device tensor made once does not."""
+    return any(isinstance(i, list) for i in _index_items(args))
 
 
 class HostSyncs(TorchFunctionMode):
@@ -71,7 +81,10 @@ class HostSyncs(TorchFunctionMode):
         kwargs = kwargs or {}
         reads = (
             func in _READS
-            or (func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__) and _bool_index(args))
+            or (
+                func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__)
+                and (_bool_index(args) or _list_index(args))
+            )
             or (func is torch.Tensor.__setitem__ and _scalar_write(args))
             or (func is torch.Tensor.to and _to_host(args, kwargs))
         )
