@@ -67,7 +67,9 @@ class BufferPool:
         if key not in self._buffers:
             buf = like.new_zeros(shape)
             if hasattr(torch, "_dynamo"):  # a compiled step may then write into it in place
-                torch._dynamo.mark_static_address(buf)
+                # guard=False said, not assumed: no guard on the buffer's address (a guard would
+                # recompile for each new buffer; not the default in every torch pyproject allows)
+                torch._dynamo.mark_static_address(buf, guard=False)
             self._buffers[key] = buf
         return self._buffers[key]
 
