@@ -250,3 +250,33 @@ def test_snapshots_of_two_runs_of_one_shape_are_not_averaged(tiny_run, tmp_path)
     )
     intruder.unlink()  # one run's snapshots still average
     assert run_mt("average", mixed, "--last", "2", "-o", tmp_path / "avg.pt").returncode == 0
+
+
+def test_the_training_picture_is_drawn_off_the_training_thread(tiny_run, tmp_path, monkeypatch):
+    """A validation's redraw returns at once (the drawing, seconds of matplotlib, runs on a
+    thread of its own); one that finds a drawing under way leaves it; the run's end waits for
+    it and draws the last picture itself, with what the log holds then."""
+    import threading
+    import time
+
+    from mt.evaluate import plot
+    from mt.train.finish import draw_training_picture
+
+    run = shutil.copytree(tiny_run, tmp_path / "run")
+    (run / "training.png").unlink(missing_ok=True)
+    drawn, gate, real = [], threading.Event(), plot.plot_run
+
+    def slow_plot(run_dir, out=None):
+        gate.wait(10)
+        drawn.append(threading.current_thread().name)
+        return real(run_dir, out)
+
+    monkeypatch.setattr(plot, "plot_run", slow_plot)
+    started = time.monotonic()
+    draw_training_picture(run, print)
+    draw_training_picture(run, print)  # (a drawing is under way: left to it)
+    assert time.monotonic() - started < 1 and not drawn
+    gate.set()
+    draw_training_picture(run, print, wait=True)
+    assert drawn == ["training.png", threading.current_thread().name], drawn
+    assert (run / "training.png").read_bytes().startswith(b"\x89PNG")

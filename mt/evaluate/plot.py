@@ -29,22 +29,18 @@ def read_log(run_dir: Path) -> list[dict]:
 
 def plot_run(run_dir: Path, out: Path | None = None) -> Path:
     """Draw training_figure into `out` (default RUN_DIR/training.png)."""
-    import matplotlib.pyplot as plt
-
     fig = training_figure(run_dir)
     out = out or run_dir / "training.png"
     with atomic_file(out) as f:
         fig.savefig(f, format=picture_format(out), dpi=100)
-    plt.close(fig)
     return out
 
 
 def training_figure(run_dir: Path):
-    """Training and validation loss, and validation BLEU (best.pt marked), by step."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """Training and validation loss, and validation BLEU (best.pt marked), by step. A
+    Figure of its own, not pyplot's: pyplot's global state is not for threads, and a
+    training draws this on one (mt/train/finish.py)."""
+    from matplotlib.figure import Figure
 
     records = read_log(run_dir)
     train = [r for r in records if "loss" in r]
@@ -52,7 +48,8 @@ def training_figure(run_dir: Path):
     scored = [r for r in records if "valid_bleu" in r]  # validations and averages
     # a single point is drawn as a marker: a line needs two
     line = "o-" if len(train) < 2 else "-"
-    fig, (ax_loss, ax_bleu) = plt.subplots(1, 2, figsize=(11, 4))
+    fig = Figure(figsize=(11, 4))
+    ax_loss, ax_bleu = fig.subplots(1, 2)
     _losses(ax_loss, train, valid, line)
     _bleu(ax_bleu, valid, scored)
     fig.suptitle(run_dir.name)

@@ -4,6 +4,7 @@ split with best.pt's weights, the training picture, and what the user should kno
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -58,7 +59,7 @@ class RunEnd:
         asks = d.tune_nat_length_beams if nat else d.tune_beams
         if not stopped and asks and st.best_bleu >= 0:
             self.tune_best(st)
-        draw_training_picture(self.run_dir, self.say)
+        draw_training_picture(self.run_dir, self.say, wait=True)
         if not stopped:  # (last.pt says so: a re-run of the same budget does nothing)
             st.finished = True
             self.checkpoints.save("last.pt", st, rank_rng)
@@ -134,8 +135,27 @@ class RunEnd:
         )
 
 
-def draw_training_picture(run_dir, say) -> None:
-    """RUN_DIR/training.png, redrawn after every validation; a picture never stops a run."""
+_DRAWING: dict[str, threading.Thread] = {}  # each run directory's drawing under way
+
+
+def draw_training_picture(run_dir, say, wait: bool = False) -> None:
+    """RUN_DIR/training.png, redrawn after every validation on a thread of its own, so that
+    matplotlib's seconds stay off the training step (a validation that finds a drawing under
+    way leaves its points to the next one), and drawn once more at the run's end (`wait`: in
+    the caller, after the drawing under way). A picture never stops a run."""
+    under_way = _DRAWING.get(str(run_dir))
+    if wait:
+        if under_way is not None:
+            under_way.join()
+        _draw(run_dir, say)
+    elif under_way is None or not under_way.is_alive():
+        thread = threading.Thread(target=_draw, args=(run_dir, say), name="training.png")
+        thread.daemon = True  # (the run's end draws the last picture itself)
+        _DRAWING[str(run_dir)] = thread
+        thread.start()
+
+
+def _draw(run_dir, say) -> None:
     from mt.evaluate.plot import plot_run
 
     try:
