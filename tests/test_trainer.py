@@ -205,12 +205,22 @@ class _Run:
     """A run's clock and compile count for a Forecast: `steps(n, each)` makes n updates of
     `each` seconds, the first compiling where asked, and returns the last forecast made."""
 
-    def __init__(self, max_steps=30_000, budget=3600.0):
+    def __init__(self, max_steps=30_000, budget=3600.0, valid_every=0):
         from mt.train.progress import Forecast
 
         self.now, self.graphs, self.step, self.syncs = 0.0, 0, 0, 0
         self.max_steps, self.budget = max_steps, budget
-        self.f = Forecast(0, clock=lambda: self.now, sync=self._sync, compiles=lambda: self.graphs)
+        self.f = Forecast(
+            0,
+            clock=lambda: self.now,
+            sync=self._sync,
+            compiles=lambda: self.graphs,
+            valid_every=valid_every,
+        )
+
+    def validate(self, seconds):
+        self.now += seconds
+        self.f.validated(seconds)
 
     def _sync(self):
         self.syncs += 1
@@ -249,6 +259,23 @@ def test_a_forecast_measures_the_steady_rate_after_the_compile():
     assert run.steps(200, 0.02, log_every=1) is None  # not 5 s in the window yet
     assert run.steps(400, 0.02, log_every=1) == 30_000  # revised from the new window
     assert run.f.sec_per_step == pytest.approx(0.02)
+
+
+def test_a_forecast_leaves_validations_out_of_the_rate_and_pays_them_from_the_budget():
+    """0.01 s updates with a 30 s validation (its decoder compile) and a 3 s one inside the
+    window: the rate is the updates' own (it was 0.074 s), the line says what a validation
+    takes, and a budget's end counts one validation (the latest's 3 s) every 500 updates."""
+    run = _Run(budget=120.0, valid_every=500)
+    run.steps(4, 0.01)  # (warm-up: the window opens)
+    run.steps(100, 0.01)
+    run.validate(30.0)
+    run.steps(396, 0.01)
+    run.validate(3.0)
+    end = run.steps(100, 0.01, log_every=100)
+    assert run.f.sec_per_step == pytest.approx(0.01)
+    per_step = 0.01 + 3.0 / 500
+    assert end == run.step + int((120.0 - run.now) / per_step)
+    assert "(a validation: 3.0 s)" in run.f.describe(30_000, 10)
 
 
 def test_forecast_is_revised_at_log_lines():

@@ -66,20 +66,36 @@ class Forecast:
     are made, and CUDA graphs recorded, in the first updates of a shape; a compile opens the
     window again), closed by a device sync at both ends (a GPU's host runs ahead of it). The
     first forecast comes once the window holds MEASURE_STEPS updates and MEASURE_SECONDS
-    seconds, later ones at every log line. clock: seconds (tests give their own); sync: waits
-    for the device; compiles: the count of compiled graphs so far."""
+    seconds, later ones at every log line. Validations are left out of the window (told by
+    `validated`: the first one compiles the decoder on a GPU) and counted apart: the budget
+    pays one every `valid_every` updates, at the latest one's time. clock: seconds (tests give
+    their own); sync: waits for the device; compiles: the count of compiled graphs so far."""
 
     WARMUP_STEPS, MEASURE_STEPS, MEASURE_SECONDS = 3, 5, 5.0
 
-    def __init__(self, step: int, clock=time.perf_counter, sync=None, compiles=compiles_so_far):
+    def __init__(
+        self,
+        step: int,
+        clock=time.perf_counter,
+        sync=None,
+        compiles=compiles_so_far,
+        valid_every: int = 0,
+    ):
         self.clock, self.sync, self.compiles = clock, sync or (lambda: None), compiles
-        self.seen = compiles()
+        self.seen, self.valid_every = compiles(), valid_every
         self.began = clock()
         self.warmup_seconds = 0.0  # from the start to the window's opening (compiles included)
         self.quiet_since = step  # the step of the last compile seen, or the start
         self.window: tuple[int, float] | None = None  # (step, clock) where the rate is measured
+        self.left_out = 0.0  # the validations' seconds inside the window
+        self.validations: list[float] = []  # each validation's seconds
         self.done = False  # whether the first forecast was made
         self.sec_per_step, self.now_step, self.end_step = 0.0, step, step
+
+    def validated(self, seconds: float) -> None:
+        """A validation took `seconds` (of the clock's) since the last update."""
+        self.validations.append(seconds)
+        self.left_out += seconds
 
     def update(
         self, step: int, seconds: float, max_steps: int, budget: float, revise: bool = False
@@ -94,7 +110,7 @@ class Forecast:
         if self.window is None:
             if step - self.quiet_since >= self.WARMUP_STEPS:
                 self.sync()
-                self.window = (step, self.clock())
+                self.window, self.left_out = (step, self.clock()), 0.0
                 if not self.done:
                     self.warmup_seconds = self.window[1] - self.began
             return None
@@ -105,17 +121,27 @@ class Forecast:
             return None
         self.sync()
         self.done = True
-        return self._end(step, seconds, (self.clock() - opened) / (step - start), max_steps, budget)
+        steady = (self.clock() - opened - self.left_out) / (step - start)
+        return self._end(step, seconds, steady, max_steps, budget)
 
     def _end(
         self, step: int, seconds: float, sec_per_step: float, max_steps: int, budget: float
     ) -> int:
         self.sec_per_step, self.now_step = sec_per_step, step
         end = max_steps
-        if budget > 0:
-            end = min(max_steps, step + int(max(0.0, budget - seconds) / sec_per_step))
+        if budget > 0:  # (the budget's clock runs through validations too)
+            spent = sec_per_step + self._validation_per_step()
+            end = min(max_steps, step + int(max(0.0, budget - seconds) / spent))
         self.end_step = max(end, step)
         return self.end_step
+
+    def _validation_per_step(self) -> float:
+        """A validation's seconds (the latest: the first compiles) spread over its updates."""
+        return (
+            self.validations[-1] / self.valid_every
+            if self.validations and self.valid_every
+            else 0.0
+        )
 
     def describe(self, max_steps: int, max_minutes: float) -> str:
         left = (self.end_step - self.now_step) * self.sec_per_step
@@ -130,6 +156,8 @@ class Forecast:
             else ""
         )
         msg = f"{rate} on this machine{warm}: {_duration(left)} of training left"
+        if self.validations:
+            msg += f" (a validation: {self.validations[-1]:.1f} s)"
         if self.end_step < max_steps:
             msg += (
                 f"; the {max_minutes:g}-minute budget (train.max_minutes) stops it near "

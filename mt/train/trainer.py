@@ -273,7 +273,9 @@ class Trainer:
         if st.step:  # resumed: last.pt holds this step
             self.checkpoints.last_step = st.step
         sync = functools.partial(torch.cuda.synchronize, self.device)
-        self.forecast = Forecast(st.step, sync=sync if self.device.type == "cuda" else None)
+        self.forecast = Forecast(
+            st.step, sync=sync if self.device.type == "cuda" else None, valid_every=cfg.valid_every
+        )
         self.budget.start(st)
         while st.step < cfg.max_steps:
             updated = self.train_step([next(batches) for _ in range(cfg.accum_steps)])
@@ -341,7 +343,9 @@ class Trainer:
         return False
 
     def _validate_and_say(self) -> None:
+        began = self.forecast.clock()
         rec = self.validate()
+        self.forecast.validated(self.forecast.clock() - began)  # (its rate leaves it out)
         draw_training_picture(self.run_dir, self.say)
         self.say(describe_validation(rec))
 
