@@ -155,17 +155,20 @@ def make_model(pre_norm=False, tie="all", seed=0):
     ).eval()
 
 
-def tagged_translator(targets=("de", "fr")):
-    """A Translator of an untrained model (make_model) of English into `targets`, whose BPE
-    reserves each target's token (>>de<<, ...) as a run of several pairs does."""
+def tagged_translator(targets=("de", "fr"), more=()):
+    """A Translator of an untrained model (make_model) of English into `targets` (and the
+    pairs `more`: ("de", "en"), ...), whose BPE reserves each target's token (>>de<<, ...) as
+    a run of several pairs does."""
     from mt.config import DecodeConfig
     from mt.data.pairs import Languages, Pair, tag
     from mt.data.tokenizer import Tokenizer, train_bpe
     from mt.decode.translator import Translator
 
     words = ["a man rides a red bike", "two dogs run in the snow", "a woman sings"] * 20
-    bpe = train_bpe(words, vocab_size=V, symbols=tuple(tag(t) for t in targets))
-    pairs = tuple(Pair("en", t) for t in targets)
+    pairs = tuple(Pair("en", t) for t in targets) + tuple(Pair(*p) for p in more)
+    bpe = train_bpe(
+        words, vocab_size=V, symbols=tuple(tag(t) for t in sorted({p.tgt for p in pairs}))
+    )
     languages = Languages(pairs, pairs[0])
     return Translator(
         make_model(), Tokenizer(bpe), DecodeConfig(), torch.device("cpu"), None, languages

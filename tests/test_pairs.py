@@ -321,9 +321,18 @@ def test_the_pair_a_translation_asks_for():
     assert langs.tagged and langs.choose(None, None, said.append) == Pair("en", "de")
     assert langs.choose(None, "fr", said.append) == Pair("en", "fr")
     assert langs.choose("de", None, said.append) == Pair("de", "en")
-    assert langs.choose("fr", "de", said.append) == Pair("fr", "de") and "zero-shot" in said[0]
+    assert langs.choose("de", "fr", said.append) == Pair("de", "fr") and "zero-shot" in said[0]
     with pytest.raises(MTError, match="en-cs: this model translates en-de, en-fr, de-en"):
         langs.choose("en", "cs", said.append)
+    with pytest.raises(MTError, match="fr-de: this model never translated from fr"):
+        langs.choose("fr", "de", said.append)  # (fr only ever a target: its encoder never read it)
+    with pytest.raises(MTError, match="this model never translated from fr"):
+        langs.choose("fr", None, said.append)
+    one_way = Languages((Pair("en", "de"), Pair("en", "fr")), Pair("en", "de"))
+    with pytest.raises(MTError, match="de-de: this model never translated from de"):
+        one_way.choose("de", None, said.append)  # (it translated German into German)
+    with pytest.raises(MTError, match=r"en-en: the same language on both sides.*de, fr"):
+        langs.choose("en", "en", said.append)
     one = Languages((Pair("de", "en"),), Pair("de", "en"))
     assert not one.tagged and one.choose("de", "en", said.append) == Pair("de", "en")
     with pytest.raises(MTError, match="translates de-en only"):

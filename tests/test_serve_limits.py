@@ -772,14 +772,14 @@ def test_a_flood_of_requests_to_tokenize_leaves_the_server_answering(server):
 
 
 def test_a_direction_never_trained_is_answered_with_a_warning_the_client_reads():
-    """A model of en-de and en-fr asked for de->fr translates zero-shot and says so in the
+    """A model of en-de, en-fr and de-en asked for de->fr translates zero-shot and says so in the
     answer's warnings (the server once dropped what mt translate warns); a tgt_lang given
     empty is refused naming tgt_lang; a language token typed into a sentence or the prefix
     (which would choose the language against tgt_lang) is a 422 naming that field."""
     from tests.conftest import tagged_translator
 
     batcher = Batcher(lambda s, _, __: list(s), max_wait=0.0)
-    app = create_app(Served("m", tagged_translator(), INFO, batcher), Limits())
+    app = create_app(Served("m", tagged_translator(more=[("de", "en")]), INFO, batcher), Limits())
     url, thread, server = _serve_in_thread(app)
     try:
         with httpx.Client(base_url=url, timeout=10) as http:
@@ -790,6 +790,8 @@ def test_a_direction_never_trained_is_answered_with_a_warning_the_client_reads()
             assert trained.status_code == 200 and "warnings" not in trained.json()
             empty = http.post("/translate", json={**asked, "tgt_lang": ""})
             assert empty.status_code == 422 and empty.json()["field"] == "tgt_lang", empty.text
+            unread = http.post("/translate", json={**asked, "src_lang": "fr"})
+            assert unread.status_code == 422 and "never translated from fr" in unread.text
             typed = http.post("/translate", json={"sentences": ["a b", ">>de<< a b"]})
             assert typed.status_code == 422 and typed.json()["field"] == "sentences.1", typed.text
             assert ">>de<<" in typed.json()["error"]

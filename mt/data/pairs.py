@@ -95,8 +95,9 @@ class Languages:
         """The pair a translation asks for (--src-lang/--tgt-lang, a request's languages;
         None: the default's, or a trained pair's with the other language given): one the
         model was trained on, or, where the model is told its target language, an unseen one
-        between languages it knows (zero-shot, said by warn()); anything else is refused,
-        naming what the model knows."""
+        from one of its source languages into another of its target languages (zero-shot,
+        said by warn()); anything else (a language it never read, the same language on both
+        sides) is refused, naming what the model knows."""
         d = self.default
         if tgt is None:
             tgt = _first(p.tgt for p in (d, *self.pairs) if p.src == (src or d.src)) or d.tgt
@@ -110,7 +111,18 @@ class Languages:
                 f"this model translates {d} only (a bilingual model), not {pair}: leave out "
                 f"--src-lang and --tgt-lang, or train one model on several pairs (data.pairs)"
             )
-        if self.tagged and pair.tgt in self.targets and pair.src in self.sources + self.targets:
+        if src not in self.sources:
+            raise MTError(
+                f"{pair}: this model never translated from {src} (its encoder never read it); "
+                f"its source languages are {', '.join(self.sources)} ({self.describe()})"
+            )
+        if src == tgt:
+            others = [t for t in self.targets if t != src]
+            raise MTError(
+                f"{pair}: the same language on both sides (a copy); choose the target, one of "
+                f"{', '.join(others)} (--tgt-lang, a request's tgt_lang)"
+            )
+        if self.tagged and pair.tgt in self.targets:
             warn(f"warning: {pair} was not trained (zero-shot); the model knows {self.describe()}")
             return pair
         raise MTError(
