@@ -101,6 +101,7 @@ def test_one_model_learns_three_pairs_and_the_token_alone_chooses(tmp_path):
     assert code != 0 and "src-zz: this model translates src-ta, src-tb, src-tc" in err
     served(tmp_path / "run", test[:6], {lang: out[:6] for lang, out in outs.items()})
     exported(tmp_path / "run", tmp_path / "hf", test[:4])
+    documented_ctranslate2(tmp_path / "run", tmp_path / "ct2", test[:40])
     tuned(tmp_path / "run", tmp_path / "d")  # (last: it rewrites best.pt's decoding)
 
 
@@ -115,6 +116,34 @@ def exported(run, out, sources: list[str]) -> None:
     assert code == 0, err
     assert '">>ta<< ..."' in (out / "README.md").read_text()
     check_transformers_translates_as_mt(run, out, tagged(sources, "tb"))
+
+
+def documented_ctranslate2(run, out, sources: list[str]) -> None:
+    """docs/deployment.md's snippet for a model of several pairs, run as written (its folder,
+    lines and token swapped in) on `mt export`'s CTranslate2 model, translates as
+    `mt translate --tgt-lang tb --beam 5 --length-penalty 1` (CTranslate2's defaults)."""
+    import contextlib
+    import io
+    import re
+
+    pytest.importorskip("ctranslate2")
+    from tests.conftest import ROOT
+
+    code, _, err = mt_here("export", run, out)
+    assert code == 0, err
+    text = (ROOT / "docs/deployment.md").read_text(encoding="utf-8")
+    (snippet,) = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if ">>fr<<" in b]
+    snippet = snippet.replace('"ct2_en_x', f'"{out}').replace(">>fr<<", ">>tb<<")
+    snippet = re.sub(r"^lines = .*$", f"lines = {sources!r}", snippet, flags=re.M)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(snippet, {})
+    src = out.parent / "ct2_src.txt"
+    src.write_text("\n".join(sources) + "\n")
+    flags = ["--tgt-lang", "tb", "--beam", "5", "--length-penalty", "1.0", "-i", src]
+    code, want, err = mt_here("translate", run, *flags)
+    assert code == 0, err
+    assert eval(printed.getvalue()) == want.splitlines()
 
 
 def tuned(run, data) -> None:
