@@ -27,6 +27,14 @@ def test_a_shipped_config_compiles_and_packs_on_a_gpu_and_not_on_a_cpu(name):
     assert cfg.train.compile == "auto" and cfg.train.pack_width == "auto"
 
 
+def test_a_compile_asked_for_on_a_cpu_is_announced():
+    """train.compile true on a CPU compiles for minutes in the first updates: said up front."""
+    cfg = load_config(ROOT / "configs/multi30k_en_de.yaml", ["train.compile=true"])
+    cpu, said = for_device(cfg, CPU)
+    assert cpu.train.compile is True and "compiled (train.compile true)" in said
+    assert "a minute or more while it compiles" in said
+
+
 @pytest.mark.parametrize(
     "sets,compiled,packed",
     [

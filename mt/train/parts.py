@@ -64,6 +64,12 @@ def for_device(cfg: Config, device: torch.device, pretraining: bool = False):
         width = auto_pack_width(cfg) if compile and packs_automatically(cfg, pretraining) else 0
     train = t.model_copy(update={"compile": compile, "pack_width": width})
     resolved = cfg.model_copy(update={"train": train})
+    if device.type != "cuda" and compile:  # (asked for: auto compiles on a GPU only)
+        return resolved, (
+            "the training step on this CPU: compiled (train.compile true); its first updates "
+            "take a minute or more while it compiles, and again at each new batch shape "
+            "(eager, the CPU's default, starts at once)"
+        )
     if device.type != "cuda" or (t.compile != "auto" and t.pack_width != "auto"):
         return resolved, None
     how = "compiled (train.compile auto)" if compile else "eager"
