@@ -6,7 +6,8 @@ existing file is replaced only with `--force`; its folder must exist and be writ
 `mt train` owns inside a run directory (checkpoints, training.png, the log) are the exception:
 the run rewrites them as it goes. An output that exists and is not a regular file (a device such
 as /dev/null, a FIFO, a socket) is written into, as a shell redirection would, never replaced;
-`-` and /dev/stdout are standard output.
+`-` and /dev/stdout are standard output. A training holds its run directory by a lock
+(`RunLock`), and no other command writes that training's files while it runs (training_in).
 """
 
 from __future__ import annotations
@@ -126,6 +127,56 @@ TRAINERS_FILES = {
     "train_log.jsonl",
     "training.png",
 }
+
+
+class RunLock:
+    """An exclusive lock on RUN_DIR/.lock holding the owner's pid. The kernel drops a flock
+    when its process dies, so a lock file left by a killed run is simply taken over; a run
+    that ends removes it."""
+
+    def __init__(self, run_dir: Path):
+        self.path = run_dir / RUN_LOCK
+        for _ in range(100):  # (a file its owner removed as we locked it: take the new one)
+            # held open for as long as the lock is held (released by close): no `with` block
+            self._f = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115
+            self._take(run_dir)
+            if _same_file(self._f, self.path):
+                break
+            self._f.close()
+        else:
+            raise MTError(f"{self.path} keeps being removed as it is locked; try again")
+        self._f.seek(0)
+        self._f.truncate()
+        self._f.write(f"{os.getpid()}\n")
+        self._f.flush()
+
+    def _take(self, run_dir: Path) -> None:
+        import fcntl
+
+        try:
+            fcntl.flock(self._f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._f.seek(0)
+            holder = self._f.read().strip() or "unknown"
+            self._f.close()
+            raise MTError(
+                f"{run_dir} is in use by another mt train (pid {holder}); wait for it "
+                f"to finish, stop it, or use another --run-dir"
+            ) from None
+
+    def release(self) -> None:
+        if not self._f.closed:
+            if _same_file(self._f, self.path):
+                self.path.unlink(missing_ok=True)  # (still held: no one takes it meanwhile)
+            self._f.close()  # closing drops the flock
+
+
+def _same_file(f, path: Path) -> bool:
+    """Whether the open file `f` is still the file at `path`."""
+    try:
+        return os.fstat(f.fileno()).st_ino == os.stat(path).st_ino
+    except OSError:
+        return False
 
 
 def training_in(folder: Path) -> str | None:

@@ -517,3 +517,29 @@ def test_user_text_cannot_carry_a_target_language_token():
     assert e.value.field == "prefix"
     bilingual = Tokenizer(train_bpe(["a man >>de<< rides"] * 20, vocab_size=30))
     bilingual.check_sources([">>fr<< a >>de<< b"])
+
+
+def test_reordered_pairs_are_named_on_resuming_not_the_language_that_followed_them(tmp_path):
+    """Resuming a run with data.pairs reordered is refused naming data.pairs: data.tgt_lang,
+    which the user never set, only followed the first pair (it was named alone once); a
+    language the user did set and change is still named."""
+    import yaml
+
+    from mt.config import save_config
+    from mt.config.load import validate
+    from mt.train.rundir import check_config_change
+    from tests.conftest import ROOT
+
+    def config(pairs, **langs):
+        raw = yaml.safe_load((ROOT / "configs/tiny.yaml").read_text())
+        data = {k: v for k, v in raw["data"].items() if k not in ("src_lang", "tgt_lang")}
+        raw["data"] = {**data, "dataset": None, "pairs": pairs, **langs}
+        return validate(raw, "x.yaml")
+
+    save_config(config(["src-ta", "src-tb"]), tmp_path / "config.yaml")
+    (tmp_path / "last.pt").write_bytes(b"")  # (a trained run: only its presence counts here)
+    with pytest.raises(MTError, match=r"data\.pairs cannot change") as e:
+        check_config_change(config(["src-tb", "src-ta"]), tmp_path, False)
+    assert "tgt_lang" not in str(e.value), str(e.value)
+    with pytest.raises(MTError, match=r"data\.tgt_lang"):
+        check_config_change(config(["src-ta", "src-tb"], tgt_lang="tb"), tmp_path, False)

@@ -12,9 +12,10 @@ from pathlib import Path
 from mt.artifacts import checkpoint
 from mt.config import Config, config_from_dict, diff_configs, save_config
 from mt.data.corpus import split_paths
+from mt.data.pairs import Pair
 from mt.data.tokenizer import MODEL_FILES
 from mt.errors import MTError
-from mt.outputs import RUN_LOCK, check_folder_writable, write_text
+from mt.outputs import RUN_LOCK, RunLock, check_folder_writable, write_text
 
 # Keys that may change between a run and its resumption without --allow-config-change: they
 # change how long or where it trains, not what it learns. (data.dir is checked separately: a
@@ -54,56 +55,6 @@ CHANGEABLE_IN_MODEL = (
 
 LOCK_NAME = RUN_LOCK
 CORPUS_NAME = "corpus.json"
-
-
-class RunLock:
-    """An exclusive lock on RUN_DIR/.lock holding the owner's pid. The kernel drops a flock
-    when its process dies, so a lock file left by a killed run is simply taken over; a run
-    that ends removes it."""
-
-    def __init__(self, run_dir: Path):
-        self.path = run_dir / LOCK_NAME
-        for _ in range(100):  # (a file its owner removed as we locked it: take the new one)
-            # held open for as long as the lock is held (released by close): no `with` block
-            self._f = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115
-            self._take(run_dir)
-            if _same_file(self._f, self.path):
-                break
-            self._f.close()
-        else:
-            raise MTError(f"{self.path} keeps being removed as it is locked; try again")
-        self._f.seek(0)
-        self._f.truncate()
-        self._f.write(f"{os.getpid()}\n")
-        self._f.flush()
-
-    def _take(self, run_dir: Path) -> None:
-        import fcntl
-
-        try:
-            fcntl.flock(self._f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            self._f.seek(0)
-            holder = self._f.read().strip() or "unknown"
-            self._f.close()
-            raise MTError(
-                f"{run_dir} is in use by another mt train (pid {holder}); wait for it "
-                f"to finish, stop it, or use another --run-dir"
-            ) from None
-
-    def release(self) -> None:
-        if not self._f.closed:
-            if _same_file(self._f, self.path):
-                self.path.unlink(missing_ok=True)  # (still held: no one takes it meanwhile)
-            self._f.close()  # closing drops the flock
-
-
-def _same_file(f, path: Path) -> bool:
-    """Whether the open file `f` is still the file at `path`."""
-    try:
-        return os.fstat(f.fileno()).st_ino == os.stat(path).st_ino
-    except OSError:
-        return False
 
 
 def has_checkpoint(run_dir: Path) -> bool:
@@ -221,7 +172,7 @@ def check_config_change(cfg: Config, run_dir: Path, allow_config_change: bool) -
     old = _saved_config(run_dir)
     if old is None or not has_checkpoint(run_dir):
         return []  # nothing trained yet: a failed start must not lock its config
-    changed = diff_configs(cfg, old)
+    changed = _followed(diff_configs(cfg, old), cfg, old)
     fixed = [
         c
         for c in changed
@@ -271,6 +222,21 @@ def _decode_as_said(cfg: Config, run_dir: Path, changed: list[str], log) -> None
 
 def _key(change: str) -> str:
     return change.split(":")[0]
+
+
+def _followed(changes: list[str], cfg: Config, old: Config) -> list[str]:
+    """The changes with data.src_lang and data.tgt_lang left out where they only followed
+    data.pairs (each defaults to the first pair's): reordered pairs name data.pairs, not a
+    language the user never set."""
+    keys = [_key(c) for c in changes]
+    if "data.pairs" not in keys or not (cfg.data.pairs and old.data.pairs):
+        return changes
+    new_first, old_first = (Pair.parse(d.pairs[0]) for d in (cfg.data, old.data))
+    followed = {
+        "data.src_lang": (cfg.data.src_lang, old.data.src_lang) == (new_first.src, old_first.src),
+        "data.tgt_lang": (cfg.data.tgt_lang, old.data.tgt_lang) == (new_first.tgt, old_first.tgt),
+    }
+    return [c for c, k in zip(changes, keys, strict=True) if not followed.get(k, False)]
 
 
 def _names(changes: list[str]) -> str:
