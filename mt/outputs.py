@@ -140,7 +140,7 @@ class RunLock:
             # held open for as long as the lock is held (released by close): no `with` block
             self._f = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115
             self._take(run_dir)
-            if _same_file(self._f, self.path):
+            if _still_at(self._f, self.path):
                 break
             self._f.close()
         else:
@@ -166,12 +166,12 @@ class RunLock:
 
     def release(self) -> None:
         if not self._f.closed:
-            if _same_file(self._f, self.path):
+            if _still_at(self._f, self.path):
                 self.path.unlink(missing_ok=True)  # (still held: no one takes it meanwhile)
             self._f.close()  # closing drops the flock
 
 
-def _same_file(f, path: Path) -> bool:
+def _still_at(f, path: Path) -> bool:
     """Whether the open file `f` is still the file at `path`."""
     try:
         return os.fstat(f.fileno()).st_ino == os.stat(path).st_ino

@@ -78,8 +78,10 @@ class ModelConfig(Section):
 
     init_from: str | None = Field(
         None,
-        description="start from a transformers Marian model (a folder, or a Hugging Face hub "
-        "id such as Helsinki-NLP/opus-mt-de-en): its architecture, weights and tokenizer",
+        description="start from an mt run (its run directory: best.pt, else last.pt; or a "
+        "checkpoint), of any architecture, with a fresh optimizer and schedule; or from a "
+        "transformers Marian model (a folder, or a Hugging Face hub id such as "
+        "Helsinki-NLP/opus-mt-de-en): its architecture, weights and tokenizer",
     )
 
     _init_encoder_is_a_path = field_validator("init_encoder", mode="before")(user_path)

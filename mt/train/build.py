@@ -36,6 +36,7 @@ from mt.train.rundir import (
     record_corpus,
 )
 from mt.train.schedule import build_optimizer
+from mt.train.start import mt_source, source_tokenizer, start_from, with_source_settings
 from mt.train.state import TrainState, Validation
 from mt.train.tracking import write_run_info
 from mt.train.trainer import Trainer
@@ -114,7 +115,9 @@ def load_run_config(path, overrides=(), log=None) -> Config:
     imports fixes (model.init_from: its architecture and tokenizer; a setting the user wrote
     that contradicts them is refused)."""
     cfg, written, where = read_config(path, overrides, log)
-    if cfg.model.init_from is not None:
+    if cfg.model.init_from is not None and mt_source(cfg.model.init_from):
+        cfg = with_source_settings(cfg, written, where)
+    elif cfg.model.init_from is not None:
         from mt.hub.imports import with_imported_settings
 
         cfg = with_imported_settings(cfg, written, where)
@@ -247,7 +250,8 @@ def _data(cfg: Config, run_dir: Path, dist, log, allow_config_change: bool):
     checked against the run's and recorded (mt.data.prepare)."""
     inherited = functools.partial(pretrained_tokenizer, cfg.model.init_encoder, log)
     if cfg.model.init_from is not None:
-        inherited = functools.partial(imported_tokenizer, cfg.model.init_from, log)
+        which = source_tokenizer if mt_source(cfg.model.init_from) else imported_tokenizer
+        inherited = functools.partial(which, cfg.model.init_from, log)
     renew = check_corpus_unchanged(cfg, run_dir, allow_config_change, log)  # every rank
     saved = functools.partial(saved_tokenizer, run_dir, log)
     data = prepare_data(
@@ -307,7 +311,9 @@ def _model(cfg: Config, tokenizer, run_dir: Path, device, pretraining: bool, log
     model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, parts)
     if cfg.model.init_encoder and not has_checkpoint(run_dir):  # a resumed run has its own
         init_encoder(model, cfg.model.init_encoder, tokenizer, log)
-    if cfg.model.init_from and not has_checkpoint(run_dir):
+    if cfg.model.init_from and not has_checkpoint(run_dir) and mt_source(cfg.model.init_from):
+        start_from(model, cfg.model.init_from, log)
+    elif cfg.model.init_from and not has_checkpoint(run_dir):
         from mt.hub.imports import init_from
 
         init_from(model, cfg.model.init_from, cfg.model.output_bias, log)

@@ -1,0 +1,92 @@
+"""model.init_from an mt run: a new run starts from another run's weights and BPE model, of
+any architecture mt trains, with an optimizer and schedule of its own (fine-tuning on new
+data, or a model of part of a corpus continued on the rest). The model's shape and the
+tokenizer are the source's; a setting the user wrote that says otherwise is refused, naming
+the key. (A transformers Marian model is the other kind of source: mt/hub/imports.py.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mt.artifacts import checkpoint
+from mt.config import Config, config_from_dict
+from mt.data.pairs import Languages
+from mt.errors import MTError
+
+# the model settings a run may change from its source's: regularisation, not shape
+FREE_MODEL_KEYS = {"dropout", "attn_dropout", "act_dropout", "init_from", "init_encoder"}
+
+
+def mt_source(source: str) -> Path | None:
+    """The checkpoint of the mt run model.init_from names (a run directory: its best.pt, else
+    last.pt; or a checkpoint file), or None where it names something else (a transformers
+    model's folder or hub id)."""
+    path = Path(source).expanduser()
+    marks = ("best.pt", "last.pt", "config.yaml", "train_log.jsonl")  # (Marian's: config.json)
+    run = path.is_dir() and any((path / n).is_file() for n in marks)
+    if run or path.suffix == ".pt":
+        return checkpoint.resolve(path, "model.init_from")
+    return None
+
+
+def with_source_settings(cfg: Config, written: set[str], where: str) -> Config:
+    """cfg with the model and tokenizer settings of the run it starts from (model.init_from);
+    a setting the user wrote (`written`, dotted keys) that says otherwise is refused."""
+    source = str(cfg.model.init_from)
+    path = mt_source(source)
+    assert path is not None
+    theirs = checkpoint.config_of(checkpoint.load(path), str(path))
+    fixed: dict[str, Any] = {
+        f"model.{k}": v for k, v in theirs.model.model_dump().items() if k not in FREE_MODEL_KEYS
+    }
+    fixed |= {f"tokenizer.{k}": v for k, v in theirs.tokenizer.model_dump().items()}
+    fixed |= _languages(cfg, theirs, source, where)
+    for key in sorted(written):
+        if key in fixed and _get(cfg, key) != fixed[key]:
+            raise MTError(
+                f"{where}: {key} is {_get(cfg, key)!r}, but model.init_from {source} was "
+                f"trained with {fixed[key]!r}: remove {key} (the run it starts from fixes it)"
+            )
+    raw = cfg.to_dict()
+    for key, value in fixed.items():
+        section, name = key.split(".")
+        raw[section][name] = value
+    return config_from_dict(raw, where)
+
+
+def _languages(cfg: Config, theirs: Config, source: str, where: str) -> dict[str, Any]:
+    """A source of several target languages reserved their tokens in its BPE: the run keeps
+    telling its model the target (data.target_token), into languages the source wrote."""
+    ours, known = Languages.of(cfg.data), Languages.of(theirs.data)
+    if not known.tagged:
+        return {}
+    unknown = [t for t in ours.targets if t not in known.targets]
+    if unknown:
+        raise MTError(
+            f"{where}: model.init_from {source} writes {', '.join(known.targets)}, not "
+            f"{', '.join(unknown)} (its BPE has no token for it): train into its languages"
+        )
+    return {"data.target_token": True}
+
+
+def _get(cfg: Config, key: str) -> Any:
+    section, name = key.split(".")
+    return getattr(getattr(cfg, section), name)
+
+
+def start_from(model, source: str, log) -> None:
+    """Load the source run's weights into `model` (built from the settings it fixed)."""
+    path = mt_source(source)
+    assert path is not None
+    weights = checkpoint.weights_of(checkpoint.load(path))
+    model.load_state_dict(weights)
+    log(f"model.init_from {path}: starting from its weights ({len(weights)} tensors)")
+
+
+def source_tokenizer(source: str, log):
+    """The BPE model of the run a new run starts from (its checkpoint's own copy)."""
+    path = mt_source(source)
+    assert path is not None
+    log(f"using the BPE model of {path} (model.init_from)")
+    return checkpoint.tokenizer_from(checkpoint.load(path))
