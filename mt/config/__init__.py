@@ -16,6 +16,7 @@ from mt.config.load import (
     parse_override,
     save_config,
     validate,
+    with_fixed,
 )
 from mt.config.model import ModelConfig
 from mt.config.schema import Config
@@ -40,4 +41,5 @@ __all__ = [
     "parse_override",
     "save_config",
     "validate",
+    "with_fixed",
 ]

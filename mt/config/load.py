@@ -347,3 +347,24 @@ def diff_configs(a: Config, b: Config, ignore: tuple[str, ...] = ()) -> list[str
             if name not in ignore and section not in ignore and db[section][key] != value:
                 out.append(f"{name}: {db[section][key]!r} -> {value!r}")
     return out
+
+
+def with_fixed(
+    cfg: Config, fixed: dict[str, Any], written: set[str], where: str, source: str
+) -> Config:
+    """cfg with the dotted settings `fixed` (those the model that model.init_from names
+    fixes: `source`); a setting the user wrote (`written`) that says otherwise is refused,
+    naming it."""
+    for key in sorted(written):
+        section, name = key.split(".", 1)
+        ours = getattr(getattr(cfg, section), name, None)
+        if key in fixed and ours != fixed[key]:
+            raise MTError(
+                f"{where}: {key} is {ours!r}, but model.init_from {source} has {fixed[key]!r}: "
+                f"remove {key} (the model it starts from fixes it)"
+            )
+    raw = cfg.to_dict()
+    for key, value in fixed.items():
+        section, name = key.split(".")
+        raw[section][name] = value
+    return config_from_dict(raw, where)

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from mt.config.load import config_from_dict
+from mt.config.load import with_fixed
 from mt.data.pairs import Languages, tag
 from mt.data.tokenizer import Tokenizer, Vocabulary
 from mt.errors import MTError, first_line
@@ -256,16 +256,7 @@ def with_imported_settings(cfg, written: set[str], where: str):
             raise MTError(
                 f"{where}: {key}: model.init_from {source} brings its own tokenizer; remove {key}"
             )
-        if key in fixed and _get(cfg, key) != fixed[key]:
-            raise MTError(
-                f"{where}: {key} is {_get(cfg, key)}, but model.init_from {source} has "
-                f"{fixed[key]}: remove {key} (the imported model fixes it)"
-            )
-    raw = cfg.to_dict()
-    for key, value in fixed.items():
-        section, name = key.split(".")
-        raw[section][name] = value
-    return config_from_dict(raw, where)
+    return with_fixed(cfg, fixed, written, where, source)
 
 
 def _check_direction(
@@ -303,11 +294,6 @@ def _check_targets(langs: Languages, tokens: list[str], source: str, where: str)
             f"({', '.join(tag(m) for m in missing)}); it writes {len(tokens)} target "
             f"language(s): {shown}. Name the target files with its codes (train.{tokens[0]})"
         )
-
-
-def _get(cfg, key: str):
-    section, name = key.split(".")
-    return getattr(getattr(cfg, section), name)
 
 
 def init_from(model, source: str, output_bias: bool, log) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from mt.artifacts import checkpoint
-from mt.config import Config, config_from_dict
+from mt.config import Config, with_fixed
 from mt.data.pairs import Languages
 from mt.errors import MTError
 
@@ -42,17 +42,7 @@ def with_source_settings(cfg: Config, written: set[str], where: str) -> Config:
     }
     fixed |= {f"tokenizer.{k}": v for k, v in theirs.tokenizer.model_dump().items()}
     fixed |= _languages(cfg, theirs, source, where)
-    for key in sorted(written):
-        if key in fixed and _get(cfg, key) != fixed[key]:
-            raise MTError(
-                f"{where}: {key} is {_get(cfg, key)!r}, but model.init_from {source} was "
-                f"trained with {fixed[key]!r}: remove {key} (the run it starts from fixes it)"
-            )
-    raw = cfg.to_dict()
-    for key, value in fixed.items():
-        section, name = key.split(".")
-        raw[section][name] = value
-    return config_from_dict(raw, where)
+    return with_fixed(cfg, fixed, written, where, source)
 
 
 def _languages(cfg: Config, theirs: Config, source: str, where: str) -> dict[str, Any]:
@@ -68,11 +58,6 @@ def _languages(cfg: Config, theirs: Config, source: str, where: str) -> dict[str
             f"{', '.join(unknown)} (its BPE has no token for it): train into its languages"
         )
     return {"data.target_token": True}
-
-
-def _get(cfg: Config, key: str) -> Any:
-    section, name = key.split(".")
-    return getattr(getattr(cfg, section), name)
 
 
 def start_from(model, source: str, log) -> None:
