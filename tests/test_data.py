@@ -562,3 +562,43 @@ def test_a_table_that_cannot_be_read_as_two_columns_is_one_line(tmp_path, table,
     (tmp_path / name).write_text(table)
     code, err = _import(tmp_path / name, tmp_path / "o", *flags)
     assert code == 2 and needle in err and not (tmp_path / "o").exists(), err
+
+
+def test_each_filter_drops_and_counts_the_pairs_built_to_break_it(tmp_path):
+    """A corpus of 10 good pairs with known bad ones among them: 2 empty, 1 too long, 3
+    repeats of a good pair and 2 past a length ratio of 2 (subwords): each rule drops its
+    own and says how many; with the filters off only the empty and the long go."""
+    from mt.data.corpus import Stats
+    from mt.data.pairs import Pair
+    from mt.data.prepare import encode_train
+    from mt.data.tokenizer import Tokenizer, train_bpe
+    from tests.conftest import tiny_config
+
+    good = [(f"a b c {w}", f"x y z {w}") for w in "defghijklm"]
+    bad = [("", "x"), ("a", " "), (" ".join("abcdefghij" * 3), "x y"), good[0], good[0], good[1]]
+    bad += [("a b c d e f g h", "x y"), ("a", "x y z d e f")]
+    rows = good[:5] + bad + good[5:]
+    (tmp_path / "train.src").write_text("".join(s + "\n" for s, _ in rows))
+    (tmp_path / "train.tgt").write_text("".join(t + "\n" for _, t in rows))
+    words = [w for s, t in rows for w in (s, t) if w.strip()]
+    tok = Tokenizer(train_bpe(words * 20, vocab_size=40))
+    on = tiny_config(
+        tmp_path, "data.max_len=12", "data.max_len_ratio=2", "data.drop_duplicates=true"
+    )
+    stats = Stats()
+    data = encode_train(on, tok, stats, 0.0, 0, Pair("src", "tgt"))
+    assert (stats.total, stats.empty, stats.too_long, stats.duplicate, stats.ratio) == (
+        18,
+        2,
+        1,
+        3,
+        2,
+    )
+    assert len(data.src) == stats.kept == 10
+    said = "10 of 18 pairs kept (2 empty, 1 longer than max_len, 3 duplicates, 2 past the"
+    assert said + " length ratio dropped)" in stats.describe("train")
+    off = Stats()
+    encode_train(tiny_config(tmp_path, "data.max_len=12"), tok, off, 0.0, 0, Pair("src", "tgt"))
+    assert (off.kept, off.duplicate, off.ratio) == (15, 0, 0)
+    with pytest.raises(MTError, match="max_len_ratio"):
+        tiny_config(tmp_path, "data.max_len_ratio=0.5")

@@ -38,6 +38,19 @@ class DataConfig(Section):
     max_len: int = Field(
         128, ge=1, le=1 << 16, description="pairs longer than this (subwords) are dropped"
     )
+    max_len_ratio: float = Field(
+        0.0,
+        ge=0.0,
+        le=1000.0,
+        description="training pairs whose longer side has more than this many times the "
+        "subwords of the shorter are dropped and counted (Moses' clean-corpus-n uses 9); 0: "
+        "every ratio kept",
+    )
+    drop_duplicates: bool = Field(
+        False,
+        description="training pairs seen before in the same corpus (the same source and "
+        "target, as cleaned) are dropped and counted",
+    )
     pairs: list[str] = Field(
         [],
         max_length=256,
@@ -125,10 +138,17 @@ class DataConfig(Section):
             )
         return self
 
-    @field_validator("token_cache", mode="before")
+    @field_validator("token_cache", "drop_duplicates", mode="before")
     @classmethod
     def _token_cache_is_not_a_number(cls, v: Any) -> Any:
         return no_number(v)
+
+    @field_validator("max_len_ratio")
+    @classmethod
+    def _a_ratio_of_one_or_more(cls, v: float) -> float:
+        if 0 < v < 1:
+            raise ValueError(f"{v}: the longer side over the shorter is 1 or more (0: off)")
+        return v
 
 
 class TokenizerConfig(Section):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import gzip
+import hashlib
 import random
 import re
 import sys
@@ -160,18 +162,25 @@ def read_parallel(src_path: Path, tgt_path: Path) -> tuple[list[str], list[str]]
 
 @dataclass
 class Stats:
+    """What a split's reading saw and dropped, by rule."""
+
     total: int = 0
     empty: int = 0
     too_long: int = 0
+    duplicate: int = 0  # (data.drop_duplicates)
+    ratio: int = 0  # past data.max_len_ratio
 
     @property
     def kept(self) -> int:
-        return self.total - self.empty - self.too_long
+        return self.total - self.empty - self.too_long - self.duplicate - self.ratio
 
     def describe(self, name: str) -> str:
+        more = (f", {self.duplicate} duplicates" if self.duplicate else "") + (
+            f", {self.ratio} past the length ratio" if self.ratio else ""
+        )
         return (
             f"{name}: {self.kept} of {self.total} pairs kept "
-            f"({self.empty} empty, {self.too_long} longer than max_len dropped)"
+            f"({self.empty} empty, {self.too_long} longer than max_len{more} dropped)"
         )
 
 
@@ -184,6 +193,19 @@ def clean_pairs(pairs: Iterable[tuple[str, str]], stats: Stats) -> Iterator[tupl
             yield s, t
         else:
             stats.empty += 1
+
+
+def unique_pairs(pairs: Iterable[tuple[str, str]], stats: Stats) -> Iterator[tuple[str, str]]:
+    """The pairs without those seen before (counted in stats.duplicate); a pair is known by
+    a 16-byte digest, not kept whole."""
+    seen: set[bytes] = set()
+    for s, t in pairs:
+        key = hashlib.blake2b(f"{s}\t{t}".encode(), digest_size=16).digest()
+        if key in seen:
+            stats.duplicate += 1
+            continue
+        seen.add(key)
+        yield s, t
 
 
 def drop_empty(src: list[str], tgt: list[str], stats: Stats) -> tuple[list[str], list[str]]:
@@ -301,7 +323,7 @@ def concat_pairs(parts: list[ParallelData]) -> ParallelData:
     if len(parts) == 1:
         return parts[0]
     stats = Stats(
-        *(sum(getattr(p.stats, k) for p in parts) for k in ("total", "empty", "too_long"))
+        *(sum(getattr(p.stats, f.name) for p in parts) for f in dataclasses.fields(Stats))
     )
     sizes = [len(p.src) for p in parts]
     pair_of = np.repeat(np.arange(len(parts), dtype=np.int16), sizes)
@@ -329,10 +351,12 @@ def encode_stream(
     chunk: int = 20_000,
     dropout: float = 0.0,
     tag: str | None = None,
+    max_ratio: float = 0.0,
 ) -> ParallelData:
-    """Tokenize and drop pairs whose either side exceeds `max_len` subwords (+EOS/BOS); tag:
-    the target language whose token leads every source (mt/data/pairs.py), counted in its
-    length.
+    """Tokenize and drop pairs whose either side exceeds `max_len` subwords (+EOS/BOS), or
+    whose longer side has over `max_ratio` times the subwords of the shorter (0: no limit);
+    tag: the target language whose token leads every source (mt/data/pairs.py), counted in
+    its length.
     Streams in chunks, so only one chunk ever exists as Python strings and lists of ints
     (~36 bytes per token); the result is uint16 arrays (2 bytes per token) when the
     vocabulary fits, int32 otherwise. dropout > 0: BPE-dropout segmentations (seeded by
@@ -348,12 +372,16 @@ def encode_stream(
     def flush():
         src_ids = tokenizer.encode_src([lead + s for s, _ in buf], dropout)
         tgt_ids = tokenizer.encode_tgt([t for _, t in buf], dropout)
-        keep = [
+        fits = [
             i
             for i in range(len(buf))
             if len(src_ids[i]) + 1 <= max_len and len(tgt_ids[i]) + 1 <= max_len
         ]
-        stats.too_long += len(buf) - len(keep)
+        keep = [
+            i for i in fits if not max_ratio or _within_ratio(src_ids[i], tgt_ids[i], max_ratio)
+        ]
+        stats.too_long += len(buf) - len(fits)
+        stats.ratio += len(fits) - len(keep)
         src_parts.append(TokenArray([src_ids[i] for i in keep], dtype))
         tgt_parts.append(TokenArray([tgt_ids[i] for i in keep], dtype))
         buf.clear()
@@ -365,6 +393,11 @@ def encode_stream(
     if buf:
         flush()
     return ParallelData(TokenArray.concat(src_parts), TokenArray.concat(tgt_parts), stats)
+
+
+def _within_ratio(src: list[int], tgt: list[int], ratio: float) -> bool:
+    short, long = sorted((len(src), len(tgt)))
+    return long <= ratio * max(short, 1)
 
 
 def encode_pairs(

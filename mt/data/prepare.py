@@ -22,6 +22,7 @@ from mt.data.corpus import (
     read_parallel,
     sample_pairs,
     split_paths,
+    unique_pairs,
 )
 from mt.data.download import download, downloaded_into, is_empty_folder
 from mt.data.pairs import Languages, Pair, tag, tagged
@@ -126,13 +127,15 @@ def encode_train(
     if bpe_dropout > 0:
         tokenizer.seed_dropout(epoch_seed(cfg.train.seed, epoch))
     text = text_form(d, pair.src, pair.tgt).pairs(iter_parallel(*paths))
+    cleaned = clean_pairs(text, stats)
     data = encode_stream(
-        clean_pairs(text, stats),
+        unique_pairs(cleaned, stats) if d.drop_duplicates else cleaned,
         tokenizer,
         d.max_len,
         stats,
         dropout=bpe_dropout,
         tag=tag,
+        max_ratio=d.max_len_ratio,
     )
     if not len(data.src):
         why = (
@@ -167,6 +170,8 @@ def cached_train(
     models += [] if tokenizer.vocab is None else [tokenizer.vocab.to_json()]
     models += [] if tag is None else [f"sources led by {tag}".encode()]
     models += [] if cfg.data.text == "raw" else [f"text {cfg.data.text}".encode()]
+    filters = (cfg.data.max_len_ratio, cfg.data.drop_duplicates)
+    models += [] if filters == (0.0, False) else [f"filters {filters}".encode()]
     folder = token_cache.folder_for(token_cache.cache_key(paths, models, cfg.data.max_len))
 
     def encode() -> ParallelData:
