@@ -12,8 +12,6 @@ import re
 import shlex
 from pathlib import Path
 
-import yaml
-
 from mt.artifacts import checkpoint
 from mt.data.pairs import Languages, tag
 from mt.errors import MTError, shorten
@@ -86,41 +84,41 @@ def _scores(evaluated: dict | None, run: Path, src: str, tgt: str) -> list[str]:
 
 
 def _header(cfg, evaluated: dict | None, license_id: str, name: str) -> str:
-    """The card's YAML front matter, as the hub reads it."""
+    """The card's YAML front matter, written by huggingface_hub's ModelCardData as the hub's
+    own tools write it (its model-index from EvalResults)."""
+    from huggingface_hub import EvalResult, ModelCardData
+
     d, m = cfg.data, cfg.model
-    meta: dict = {
-        "library_name": "transformers",
-        "pipeline_tag": "translation",
-        "license": license_id,
-        "language": _languages(d),
-        "tags": ["translation", "marian", "mt"],
-        "datasets": [d.dataset] if d.dataset else [],
-        "metrics": ["bleu", "chrf", "ter"],
-    }
-    if m.init_from and HUB_ID.fullmatch(m.init_from) and not Path(m.init_from).exists():
-        meta["base_model"] = m.init_from  # (a local folder is not a hub model)
-    if evaluated is not None:
-        results = [
-            {"type": key, "name": label, "value": round(float(evaluated[key]), 2)}
-            for key, label in _METRICS
-            if key in evaluated
-        ]
-        meta["model-index"] = [
-            {
-                "name": name,
-                "results": [
-                    {
-                        "task": {
-                            "type": "translation",
-                            "name": f"Translation {d.src_lang}-{d.tgt_lang}",
-                        },
-                        "dataset": {"name": _test_set(evaluated), "type": d.dataset or "custom"},
-                        "metrics": results,
-                    }
-                ],
-            }
-        ]
-    return "---\n" + yaml.safe_dump(meta, sort_keys=False, allow_unicode=True) + "---"
+    evaluated = evaluated or {}
+    results = [
+        EvalResult(
+            task_type="translation",
+            task_name=f"Translation {d.src_lang}-{d.tgt_lang}",
+            dataset_type=d.dataset or "custom",
+            dataset_name=_test_set(evaluated),
+            metric_type=key,
+            metric_name=label,
+            metric_value=round(float(evaluated[key]), 2),
+        )
+        for key, label in _METRICS
+        if key in evaluated
+    ]
+    data = ModelCardData(
+        library_name="transformers",
+        pipeline_tag="translation",
+        license=license_id,
+        language=_languages(d),
+        tags=["translation", "marian", "mt"],
+        datasets=[d.dataset] if d.dataset else [],
+        metrics=["bleu", "chrf", "ter"],
+        # (a local folder is not a hub model)
+        base_model=m.init_from
+        if m.init_from and HUB_ID.fullmatch(m.init_from) and not Path(m.init_from).exists()
+        else None,
+        model_name=name if results else None,
+        eval_results=results or None,
+    )
+    return "---\n" + data.to_yaml() + "\n---"
 
 
 def _languages(d) -> list[str]:
