@@ -602,3 +602,44 @@ def test_each_filter_drops_and_counts_the_pairs_built_to_break_it(tmp_path):
     assert (off.kept, off.duplicate, off.ratio) == (15, 0, 0)
     with pytest.raises(MTError, match="max_len_ratio"):
         tiny_config(tmp_path, "data.max_len_ratio=0.5")
+
+
+def test_corpora_are_drawn_by_their_weights(tmp_path):
+    """data.corpora: a second corpus of the pair (train.bt.*) at weight 3 beside the main one
+    (weight 1) makes an epoch of both corpora's length in which each of its pairs is drawn 3
+    times as often as a main one; the start says each corpus's count; a corpus without its
+    files, or with data.pairs, is one line."""
+    from mt.data.download import download
+    from mt.data.pairs import epoch_members
+    from mt.data.walk import epoch_order
+    from tests.conftest import trainer_for
+
+    sizes = [100, 50]
+    part_of = np.repeat(np.arange(2), sizes)
+    drawn = epoch_members(part_of, 1.0, seed=1, weights=(1.0, 4.0))  # 100 : 4 x 50 of 150
+    assert np.bincount(part_of[drawn]).tolist() == [50, 100]
+    assert epoch_members(part_of, 1.0, seed=1, weights=(1.0, 1.0)) is None  # (the corpus)
+
+    data = tmp_path / "d"
+    download("synthetic", data)
+    main = (data / "train.src").read_text().splitlines()
+    for side in ("src", "tgt"):  # the first 400 pairs again, as another corpus
+        lines = (data / f"train.{side}").read_text().splitlines()[:400]
+        (data / f"train.bt.{side}").write_text("\n".join(lines) + "\n")
+    trainer = trainer_for(tmp_path, "data.corpora=[{name: bt, weight: 3}]")
+    try:
+        train = trainer.train_data
+        assert train.weights == (1.0, 3.0) and len(train.src) == len(main) + 400
+        order = np.concatenate(epoch_order(train, trainer.cfg, 0))
+        order = order[order >= 0]
+        got = np.bincount(train.pair_of[order], minlength=2)
+        n_main, n_bt = len(main), 400
+        want = np.array([n_main, 3 * n_bt]) / (n_main + 3 * n_bt) * (n_main + n_bt)
+        np.testing.assert_allclose(got, want, atol=2)
+    finally:
+        trainer.lock.release()
+    (data / "train.bt.tgt").unlink()
+    with pytest.raises(MTError, match=r"data\.corpora bt: .*train\.bt\.tgt not found"):
+        trainer_for(tmp_path / "x", f"data.dir={data}", "data.corpora=[{name: bt}]")
+    with pytest.raises(MTError, match=r"data\.corpora weighs the corpora of one pair"):
+        trainer_for(tmp_path / "y", "data.pairs=[src-tgt,tgt-src]", "data.corpora=[{name: bt}]")

@@ -23,6 +23,29 @@ def split_pair(text: str) -> tuple[str, str]:
     return src, tgt
 
 
+class CorpusConfig(Section):
+    """One more training corpus of the run's pair, beside train.{src_lang} and train.{tgt_lang}:
+    in-domain against general text, or back-translations against real ones."""
+
+    name: str = Field(
+        description="its files: train.NAME.{src_lang} and train.NAME.{tgt_lang} in data.dir"
+    )
+    weight: float = Field(
+        1.0,
+        gt=0.0,
+        le=1000.0,
+        description="how often each of its pairs is drawn against a pair of the main corpus "
+        "(2: twice as often; an epoch is as long as all the corpora together)",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _a_file_name_part(cls, v: str) -> str:
+        if not _LANG.fullmatch(v):
+            raise ValueError(f"{v!r}: letters, digits and _ only (a part of its files' names)")
+        return v
+
+
 class DataConfig(Section):
     dir: str = Field("data/multi30k", description="folder with {train,valid,test}.{lang}")
     src_lang: str = Field("de", description="source language: the suffix of the source files")
@@ -45,6 +68,12 @@ class DataConfig(Section):
         description="training pairs whose longer side has more than this many times the "
         "subwords of the shorter are dropped and counted (Moses' clean-corpus-n uses 9); 0: "
         "every ratio kept",
+    )
+    corpora: list[CorpusConfig] = Field(
+        [],
+        max_length=64,
+        description="more training corpora of the pair, each with its weight, e.g. [{name: "
+        "news, weight: 2}] for train.news.{src_lang} and train.news.{tgt_lang}; one pair only",
     )
     drop_duplicates: bool = Field(
         False,
@@ -142,6 +171,18 @@ class DataConfig(Section):
     @classmethod
     def _token_cache_is_not_a_number(cls, v: Any) -> Any:
         return no_number(v)
+
+    @model_validator(mode="after")
+    def _corpora_of_one_pair(self) -> DataConfig:
+        names = [c.name for c in self.corpora]
+        if len(set(names)) < len(names):
+            raise ValueError("data.corpora: a corpus named twice; give each its own name")
+        if self.corpora and len(self.pairs) > 1:
+            raise ValueError(
+                "data.corpora weighs the corpora of one pair; with data.pairs give each pair "
+                "its files (train.SRC-TGT.LANG) and data.pair_temperature instead"
+            )
+        return self
 
     @field_validator("max_len_ratio")
     @classmethod

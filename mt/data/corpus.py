@@ -5,8 +5,6 @@ from __future__ import annotations
 import codecs
 import dataclasses
 import gzip
-import hashlib
-import random
 import re
 import sys
 from collections.abc import Iterable, Iterator
@@ -109,6 +107,13 @@ def clean(line: str) -> str:
     return " ".join(_CONTROL.sub(" ", line).split())
 
 
+def corpus_paths(
+    data_dir: str | Path, name: str, src_lang: str, tgt_lang: str
+) -> tuple[Path, Path]:
+    """The files of a training corpus of data.corpora: train.NAME.{src} and train.NAME.{tgt}."""
+    return Path(data_dir) / f"train.{name}.{src_lang}", Path(data_dir) / f"train.{name}.{tgt_lang}"
+
+
 def split_paths(
     data_dir: str | Path, split: str, src_lang: str, tgt_lang: str
 ) -> tuple[Path, Path]:
@@ -195,37 +200,9 @@ def clean_pairs(pairs: Iterable[tuple[str, str]], stats: Stats) -> Iterator[tupl
             stats.empty += 1
 
 
-def unique_pairs(pairs: Iterable[tuple[str, str]], stats: Stats) -> Iterator[tuple[str, str]]:
-    """The pairs without those seen before (counted in stats.duplicate); a pair is known by
-    a 16-byte digest, not kept whole."""
-    seen: set[bytes] = set()
-    for s, t in pairs:
-        key = hashlib.blake2b(f"{s}\t{t}".encode(), digest_size=16).digest()
-        if key in seen:
-            stats.duplicate += 1
-            continue
-        seen.add(key)
-        yield s, t
-
-
 def drop_empty(src: list[str], tgt: list[str], stats: Stats) -> tuple[list[str], list[str]]:
     pairs = list(clean_pairs(zip(src, tgt, strict=True), stats))
     return [s for s, _ in pairs], [t for _, t in pairs]
-
-
-def sample_pairs(
-    pairs: Iterable[tuple[str, str]], n: int, seed: int
-) -> tuple[list[str], list[str]]:
-    """At most n pairs drawn uniformly (reservoir sampling) in one streaming pass."""
-    rng, sample = random.Random(seed), []
-    for i, pair in enumerate(pairs):
-        if i < n:
-            sample.append(pair)
-        else:
-            j = rng.randrange(i + 1)
-            if j < n:
-                sample[j] = pair
-    return [s for s, _ in sample], [t for _, t in sample]
 
 
 class FlatParts:
@@ -312,14 +289,18 @@ class ParallelData:
     src: TokenArray
     tgt: TokenArray
     stats: Stats
-    # with several language pairs (data.pairs): each example's pair, numbered in data.pairs'
-    # order, the pairs one after another (mt/data/pairs.py); None: one pair
+    # with several language pairs (data.pairs) or corpora (data.corpora): each example's part,
+    # numbered in their order, the parts one after another (mt/data/pairs.py); None: one part
     pair_of: np.ndarray | None = None
+    # each part's weight in an epoch's draw (data.corpora's); None: all 1
+    weights: tuple[float, ...] | None = None
 
 
-def concat_pairs(parts: list[ParallelData]) -> ParallelData:
-    """The corpora of several language pairs as one, each example's pair kept (pair_of); one
-    pair's corpus as it is (no pair_of)."""
+def concat_pairs(
+    parts: list[ParallelData], weights: tuple[float, ...] | None = None
+) -> ParallelData:
+    """The corpora of several language pairs (or of one pair's corpora, with their
+    `weights`) as one, each example's part kept (pair_of); one part's corpus as it is."""
     if len(parts) == 1:
         return parts[0]
     stats = Stats(
@@ -332,6 +313,7 @@ def concat_pairs(parts: list[ParallelData]) -> ParallelData:
         TokenArray.concat([p.tgt for p in parts]),
         stats,
         pair_of,
+        weights,
     )
 
 

@@ -156,16 +156,20 @@ def pair_shares(sizes: list[int], temperature: float) -> np.ndarray:
     return weights / weights.sum()
 
 
-def epoch_members(pair_of: np.ndarray, temperature: float, seed: int) -> np.ndarray | None:
-    """The examples an epoch walks, as indices into the corpus (pair_of: each example's pair
-    number, the pairs one after another as the corpus holds them): as many as the corpus
-    holds, pair i's pair_shares of them, a pair drawn beyond its size walked whole and then
-    again from a new shuffle. None where that is the corpus itself, each example once (one
-    pair, or temperature 1)."""
+def epoch_members(
+    pair_of: np.ndarray, temperature: float, seed: int, weights: tuple[float, ...] | None = None
+) -> np.ndarray | None:
+    """The examples an epoch walks, as indices into the corpus (pair_of: each example's part,
+    a pair or a corpus of data.corpora, the parts one after another as the corpus holds them):
+    as many as the corpus holds, part i's pair_shares of them times its weight (renormalised),
+    a part drawn beyond its size walked whole and then again from a new shuffle. None where
+    that is the corpus itself, each example once (one part, or temperature 1, weights 1)."""
     sizes = np.bincount(pair_of).tolist()
-    if len(sizes) < 2 or temperature == 1.0:
+    w = np.ones(len(sizes)) if weights is None else np.asarray(weights, dtype=np.float64)
+    if len(sizes) < 2 or (temperature == 1.0 and bool((w == 1.0).all())):
         return None
-    counts = np.floor(pair_shares(sizes, temperature) * len(pair_of)).astype(np.int64)
+    shares = pair_shares(sizes, temperature) * w
+    counts = np.floor(shares / shares.sum() * len(pair_of)).astype(np.int64)
     counts[: len(pair_of) - int(counts.sum())] += 1  # (the rounding's remainder, one each)
     rng = np.random.default_rng(seed)
     starts = np.r_[0, np.cumsum(sizes)]

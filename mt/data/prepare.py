@@ -6,6 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mt.config import Config
+from mt.config.data import CorpusConfig
 from mt.data import token_cache
 from mt.data.batching import epoch_seed
 from mt.data.corpus import (
@@ -13,6 +14,7 @@ from mt.data.corpus import (
     Stats,
     clean_pairs,
     concat_pairs,
+    corpus_paths,
     drop_empty,
     encode_pairs,
     encode_stream,
@@ -20,12 +22,11 @@ from mt.data.corpus import (
     iter_parallel,
     pair_paths,
     read_parallel,
-    sample_pairs,
     split_paths,
-    unique_pairs,
 )
 from mt.data.download import download, downloaded_into, is_empty_folder
 from mt.data.pairs import Languages, Pair, tag, tagged
+from mt.data.selection import part_weights, sample_pairs, train_parts, unique_pairs
 from mt.data.textform import text_form
 from mt.data.tokenizer import Tokenizer
 from mt.errors import MTError, shorten
@@ -97,16 +98,17 @@ def train_split(cfg: Config, tokenizer: Tokenizer, dist, log, bpe_dropout: float
     concatenated, each example's pair kept."""
     d, langs = cfg.data, Languages.of(cfg.data)
     parts = []
-    for pair in langs.pairs:
+    for pair, corpus in train_parts(cfg):
         paths = split_paths(d.dir, "train", pair.src, pair.tgt)
         tag = langs.tag_of(pair)
-        if bpe_dropout == 0 and token_cache.wanted(d.token_cache, paths):
+        if corpus is None and bpe_dropout == 0 and token_cache.wanted(d.token_cache, paths):
             data = cached_train(cfg, tokenizer, pair, tag, dist, log)
-        else:
-            data = encode_train(cfg, tokenizer, Stats(), bpe_dropout, 0, pair, tag)
-        log(data.stats.describe("train" if len(langs.pairs) == 1 else f"train {pair}"))
+        else:  # (data.corpora's: in memory)
+            data = encode_train(cfg, tokenizer, Stats(), bpe_dropout, 0, pair, tag, corpus)
+        name = f"train.{corpus.name}" if corpus else "train"
+        log(data.stats.describe(name if len(langs.pairs) == 1 else f"{name} {pair}"))
         parts.append(data)
-    return concat_pairs(parts)
+    return concat_pairs(parts, part_weights(cfg))
 
 
 def encode_train(
@@ -117,13 +119,22 @@ def encode_train(
     epoch: int,
     pair: Pair,
     tag: str | None = None,
+    corpus: CorpusConfig | None = None,
 ) -> ParallelData:
-    """One pair's training split as token ids, streamed from disk (text is never held whole,
-    only its ids); tag: the target language whose token leads every source; bpe_dropout > 0:
-    the segmentation of `epoch`, seeded by train.seed and the epoch alone, so every rank and a
-    resumed run get the same one."""
+    """One pair's training split (or its corpus of data.corpora) as token ids, streamed from
+    disk (text is never held whole, only its ids); tag: the target language whose token leads
+    every source; bpe_dropout > 0: the segmentation of `epoch`, seeded by train.seed and the
+    epoch alone, so every rank and a resumed run get the same one."""
     d = cfg.data
     paths = split_paths(d.dir, "train", pair.src, pair.tgt)
+    if corpus is not None:
+        paths = corpus_paths(d.dir, corpus.name, pair.src, pair.tgt)
+        for path in paths:
+            if not path.is_file():
+                raise MTError(
+                    f"data.corpora {corpus.name}: {path} not found; put train.{corpus.name}."
+                    f"{pair.src} and train.{corpus.name}.{pair.tgt} in {d.dir}, or remove it"
+                )
     if bpe_dropout > 0:
         tokenizer.seed_dropout(epoch_seed(cfg.train.seed, epoch))
     text = text_form(d, pair.src, pair.tgt).pairs(iter_parallel(*paths))
@@ -152,10 +163,10 @@ def encode_epoch(cfg: Config, tokenizer: Tokenizer, bpe_dropout: float, epoch: i
     """Every pair's training split in `epoch`'s BPE-dropout segmentation."""
     langs = Languages.of(cfg.data)
     parts = [
-        encode_train(cfg, tokenizer, Stats(), bpe_dropout, epoch, p, langs.tag_of(p))
-        for p in langs.pairs
+        encode_train(cfg, tokenizer, Stats(), bpe_dropout, epoch, p, langs.tag_of(p), corpus)
+        for p, corpus in train_parts(cfg)
     ]
-    return concat_pairs(parts)
+    return concat_pairs(parts, part_weights(cfg))
 
 
 def cached_train(

@@ -170,7 +170,8 @@ def epoch_order(
     examples the epoch draws (mt.data.pairs.epoch_members)."""
     members = None
     if data.pair_of is not None:
-        members = epoch_members(data.pair_of, pair_temperature, epoch_seed(cfg.seed, epoch))
+        seed = epoch_seed(cfg.seed, epoch)
+        members = epoch_members(data.pair_of, pair_temperature, seed, data.weights)
     src_lens, tgt_lens = data.src.lengths, data.tgt.lengths
     if members is not None:
         src_lens, tgt_lens = src_lens[members], tgt_lens[members]

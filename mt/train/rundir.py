@@ -11,8 +11,9 @@ from pathlib import Path
 
 from mt.artifacts import checkpoint
 from mt.config import Config, config_from_dict, diff_configs, save_config
-from mt.data.corpus import split_paths
+from mt.data.corpus import corpus_paths, split_paths
 from mt.data.pairs import Pair
+from mt.data.selection import train_parts
 from mt.data.tokenizer import MODEL_FILES
 from mt.errors import MTError
 from mt.outputs import RUN_LOCK, RunLock, check_folder_writable, write_text
@@ -117,6 +118,9 @@ def corpus_fingerprint(cfg: Config) -> dict:
     paths = dict.fromkeys(
         p for pair in pairs for p in split_paths(cfg.data.dir, "train", pair.src, pair.tgt)
     )
+    for pair, corpus in train_parts(cfg):  # (data.corpora's too)
+        if corpus is not None:
+            paths |= dict.fromkeys(corpus_paths(cfg.data.dir, corpus.name, pair.src, pair.tgt))
     for path in paths:
         path = Path(path)
         if not path.is_file():

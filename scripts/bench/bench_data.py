@@ -39,7 +39,8 @@ def write_corpus(n: int, folder: Path) -> None:
 
 def prepare(folder: Path) -> dict:
     from mt.data.batching import epoch_batches, padding_fraction
-    from mt.data.corpus import Stats, clean_pairs, encode_stream, iter_parallel, sample_pairs
+    from mt.data.corpus import Stats, clean_pairs, encode_stream, iter_parallel
+    from mt.data.selection import sample_pairs
     from mt.data.tokenizer import Tokenizer
 
     t0 = time.perf_counter()

@@ -40,7 +40,8 @@ def write_corpus(n: int, folder: Path) -> None:
 def build(folder: Path) -> dict:
     """BPE on a sample, then the cache written: what the first `mt train` on a corpus does."""
     from mt.data import token_cache
-    from mt.data.corpus import Stats, clean_pairs, encode_stream, iter_parallel, sample_pairs
+    from mt.data.corpus import Stats, clean_pairs, encode_stream, iter_parallel
+    from mt.data.selection import sample_pairs
     from mt.data.tokenizer import Tokenizer
 
     paths = [folder / "train.xx", folder / "train.yy"]
