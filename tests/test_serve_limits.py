@@ -792,6 +792,7 @@ def test_a_direction_never_trained_is_answered_with_a_warning_the_client_reads()
             assert empty.status_code == 422 and empty.json()["field"] == "tgt_lang", empty.text
             unread = http.post("/translate", json={**asked, "src_lang": "fr"})
             assert unread.status_code == 422 and "never translated from fr" in unread.text
+            assert unread.json()["field"] == "src_lang"  # (the source at fault, tgt_lang given)
             typed = http.post("/translate", json={"sentences": ["a b", ">>de<< a b"]})
             assert typed.status_code == 422 and typed.json()["field"] == "sentences.1", typed.text
             assert ">>de<<" in typed.json()["error"]

@@ -24,6 +24,11 @@ from mt.config.data import split_pair
 from mt.errors import MTError
 
 
+class SourceError(MTError):
+    """A translation from a language the model never translated from: the source is at
+    fault (a request's src_lang), not the target."""
+
+
 @dataclass(frozen=True)
 class Pair:
     src: str
@@ -112,7 +117,7 @@ class Languages:
                 f"--src-lang and --tgt-lang, or train one model on several pairs (data.pairs)"
             )
         if src not in self.sources:
-            raise MTError(
+            raise SourceError(
                 f"{pair}: this model never translated from {src} (its encoder never read it); "
                 f"its source languages are {', '.join(self.sources)} ({self.describe()})"
             )

@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.requests import ClientDisconnect
 
-from mt.data.pairs import lead_token, tagged
+from mt.data.pairs import SourceError, lead_token, tagged
 from mt.decode.options import OptionError
 from mt.decode.sampling import Sampling
 from mt.errors import MTError, shorten
@@ -215,9 +215,8 @@ def in_language(req: TranslateRequest, translator) -> tuple[TranslateRequest, li
     try:
         lang = lead_token(translator.languages, req.src_lang, req.tgt_lang, said.append)
     except MTError as e:
-        raise BadRequest(
-            422, str(e), "tgt_lang" if req.tgt_lang is not None else "src_lang"
-        ) from None
+        given = "tgt_lang" if req.tgt_lang is not None else "src_lang"
+        raise BadRequest(422, str(e), "src_lang" if isinstance(e, SourceError) else given) from None
     warnings = [x.removeprefix("warning: ") for x in said]
     if lang is None:
         return req, warnings
