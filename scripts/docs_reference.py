@@ -143,8 +143,9 @@ def config_reference() -> str:
         if head != section:
             section = head
             lines += ["", f"## `{head}`", "", *header]
+        default = "required" if field.is_required() else f"`{_yaml(_default(field))}`"
         lines.append(
-            f"| `{name}` | {_type_name(field.annotation)} | `{_yaml(_default(field))}` | "
+            f"| `{name}` | {_type_name(field.annotation)} | {default} | "
             f"{_cell(_allowed(field))} | {_cell(field.description or '')} |"
         )
     return "\n".join(lines) + "\n"

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from mt.config import Config, ScheduledSamplingConfig
+from mt.config.data import CorpusConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -56,7 +57,12 @@ def test_the_config_reference_lists_every_key_with_its_default():
         _flatten(ScheduledSamplingConfig().model_dump(mode="json"), "train.scheduled_sampling.")
     )
     keys.pop("train.scheduled_sampling")
+    # (data.corpora is a list of sections; a corpus's name has no default: required)
+    keys.update(_flatten(CorpusConfig(name="x").model_dump(mode="json"), "data.corpora."))
+    keys.pop("data.corpora")
     rows = _rows(_reference_module().config_reference())
+    assert rows.pop("data.corpora.name")[2] == "required"
+    keys.pop("data.corpora.name")
 
     assert set(rows) == set(keys), (set(keys) - set(rows), set(rows) - set(keys))
     for key, default in keys.items():

@@ -384,7 +384,9 @@ def test_same_config_and_seed_give_the_same_loss_curve(tmp_path):
 
 def test_a_second_ctrl_c_while_the_picture_is_drawn_is_not_swallowed(tmp_path, monkeypatch):
     """Drawing training.png never stops a run, except that a second Ctrl-C (Interrupted)
-    stops it at once, with its own message and exit status 130, not a warning."""
+    stops it at once, with its own message and exit status 130, not a warning. (The end's
+    drawing, in the caller, here: the signal that raises it runs in the main thread, so a
+    drawing on its own thread never takes it.)"""
     from mt.errors import Interrupted
     from mt.evaluate import plot
     from mt.train.finish import draw_training_picture
@@ -396,7 +398,7 @@ def test_a_second_ctrl_c_while_the_picture_is_drawn_is_not_swallowed(tmp_path, m
         raise ValueError("no log yet")
 
     monkeypatch.setattr(plot, "plot_run", broken)
-    draw_training_picture(tmp_path, said.append)
+    draw_training_picture(tmp_path, said.append, wait=True)
     assert said and "could not draw training.png" in said[0]
 
     def second_ctrl_c(_run_dir):
@@ -404,7 +406,7 @@ def test_a_second_ctrl_c_while_the_picture_is_drawn_is_not_swallowed(tmp_path, m
 
     monkeypatch.setattr(plot, "plot_run", second_ctrl_c)
     with pytest.raises(Interrupted, match=r"after last\.pt was saved"):
-        draw_training_picture(tmp_path, said.append)
+        draw_training_picture(tmp_path, said.append, wait=True)
     assert len(said) == 1
     assert "are lost" in lost_work_message(45, 40) and "step 40" in lost_work_message(45, 40)
 

@@ -360,7 +360,7 @@ def with_fixed(
         ours = getattr(getattr(cfg, section), name, None)
         if key in fixed and ours != fixed[key]:
             raise MTError(
-                f"{where}: {key} is {ours!r}, but model.init_from {source} has {fixed[key]!r}: "
+                f"{where}: {key} is {ours}, but model.init_from {source} has {fixed[key]}: "
                 f"remove {key} (the model it starts from fixes it)"
             )
     raw = cfg.to_dict()
