@@ -308,9 +308,12 @@ def test_bad_flags_are_one_line_errors(tiny_run):
 # -- the batcher and the app's limits, with a scripted model ----------------------------------
 
 
-def _serve_in_thread(app) -> tuple[str, threading.Thread, uvicorn.Server]:
+def _serve_in_thread(app, **settings) -> tuple[str, threading.Thread, uvicorn.Server]:
+    """uvicorn serving `app` on a free loopback port in a thread (settings: more of
+    uvicorn.Config's, as http=guarded(...)); its URL, thread and server."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", **settings)
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:

@@ -519,20 +519,12 @@ def test_over_the_cap_a_stalled_connection_goes_before_an_answered_idle_one():
     """With 3 connections allowed: an answered client's idle keep-alive connection (the oldest)
     survives a fourth connection, which closes the oldest never-answered (stalled) one; the
     answered client then sends again on its connection and is answered."""
-    import uvicorn
-
     from mt.serve.connections import guarded
 
     batcher = Batcher(lambda s, _, __: list(s), max_wait=0.0)
     app = create_app(Served("m", ScriptedTranslator(), INFO, batcher), Limits())
-    port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error",
-                            timeout_keep_alive=30, http=guarded(30.0, 30.0, 3))  # fmt: skip
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.02)
+    url, thread, server = _serve_in_thread(app, timeout_keep_alive=30, http=guarded(30, 30, 3))
+    port = int(url.rsplit(":", 1)[1])
     ask = b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n"
     socks = []
     try:
@@ -564,21 +556,14 @@ def test_over_the_cap_a_stalled_connection_goes_before_an_answered_idle_one():
 def test_a_connection_refused_at_the_cap_is_told_to_the_door():
     """With 2 connections allowed and both busy with a request, a third is answered 503 and
     closed, and the refusal is told (counted and logged by mt serve: mt.serve.observe.Door)."""
-    import uvicorn
-
     from mt.serve.connections import guarded
 
     gate, told = threading.Event(), []
     batcher = Batcher(lambda s, _, __: (gate.wait(10), list(s))[1], max_wait=0.0, batching=False)
     app = create_app(Served("m", ScriptedTranslator(), INFO, batcher), Limits())
-    port = free_port()
     protocol = guarded(30.0, 30.0, 2, lambda *refusal: told.append(refusal))
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", http=protocol)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.02)
+    url, thread, server = _serve_in_thread(app, http=protocol)
+    port = int(url.rsplit(":", 1)[1])
     body = b'{"sentences": ["a"]}'
     ask = b"POST /translate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
     ask += b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
