@@ -6,6 +6,7 @@ the key. (A transformers Marian model is the other kind of source: mt/hub/import
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +31,21 @@ def mt_source(source: str) -> Path | None:
     return None
 
 
+@functools.lru_cache(maxsize=1)
+def _source(source: str) -> tuple[Path, dict[str, Any]]:
+    """The source run's checkpoint, read once per process (its settings, its BPE model and
+    its weights all come from it, as mt/hub/imports.py reads a Marian model once)."""
+    path = mt_source(source)
+    assert path is not None
+    return path, checkpoint.load(path)
+
+
 def with_source_settings(cfg: Config, written: set[str], where: str) -> Config:
     """cfg with the model and tokenizer settings of the run it starts from (model.init_from);
     a setting the user wrote (`written`, dotted keys) that says otherwise is refused."""
     source = str(cfg.model.init_from)
-    path = mt_source(source)
-    assert path is not None
-    theirs = checkpoint.config_of(checkpoint.load(path), str(path))
+    path, ckpt = _source(source)
+    theirs = checkpoint.config_of(ckpt, str(path))
     fixed: dict[str, Any] = {
         f"model.{k}": v for k, v in theirs.model.model_dump().items() if k not in FREE_MODEL_KEYS
     }
@@ -62,16 +71,14 @@ def _languages(cfg: Config, theirs: Config, source: str, where: str) -> dict[str
 
 def start_from(model, source: str, log) -> None:
     """Load the source run's weights into `model` (built from the settings it fixed)."""
-    path = mt_source(source)
-    assert path is not None
-    weights = checkpoint.weights_of(checkpoint.load(path))
+    path, ckpt = _source(source)
+    weights = checkpoint.weights_of(ckpt)
     model.load_state_dict(weights)
     log(f"model.init_from {path}: starting from its weights ({len(weights)} tensors)")
 
 
 def source_tokenizer(source: str, log):
     """The BPE model of the run a new run starts from (its checkpoint's own copy)."""
-    path = mt_source(source)
-    assert path is not None
+    path, ckpt = _source(source)
     log(f"using the BPE model of {path} (model.init_from)")
-    return checkpoint.tokenizer_from(checkpoint.load(path))
+    return checkpoint.tokenizer_from(ckpt)
