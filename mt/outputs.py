@@ -174,7 +174,7 @@ class RunLock:
 def _still_at(f, path: Path) -> bool:
     """Whether the open file `f` is still the file at `path`."""
     try:
-        return os.fstat(f.fileno()).st_ino == os.stat(path).st_ino
+        return os.path.samestat(os.fstat(f.fileno()), os.stat(path))
     except OSError:
         return False
 

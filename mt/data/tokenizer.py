@@ -261,13 +261,14 @@ class Tokenizer:
         """A target-language token (mt/data/pairs.py) that `text` holds as text, where the
         model would read the token itself: past the one token a source line may lead with
         (side src), anywhere in a target text (side tgt); None if it holds none. User text
-        that holds one is refused (Translator.check_sources): it would choose the language."""
+        that holds one is refused (check_sources, options.check_prefix): it would choose the
+        language."""
         return (self._src if side == "src" else self._tgt).held_token(text, side == "src")
 
     def check_sources(self, lines: list[str]) -> None:
         """Refuse source lines that hold a target-language token as text (held_token)."""
         for i, line in enumerate(lines):
-            held = self._src.held_token(line, lead=True)
+            held = self.held_token(line, "src")
             if held:
                 raise HeldToken(i, held)
 
