@@ -8,6 +8,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -549,6 +550,7 @@ def test_gpu_check_dry_run_writes_every_figure_of_both_parts(tmp_path):
         # (the step's one graph, and the update's bookkeeping: settle)
         assert got["part"] == part and got["graphs"] == 2 and got["block"][1] == 128
         assert got["updates"] > 0 and got["target_tokens_s"] > 0 and got["compile_s"] > 0
+        assert got["recompiles"] == 0 and got["cudagraph_skips"] == 0  # (one shape: one graph)
     m30k = json.loads((tmp_path / "m30k.json").read_text())
     assert m30k["max_steps"] == 30000  # the shipped config's budget
     forecast = m30k["max_steps"] / m30k["updates_s"] / 60
@@ -593,6 +595,7 @@ def test_gpu_check_dry_run_ablates_each_variant_compiled_afresh(tmp_path):
     assert list(rows) == [*ablate.BASE_VARIANTS, *ablate.M30K_VARIANTS]
     for r in rows.values():
         assert "error" not in r and r["graphs"] == 2 and r["block"][1] == r["pack_width"], r
+        assert r["recompiles"] == 0, r
         assert r["target_tokens_s"] > 0 and r["compile_s"] > 0
     assert rows["autotune"]["max_autotune"] is True
     assert rows["pack256"]["padding"] < rows["base"]["padding"]
@@ -680,12 +683,28 @@ def test_bench_host_compares_the_base_commit_with_the_working_tree():
     assert eager.split()[0] == "2" and "->" in eager, proc.stdout
 
 
-def test_gpu_check_dry_run_writes_the_jobs_and_the_decodings_figures(tmp_path):
-    """scripts/gpu_check.sh --dry-run OUT job decode: the user's job (train, translate, score)
-    and the decoding comparison run on the CPU at a tiny size, each phase's JSON line with
-    every key; the compiled step gives the eager step's outputs and compiles once a search."""
+def test_the_fifteen_minute_sequence_dry_runs_within_its_scaled_budgets(tmp_path):
+    """docs/gpu.md's sequence, `gpu_check.sh OUT first` then `OUT second`, on the CPU at tiny
+    sizes with every part's budget halved: each call ends within half its limit (540 s, 230
+    s), and returns every phase's JSON line with every key: the user's job (train, keep the
+    run, translate, score), the decodings (the compiled step gives the eager step's outputs,
+    one graph a search), and the GPU tests (each skipped or passed on the CPU)."""
+    from mt.decode.translator import Translator
+
     job = _load("gpu_job")
-    _gpu_check_dry_run(tmp_path, "job", "decode")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GPU_CHECK_SCALE": "0.5"}
+    for call, limit in (("first", 540), ("second", 230)):
+        began = time.perf_counter()
+        r = subprocess.run(
+            ["bash", str(SCRIPTS / "gpu_check.sh"), "--dry-run", str(tmp_path), call],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env=env,
+            timeout=limit,
+        )
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        assert time.perf_counter() - began < 0.5 * limit, call
     for part, phases in job.KEYS.items():
         lines = [json.loads(x) for x in (tmp_path / f"{part}.json").read_text().splitlines()]
         assert [x["phase"] for x in lines] == [
@@ -694,11 +713,21 @@ def test_gpu_check_dry_run_writes_the_jobs_and_the_decodings_figures(tmp_path):
         for line in lines:
             assert sorted(line) == sorted(phases[line["phase"]]), line
     job_lines = {x["phase"]: x for x in map(json.loads, (tmp_path / "job.json").open())}
-    assert job_lines["training"]["updates"] == 60 and job_lines["validations"]["count"] == 3
+    training = job_lines["training"]
+    assert training["updates"] == 60 and training["stopped"] == "end"
+    assert training["budget_minutes"] == pytest.approx((170 - 170 / 4) / 60, abs=0.02)
+    assert job_lines["validations"]["count"] == 3 and job_lines["compile"]["recompiles"] == 0
+    assert job_lines["kept"]["files"] == ["best.pt", "config.yaml", "train_log.jsonl"]
+    Translator.load(tmp_path / "run", "cpu")  # (what a later call decodes with: JOB_RUN)
     assert job_lines["translation"]["sentences"] == 40 and job_lines["scoring"]["bleu"] >= 0
     total = job_lines["total"]
-    assert total["train_translate_score_seconds"] <= total["seconds"]
+    assert total["train_translate_score_seconds"] <= total["seconds"] <= 170
     decodes = [json.loads(x) for x in (tmp_path / "decode.json").read_text().splitlines()]
     assert [d["beam"] for d in decodes] == [1, 5]
     assert all(d["same_outputs"] == d["sentences"] == 40 and d["graphs"] == 1 for d in decodes)
+    # beam 5 after greedy: the one guard greedy's graph fails (one cross-attention row per
+    # hypothesis there, a sentence's there) is the recompile
+    assert [d["recompiles"] for d in decodes] == [0, 1]
     assert all(d["warm_process_first_s"] is not None for d in decodes)
+    tests = (tmp_path / "pytest_cuda.log").read_text()
+    assert " passed" in tests and "failed" not in tests and " ERROR " not in tests, tests

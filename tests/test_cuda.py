@@ -127,6 +127,9 @@ def _train(tmp_path, precision):
         "train.log_every=20",
         "train.device=cuda",
         f"train.precision={precision}",
+        # eager: the compiled step has tests of its own, and a compile per `mt train` process
+        # would take most of the part's budget
+        "train.compile=false",
         gpu=True,
     )
     assert proc.returncode == 0, proc.stderr
@@ -197,6 +200,7 @@ def test_each_architecture_trains_resumes_translates_and_shows_attention_on_cuda
             "train.valid_every=12",
             "train.save_every=6",
             "train.log_every=6",
+            "train.compile=false",  # (as _train: the compiled step has tests of its own)
             *overrides.split(),
         ],
     )
@@ -265,6 +269,7 @@ def test_compiled_training_through_cuda_graphs_takes_the_eager_steps(tmp_path, a
             [
                 f"data.dir={tmp_path / 'd'}",
                 "train.device=cuda",
+                "train.precision=fp32",  # (auto is bf16 on a GPU)
                 "model.dropout=0.0",
                 "train.pack_width=64",
                 "train.max_tokens=1024",
@@ -327,9 +332,9 @@ def test_the_whole_update_as_one_cuda_graph_takes_the_eager_updates(tmp_path):
     from mt.train.graphed import WARMUP
 
     def trainer(name, *more):
-        cfg = load_config(ROOT / "configs/tiny.yaml", [
-            f"data.dir={tmp_path / 'd'}", "train.device=cuda", "train.pack_width=64",
-            "train.max_tokens=1024", "model.attn_dropout=0", *more])  # fmt: skip
+        sets = [f"data.dir={tmp_path / 'd'}", "train.device=cuda", "train.precision=fp32"]
+        sets += ["train.pack_width=64", "train.max_tokens=1024", "model.attn_dropout=0"]
+        cfg = load_config(ROOT / "configs/tiny.yaml", [*sets, *more])
         return build_trainer(cfg, tmp_path / name, log=lambda *_: None)
 
     torch._dynamo.reset()

@@ -84,9 +84,13 @@ def test_set_translator():
     return read("test_2016_flickr.en.gz"), Translator(model, tokenizer, cfg, CPU)
 
 
-def test_the_test_set_on_the_gpus_route_compiles_the_step_at_most_twice(test_set_translator):
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_the_test_set_on_the_gpus_route_compiles_the_step_at_most_twice(
+    test_set_translator, backend
+):
     """Every batch size, source length and cache room of the job share one compiled step
-    (Dynamo's backend eager: its graphs are counted, no kernels made): beam 5 compiles once,
+    (Dynamo's graphs counted, no kernels made; aot_eager also traces them through AOTAutograd
+    as Inductor would, where guards of its own could add recompiles): beam 5 compiles once,
     greedy search (one cross-attention row per hypothesis) once more, and beam 5 again
     nothing."""
     import torch._dynamo
@@ -97,7 +101,7 @@ def test_the_test_set_on_the_gpus_route_compiles_the_step_at_most_twice(test_set
     lines, translator = test_set_translator
     torch._dynamo.reset()
     counters.clear()
-    translator._compiled = CompiledStep(CPU, backend="eager")
+    translator._compiled = CompiledStep(CPU, backend=backend)
     shapes = set()
     step_fn = translator._compiled.fn
 
@@ -113,3 +117,46 @@ def test_the_test_set_on_the_gpus_route_compiles_the_step_at_most_twice(test_set
     assert len(shapes) >= 20 and graphs == [1, 2, 2], (graphs, len(shapes))
     assert not counters["graph_break"]
     torch._dynamo.reset()
+
+
+def test_the_decoder_compiles_where_the_job_repays_its_cold_or_warm_price(
+    tmp_path, monkeypatch, capsys
+):
+    """decode.compile_step auto on a GPU: a job compiles where its steps' savings repay the
+    compile, at the cold price until this cache holds the step (marked after its first
+    compiled call), then at the warm one; the line before the compile says which it assumed.
+    A CPU never compiles on auto; always and never are as given."""
+    from mt.decode import step as steps_mod
+    from mt.decode.step import (
+        COLD_COMPILE_S,
+        SAVED_PER_STEP_S,
+        WARM_COMPILE_S,
+        CompiledStep,
+        announce_compile,
+        compile_pays,
+        compiled_marker,
+    )
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB")
+    cold, warm = COLD_COMPILE_S / SAVED_PER_STEP_S, WARM_COMPILE_S / SAVED_PER_STEP_S
+    assert warm < cold
+    assert compile_pays("auto", CUDA, cold) and not compile_pays("auto", CUDA, cold - 1)
+    assert not compile_pays("auto", CUDA, warm) and not compile_pays("auto", CPU, 1e9)
+    assert compile_pays("always", CPU, 1) and not compile_pays("never", CUDA, 1e9)
+    announce_compile(CUDA, "auto", cold)
+    assert f"repays a cold compile, assumed {COLD_COMPILE_S:g} s" in capsys.readouterr().err
+
+    # a compiled call that falls back to the eager step marks nothing; one that ran does
+    compiled = CompiledStep(CPU, backend="eager", warn=lambda message: None)
+    compiled.unmarked = compiled_marker(CUDA)
+    compiled.fn = lambda *a: (_ for _ in ()).throw(RuntimeError("no kernel"))
+    monkeypatch.setattr(steps_mod, "decoder_step", lambda *a: torch.zeros(1))
+    compiled()
+    assert not compiled_marker(CUDA).exists()
+    compiled.fn, compiled.unmarked = (lambda *a: torch.ones(1)), compiled_marker(CUDA)
+    compiled()
+    assert compiled_marker(CUDA).is_file() and compiled.unmarked is None
+    assert compile_pays("auto", CUDA, warm) and not compile_pays("auto", CUDA, warm - 1)
+    announce_compile(CUDA, "auto", warm)
+    assert f"repays a warm compile, assumed {WARM_COMPILE_S:g} s" in capsys.readouterr().err

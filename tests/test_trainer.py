@@ -87,6 +87,8 @@ def test_compiled_training_takes_the_same_steps(tmp_path):
         batch = [collate(eager.train_data, np.array(list(idx)))]
         assert eager.train_step(batch) and compiled.train_step(batch)
     torch.testing.assert_close(window_losses(compiled), window_losses(eager), rtol=1e-5, atol=0)
+    # the log line says its window compiled (its seconds are not the steady rate's)
+    assert compiled.window.summary()["compiles"] >= 1
     # Adam turns float-rounding differences in near-zero gradients into steps of up to lr
     # (about 4e-4 here), so the weights agree to a few lr, not to rounding.
     for k, v in compiled.model.state_dict().items():
@@ -114,6 +116,29 @@ def test_time_budget_ends_the_run_like_its_last_step(tmp_path):
     assert [r["step"] for r in records if "valid_loss" in r] == [st.step]
     assert checkpoint.load(tmp_path / "run/best.pt")["train_state"]["step"] == st.step
     assert checkpoint.load(tmp_path / "run/last.pt")["train_state"]["step"] == st.step
+
+
+def test_log_lines_time_the_updates_apart_from_the_validations(tmp_path, monkeypatch):
+    """A log line's `seconds` (and its tok_s) count the window's updates, not a validation
+    inside it: with every validation taking a second longer, no window of 4 tiny updates
+    takes a second; its tokens over its seconds are its tok_s."""
+    from mt.train.validation import Validator
+
+    slow = Validator.validate
+
+    def validate(self, st):
+        time.sleep(1.0)
+        return slow(self, st)
+
+    monkeypatch.setattr(Validator, "validate", validate)
+    t = trainer_for(tmp_path, "train.max_steps=12", "train.log_every=4", "train.valid_every=4")
+    t.fit()
+    rows = [json.loads(x) for x in (tmp_path / "run/train_log.jsonl").read_text().splitlines()]
+    logged = [r for r in rows if "tok_s" in r]
+    assert [r["step"] for r in logged] == [4, 8, 12]
+    assert all(0 < r["seconds"] < 1.0 for r in logged), logged
+    assert all(r["tok_s"] == pytest.approx(r["tokens"] / r["seconds"], rel=0.01) for r in logged)
+    assert not any("compiles" in r for r in logged)  # (eager: no graph made)
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])

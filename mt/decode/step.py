@@ -6,8 +6,11 @@ the step can run compiled, with CUDA graphs on a GPU (`CompiledStep`)."""
 from __future__ import annotations
 
 import math
+import os
+import re
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.fx.experimental._config as shape_config
@@ -39,19 +42,41 @@ def decoder_step(model, tokens, memory, pad_mask, cache, step):
     return lprobs
 
 
-# A compile of the decoder step costs seconds to tens of seconds on a GPU (less from Inductor's
-# cache), and each CUDA-graphed step then saves a few milliseconds of launches over the eager
-# one: decode.compile_step auto compiles for a job of at least this many decoder steps
-# (scripts/gpu_check.sh decode measures both sides; docs/gpu.md).
-COMPILE_PAYS_STEPS = 4000
+# What the compiled decoder step costs and saves on a GPU. Its compile takes seconds to tens of
+# seconds: cold (Inductor's cache holds none of its kernels: a new machine, another torch) about
+# COLD_COMPILE_S, warm (this cache compiled the step before: its kernels are read from disk)
+# about WARM_COMPILE_S; each CUDA-graphed step then saves about SAVED_PER_STEP_S of launches
+# over the eager step. These are the assumed figures until a GPU measures them
+# (scripts/gpu_check.sh decode: compiled_first_s, warm_process_first_s and eager_s; docs/gpu.md).
+# decode.compile_step auto compiles for a job whose decoder steps repay the price that applies.
+COLD_COMPILE_S, WARM_COMPILE_S, SAVED_PER_STEP_S = 30.0, 6.0, 0.003
+
+
+def compile_price(device: torch.device) -> tuple[float, str]:
+    """(the seconds a compile of the decoder step is assumed to cost here, "cold" or
+    "warm"): warm where this compile cache holds the step from an earlier compile."""
+    if compiled_marker(device).is_file():
+        return WARM_COMPILE_S, "warm"
+    return COLD_COMPILE_S, "cold"
+
+
+def compiled_marker(device: torch.device) -> Path:
+    """The file that says the decoder step was compiled for this device and torch in the
+    compile cache in use (written after its first compiled call)."""
+    from mt.runtime.env import use_compile_cache
+
+    use_compile_cache()
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    tag = re.sub(r"[^A-Za-z0-9.]+", "_", f"{name}-{torch.__version__}")
+    return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]) / f"mt-decoder-step-{tag}"
 
 
 def compile_pays(choice: str, device: torch.device, steps: float) -> bool:
     """decode.compile_step: always, never, or auto: on a GPU for a job of `steps` decoder steps
-    (math.inf: a server's) that repays the compile."""
+    (math.inf: a server's) whose savings repay the compile's price here (compile_price)."""
     if choice != "auto":
         return choice == "always"
-    return device.type == "cuda" and steps >= COMPILE_PAYS_STEPS
+    return device.type == "cuda" and steps * SAVED_PER_STEP_S >= compile_price(device)[0]
 
 
 class CompiledStep:
@@ -78,13 +103,19 @@ class CompiledStep:
             self.fn = torch.compile(decoder_step, fullgraph=True, dynamic=True, backend=backend)
         self.pool = BufferPool()
         self.warn = warn or (lambda message: print(message, file=sys.stderr))
+        # Inductor's kernels for this device, to be marked as in the cache once they ran
+        self.unmarked = compiled_marker(device) if backend is None else None
 
     def __call__(self, *args) -> torch.Tensor:
         try:
             # each size its own symbol: two sizes equal at the first call (a source length
             # and the model's width, say) would otherwise be assumed equal, and recompiled
             with shape_config.patch(use_duck_shape=False):  # type: ignore[attr-defined]
-                return self.fn(*args)
+                out = self.fn(*args)
+            if self.unmarked is not None and self.fn is not decoder_step:
+                _mark(self.unmarked)
+                self.unmarked = None
+            return out
         except Exception as e:  # Dynamo's, Inductor's and CUDA graphs' errors alike
             if self.fn is decoder_step:
                 raise
@@ -151,11 +182,26 @@ class Decoder:
 
 def announce_compile(device, setting: str, steps: float) -> None:
     """Say on stderr that the decoder step compiles first, and why (decode.compile_step
-    `setting`; auto: a job of `steps` decoder steps repays it)."""
+    `setting`; auto: a job of `steps` decoder steps repays the compile's assumed price)."""
     job = "a job without end" if math.isinf(steps) else f"a job of {int(steps):,} decoder steps"
-    why = "always" if setting == "always" else f"auto: {job} repays it"
+    seconds, kind = compile_price(device)
+    why = (
+        "always"
+        if setting == "always"
+        else f"auto: {job} repays a {kind} compile, assumed {seconds:g} s"
+    )
     print(
         f"compiling the decoder step for {device} first (decode.compile_step {why}; the "
         f"compiled kernels are cached for later runs)",
         file=sys.stderr,
     )
+
+
+def _mark(marker: Path) -> None:
+    """Leave `marker` in the compile cache (compile_price reads it); a cache that cannot be
+    written only makes the next price the cold one."""
+    try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+    except OSError:
+        pass

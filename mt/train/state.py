@@ -13,6 +13,7 @@ import torch
 from mt.config import DecodeConfig
 from mt.data.corpus import ParallelData
 from mt.data.textform import RAW, TextForm
+from mt.train.progress import compiles_so_far
 
 
 @dataclass
@@ -61,28 +62,39 @@ class Validation:
 @dataclass
 class LogWindow:
     """The updates since the last log line: each one's loss and NLL sums and target tokens
-    over every rank, on the device (zero for an update skipped there)."""
+    over every rank, on the device (zero for an update skipped there); the seconds they took
+    with the validations between them left out, and the graphs torch.compile made meanwhile."""
 
     sums: list = field(default_factory=list)  # (loss, nll, tokens) per update
     start: float = field(default_factory=time.perf_counter)
+    paused: float = 0.0  # seconds of the window spent validating, not training
+    compiles_at_start: int = field(default_factory=compiles_so_far)
 
     def add(self, row: torch.Tensor) -> None:
         """row: an update's (loss sum, NLL sum, tokens) over every rank (zeros if skipped on
         the device; mt/train/exchange.py)."""
         self.sums.append(row)
 
+    def pause(self, seconds: float) -> None:
+        """`seconds` of the window went to a validation: not training time."""
+        self.paused += seconds
+
     def summary(self) -> dict:
-        """Mean loss, NLL and perplexity per target token, and tokens/s, over every rank: the
-        only host sync of the window."""
-        elapsed = time.perf_counter() - self.start
+        """Mean loss, NLL and perplexity per target token, tokens/s and the training seconds
+        over every rank (the only host sync of the window); `compiles`: the graphs made in
+        the window, where there were any (its seconds include their compiling)."""
+        seconds = max(time.perf_counter() - self.start - self.paused, 1e-9)
+        compiles = compiles_so_far() - self.compiles_at_start
         loss_sum, nll_sum, tokens = torch.stack(self.sums).sum(0).tolist()
+        timing = {"seconds": round(seconds, 3), **({"compiles": compiles} if compiles else {})}
         if not tokens:  # every update of the window skipped
-            return {"tokens": 0, "tok_s": 0.0}
+            return {"tokens": 0, "tok_s": 0.0, **timing}
         loss, nll = loss_sum / tokens, nll_sum / tokens
         return {
             "loss": round(loss, 4),
             "nll": round(nll, 4),
             "ppl": round(math.exp(min(nll, 50)), 2),
-            "tok_s": round(tokens / elapsed, 1),
+            "tok_s": round(tokens / seconds, 1),
             "tokens": int(tokens),
+            **timing,
         }

@@ -277,6 +277,7 @@ class Trainer:
             st.step, sync=sync if self.device.type == "cuda" else None, valid_every=cfg.valid_every
         )
         self.budget.start(st)
+        self.window = LogWindow()  # (its clock starts with the first update, not the build)
         while st.step < cfg.max_steps:
             updated = self.train_step([next(batches) for _ in range(cfg.accum_steps)])
             if updated and self._after_update(bar):
@@ -345,8 +346,10 @@ class Trainer:
     def _validate_and_say(self) -> None:
         began = self.forecast.clock()
         rec = self.validate()
-        self.forecast.validated(self.forecast.clock() - began)  # (its rate leaves it out)
         draw_training_picture(self.run_dir, self.say)
+        seconds = self.forecast.clock() - began
+        self.forecast.validated(seconds)  # (the rate leaves it out)
+        self.window.pause(seconds)  # (and so does the next log line's)
         self.say(describe_validation(rec))
 
     def _finish(self) -> None:

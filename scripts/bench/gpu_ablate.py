@@ -40,6 +40,7 @@ from gpu_figures import (
     m30k,
     mfu,
 )
+from harness import CompileEvents
 
 BASE_VARIANTS = {
     "base": {"pack_width": 128},
@@ -72,33 +73,35 @@ def base(args, device: torch.device) -> None:
     size, pack = (TINY, {**TINY_PACK, **DRY_STEPS}) if args.dry_run else (BASE, BASE_PACK)
     for name, variant in BASE_VARIANTS.items():
         width, train = variant["pack_width"], variant.get("train")
-        with settings(variant):
+        with settings(variant) as events:
             figures = attempt(
                 lambda w=width, t=train: mfu(device, size, {**pack, "pack_width": w}, t)
             )
-        append_line(path, {"variant": name, "model": "base", **variant, **figures})
+        record = {"variant": name, "model": "base", **variant, **figures}
+        append_line(path, {**record, **events.counts()})
 
 
 def multi30k(args, device: torch.device) -> None:
     path = args.out / "ablate_m30k.json"
     path.unlink(missing_ok=True)
     for name, (width, sets) in M30K_VARIANTS.items():
-        with settings({}):
+        with settings({}) as events:
             figures = attempt(
                 lambda w=width, s=sets: m30k(device, args.data_dir, args.out, args.dry_run, w, s)
             )
         record = {"variant": name, "model": "m30k", "pack_width": width, "sets": list(sets)}
-        append_line(path, {**record, **figures})
+        append_line(path, {**record, **figures, **events.counts()})
 
 
 class settings:
     """A variant's settings for the compiles inside (Inductor's max-autotune, FlexAttention's
-    block size), put back after; Dynamo's caches reset first so that it compiles afresh."""
+    block size), put back after; Dynamo's caches reset first so that it compiles afresh. As
+    a context: the variant's CompileEvents (its recompiles and skipped CUDA graphs)."""
 
     def __init__(self, variant: dict) -> None:
         self.variant = variant
 
-    def __enter__(self) -> None:
+    def __enter__(self) -> CompileEvents:
         import torch._inductor.config as inductor
 
         from mt.fast import flex
@@ -107,6 +110,7 @@ class settings:
         self.before = inductor.max_autotune, flex.BLOCK_SIZE
         inductor.max_autotune = self.variant.get("max_autotune", False)
         flex.BLOCK_SIZE = self.variant.get("block_size", flex.BLOCK_SIZE)
+        return CompileEvents()
 
     def __exit__(self, *_) -> None:
         import torch._inductor.config as inductor

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from bench_train import mt_trainer
-from harness import datasheet_peak, matmul_peak
+from harness import CompileEvents, datasheet_peak, matmul_peak
 
 BASE = {"layers": 6, "d_model": 512, "heads": 8, "d_ff": 2048, "vocab": 32000}
 # packed blocks of 128 rows x 128 positions a side: 16k source and 16k target positions
@@ -52,11 +52,13 @@ KEYS = {
     "mfu": [
         "part", "device", "torch", "params", "block", "updates", "compile_s", "step_ms",
         "target_tokens_s", "useful_tflop_s", "matmul_tflop_s", "datasheet_tflop_s",
-        "mfu_datasheet", "mfu_matmul", "padding", "graphs", "peak_gpu_mb",
+        "mfu_datasheet", "mfu_matmul", "padding", "graphs", "peak_gpu_mb", "recompiles",
+        "cudagraph_skips",
     ],
     "m30k": [
         "part", "device", "torch", "params", "block", "updates", "compile_s", "updates_s",
-        "target_tokens_s", "max_steps", "forecast_minutes", "graphs",
+        "target_tokens_s", "max_steps", "forecast_minutes", "graphs", "recompiles",
+        "cudagraph_skips",
     ],
 }  # fmt: skip
 
@@ -70,12 +72,13 @@ def main() -> None:
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     device = setup(args.dry_run)
+    events = CompileEvents()  # (a recompile or a skipped CUDA graph slows what is timed)
     if args.part == "mfu":
         size, pack = (TINY, TINY_PACK) if args.dry_run else (BASE, BASE_PACK)
         figures = mfu(device, size, pack)
     else:
         figures = m30k(device, args.data_dir, args.out, args.dry_run)
-    write_line(args.out / f"{args.part}.json", {"part": args.part, **figures})
+    write_line(args.out / f"{args.part}.json", {"part": args.part, **figures, **events.counts()})
 
 
 def setup(dry_run: bool) -> torch.device:

@@ -98,3 +98,46 @@ def take_turns(
             if i >= warmup:
                 secs[name] += time.perf_counter() - t0
     return secs
+
+
+# What torch.compile did behind a measurement's back: a recompile (a guard failed, so a graph
+# was made again) or a CUDA graph skipped (Inductor ran the graph without one) makes a step
+# slower without an error. Counted from torch's own recompile log and Inductor's counter.
+RECOMPILE_LINE = "Recompiling function"
+CUDAGRAPH_SKIP_LINE = "skipping cudagraphs"
+# what a subprocess (mt train) gets, so that its log holds both kinds of line
+TORCH_LOGS = "recompiles,cudagraphs"
+
+
+def compile_events_in(text: str) -> dict:
+    """{"recompiles", "cudagraph_skips"} told by a log written with TORCH_LOGS."""
+    return {
+        "recompiles": text.count(RECOMPILE_LINE),
+        "cudagraph_skips": text.count(CUDAGRAPH_SKIP_LINE),
+    }
+
+
+class CompileEvents:
+    """The recompiles and CUDA-graph skips of this process from its making on: torch's
+    recompile log (switched on, its records counted here and still printed) and Inductor's
+    cudagraph_skips counter."""
+
+    def __init__(self) -> None:
+        import logging
+
+        from torch._dynamo.utils import counters
+
+        self.counters, self.recompiles = counters, 0
+        self.skips_before = counters["inductor"]["cudagraph_skips"]
+        torch._logging.set_logs(recompiles=True)
+        events = self
+
+        class Count(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                events.recompiles += RECOMPILE_LINE in record.getMessage()
+
+        logging.getLogger("torch._dynamo.guards.__recompiles").addHandler(Count())
+
+    def counts(self) -> dict:
+        skips = self.counters["inductor"]["cudagraph_skips"] - self.skips_before
+        return {"recompiles": self.recompiles, "cudagraph_skips": skips}
