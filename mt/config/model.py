@@ -84,6 +84,14 @@ class ModelConfig(Section):
         "Helsinki-NLP/opus-mt-de-en): its architecture, weights and tokenizer",
     )
 
+    init_optimizer: bool = Field(
+        False,
+        description="with model.init_from an mt run: continue its optimizer (Adam's moments) "
+        "and its schedule's step too, as if that run went on with this config's data (its "
+        "last.pt: a run directory's, or the checkpoint named); false: a fresh optimizer and "
+        "schedule, as fine-tuning takes",
+    )
+
     _init_encoder_is_a_path = field_validator("init_encoder", mode="before")(user_path)
 
     @model_validator(mode="after")
@@ -92,6 +100,11 @@ class ModelConfig(Section):
             raise ValueError(
                 "model.init_from and model.init_encoder both start the model from elsewhere: "
                 "keep one of them"
+            )
+        if self.init_optimizer and self.init_from is None:
+            raise ValueError(
+                "model.init_optimizer continues the optimizer of the run model.init_from "
+                "names: set model.init_from to that run, or remove model.init_optimizer"
             )
         if self.arch == "rnn":
             if self.positional != "sinusoidal":

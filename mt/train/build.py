@@ -36,7 +36,13 @@ from mt.train.rundir import (
     record_corpus,
 )
 from mt.train.schedule import build_optimizer
-from mt.train.start import mt_source, source_tokenizer, start_from, with_source_settings
+from mt.train.start import (
+    continue_optimizer,
+    mt_source,
+    source_tokenizer,
+    start_from,
+    with_source_settings,
+)
 from mt.train.state import TrainState, Validation
 from mt.train.tracking import write_run_info
 from mt.train.trainer import Trainer
@@ -159,7 +165,8 @@ def build_trainer(
         trainer = _build(
             cfg, run_dir, dist, device_name, log, lock, pretraining, allow_config_change
         )
-        _resume_if_saved(trainer, run_dir, log)
+        if not _resume_if_saved(trainer, run_dir, log) and cfg.model.init_optimizer:
+            continue_optimizer(trainer, cfg.model, log)
         trainer.state.precision = PRECISION_NAMES[trainer.amp_dtype]  # as resolved here
         return trainer
     except BaseException:
@@ -249,9 +256,10 @@ def _data(cfg: Config, run_dir: Path, dist, log, allow_config_change: bool):
     """(the tokenizer, the training pairs, (valid sources, references, pairs)), the corpus
     checked against the run's and recorded (mt.data.prepare)."""
     inherited = functools.partial(pretrained_tokenizer, cfg.model.init_encoder, log)
-    if cfg.model.init_from is not None:
-        which = source_tokenizer if mt_source(cfg.model.init_from) else imported_tokenizer
-        inherited = functools.partial(which, cfg.model.init_from, log)
+    if cfg.model.init_from is not None and mt_source(cfg.model.init_from):
+        inherited = functools.partial(source_tokenizer, cfg.model, log)
+    elif cfg.model.init_from is not None:
+        inherited = functools.partial(imported_tokenizer, cfg.model.init_from, log)
     renew = check_corpus_unchanged(cfg, run_dir, allow_config_change, log)  # every rank
     saved = functools.partial(saved_tokenizer, run_dir, log)
     data = prepare_data(
@@ -312,7 +320,7 @@ def _model(cfg: Config, tokenizer, run_dir: Path, device, pretraining: bool, log
     if cfg.model.init_encoder and not has_checkpoint(run_dir):  # a resumed run has its own
         init_encoder(model, cfg.model.init_encoder, tokenizer, log)
     if cfg.model.init_from and not has_checkpoint(run_dir) and mt_source(cfg.model.init_from):
-        start_from(model, cfg.model.init_from, log)
+        start_from(model, cfg.model, log)
     elif cfg.model.init_from and not has_checkpoint(run_dir):
         from mt.hub.imports import init_from
 
@@ -338,17 +346,19 @@ def _set_aside_damaged_best(trainer: Trainer, best: Path, log) -> None:
         )
 
 
-def _resume_if_saved(trainer: Trainer, run_dir: Path, log) -> None:
+def _resume_if_saved(trainer: Trainer, run_dir: Path, log) -> bool:
+    """Whether the run resumed from its last.pt (False: a new run)."""
     found = checkpoint.load_for_resume(run_dir / "last.pt", log)
     if found is not None:
         _resume(trainer, *found, log)
         if trainer.dist.is_main:
             _set_aside_damaged_best(trainer, run_dir / "best.pt", log)
-    elif not has_checkpoint(run_dir):  # a new run: a log left by one that saved nothing
+        return True
+    if not has_checkpoint(run_dir):  # a new run: a log left by one that saved nothing
         _truncate_log(run_dir / "train_log.jsonl", 0, log)  # (goes with it)
-    else:
-        raise MTError(
-            f"no last.pt in {run_dir} that training can resume from (damaged, or weights "
-            f"alone); start over with mt train ... --restart (the files are kept aside), or "
-            f"train into a new --run-dir"
-        )
+        return False
+    raise MTError(
+        f"no last.pt in {run_dir} that training can resume from (damaged, or weights "
+        f"alone); start over with mt train ... --restart (the files are kept aside), or "
+        f"train into a new --run-dir"
+    )
