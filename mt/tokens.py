@@ -6,3 +6,7 @@ PAD, UNK, BOS, EOS = 0, 1, 2, 3
 # which never occurs in text (the vocabularies mt trains cover every character), so the
 # embedding shapes stay those of the translation model.
 MASK = UNK
+# The piece that leads every source of a back-translated corpus (data.corpora's `tagged`:
+# tagged back-translation, Caswell et al., WMT 2019): reserved whole in the BPE model, so the
+# model tells synthetic sources from real ones; never written in a translation.
+BT_TAG = "<BT>"

@@ -10,7 +10,7 @@ from mt.data.corpus import Stats, drop_empty, encode_pairs, read_lines, read_par
 from mt.data.download import download, from_datasets
 from mt.data.tokenizer import BOS, EOS, PAD, Tokenizer
 from mt.errors import MTError
-from tests.conftest import MULTI30K, assert_user_error, mt_here, run_mt, train_tiny
+from tests.conftest import MULTI30K, ROOT, assert_user_error, mt_here, run_mt, train_tiny
 
 
 def _write_gz(path, lines):
@@ -643,3 +643,66 @@ def test_corpora_are_drawn_by_their_weights(tmp_path):
         trainer_for(tmp_path / "x", f"data.dir={data}", "data.corpora=[{name: bt}]")
     with pytest.raises(MTError, match=r"data\.corpora weighs the corpora of one pair"):
         trainer_for(tmp_path / "y", "data.pairs=[src-tgt,tgt-src]", "data.corpora=[{name: bt}]")
+
+
+def test_a_tagged_corpus_leads_its_sources_with_bt_and_no_translation_holds_it(tmp_path):
+    """data.corpora with `tagged`: the BPE model reserves <BT> whole, every source of that
+    corpus starts with it and no other source holds it; a translation never contains it, even
+    from a model that prefers it above every other token; user text holding it is refused in
+    one line, as a target-language token is; a BPE model without the piece is refused."""
+    import torch
+
+    from mt.config import DecodeConfig
+    from mt.data.batching import collate
+    from mt.data.download import download
+    from mt.data.tokenizer import HeldToken
+    from mt.decode.translator import Translator
+    from tests.conftest import trainer_for
+
+    data = tmp_path / "d"
+    download("synthetic", data)
+    for side in ("src", "tgt"):
+        lines = (data / f"train.{side}").read_text().splitlines()[:300]
+        (data / f"train.bt.{side}").write_text("\n".join(lines) + "\n")
+    trainer = trainer_for(tmp_path, "data.corpora=[{name: bt, tagged: true}]")
+    try:
+        tok, train = trainer.tokenizer, trainer.train_data
+        bt = tok.never_written()
+        assert bt is not None and tok.src_pieces_of([bt]) == ["<BT>"]
+        tagged = [i for i in range(len(train.src)) if train.pair_of[i] == 1]
+        real = [i for i in range(len(train.src)) if train.pair_of[i] == 0]
+        assert len(tagged) == 300 and all(train.src[i][0] == bt for i in tagged)
+        assert not any(bt in train.src[i] for i in real)
+        batch = collate(train, np.array([real[0], tagged[0], tagged[1]]))
+        assert batch.src[:, 0].tolist()[1:] == [bt, bt] and batch.src[0, 0] != bt
+
+        model = trainer.model.eval()
+        project = model.project
+
+        def prefers_bt(h):
+            logits = project(h)
+            logits[..., bt] += 100.0
+            return logits
+
+        model.project = prefers_bt
+        translator = Translator(model, tok, DecodeConfig(), torch.device("cpu"))
+        for beam in (1, 4):
+            found = translator.search(["a b c d", "e f"], beam=beam)
+            assert all(bt not in ids for _, outs in found for ids, _ in outs), found
+        assert "<BT>" not in " ".join(translator.translate(["a b c d"]))
+        with pytest.raises(HeldToken, match="back-translated"):
+            translator.translate(["<BT> a b c"])
+    finally:
+        trainer.lock.release()
+    budget = ["train.max_steps=2", "train.valid_every=2", "train.save_every=2"]
+    untagged = trainer_for(tmp_path / "y", f"data.dir={data}", *budget)
+    untagged.fit()  # (a source run whose BPE model has no <BT>)
+    untagged.close()
+    from mt.train.build import build_trainer, load_run_config
+
+    sets = [f"data.dir={data}", f"model.init_from={tmp_path / 'y' / 'run'}"]
+    cfg = load_run_config(
+        ROOT / "configs/tiny.yaml", [*sets, "data.corpora=[{name: bt, tagged: true}]"]
+    )
+    with pytest.raises(MTError, match=r"data\.corpora bt is tagged, but .* no <BT> piece"):
+        build_trainer(cfg, tmp_path / "z", log=lambda *_: None)

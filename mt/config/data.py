@@ -37,6 +37,12 @@ class CorpusConfig(Section):
         description="how often each of its pairs is drawn against a pair of the main corpus "
         "(2: twice as often; an epoch is as long as all the corpora together)",
     )
+    tagged: bool = Field(
+        False,
+        description="each of its sources starts with the reserved token <BT> (tagged "
+        "back-translation: its sources are a reverse model's translations), so that the model "
+        "tells them from real ones; translations never contain it",
+    )
 
     @field_validator("name")
     @classmethod

@@ -16,6 +16,7 @@ import numpy as np
 
 from mt.data import pairs as pairs_mod
 from mt.errors import MTError
+from mt.tokens import BT_TAG
 
 SPLITS = ("train", "valid", "test")
 # C0/C1 control characters except tab; they are invisible and confuse tokenizers and scorers.
@@ -334,11 +335,12 @@ def encode_stream(
     dropout: float = 0.0,
     tag: str | None = None,
     max_ratio: float = 0.0,
+    back_translated: bool = False,
 ) -> ParallelData:
     """Tokenize and drop pairs whose either side exceeds `max_len` subwords (+EOS/BOS), or
     whose longer side has over `max_ratio` times the subwords of the shorter (0: no limit);
     tag: the target language whose token leads every source (mt/data/pairs.py), counted in
-    its length.
+    its length; back_translated: <BT> (mt.tokens.BT_TAG) follows it.
     Streams in chunks, so only one chunk ever exists as Python strings and lists of ints
     (~36 bytes per token); the result is uint16 arrays (2 bytes per token) when the
     vocabulary fits, int32 otherwise. dropout > 0: BPE-dropout segmentations (seeded by
@@ -350,6 +352,7 @@ def encode_stream(
     buf: list[tuple[str, str]] = []
 
     lead = "" if tag is None else f"{pairs_mod.tag(tag)} "
+    lead += f"{BT_TAG} " if back_translated else ""
 
     def flush():
         src_ids = tokenizer.encode_src([lead + s for s, _ in buf], dropout)

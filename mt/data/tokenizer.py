@@ -16,19 +16,23 @@ import sentencepiece as spm
 from mt.data.bpe_dropout import MergeDropout, seed_dropout
 from mt.errors import MTError
 from mt.outputs import write_bytes
-from mt.tokens import BOS, EOS, PAD, UNK
+from mt.tokens import BOS, BT_TAG, EOS, PAD, UNK
 
 
 class HeldToken(MTError):
-    """A source line (number `index`, from 0) holding a target-language token as text
-    (Tokenizer.held_token): the token would tell the model the output's language, against
-    the one the translation asks for."""
+    """A source line (number `index`, from 0) holding a reserved token as text
+    (Tokenizer.held_token): a target-language token would tell the model the output's
+    language, against the one the translation asks for; <BT> would pass the line off as a
+    back-translation."""
 
     def __init__(self, index: int, token: str):
-        super().__init__(
-            f"line {index + 1} holds {token!r}, a target-language token of this model, as "
-            f"text: remove it (the target language is chosen by --tgt-lang)"
+        why = (
+            "the tag of back-translated training sources, as text: remove it"
+            if token == BT_TAG
+            else "a target-language token of this model, as text: remove it (the target "
+            "language is chosen by --tgt-lang)"
         )
+        super().__init__(f"line {index + 1} holds {token!r}, {why}")
         self.index, self.token = index, token
 
 
@@ -142,23 +146,20 @@ class _Side:
     def __init__(self, sp: spm.SentencePieceProcessor, pieces: tuple[str, ...] | None):
         self.sp, self.pieces = sp, pieces
         self.ids = None if pieces is None else {p: i for i, p in enumerate(pieces)}
-        # the target-language tokens its BPE reserved (mt/data/pairs.py), which sentencepiece
-        # reads whole wherever a text holds them; a model with its own numbering (imported
-        # from transformers) reads one whole only at the head of a line, as MarianTokenizer
-        self.reserved = (
-            ()
-            if pieces is not None
-            else tuple(p for p in self.all_pieces() if p.startswith(">>") and p.endswith("<<"))
-        )
+        # the target-language tokens (mt/data/pairs.py) and the back-translation tag its BPE
+        # reserved, which sentencepiece reads whole wherever a text holds them; a model with
+        # its own numbering (imported from transformers) reads a language token whole only at
+        # the head of a line, as MarianTokenizer
+        self.reserved = () if pieces is not None else tuple(filter(_reserved, self.all_pieces()))
 
     @property
     def size(self) -> int:
         return self.sp.GetPieceSize() if self.pieces is None else len(self.pieces)
 
     def encode(self, lines: list[str], dropout: float) -> list[list[int]]:
-        if self.ids is None and not any(line.startswith(">>") for line in lines):
+        if self.ids is None and not any(line.startswith((">>", BT_TAG)) for line in lines):
             return _encode(self.sp, lines, dropout)
-        if self.ids is None:  # a line led by a target-language token this model reserved
+        if self.ids is None:  # a line led by tokens this model reserved
             codes, texts = zip(*map(self._own_code, lines), strict=True)
             rest = _encode(self.sp, list(texts), dropout)
             return [[*code, *ids] for code, ids in zip(codes, rest, strict=True)]
@@ -170,16 +171,24 @@ class _Side:
         ]
 
     def _own_code(self, line: str) -> tuple[tuple[int, ...], str]:
-        """(the id of the target-language token that leads `line`, if the model reserved it
-        (mt/data/pairs.py; another text starting with ">>" is text), the rest of the line)."""
-        codes, rest = _language_code(line)
-        i = self.sp.PieceToId(codes[0]) if codes else UNK
-        return ((i,), rest.lstrip()) if i != UNK else ((), line)
+        """(the ids of the reserved tokens that lead `line`: a target-language token, then
+        <BT>, each where the model reserved it (mt/data/pairs.py; another text starting with
+        ">>" is text), the rest of the line)."""
+        ids: list[int] = []
+        while True:
+            codes, rest = _language_code(line)
+            if not codes and line.startswith(BT_TAG):
+                codes, rest = (BT_TAG,), line[len(BT_TAG) :]
+            i = self.sp.PieceToId(codes[0]) if codes else UNK
+            if i == UNK:
+                return tuple(ids), line
+            ids.append(i)
+            line = rest.lstrip()
 
     def held_token(self, text: str, lead: bool) -> str | None:
         """The reserved token `text` holds as text (past the one that leads it, where `lead`
         allows one), which would reach the model as the token itself; None if it holds none."""
-        if not self.reserved or "<<" not in text:
+        if not self.reserved or ("<<" not in text and BT_TAG not in text):
             return None
         if lead:
             codes, rest = _language_code(text)
@@ -206,6 +215,11 @@ class _Side:
             if self.pieces is not None
             else [self.sp.IdToPiece(i) for i in range(self.sp.GetPieceSize())]
         )
+
+
+def _reserved(piece: str) -> bool:
+    """Whether a BPE model's piece is one mt reserves (a target-language token, <BT>)."""
+    return piece == BT_TAG or (piece.startswith(">>") and piece.endswith("<<"))
 
 
 def _language_code(line: str) -> tuple[tuple[str, ...], str]:
@@ -264,6 +278,18 @@ class Tokenizer:
         that holds one is refused (check_sources, options.check_prefix): it would choose the
         language."""
         return (self._src if side == "src" else self._tgt).held_token(text, side == "src")
+
+    def reserves(self, piece: str) -> bool:
+        """Whether the source side's BPE model reserved `piece` whole (mt/data/pairs.py's
+        target-language tokens, <BT>)."""
+        return piece in self._src.reserved
+
+    def never_written(self) -> int | None:
+        """The target-side id of <BT> where the BPE model reserved it (a run with a tagged
+        corpus, data.corpora): a token a translation never contains; else None."""
+        if BT_TAG not in self._tgt.reserved:
+            return None
+        return self._tgt.sp.PieceToId(BT_TAG)
 
     def check_sources(self, lines: list[str]) -> None:
         """Refuse source lines that hold a target-language token as text (held_token)."""

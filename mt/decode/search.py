@@ -81,11 +81,13 @@ def search(
     pace: Pace = EVERY_STEP,
     compiled: CompiledStep | None = None,
     on_step: Callable[[int], None] | None = None,
+    banned: int | None = None,
 ) -> list[Found]:
     """src: (B, S) ids. Per sentence its outputs (ids without BOS/EOS, score), best first:
     `opts.nbest` of a beam, one of a Pick. forced: a target prefix every output starts with;
     generator: sampling's draws; compiled: a compiled step over a static cache; on_step(step)
-    after each step (it may raise to stop the search)."""
+    after each step (it may raise to stop the search); banned: a token id never chosen (the
+    back-translation tag, Tokenizer.never_written)."""
     memory = model.encode(src, src_pad_mask)  # (B, S, D)
     limits = max_lengths(
         src_pad_mask, opts.max_len_a, opts.max_len_b, model.max_positions - 1, len(forced)
@@ -103,6 +105,8 @@ def search(
             lprobs = decoder(rule.hyps, live.memory, live.pad_mask, step)
         at_limit = live.at_limit(step)  # (n,)
         rows_at_limit = at_limit.repeat_interleave(k) if k > 1 else at_limit
+        if banned is not None:
+            lprobs[:, banned].fill_(-float("inf"))  # (a fill: no number copied from the host)
         lprobs = _constrain(lprobs, step, opts.min_len, rows_at_limit, forced, pace)
         rows = rule.advance(step, lprobs, live.alive, live.done, at_limit)
         if on_step is not None:

@@ -67,6 +67,7 @@ class Translator:
         # validation of the run; a server: without end), for decode.compile_step auto
         self.repeats: float = 1
         self.step = 0  # the updates its (first) model was trained (from_trained)
+        self.never = tokenizer.never_written()  # (<BT>: banned from every output)
 
     @classmethod
     def load(
@@ -285,7 +286,18 @@ class Translator:
                 )
             return self._mask_predict(src, src == PAD, opts)
         pace = ON_DEVICE if self.searches_on_device else EVERY_STEP
-        return search(self.model, src, src == PAD, opts, forced, generator, pace, compiled, on_step)
+        return search(
+            self.model,
+            src,
+            src == PAD,
+            opts,
+            forced,
+            generator,
+            pace,
+            compiled,
+            on_step,
+            self.never,
+        )
 
     def _mask_predict(
         self,

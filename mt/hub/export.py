@@ -86,16 +86,18 @@ def marian_config(transformers, cfg, tokenizer):
     )
 
 
-def generation_config(transformers, cfg):
+def generation_config(transformers, cfg, banned: int | None = None):
     """How `generate` searches by default: the run's beam and length penalty (as tuned on valid
     at the end of mt train), finishing a sentence's beam at K finished hypotheses as mt does
-    (early_stopping), never emitting what mt's search never emits (pad, BOS, <unk>)."""
+    (early_stopping), never emitting what mt's search never emits (pad, BOS, <unk>, and the
+    back-translation tag where the run reserved it: `banned`)."""
+    never = [[PAD], [BOS], [UNK]] + ([] if banned is None else [[banned]])
     return transformers.GenerationConfig(
         num_beams=cfg.decode.beam,
         length_penalty=cfg.decode.length_penalty,
         early_stopping=True,
         max_length=cfg.model.max_positions,
-        bad_words_ids=[[PAD], [BOS], [UNK]],
+        bad_words_ids=never,
         pad_token_id=PAD,
         eos_token_id=EOS,
         decoder_start_token_id=BOS,
@@ -150,7 +152,7 @@ def export(
             missing,
             unexpected,
         )
-        marian.generation_config = generation_config(transformers, cfg)
+        marian.generation_config = generation_config(transformers, cfg, tokenizer.never_written())
         marian.save_pretrained(str(folder))
         _write_tokenizer(transformers, tokenizer, folder, (cfg.data.src_lang, cfg.data.tgt_lang))
         (folder / "README.md").write_text(
