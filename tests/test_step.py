@@ -18,7 +18,7 @@ from mt.data.batching import collate
 from mt.errors import MTError
 from mt.runtime.distributed import Dist
 from mt.train.build import build_trainer
-from mt.train.step import update_kind
+from mt.train.updates import resolve_update
 from tests.conftest import (
     EXACT_ADAM,
     ROOT,
@@ -196,15 +196,38 @@ def test_a_run_resumes_from_one_kind_into_the_other(tmp_path):
 
 
 def test_auto_takes_the_device_update_on_a_gpu_or_with_ranks():
+    from types import SimpleNamespace
+
     cpu, gpu, one, two = torch.device("cpu"), torch.device("cuda"), Dist(), Dist(rank=0, world=2)
-    assert update_kind("auto", cpu, one) == "plain"
-    assert update_kind("auto", gpu, one) == "device"
-    assert update_kind("auto", cpu, two) == "device"
-    assert update_kind("device", cpu, one) == "device"
-    assert update_kind("plain", gpu, one) == "plain"
+
+    def kind(setting, device, dist, fp16=False, **more):
+        cfg = SimpleNamespace(**{"update": setting, "accum_steps": 1, "pack_width": 128, **more})
+        return resolve_update(cfg, device, dist, fp16)
+
+    assert kind("auto", cpu, one) == "plain"
+    assert kind("auto", gpu, one) == "device"
+    assert kind("auto", cpu, two) == "device"
+    assert kind("device", cpu, one) == "device"
+    assert kind("plain", gpu, one) == "plain"
+    assert kind("graph", gpu, one) == "graph"
     for one_process in ("plain", "graph"):
         with pytest.raises(MTError, match=rf"train\.update: {one_process} trains one process"):
-            update_kind(one_process, cpu, two)
+            kind(one_process, cpu, two)
+    for more, words in (
+        ({"fp16": True}, "use bf16"),
+        ({"accum_steps": 2}, "accum_steps: 1"),
+        ({"pack_width": 0}, "set train.pack_width"),
+    ):
+        with pytest.raises(MTError, match=words):
+            kind("graph", gpu, one, **more)
+
+
+def test_an_update_the_run_cannot_make_is_refused_before_its_data_is_read(tmp_path):
+    """train.update graph with accumulation: one line before the BPE model is trained or the
+    corpus read (mt.train.step.resolve_update is the one reader of train.update)."""
+    with pytest.raises(MTError, match="captures one batch's update"):
+        trainer_for(tmp_path, "train.update=graph", "train.accum_steps=2", "train.pack_width=64")
+    assert not (tmp_path / "run" / "spm.model").exists()
 
 
 # -- each kind on its own: skips, accumulation, what the device update never reads --------

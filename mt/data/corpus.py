@@ -339,20 +339,18 @@ def encode_stream(
 ) -> ParallelData:
     """Tokenize and drop pairs whose either side exceeds `max_len` subwords (+EOS/BOS), or
     whose longer side has over `max_ratio` times the subwords of the shorter (0: no limit);
-    tag: the target language whose token leads every source (mt/data/pairs.py), counted in
-    its length; back_translated: <BT> (mt.tokens.BT_TAG) follows it.
-    Streams in chunks, so only one chunk ever exists as Python strings and lists of ints
-    (~36 bytes per token); the result is uint16 arrays (2 bytes per token) when the
-    vocabulary fits, int32 otherwise. dropout > 0: BPE-dropout segmentations (seeded by
-    Tokenizer.seed_dropout)."""
+    tag: the target language whose token leads every source (mt/data/pairs.py; <BT> after it
+    where back_translated), counted in its length. Streams in chunks, so only one chunk ever
+    exists as Python strings and lists of ints (~36 bytes per token); the result is uint16
+    arrays (2 bytes per token) when the vocabulary fits, int32 otherwise. dropout > 0:
+    BPE-dropout segmentations (seeded by Tokenizer.seed_dropout)."""
     big = max(tokenizer.src_vocab_size, tokenizer.tgt_vocab_size) > np.iinfo(np.uint16).max
     dtype = np.int32 if big else np.uint16
     src_parts, tgt_parts = [], []
     stats.too_long = 0
     buf: list[tuple[str, str]] = []
 
-    lead = "" if tag is None else f"{pairs_mod.tag(tag)} "
-    lead += f"{BT_TAG} " if back_translated else ""
+    lead = ("" if tag is None else f"{pairs_mod.tag(tag)} ") + f"{BT_TAG} " * back_translated
 
     def flush():
         src_ids = tokenizer.encode_src([lead + s for s, _ in buf], dropout)

@@ -25,12 +25,18 @@ from mt.data.corpus import (
     split_paths,
 )
 from mt.data.download import download, downloaded_into, is_empty_folder
-from mt.data.pairs import Languages, Pair, tag, tagged
-from mt.data.selection import part_weights, sample_pairs, train_parts, unique_pairs
+from mt.data.pairs import Languages, Pair, tagged
+from mt.data.selection import (
+    check_tag,
+    part_weights,
+    reserved_symbols,
+    sample_pairs,
+    train_parts,
+    unique_pairs,
+)
 from mt.data.textform import text_form
 from mt.data.tokenizer import Tokenizer
 from mt.errors import MTError, shorten
-from mt.tokens import BT_TAG
 
 
 def prepare_data(
@@ -102,12 +108,7 @@ def train_split(cfg: Config, tokenizer: Tokenizer, dist, log, bpe_dropout: float
     for pair, corpus in train_parts(cfg):
         paths = split_paths(d.dir, "train", pair.src, pair.tgt)
         tag = langs.tag_of(pair)
-        if corpus is not None and corpus.tagged and not tokenizer.reserves(BT_TAG):
-            raise MTError(
-                f"data.corpora {corpus.name} is tagged, but the run's BPE model has no "
-                f"{BT_TAG} piece (it was trained, or taken from model.init_from, without a "
-                f"tagged corpus): train into a new --run-dir, or remove `tagged`"
-            )
+        check_tag(corpus, tokenizer)
         if corpus is None and bpe_dropout == 0 and token_cache.wanted(d.token_cache, paths):
             data = cached_train(cfg, tokenizer, pair, tag, dist, log)
         else:  # (data.corpora's: in memory)
@@ -321,14 +322,6 @@ def _no_split_message(cfg: Config, split: str, pair: Pair, downloaded: str | Non
     if d.dataset is not None and downloaded != d.dataset:
         fix += f" (mt downloads {d.dataset} only into an absent or empty folder)"
     return f"no {split} data: {src} and {tgt} must exist ({d.dir} has {found}); {fix}"
-
-
-def reserved_symbols(cfg: Config) -> tuple[str, ...]:
-    """The pieces a new BPE model reserves whole: the target-language tokens of several
-    target languages (mt/data/pairs.py), and <BT> where a corpus is tagged as back-translated."""
-    langs = Languages.of(cfg.data)
-    symbols = tuple(tag(lang) for lang in langs.targets) if langs.tagged else ()
-    return symbols + ((BT_TAG,) if any(c.tagged for c in cfg.data.corpora) else ())
 
 
 def load_tokenizer(

@@ -84,10 +84,8 @@ def search(
     banned: int | None = None,
 ) -> list[Found]:
     """src: (B, S) ids. Per sentence its outputs (ids without BOS/EOS, score), best first:
-    `opts.nbest` of a beam, one of a Pick. forced: a target prefix every output starts with;
-    generator: sampling's draws; compiled: a compiled step over a static cache; on_step(step)
-    after each step (it may raise to stop the search); banned: a token id never chosen (the
-    back-translation tag, Tokenizer.never_written)."""
+    `opts.nbest` of a beam, one of a Pick. forced: a prefix every output starts with; compiled:
+    a step over a static cache; on_step(step) after each step (it may raise); banned: an id."""
     memory = model.encode(src, src_pad_mask)  # (B, S, D)
     limits = max_lengths(
         src_pad_mask, opts.max_len_a, opts.max_len_b, model.max_positions - 1, len(forced)
@@ -105,9 +103,7 @@ def search(
             lprobs = decoder(rule.hyps, live.memory, live.pad_mask, step)
         at_limit = live.at_limit(step)  # (n,)
         rows_at_limit = at_limit.repeat_interleave(k) if k > 1 else at_limit
-        if banned is not None:
-            lprobs[:, banned].fill_(-float("inf"))  # (a fill: no number copied from the host)
-        lprobs = _constrain(lprobs, step, opts.min_len, rows_at_limit, forced, pace)
+        lprobs = _constrain(lprobs, step, opts.min_len, rows_at_limit, forced, pace, banned)
         rows = rule.advance(step, lprobs, live.alive, live.done, at_limit)
         if on_step is not None:
             on_step(step)
@@ -161,10 +157,14 @@ class Live:
         return rows
 
 
-def _constrain(lprobs, step: int, min_len: int, at_limit, forced: Sequence[int], pace: Pace):
+def _constrain(
+    lprobs, step: int, min_len: int, at_limit, forced: Sequence[int], pace: Pace, banned=None
+):
     """No EOS before `min_len` tokens, only EOS in the rows at their length limit (at_limit
     (N,) bool), the forced prefix while it lasts (its token the only choice, its log-prob kept
-    so that scores stay comparable). Returns the constrained (N, V)."""
+    so that scores stay comparable), never the id `banned`. Returns the constrained (N, V)."""
+    if banned is not None:
+        lprobs[:, banned].fill_(-float("inf"))  # (a fill: no number copied from the host)
     if step < min_len:
         lprobs[:, EOS].fill_(-float("inf"))  # (a fill: no number copied from the host)
     if pace.check_every == 1:  # the host looks anyway: touch the rows at their limit only

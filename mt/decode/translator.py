@@ -286,18 +286,8 @@ class Translator:
                 )
             return self._mask_predict(src, src == PAD, opts)
         pace = ON_DEVICE if self.searches_on_device else EVERY_STEP
-        return search(
-            self.model,
-            src,
-            src == PAD,
-            opts,
-            forced,
-            generator,
-            pace,
-            compiled,
-            on_step,
-            self.never,
-        )
+        args = (opts, forced, generator, pace, compiled, on_step, self.never)
+        return search(self.model, src, src == PAD, *args)
 
     def _mask_predict(
         self,

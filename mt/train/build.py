@@ -46,6 +46,7 @@ from mt.train.start import (
 from mt.train.state import TrainState, Validation
 from mt.train.tracking import write_run_info
 from mt.train.trainer import Trainer
+from mt.train.updates import resolve_update
 
 
 def _quiet(*_args) -> None:
@@ -175,6 +176,19 @@ def build_trainer(
         raise
 
 
+def _for_device(cfg: Config, device_name: str, dist, pretraining: bool, log):
+    """(the device, the config as it takes it): train.compile and train.pack_width decided
+    (parts.for_device), train.update resolved with every refusal, before the data and the
+    model are made; what a GPU chose is said in one line."""
+    device = pick_device(device_name)
+    resolved, chosen = for_device(cfg, device, pretraining)
+    fp16 = amp_dtype(cfg.train.precision, device) == torch.float16
+    kind = resolve_update(resolved.train, device, dist, fp16)
+    if chosen:
+        log(f"{chosen}; the {kind} update (train.update {cfg.train.update})")
+    return device, resolved
+
+
 def _build(
     cfg: Config,
     run_dir: Path,
@@ -189,13 +203,10 @@ def _build(
     if t.num_threads or not dist.enabled:  # ranks sharing a machine would count each other
         choose_threads(t.num_threads, log)
     torch.manual_seed(t.seed)
-    tokenizer, train_data, valid = _data(cfg, run_dir, dist, log, allow_config_change)
-    device = pick_device(device_name)
+    device, resolved = _for_device(cfg, device_name, dist, pretraining, log)
     run_config = cfg.to_dict()  # (as the user gave it: auto is decided again on resuming)
-    cfg, chosen = for_device(cfg, device, pretraining)
-    if chosen:
-        log(chosen)
-    t = cfg.train
+    tokenizer, train_data, valid = _data(cfg, run_dir, dist, log, allow_config_change)
+    cfg, t = resolved, resolved.train
     model, objective = _model_and_objective(cfg, tokenizer, run_dir, device, dist, pretraining, log)
     ranks = f" x {dist.world} ranks" if dist.enabled else ""
     log(f"model: {sum(p.numel() for p in model.parameters()):,} parameters on {device}{ranks}")

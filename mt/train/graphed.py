@@ -35,21 +35,9 @@ from mt.train.step import forward
 WARMUP = 3
 
 
-def graph_refusal(cfg, fp16: bool) -> str | None:
-    """Why train.update graph cannot make this run's update (cfg: the train section, as
-    resolved for the device; one process: mt.train.step.update_kind), or None."""
-    if fp16:
-        return "train.update graph skips on the device; fp16's GradScaler reads it: use bf16"
-    if cfg.accum_steps != 1:
-        return "train.update graph captures one batch's update: set train.accum_steps: 1"
-    if not cfg.pack_width:
-        return "train.update graph replays one batch shape: set train.pack_width (e.g. 128)"
-    return None
-
-
 class GraphUpdate:
     """exchange: mt/train/exchange.py's Flat (one process); optimizer: mt.fast.optim.Adam;
-    scaler: the run's GradScaler (disabled: graph_refusal refuses fp16); scheduler and ema:
+    scaler: the run's GradScaler (disabled: resolve_update refuses fp16); scheduler and ema:
     what a skip found late is taken back from (ema None: no weight average); capture: record
     and replay (a GPU), else every update runs as recorded would."""
 

@@ -14,7 +14,7 @@ device, and a skipped update is skipped by Adam on the device, counted there and
 the host's next read (mt/train/skips.py). Both give the same weights from the same batches
 (tests/test_step.py), write the same checkpoints and logs, and a run resumes across them.
 
-train.update chooses (`update_kind`): auto takes the device update on a GPU or with several
+train.update chooses (mt/train/updates.py): auto takes the device update on a GPU or with several
 ranks, the plain one in one CPU process, as the search takes its pace from the device.
 """
 
@@ -26,25 +26,11 @@ from collections.abc import Callable
 import torch
 
 from mt.data.batching import Batch
-from mt.errors import MTError
 from mt.runtime.device import autocast
 from mt.runtime.distributed import Dist
 from mt.train.exchange import out_of_memory_under_ddp
 from mt.train.skips import FP16_OVERFLOW, NONFINITE, OUT_OF_MEMORY, Skips
 from mt.train.state import TrainState
-
-
-def update_kind(setting: str, device: torch.device, dist: Dist) -> str:
-    """train.update resolved: "plain", "device" or "graph" (mt/train/graphed.py; auto: device
-    on a GPU or with ranks, else plain)."""
-    if setting in ("plain", "graph") and dist.enabled:
-        raise MTError(
-            f"train.update: {setting} trains one process; under torchrun the ranks exchange "
-            f"their gradients in the device update: set train.update to auto or device"
-        )
-    if setting != "auto":
-        return setting
-    return "device" if device.type == "cuda" or dist.enabled else "plain"
 
 
 def forward(model, loss: Callable, batch: Batch, device: torch.device, amp_dtype) -> tuple:

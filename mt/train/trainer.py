@@ -22,15 +22,12 @@ from tqdm import tqdm
 from mt.data.batching import Batch
 from mt.data.corpus import ParallelData
 from mt.data.walk import training_batches
-from mt.errors import MTError
 from mt.objectives import Objective
 from mt.runtime.distributed import Dist, teardown
 from mt.train.budget import TimeBudget
-from mt.train.compiled import compiled_step
 from mt.train.ema import WeightAverage
-from mt.train.exchange import build_exchange
 from mt.train.finish import RunEnd, draw_training_picture
-from mt.train.graphed import GraphUpdate, graph_refusal
+from mt.train.graphed import GraphUpdate
 from mt.train.progress import (
     Forecast,
     done_message,
@@ -39,10 +36,10 @@ from mt.train.progress import (
     stop_on_signal,
 )
 from mt.train.saving import Checkpoints
-from mt.train.skips import Skips
 from mt.train.state import LogWindow, TrainState, Validation
-from mt.train.step import DeviceUpdate, PlainUpdate, forward, update_kind
+from mt.train.step import forward
 from mt.train.tracking import RunLog, discard, say
+from mt.train.updates import build_update
 from mt.train.validation import Validator, describe_validation
 
 
@@ -96,7 +93,7 @@ class Trainer:
         self.write_log = self.run_log.write if self.run_log is not None else discard
         self.say = functools.partial(say, dist.is_main)
         self.ema = WeightAverage.for_run(model, cfg.ema_decay, dist.is_main)
-        self.update = self._make_update(update_kind(cfg.update, device, dist), compile)
+        self.update, self.skips, self.cuda_graphs, self.compiled_loss = build_update(self, compile)
         self.budget = TimeBudget(cfg.max_steps, cfg.max_minutes, dist, device)
         self.checkpoints, self.validator, self.run_end = self._outputs(run_config, validation)
         self.window = LogWindow()  # the updates since the last log line
@@ -108,45 +105,17 @@ class Trainer:
         self.last_valid_step = -1  # the step of this process's last validation (-1: none)
         self.stop_signal = 0  # the number of the signal that stopped training (0: none)
 
-    def _make_update(self, kind: str, compile: bool | None):
-        """The update train.update chose (mt/train/step.py), with its Skips and its loss,
-        compiled where train.compile says (each shape's step through CUDA graphs for the
-        device update alone: compiled_step; the graph update records the whole update)."""
-        fp16 = self.scaler.is_enabled()
-        refusal = graph_refusal(self.cfg, fp16) if kind == "graph" else None
-        if refusal:  # (before anything is compiled or allocated)
-            raise MTError(refusal)
-        self.cuda_graphs, self.compiled_loss = compiled_step(
-            self.objective, self.cfg, compile, self.device, graphs=kind == "device"
-        )
-        cfg, loss = self.cfg, self.compiled_loss or self.objective.loss
-        self.skips = Skips(self.device, kind != "plain" and not fp16, cfg.max_nonfinite,
-                           self.write_log)  # fmt: skip
-        if kind == "plain":
-            return PlainUpdate(self.model, loss, self.optimizer, self.scaler, cfg.clip_norm,
-                               self.skips, self.device, self.amp_dtype)  # fmt: skip
-        masked_lm = self.state.objective == "masked_lm"  # (leaves the decoder without gradients)
-        exchange = build_exchange(cfg, self.model, self.optimizer, self.objective.loss,
-                                  self.dist, masked_lm, self.compiled_loss is not None)  # fmt: skip
-        if kind == "graph":
-            return self._graph_update(loss, exchange)
-        return DeviceUpdate(self.model, loss, exchange, self.optimizer, self.scheduler,
-                            self.scaler, self.ema, self.skips, cfg.clip_norm, self.dist,
-                            self.device, self.amp_dtype)  # fmt: skip
-
-    def _graph_update(self, loss, exchange) -> GraphUpdate:
-        """The device update recorded as one CUDA graph (on a CPU, run as recorded)."""
-        return GraphUpdate(self.model, loss, exchange, self.optimizer, self.scheduler,
-                           self.scaler, self.ema, self.skips, self.cfg.clip_norm, self.device,
-                           self.amp_dtype, capture=self.device.type == "cuda")  # fmt: skip
-
     def _outputs(self, run_config: dict, validation: Validation | None) -> tuple:
         """What the run writes: (Checkpoints, the Validator or None, the RunEnd)."""
         checkpoints = Checkpoints(
-            self.run_dir, run_config, self.tokenizer,
-            (self.model, self.optimizer, self.scheduler, self.scaler), self.ema, self.dist,
+            self.run_dir,
+            run_config,
+            self.tokenizer,
+            (self.model, self.optimizer, self.scheduler, self.scaler),
+            self.ema,
+            self.dist,
             keep=self.cfg.keep_checkpoints,
-        )  # fmt: skip
+        )
         validator = None if validation is None else self._validator(validation, checkpoints)
         run_end = RunEnd(
             self.run_dir, checkpoints, validator, self.cfg.average_last, self.say, self.write_log

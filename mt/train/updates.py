@@ -1,0 +1,78 @@
+"""Which optimizer update a run makes. `resolve_update` is the one reader of train.update,
+with every refusal, called before the data and the model are made; `build_update` makes the
+update it chose, with its Skips and its loss (compiled where train.compile says). The kinds:
+mt/train/step.py's PlainUpdate (one CPU process) and DeviceUpdate (a GPU, or ranks), and
+mt/train/graphed.py's GraphUpdate (the device update as one CUDA graph)."""
+
+from __future__ import annotations
+
+import torch
+
+from mt.errors import MTError
+from mt.runtime.distributed import Dist
+from mt.train.compiled import compiled_step
+from mt.train.exchange import build_exchange
+from mt.train.graphed import GraphUpdate
+from mt.train.skips import Skips
+from mt.train.step import DeviceUpdate, PlainUpdate
+
+
+def resolve_update(cfg, device: torch.device, dist: Dist, fp16: bool) -> str:
+    """train.update resolved: "plain", "device" or "graph" (auto: device on a GPU or with
+    ranks, else plain), every setting it cannot make refused in one line. cfg: the train
+    section as resolved for the device (parts.for_device); fp16: whether the run computes in
+    fp16 (a GradScaler)."""
+    setting = cfg.update
+    if setting in ("plain", "graph") and dist.enabled:
+        raise MTError(
+            f"train.update: {setting} trains one process; under torchrun the ranks exchange "
+            f"their gradients in the device update: set train.update to auto or device"
+        )
+    kind = setting
+    if setting == "auto":
+        kind = "device" if device.type == "cuda" or dist.enabled else "plain"
+    refusal = _graph_refusal(cfg, fp16) if kind == "graph" else None
+    if refusal:
+        raise MTError(refusal)
+    return kind
+
+
+def _graph_refusal(cfg, fp16: bool) -> str | None:
+    """Why train.update graph cannot make this run's update, or None."""
+    if fp16:
+        return "train.update graph skips on the device; fp16's GradScaler reads it: use bf16"
+    if cfg.accum_steps != 1:
+        return "train.update graph captures one batch's update: set train.accum_steps: 1"
+    if not cfg.pack_width:
+        return "train.update graph replays one batch shape: set train.pack_width (e.g. 128)"
+    return None
+
+
+def build_update(t, compile: bool | None):
+    """(the update train.update chose for the Trainer `t`'s model, optimizer, schedule,
+    scaler, weight average and ranks; its Skips; whether the compiled step replays CUDA
+    graphs; the compiled loss or None). Each shape's step runs through CUDA graphs for the
+    device update alone (compiled_step); the graph update records the whole update."""
+    fp16 = t.scaler.is_enabled()
+    kind = resolve_update(t.cfg, t.device, t.dist, fp16)
+    cuda_graphs, compiled_loss = compiled_step(
+        t.objective, t.cfg, compile, t.device, graphs=kind == "device"
+    )
+    cfg, loss = t.cfg, compiled_loss or t.objective.loss
+    skips = Skips(t.device, kind != "plain" and not fp16, cfg.max_nonfinite, t.write_log)
+    if kind == "plain":
+        plain = PlainUpdate(
+            t.model, loss, t.optimizer, t.scaler, cfg.clip_norm, skips, t.device, t.amp_dtype
+        )
+        return plain, skips, cuda_graphs, compiled_loss
+    masked_lm = t.state.objective == "masked_lm"  # (leaves the decoder without gradients)
+    exchange = build_exchange(
+        cfg, t.model, t.optimizer, t.objective.loss, t.dist, masked_lm, compiled_loss is not None
+    )
+    common = (t.model, loss, exchange, t.optimizer, t.scheduler, t.scaler, t.ema, skips)
+    if kind == "graph":  # (on a CPU, every update runs as recorded)
+        capture = t.device.type == "cuda"
+        graphed = GraphUpdate(*common, cfg.clip_norm, t.device, t.amp_dtype, capture=capture)
+        return graphed, skips, cuda_graphs, compiled_loss
+    device = DeviceUpdate(*common, cfg.clip_norm, t.dist, t.device, t.amp_dtype)
+    return device, skips, cuda_graphs, compiled_loss
