@@ -41,6 +41,8 @@ class GraphUpdate:
     what a skip found late is taken back from (ema None: no weight average); capture: record
     and replay (a GPU), else every update runs as recorded would."""
 
+    copies_batches = True  # (into its static buffers: a batch of slices will do)
+
     def __init__(
         self,
         model,

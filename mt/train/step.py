@@ -43,6 +43,8 @@ class PlainUpdate:
     """loss: the objective's loss(model, batch), summed over target tokens (or its compiled
     form); clip_norm: train.clip_norm (0: none); scaler: the GradScaler (on for fp16)."""
 
+    copies_batches = False  # (mt/train/updates.py's Update)
+
     def __init__(
         self,
         model,
@@ -100,6 +102,8 @@ class DeviceUpdate:
     """exchange: mt/train/exchange.py's Flat or DDP; loss: the objective's loss(model,
     batch), or its compiled form; scheduler and ema: what a skip found late is taken back
     from (ema None: no weight average)."""
+
+    copies_batches = False
 
     def __init__(
         self,

@@ -27,7 +27,6 @@ from mt.runtime.distributed import Dist, teardown
 from mt.train.budget import TimeBudget
 from mt.train.ema import WeightAverage
 from mt.train.finish import RunEnd, draw_training_picture
-from mt.train.graphed import GraphUpdate
 from mt.train.progress import (
     Forecast,
     done_message,
@@ -150,8 +149,8 @@ class Trainer:
             progress=lambda: self.budget.progress,
             say=self.say,
             prepare=self.objective.prepare,
-            # (the graph update copies each batch into its own buffers: slices will do)
-            resident=isinstance(self.update, GraphUpdate),
+            # (an update that copies each batch into its own buffers takes slices)
+            resident=self.update.copies_batches,
             pair_temperature=self.pair_temperature,
         )
 

@@ -6,15 +6,39 @@ mt/train/graphed.py's GraphUpdate (the device update as one CUDA graph)."""
 
 from __future__ import annotations
 
+from typing import Any, Protocol
+
 import torch
 
+from mt.data.batching import Batch
 from mt.errors import MTError
 from mt.runtime.distributed import Dist
 from mt.train.compiled import compiled_step
 from mt.train.exchange import build_exchange
 from mt.train.graphed import GraphUpdate
 from mt.train.skips import Skips
+from mt.train.state import TrainState
 from mt.train.step import DeviceUpdate, PlainUpdate
+
+
+class Update(Protocol):
+    """What every kind of update provides to the Trainer."""
+
+    # whether it copies each batch into buffers of its own (the batch walk may then hand
+    # out slices of the corpus, not fresh tensors)
+    copies_batches: bool
+
+    def __call__(self, batches: list[Batch], state: TrainState) -> torch.Tensor | None:
+        """One optimizer update from `batches` (gradient accumulation): its log row (the loss
+        and NLL sums, the target tokens) on the device, or None where it was skipped at once;
+        the schedule, the step count and the weight average are the Trainer's."""
+        ...
+
+    def settle(self, state: TrainState) -> None:
+        """Take the updates skipped on the device since the host's last read back off the
+        step count, the schedule and the weight average (nothing where every skip is known
+        at once)."""
+        ...
 
 
 def resolve_update(cfg, device: torch.device, dist: Dist, fp16: bool) -> str:
@@ -48,7 +72,7 @@ def _graph_refusal(cfg, fp16: bool) -> str | None:
     return None
 
 
-def build_update(t, compile: bool | None):
+def build_update(t, compile: bool | None) -> tuple[Update, Skips, bool, Any]:
     """(the update train.update chose for the Trainer `t`'s model, optimizer, schedule,
     scaler, weight average and ranks; its Skips; whether the compiled step replays CUDA
     graphs; the compiled loss or None). Each shape's step runs through CUDA graphs for the
