@@ -93,11 +93,19 @@ def run_mt(*args, cwd=None, input=None, timeout=600, gpu=False):
     )
 
 
+def run_tiny(run, data, *sets, flags=(), gpu=False):
+    """`mt train configs/tiny.yaml` into `run` on the corpus in `data` (made there the first
+    time), with KEY=VALUE `sets` and other `flags`; it must succeed. Returns the process."""
+    args = ["train", ROOT / "configs/tiny.yaml", "--run-dir", run, *flags]
+    proc = run_mt(*args, "--set", f"data.dir={data}", *sets, gpu=gpu)
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
 def train_tiny(run, data, *sets) -> tuple[str, list[tuple[int, float]]]:
     """`mt train tiny` into `run` on the corpus in `data`, with KEY=VALUE `sets`; it must
     succeed. Returns its stderr and the training losses it logged, [(step, loss), ...]."""
-    proc = run_mt("train", "tiny", "--run-dir", run, "--set", f"data.dir={data}", *sets)
-    assert proc.returncode == 0, proc.stderr
+    proc = run_tiny(run, data, *sets)
     records = [json.loads(x) for x in (run / "train_log.jsonl").read_text().splitlines()]
     return proc.stderr, [(r["step"], r["loss"]) for r in records if "loss" in r]
 
@@ -114,32 +122,22 @@ def assert_user_error(proc, *needles):
 def tiny_run(tmp_path_factory):
     """A tiny model trained briefly on the synthetic task (shared by CLI tests)."""
     base = tmp_path_factory.mktemp("tiny")
-    run = base / "run"
-    proc = run_mt(
-        "train",
-        ROOT / "configs/tiny.yaml",
-        "--run-dir",
-        run,
-        "--set",
-        f"data.dir={base / 'data'}",
-        "train.max_steps=60",
-        "train.valid_every=60",
-        "train.save_every=30",
-        "train.log_every=20",
-    )
-    assert proc.returncode == 0, proc.stderr
-    return run
+    every = ["train.valid_every=60", "train.save_every=30", "train.log_every=20"]
+    run_tiny(base / "run", base / "data", "train.max_steps=60", *every)
+    return base / "run"
 
 
 # -- small models and batches shared by the model, search and fast-path tests -------------
 V = 40
 
 
-def make_model(pre_norm=False, tie="all", seed=0):
+def make_model(pre_norm=False, tie="all", seed=0, dropout=0.1, kind=None, **parts):
+    """The tests' small Transformer (2+2 layers, d_model 32, vocabulary V), in eval mode;
+    kind: another Transformer class (mt/fast's), parts: its `parts`."""
     from mt.model import Transformer
 
     torch.manual_seed(seed)
-    return Transformer(
+    return (kind or Transformer)(
         src_vocab=V,
         tgt_vocab=V,
         d_model=32,
@@ -147,11 +145,12 @@ def make_model(pre_norm=False, tie="all", seed=0):
         enc_layers=2,
         dec_layers=2,
         d_ff=64,
-        dropout=0.1,
-        attn_dropout=0.1,
+        dropout=dropout,
+        attn_dropout=dropout,
         pre_norm=pre_norm,
         tie_embeddings=tie,
         max_positions=64,
+        **parts,
     ).eval()
 
 

@@ -18,6 +18,7 @@ from tests.conftest import (
     greedy,
     make_src,
     run_mt,
+    run_tiny,
 )
 
 VARIANTS = {
@@ -233,21 +234,9 @@ CLI_VARIANTS = [
 @pytest.mark.parametrize("overrides", CLI_VARIANTS)
 def test_each_variant_trains_saves_loads_and_translates(tmp_path_factory, overrides):
     base = tmp_path_factory.mktemp("arch")
-    run = base / "run"
-    proc = run_mt(
-        "train",
-        ROOT / "configs/tiny.yaml",
-        "--run-dir",
-        run,
-        "--set",
-        f"data.dir={tmp_path_factory.getbasetemp() / 'arch_data'}",
-        "train.max_steps=12",
-        "train.valid_every=12",
-        "train.save_every=6",
-        "train.log_every=6",
-        *overrides.split(),
-    )
-    assert proc.returncode == 0, proc.stderr
+    run, data = base / "run", tmp_path_factory.getbasetemp() / "arch_data"
+    every = ["train.valid_every=12", "train.save_every=6", "train.log_every=6"]
+    run_tiny(run, data, "train.max_steps=12", *every, *overrides.split())
     assert (run / "last.pt").is_file() and (run / "best.pt").is_file()
     lines = ["a b c", "", "d e f g h"]
     proc = run_mt("translate", run, "--beam", "2", input="\n".join(lines) + "\n")
@@ -258,20 +247,8 @@ def test_each_variant_trains_saves_loads_and_translates(tmp_path_factory, overri
         assert_user_error(picture, "no attention")
     else:
         assert picture.returncode == 0 and (base / "attn.png").stat().st_size > 0, picture.stderr
-    resumed = run_mt(
-        "train",
-        ROOT / "configs/tiny.yaml",
-        "--run-dir",
-        run,
-        "--set",
-        f"data.dir={tmp_path_factory.getbasetemp() / 'arch_data'}",
-        "train.max_steps=14",
-        "train.valid_every=12",
-        "train.save_every=6",
-        "train.log_every=6",
-        *overrides.split(),
-    )
-    assert resumed.returncode == 0 and "resuming from" in resumed.stdout + resumed.stderr
+    resumed = run_tiny(run, data, "train.max_steps=14", *every, *overrides.split())
+    assert "resuming from" in resumed.stdout + resumed.stderr
 
 
 def test_rnn_recurrence_runs_in_fp32_under_bf16_autocast():

@@ -6,7 +6,7 @@ import torch
 from mt.artifacts import checkpoint
 from mt.artifacts.average import average
 from mt.decode.translator import Translator
-from tests.conftest import ROOT, assert_user_error, run_mt
+from tests.conftest import ROOT, assert_user_error, run_mt, run_tiny
 
 
 def test_averaging_identical_checkpoints_is_identity(tiny_run, tmp_path):
@@ -133,19 +133,8 @@ def test_decoding_is_tuned_on_valid_and_stored_in_best(tmp_path):
     best.pt, and `mt translate RUN_DIR` uses it; the reported BLEU is the valid BLEU of
     exactly that setting."""
     run = tmp_path / "run"
-    proc = run_mt(
-        "train",
-        ROOT / "configs/tiny.yaml",
-        "--run-dir",
-        run,
-        "--set",
-        f"data.dir={tmp_path / 'data'}",
-        "train.max_steps=40",
-        "train.valid_every=40",
-        "decode.tune_beams=[1,3]",
-        "decode.tune_length_penalties=[0.5,1.5]",
-    )
-    assert proc.returncode == 0, proc.stderr
+    grid = ["decode.tune_beams=[1,3]", "decode.tune_length_penalties=[0.5,1.5]"]
+    run_tiny(run, tmp_path / "data", "train.max_steps=40", "train.valid_every=40", *grid)
     tuned = _tuning_of(run, tmp_path / "data", ("beam", "length_penalty"))
     assert [(g["beam"], g["length_penalty"]) for g in tuned["grid"]] == [
         (1, 1.0),

@@ -8,7 +8,7 @@ import torch
 
 from mt.artifacts import checkpoint
 from mt.decode.translator import Translator
-from tests.conftest import ROOT, run_mt
+from tests.conftest import ROOT, run_mt, run_tiny
 
 FIXTURE = ROOT / "tests" / "fixtures" / "run_v0_1"
 # the overrides the fixture was trained with (on top of configs/tiny.yaml)
@@ -46,18 +46,7 @@ def test_an_old_run_directory_resumes_and_translates(tmp_path):
     run = tmp_path / "run"
     shutil.copytree(FIXTURE, run)
     # the fixture was trained on a corpus in another folder: the new data.dir is a change
-    proc = run_mt(
-        "train",
-        ROOT / "configs/tiny.yaml",
-        "--run-dir",
-        run,
-        "--set",
-        f"data.dir={data}",
-        "train.max_steps=6",
-        *SETS,
-        "--allow-config-change",
-    )
-    assert proc.returncode == 0, proc.stderr
+    proc = run_tiny(run, data, "train.max_steps=6", *SETS, flags=["--allow-config-change"])
     assert "resuming from" in proc.stderr and "at step 4" in proc.stderr
     assert checkpoint.load(run / "last.pt")["train_state"]["step"] == 6
     src = tmp_path / "in.txt"

@@ -10,7 +10,7 @@ import torch
 from mt import fast
 from mt.objectives.loss import label_smoothed_nll, reference_loss
 from mt.tokens import PAD
-from tests.conftest import ROOT, run_mt, window_losses
+from tests.conftest import ROOT, run_mt, run_tiny, window_losses
 from tests.test_fast_paths import _padded_batch, _small_model
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -114,25 +114,11 @@ def test_fused_loss_on_cuda_matches_fp64(spread):
 
 def _train(tmp_path, precision):
     run = tmp_path / precision
-    proc = run_mt(
-        "train",
-        ROOT / "configs/tiny.yaml",
-        "--run-dir",
-        run,
-        "--set",
-        f"data.dir={tmp_path / 'data'}",
-        "train.max_steps=200",
-        "train.valid_every=200",
-        "train.save_every=100",
-        "train.log_every=20",
-        "train.device=cuda",
-        f"train.precision={precision}",
-        # eager: the compiled step has tests of its own, and a compile per `mt train` process
-        # would take most of the part's budget
-        "train.compile=false",
-        gpu=True,
-    )
-    assert proc.returncode == 0, proc.stderr
+    every = ["train.valid_every=200", "train.save_every=100", "train.log_every=20"]
+    # eager: the compiled step has tests of its own, and a compile per `mt train` process
+    # would take most of the part's budget
+    device = ["train.device=cuda", f"train.precision={precision}", "train.compile=false"]
+    run_tiny(run, tmp_path / "data", "train.max_steps=200", *every, *device, gpu=True)
     return run
 
 

@@ -4,7 +4,7 @@ import pytest
 
 from mt.data.synthetic import generate
 from mt.decode.translator import Translator
-from tests.conftest import ROOT, assert_user_error, run_mt
+from tests.conftest import ROOT, assert_user_error, run_mt, run_tiny
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
@@ -82,19 +82,8 @@ def test_export_refuses_what_it_cannot_represent_and_keeps_files(tiny_run, tmp_p
 
 def test_post_norm_and_learned_positions_export_too(tmp_path):
     run = tmp_path / "post"
-    proc = run_mt(
-        "train",
-        ROOT / "configs/tiny.yaml",
-        "--run-dir",
-        run,
-        "--set",
-        f"data.dir={tmp_path / 'd'}",
-        "model.norm=post",
-        "model.positional=learned",
-        "train.max_steps=60",
-        "train.valid_every=60",
-    )
-    assert proc.returncode == 0, proc.stderr
+    shape = ["model.norm=post", "model.positional=learned"]
+    run_tiny(run, tmp_path / "d", *shape, "train.max_steps=60", "train.valid_every=60")
     assert run_mt("export", run, tmp_path / "ct2").returncode == 0
     t = Translator.load(run, "cpu")
     src, _ = generate(30, seed=10)

@@ -14,7 +14,7 @@ from mt.model.attention import CAUSAL
 from mt.objectives.loss import label_smoothed_nll
 from mt.tokens import PAD
 from mt.train.parts import model_parts
-from tests.conftest import ROOT, V, make_src
+from tests.conftest import ROOT, V, make_model, make_src
 
 
 @pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])
@@ -241,22 +241,7 @@ def test_feed_forward_on_real_positions_only_trains_the_same(monkeypatch, pre_no
 
     def run(skip: bool):
         monkeypatch.setattr(modules, "_MIN_PADDING_TO_SKIP", 0.05 if skip else 2.0)
-        torch.manual_seed(0)
-        model = FastTransformer(
-            src_vocab=V,
-            tgt_vocab=V,
-            d_model=32,
-            n_heads=4,
-            enc_layers=2,
-            dec_layers=2,
-            d_ff=64,
-            dropout=0.0,
-            attn_dropout=0.0,
-            pre_norm=pre_norm,
-            tie_embeddings="all",
-            max_positions=64,
-            parts=fast.PARTS,
-        ).train()
+        model = make_model(pre_norm, dropout=0.0, kind=FastTransformer, parts=fast.PARTS).train()
         rows = []
         for layer in (*model.encoder, *model.decoder):
             layer.ffn.register_forward_hook(lambda m, i, o: rows.append(i[0].numel() // 32))
