@@ -53,7 +53,7 @@ def test_scheduler_gives_noam_of_the_update_number():
 
 
 def _adam_pair(weight_decay):
-    from mt.fast.optim import Adam
+    from mt.train.optim import Adam
 
     g = torch.Generator().manual_seed(3)
     shapes = [(5, 4), (4,), (3, 5)]
@@ -117,7 +117,7 @@ def test_adam_builds_its_lists_once_while_the_gradients_stay_the_same_tensors(mo
 def test_grad_scaler_drives_mt_adam():
     """fp16 training (GPU) steps mt's Adam through GradScaler: unscaled gradients, a skipped
     update and a halved scale on inf. Checked on CPU, where GradScaler works the same."""
-    from mt.fast.optim import Adam
+    from mt.train.optim import Adam
 
     torch.manual_seed(0)
     lin = torch.nn.Linear(4, 4)
@@ -140,7 +140,7 @@ def test_grad_scaler_drives_mt_adam():
 
 
 def test_adam_refuses_a_state_for_other_parameters():
-    from mt.fast.optim import Adam
+    from mt.train.optim import Adam
 
     opt = Adam([torch.nn.Parameter(torch.zeros(2))], lr=0.1, betas=(0.9, 0.98), eps=1e-9)
     other = Adam(

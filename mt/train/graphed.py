@@ -8,7 +8,7 @@ call per update (Nvidia's "whole-network capture"; torch.cuda.graph). What chang
 to update lives in tensors the graph reads, written before each replay:
 
 - the batch: copied into static buffers of the one shape packed blocks have (train.pack_width);
-- the learning rate: a 0-dim tensor Adam reads (mt/fast/optim.py), filled from the schedule;
+- the learning rate: a 0-dim tensor Adam reads (mt/train/optim.py), filled from the schedule;
 - the update's target tokens, which settle divides by (the exchange's own tensor).
 
 Dropout draws new masks at every replay: PyTorch's CUDA generator gives a captured graph a
@@ -36,7 +36,7 @@ WARMUP = 3
 
 
 class GraphUpdate:
-    """exchange: mt/train/exchange.py's Flat (one process); optimizer: mt.fast.optim.Adam;
+    """exchange: mt/train/exchange.py's Flat (one process); optimizer: mt.train.optim.Adam;
     scaler: the run's GradScaler (disabled: resolve_update refuses fp16); scheduler and ema:
     what a skip found late is taken back from (ema None: no weight average); capture: record
     and replay (a GPU), else every update runs as recorded would."""

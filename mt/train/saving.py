@@ -23,7 +23,7 @@ from mt.train.state import TrainState
 class Checkpoints:
     """Writes the run's checkpoints (rank 0 alone; the other ranks' calls do nothing).
     run_config: the whole config as a dict, which every checkpoint carries; training: the
-    model, its optimizer (mt.fast.optim.Adam), schedule and GradScaler; ema: the weight
+    model, its optimizer (mt.train.optim.Adam), schedule and GradScaler; ema: the weight
     average, if the run keeps one; keep: how many step_N.pt snapshots stay
     (train.keep_checkpoints, 0: none are written)."""
 

@@ -1,9 +1,9 @@
 """The "Noam" learning-rate schedule (Vaswani et al. 2017, eq. 3), the cool-down at the end of a
-budget, and the optimizer they drive (Adam, mt/fast/optim.py)."""
+budget, and the optimizer they drive (Adam, mt/train/optim.py)."""
 
 from __future__ import annotations
 
-from mt.fast.optim import Adam
+from mt.train.optim import Adam
 
 
 def noam(step: int, d_model: int, warmup: int, factor: float = 1.0) -> float:

@@ -8,7 +8,7 @@ The plain update (mt/train/step.py: one CPU process) reads each update's loss an
 once. The device update (a GPU, several ranks) does not ask after every update whether its loss
 was finite or a rank ran out of memory, a host sync that keeps a GPU waiting for Python (and,
 with several ranks, a collective). The update is skipped on the device instead: Adam's fused
-kernel takes a found-inf flag and leaves weights and moments untouched (mt/fast/optim.py), and
+kernel takes a found-inf flag and leaves weights and moments untouched (mt/train/optim.py), and
 the logged sums leave it out (LogWindow). The host reads how many were skipped every READ_EVERY
 updates and before it logs, validates, saves or stops, and takes them back off the step count
 and the schedule, so a saved state never counts an update Adam skipped (resuming stays exact:
