@@ -290,7 +290,7 @@ def test_ab_train_b_precision_trains_b_alone_under_bf16_autocast(ab_train, monke
     patch at all (an A/A otherwise, 0.0 apart) the weights differ after one step."""
     import torch
 
-    import mt.train.step as step_module
+    import mt.train.update.step as step_module
 
     seen = []
     original = step_module.forward

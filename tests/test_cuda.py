@@ -306,7 +306,7 @@ def assert_same_weights(model, reference) -> None:
 
 @needs_cuda
 def test_the_whole_update_as_one_cuda_graph_takes_the_eager_updates(tmp_path):
-    """train.update graph on the GPU (mt/train/graphed.py): after its warm-up the compiled
+    """train.update graph on the GPU (mt/train/update/graphed.py): after its warm-up the compiled
     step, the gradients' copy, settle and Adam are one CUDA graph replayed per update, and
     give the eager device update's losses and weights (fp32, dropout off); with dropout on,
     each replay of the same batch draws new masks (another loss), with the learning rate
@@ -315,7 +315,7 @@ def test_the_whole_update_as_one_cuda_graph_takes_the_eager_updates(tmp_path):
 
     from mt.config import load_config
     from mt.train.build import build_trainer
-    from mt.train.graphed import WARMUP
+    from mt.train.update.graphed import WARMUP
 
     def trainer(name, *more):
         sets = [f"data.dir={tmp_path / 'd'}", "train.device=cuda", "train.precision=fp32"]
@@ -371,7 +371,7 @@ def test_a_ranked_update_on_cuda_makes_no_host_sync(tmp_path):
     from mt.config import load_config
     from mt.runtime.distributed import Dist
     from mt.train.build import build_trainer
-    from mt.train.exchange import Flat
+    from mt.train.update.exchange import Flat
 
     cfg = load_config(
         ROOT / "configs/tiny.yaml",

@@ -157,7 +157,7 @@ def test_torchrun_two_processes_resume_equals_uninterrupted(tmp_path):
 
 def _clock_worker(rank, world, port, data_dir, run_dir, out):
     join_ranks(rank, world, port)
-    from mt.train.schedule import budget_progress
+    from mt.train.update.schedule import budget_progress
 
     cfg = load_config(
         ROOT / "configs/tiny.yaml",

@@ -1,4 +1,4 @@
-"""The one-process exchange (mt/train/exchange.py's Flat): the gradients it leaves are plain
+"""The one-process exchange (mt/train/update/exchange.py's Flat): the gradients it leaves are plain
 autograd's divided by the tokens and clipped by torch's clip_grad_norm_, and an update runs
 only a handful of operators outside the compiled graphs."""
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from mt.runtime.distributed import Dist
-from mt.train.exchange import Flat, settle
-from mt.train.skips import DeferredSkips
+from mt.train.update.exchange import Flat, settle
+from mt.train.update.skips import DeferredSkips
 from tests.conftest import ROOT, V, make_model
 
 

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from mt.train.schedule import noam
+from mt.train.update.schedule import noam
 
 
 @pytest.mark.parametrize(
@@ -33,7 +33,7 @@ def test_noam_shape_and_factor():
 def test_scheduler_gives_noam_of_the_update_number():
     from types import SimpleNamespace
 
-    from mt.train.schedule import build_optimizer
+    from mt.train.update.schedule import build_optimizer
 
     cfg = SimpleNamespace(
         adam_beta1=0.9,
@@ -53,7 +53,7 @@ def test_scheduler_gives_noam_of_the_update_number():
 
 
 def _adam_pair(weight_decay):
-    from mt.train.optim import Adam
+    from mt.train.update.optim import Adam
 
     g = torch.Generator().manual_seed(3)
     shapes = [(5, 4), (4,), (3, 5)]
@@ -117,7 +117,7 @@ def test_adam_builds_its_lists_once_while_the_gradients_stay_the_same_tensors(mo
 def test_grad_scaler_drives_mt_adam():
     """fp16 training (GPU) steps mt's Adam through GradScaler: unscaled gradients, a skipped
     update and a halved scale on inf. Checked on CPU, where GradScaler works the same."""
-    from mt.train.optim import Adam
+    from mt.train.update.optim import Adam
 
     torch.manual_seed(0)
     lin = torch.nn.Linear(4, 4)
@@ -140,7 +140,7 @@ def test_grad_scaler_drives_mt_adam():
 
 
 def test_adam_refuses_a_state_for_other_parameters():
-    from mt.train.optim import Adam
+    from mt.train.update.optim import Adam
 
     opt = Adam([torch.nn.Parameter(torch.zeros(2))], lr=0.1, betas=(0.9, 0.98), eps=1e-9)
     other = Adam(
@@ -157,7 +157,7 @@ def test_noam_resumes_from_a_lambdalr_state():
     """Checkpoints written with torch's LambdaLR (before mt's Noam) resume at the same lr."""
     from types import SimpleNamespace
 
-    from mt.train.schedule import build_optimizer
+    from mt.train.update.schedule import build_optimizer
 
     cfg = SimpleNamespace(
         adam_beta1=0.9,
@@ -181,7 +181,7 @@ def test_noam_resumes_from_a_lambdalr_state():
 
 
 def test_budget_progress_is_the_larger_share_of_steps_and_clock():
-    from mt.train.schedule import budget_progress
+    from mt.train.update.schedule import budget_progress
 
     assert budget_progress(250, 9999.0, 1000, 0.0) == 0.25  # no time budget: steps only
     assert budget_progress(250, 60.0 * 5, 1000, 10.0) == 0.5  # the clock is further on
@@ -190,7 +190,7 @@ def test_budget_progress_is_the_larger_share_of_steps_and_clock():
 
 
 def test_cooldown_is_flat_then_a_straight_line_to_zero():
-    from mt.train.schedule import cooldown_scale
+    from mt.train.update.schedule import cooldown_scale
 
     assert cooldown_scale(0.99, 0.0) == 1.0  # off
     assert [cooldown_scale(p, 0.2) for p in (0.0, 0.5, 0.8)] == pytest.approx([1.0, 1.0, 1.0])
@@ -203,7 +203,7 @@ def test_cooldown_is_flat_then_a_straight_line_to_zero():
 def test_noam_with_cooldown_scales_the_update_rate_and_resumes_with_it():
     from types import SimpleNamespace
 
-    from mt.train.schedule import build_optimizer, cooldown_scale
+    from mt.train.update.schedule import build_optimizer, cooldown_scale
 
     cfg = SimpleNamespace(
         adam_beta1=0.9,

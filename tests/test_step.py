@@ -1,4 +1,4 @@
-"""The two kinds of update (mt/train/step.py): the plain one, as a textbook writes it, and the
+"""The kinds of update (mt/train/update/step.py): the plain one, as a textbook writes it, and the
 device one, with flat buffers and skips settled on the device, give the same weights, skips,
 log rows and checkpoints from the same batches, and a run resumes from one into the other."""
 
@@ -18,7 +18,7 @@ from mt.data.batching import collate
 from mt.errors import MTError
 from mt.runtime.distributed import Dist
 from mt.train.build import build_trainer
-from mt.train.updates import resolve_update
+from mt.train.update.build import resolve_update
 from tests.conftest import (
     EXACT_ADAM,
     ROOT,
@@ -123,12 +123,12 @@ def test_the_graph_update_run_as_recorded_trains_as_the_device_update(
     tmp_path, monkeypatch, replayed
 ):
     """train.update graph on the CPU runs the update the GPU records (static batch buffers,
-    the device's learning rate, settle and Adam as one piece; mt/train/graphed.py), and
+    the device's learning rate, settle and Adam as one piece; mt/train/update/graphed.py), and
     replayed: after 3 updates the update is "captured" and replayed as a graph is (_Replay):
     10 updates on packed blocks, the 5th's loss NaN, give the device update's weights, Adam
     state, log rows and skips; no update reads the device."""
     from mt.runtime.host_syncs import HostSyncs
-    from mt.train.graphed import GraphUpdate
+    from mt.train.update.graphed import GraphUpdate
 
     if replayed:
         monkeypatch.setattr(GraphUpdate, "_capture", lambda self, state: _Replay(self))
@@ -224,7 +224,7 @@ def test_auto_takes_the_device_update_on_a_gpu_or_with_ranks():
 
 def test_an_update_the_run_cannot_make_is_refused_before_its_data_is_read(tmp_path):
     """train.update graph with accumulation: one line before the BPE model is trained or the
-    corpus read (mt.train.step.resolve_update is the one reader of train.update)."""
+    corpus read (mt.train.update.step.resolve_update is the one reader of train.update)."""
     with pytest.raises(MTError, match="captures one batch's update"):
         trainer_for(tmp_path, "train.update=graph", "train.accum_steps=2", "train.pack_width=64")
     assert not (tmp_path / "run" / "spm.model").exists()
@@ -374,7 +374,7 @@ def test_the_plain_update_is_never_replayed_through_cuda_graphs(monkeypatch):
     on a GPU with static shapes it compiles without graphs, the device update with them."""
     from types import SimpleNamespace
 
-    from mt.train import compiled
+    from mt.train.update import compiled
 
     monkeypatch.setattr(compiled, "compiled", lambda loss, static, graphs: (static, graphs))
     cfg = SimpleNamespace(compile=True, shape_buckets=0, pack_width=64)

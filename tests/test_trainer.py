@@ -209,7 +209,7 @@ def test_cooldown_brings_the_learning_rate_down_to_zero_at_the_last_step(tmp_pat
     that reaches 0 where the budget ends (the rate logged after update k is update k+1's)."""
     import json
 
-    from mt.train.schedule import noam
+    from mt.train.update.schedule import noam
 
     t = trainer_for(tmp_path, "train.max_steps=10", "train.cooldown=0.5", "train.valid_every=100")
     t.fit()
@@ -455,7 +455,7 @@ def test_compiled_training_on_bucketed_batches_compiles_each_shape_once(tmp_path
     from torch._dynamo.utils import counters
 
     from mt.data.batching import batch_shapes, bucket_batches
-    from mt.train.exchange import settle
+    from mt.train.update.exchange import settle
 
     real_compile = torch.compile
     seen = []
@@ -495,7 +495,7 @@ def test_compiled_training_on_bucketed_batches_compiles_each_shape_once(tmp_path
 def test_static_shapes_on_a_gpu_compile_into_cuda_graphs(monkeypatch):
     """compiled(): CUDA graphs (reduce-overhead) for static shapes on a GPU only; dynamic shapes
     compile once for all shapes, without graphs (one graph per shape would be recorded)."""
-    from mt.train.compiled import compiled
+    from mt.train.update.compiled import compiled
 
     seen = []
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.append(kw))

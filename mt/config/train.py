@@ -312,12 +312,12 @@ class TrainConfig(Section):
 
     update: Literal["auto", "plain", "device", "graph"] = Field(
         "auto",
-        description="how one optimizer update is made (mt/train/step.py). plain: as a "
+        description="how one optimizer update is made (mt/train/update/step.py). plain: as a "
         "textbook writes it (loss.backward(), clip_grad_norm_, optimizer.step(), a "
         "non-finite loss read and skipped on the host), one process; device: gradients in "
         "flat buffers exchanged in one all-reduce, divided, clipped and skipped on the device "
         "with no read by the host; graph: the device update of one process on packed blocks "
-        "recorded once as a CUDA graph and replayed (mt/train/graphed.py; on a CPU run as "
+        "recorded once as a CUDA graph and replayed (mt/train/update/graphed.py; on a CPU run as "
         "recorded); auto: device on a GPU or under torchrun, plain in one CPU process. All "
         "give the same weights; a run resumes across them",
     )

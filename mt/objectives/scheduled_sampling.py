@@ -1,5 +1,5 @@
 """Scheduled sampling (Bengio et al. 2015): in training, each previous target token the
-decoder reads is the gold one with probability p (decaying over updates, mt.train.schedule.
+decoder reads is the gold one with probability p (decaying over updates, mt.train.update.schedule.
 gold_probability) and the model's own prediction otherwise, so that training meets the
 mistakes that decoding will make. With p = 1 it is exactly teacher forcing.
 

@@ -1,1 +1,2 @@
-"""Training: the Trainer loop, its factory, the end of a run, schedules, the run directory."""
+"""Training: the Trainer loop, its factory, the end of a run, the run directory; the optimizer
+update in update/."""

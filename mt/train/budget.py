@@ -11,8 +11,8 @@ from collections.abc import Callable
 import torch
 
 from mt.runtime.distributed import Dist
-from mt.train.schedule import budget_progress
 from mt.train.state import TrainState
+from mt.train.update.schedule import budget_progress
 
 
 class TimeBudget:

@@ -35,7 +35,6 @@ from mt.train.rundir import (
     prepare_run_dir,
     record_corpus,
 )
-from mt.train.schedule import build_optimizer
 from mt.train.start import (
     continue_optimizer,
     mt_source,
@@ -46,7 +45,8 @@ from mt.train.start import (
 from mt.train.state import TrainState, Validation
 from mt.train.tracking import write_run_info
 from mt.train.trainer import Trainer
-from mt.train.updates import resolve_update
+from mt.train.update.build import resolve_update
+from mt.train.update.schedule import build_optimizer
 
 
 def _quiet(*_args) -> None:

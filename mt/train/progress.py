@@ -196,7 +196,7 @@ def show_progress(bar, st, cfg, forecast: Forecast, last_update, say) -> None:
     """After each update, on the tqdm `bar`: the first updates show their loss at once
     (log_every may be hundreds of steps away), and after a few seconds of steps the run says
     how long it will take (`say`). st: the TrainState; cfg: the train config; last_update:
-    the (loss sum, NLL sum, tokens) of the update just made (mt/train/exchange.py)."""
+    the (loss sum, NLL sum, tokens) of the update just made (mt/train/update/exchange.py)."""
     if st.step < cfg.log_every and st.step % max(1, min(10, cfg.log_every)) == 0:
         loss, _, tokens = last_update.tolist()
         if tokens:  # (0: skipped on the device)

@@ -16,14 +16,14 @@ from mt.data.tokenizer import Tokenizer
 from mt.model import Seq2Seq
 from mt.runtime.distributed import Dist
 from mt.train.ema import WeightAverage
-from mt.train.schedule import Noam
 from mt.train.state import TrainState
+from mt.train.update.schedule import Noam
 
 
 class Checkpoints:
     """Writes the run's checkpoints (rank 0 alone; the other ranks' calls do nothing).
     run_config: the whole config as a dict, which every checkpoint carries; training: the
-    model, its optimizer (mt.train.optim.Adam), schedule and GradScaler; ema: the weight
+    model, its optimizer (mt.train.update.optim.Adam), schedule and GradScaler; ema: the weight
     average, if the run keeps one; keep: how many step_N.pt snapshots stay
     (train.keep_checkpoints, 0: none are written)."""
 

@@ -72,7 +72,7 @@ class LogWindow:
 
     def add(self, row: torch.Tensor) -> None:
         """row: an update's (loss sum, NLL sum, tokens) over every rank (zeros if skipped on
-        the device; mt/train/exchange.py)."""
+        the device; mt/train/update/exchange.py)."""
         self.sums.append(row)
 
     def pause(self, seconds: float) -> None:

@@ -36,9 +36,9 @@ from mt.train.progress import (
 )
 from mt.train.saving import Checkpoints
 from mt.train.state import LogWindow, TrainState, Validation
-from mt.train.step import forward
 from mt.train.tracking import RunLog, discard, say
-from mt.train.updates import build_update
+from mt.train.update.build import build_update
+from mt.train.update.step import forward
 from mt.train.validation import Validator, describe_validation
 
 
@@ -166,7 +166,7 @@ class Trainer:
         return forward(self.model, loss or self.objective.loss, batch, self.device, self.amp_dtype)
 
     def train_step(self, batches: list[Batch]) -> bool:
-        """One optimizer update from `batches` (gradient accumulation; mt/train/step.py),
+        """One optimizer update from `batches` (gradient accumulation; mt/train/update/step.py),
         then the schedule, the step count and the weight average. False, changing nothing,
         for an update known at once to be skipped; one skipped on the device counts until
         the host's next read takes it back (settle_skips)."""

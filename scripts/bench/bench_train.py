@@ -193,8 +193,8 @@ def mt_trainer(
     from mt.model import REFERENCE, build_model
     from mt.objectives import Objective
     from mt.train.parts import build_objective, for_device, model_parts
-    from mt.train.schedule import build_optimizer
     from mt.train.trainer import Trainer
+    from mt.train.update.schedule import build_optimizer
 
     train_cfg = for_device(Config(model=model_cfg, train=train_cfg), device)[0].train
     compile = train_cfg.compile is True
@@ -286,9 +286,10 @@ def _reference_step(model, logits_of):
 
 def torch_ref(size, device, precision="fp32", compile=False):
     """nn.Transformer in a plain loop; compile: its model compiled as mt's train.compile
-    compiles (mt.train.compiled: dynamic shapes, or static ones with size["shape_buckets"] and
+    compiles (mt.train.update.compiled: dynamic shapes, or static ones with
+    size["shape_buckets"] and
     the same raised recompilation limit), to compare compiled with compiled."""
-    from mt.train.compiled import compiled
+    from mt.train.update.compiled import compiled
 
     model = _TorchRef(size).to(device)
     if not compile:

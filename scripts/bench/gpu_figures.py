@@ -347,7 +347,7 @@ def device_name(device: torch.device) -> str:
 
 def graphs_compiled() -> int:
     """The graphs Dynamo made in this process: one per batch shape of the step, and one for
-    the update's bookkeeping after it (mt.train.exchange.settle)."""
+    the update's bookkeeping after it (mt.train.update.exchange.settle)."""
     from torch._dynamo.utils import counters
 
     return int(counters["stats"].get("unique_graphs", 0))

@@ -4,11 +4,11 @@ weights and Adam's moments), and fp16 gradients that overflow (the GradScaler's 
 Whatever stopped it, a skipped update is not a step: neither the step count nor the schedule
 moves, and `Skips.skip` counts and logs it.
 
-The plain update (mt/train/step.py: one CPU process) reads each update's loss and skips at
+The plain update (mt/train/update/step.py: one CPU process) reads each update's loss and skips at
 once. The device update (a GPU, several ranks) does not ask after every update whether its loss
 was finite or a rank ran out of memory, a host sync that keeps a GPU waiting for Python (and,
 with several ranks, a collective). The update is skipped on the device instead: Adam's fused
-kernel takes a found-inf flag and leaves weights and moments untouched (mt/train/optim.py), and
+kernel takes a found-inf flag and leaves weights and moments untouched (optim.py), and
 the logged sums leave it out (LogWindow). The host reads how many were skipped every READ_EVERY
 updates and before it logs, validates, saves or stops, and takes them back off the step count
 and the schedule, so a saved state never counts an update Adam skipped (resuming stays exact:
@@ -100,7 +100,7 @@ class DeferredSkips:
     of memory (the others: a loss that was not finite)."""
 
     def __init__(self, device: torch.device):
-        # (skipped, of them out of memory), added to on the device (mt/train/exchange.py)
+        # (skipped, of them out of memory), added to on the device (mt/train/update/exchange.py)
         self.count = torch.zeros(2, dtype=torch.float32, device=device)
         self.updates = 0  # made since the last take (known on the host)
 

@@ -61,11 +61,11 @@ class Adam:
     ) -> None:
         """One update; found_inf (a 0-dim float tensor on the parameters' device, 1.0 or 0.0)
         skips it on the device when 1: weights, moments and step counts stay as they were,
-        with no read of the device (mt/train/skips.py). kept: 1 - found_inf, where the
+        with no read of the device (mt/train/update/skips.py). kept: 1 - found_inf, where the
         caller has it already (a kernel fewer). grad_scale (0-dim float32): every gradient
         is divided by it as the kernel reads it (and left so), instead of by a pass of its
-        own (mt/train/exchange.py's settle). lr: a 0-dim float32 tensor on the device that
-        replaces the group's lr, for an update captured once and replayed (mt/train/graphed.py)."""
+        own (mt/train/update/exchange.py's settle). lr: a 0-dim float32 tensor on the device that
+        replaces the group's lr, for an update captured once and replayed (graphed.py)."""
         g = self.param_groups[0]
         now = [p.grad for p in g["params"]]
         if self._lists is None or not all(map(operator.is_, now, self._lists[0])):
@@ -104,7 +104,7 @@ class Adam:
         """The fused kernel's lists (parameters, gradients, moments, step counts) by device
         and dtype, over the parameters that have a gradient, their state made where missing.
         Built once and kept while every gradient is the same tensor (the trainer's live in
-        flat buffers: mt/train/exchange.py)."""
+        flat buffers: mt/train/update/exchange.py)."""
         groups: dict[tuple, list[list[torch.Tensor]]] = {}
         for p in params:
             if p.grad is None:

@@ -1,9 +1,9 @@
 """The "Noam" learning-rate schedule (Vaswani et al. 2017, eq. 3), the cool-down at the end of a
-budget, and the optimizer they drive (Adam, mt/train/optim.py)."""
+budget, and the optimizer they drive (Adam, mt/train/update/optim.py)."""
 
 from __future__ import annotations
 
-from mt.train.optim import Adam
+from mt.train.update.optim import Adam
 
 
 def noam(step: int, d_model: int, warmup: int, factor: float = 1.0) -> float:
@@ -59,7 +59,7 @@ class Noam:
         self._apply()
 
     def rewind(self, updates: int) -> None:
-        """Take back `updates` steps that turned out to be skipped (mt/train/skips.py)."""
+        """Take back `updates` steps that turned out to be skipped (mt/train/update/skips.py)."""
         self.last_epoch -= updates
         self._apply()
 

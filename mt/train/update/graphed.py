@@ -1,4 +1,4 @@
-"""The device update (mt/train/step.py) captured whole as one CUDA graph (train.update: graph).
+"""The device update (step.py) captured whole as one CUDA graph (train.update: graph).
 
 A small model's update on a GPU is bound by the host: the device finishes its kernels in about
 a millisecond while Python walks the compiled step's guards, autograd's bookkeeping, the
@@ -8,7 +8,7 @@ call per update (Nvidia's "whole-network capture"; torch.cuda.graph). What chang
 to update lives in tensors the graph reads, written before each replay:
 
 - the batch: copied into static buffers of the one shape packed blocks have (train.pack_width);
-- the learning rate: a 0-dim tensor Adam reads (mt/train/optim.py), filled from the schedule;
+- the learning rate: a 0-dim tensor Adam reads (mt/train/update/optim.py), filled from the schedule;
 - the update's target tokens, which settle divides by (the exchange's own tensor).
 
 Dropout draws new masks at every replay: PyTorch's CUDA generator gives a captured graph a
@@ -26,9 +26,9 @@ import torch
 
 from mt.data.batching import Batch
 from mt.errors import MTError, first_line
-from mt.train.skips import OUT_OF_MEMORY, Skips
 from mt.train.state import TrainState
-from mt.train.step import forward
+from mt.train.update.skips import OUT_OF_MEMORY, Skips
+from mt.train.update.step import forward
 
 # updates run uncaptured before the capture: the compiles, autograd's and cuBLAS's first calls,
 # and Adam's state are made there, outside the graph
@@ -36,7 +36,7 @@ WARMUP = 3
 
 
 class GraphUpdate:
-    """exchange: mt/train/exchange.py's Flat (one process); optimizer: mt.train.optim.Adam;
+    """exchange: exchange.py's Flat (one process); optimizer: mt.train.update.optim.Adam;
     scaler: the run's GradScaler (disabled: resolve_update refuses fp16); scheduler and ema:
     what a skip found late is taken back from (ema None: no weight average); capture: record
     and replay (a GPU), else every update runs as recorded would."""

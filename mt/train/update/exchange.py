@@ -1,4 +1,4 @@
-"""How the device update's gradients and sums (mt/train/step.py) become every rank's: the two
+"""How the device update's gradients and sums (mt/train/update/step.py) become every rank's: the two
 ways of data parallelism (train.data_parallel), and the one process on a GPU, which is the
 first of them with one rank.
 

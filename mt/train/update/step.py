@@ -9,12 +9,12 @@ the loss once per update to skip a non-finite one, which costs a CPU nothing.
 `DeviceUpdate` is the same update for a GPU and for several ranks, where each read of the
 device by the host keeps the GPU waiting for Python and each rank's collective costs a round
 trip: the gradients are gathered into flat buffers and exchanged in one all-reduce with the
-sums riding along (mt/train/exchange.py), divided by the update's tokens and clipped on the
+sums riding along (mt/train/update/exchange.py), divided by the update's tokens and clipped on the
 device, and a skipped update is skipped by Adam on the device, counted there and taken back at
-the host's next read (mt/train/skips.py). Both give the same weights from the same batches
+the host's next read (mt/train/update/skips.py). Both give the same weights from the same batches
 (tests/test_step.py), write the same checkpoints and logs, and a run resumes across them.
 
-train.update chooses (mt/train/updates.py): auto takes the device update on a GPU or with several
+train.update chooses (build.py): auto takes the device update on a GPU or with several
 ranks, the plain one in one CPU process, as the search takes its pace from the device.
 """
 
@@ -28,9 +28,9 @@ import torch
 from mt.data.batching import Batch
 from mt.runtime.device import autocast
 from mt.runtime.distributed import Dist
-from mt.train.exchange import out_of_memory_under_ddp
-from mt.train.skips import FP16_OVERFLOW, NONFINITE, OUT_OF_MEMORY, Skips
 from mt.train.state import TrainState
+from mt.train.update.exchange import out_of_memory_under_ddp
+from mt.train.update.skips import FP16_OVERFLOW, NONFINITE, OUT_OF_MEMORY, Skips
 
 
 def forward(model, loss: Callable, batch: Batch, device: torch.device, amp_dtype) -> tuple:
@@ -43,7 +43,7 @@ class PlainUpdate:
     """loss: the objective's loss(model, batch), summed over target tokens (or its compiled
     form); clip_norm: train.clip_norm (0: none); scaler: the GradScaler (on for fp16)."""
 
-    copies_batches = False  # (mt/train/updates.py's Update)
+    copies_batches = False  # (mt/train/update/build.py's Update)
 
     def __init__(
         self,
@@ -99,7 +99,7 @@ class PlainUpdate:
 
 
 class DeviceUpdate:
-    """exchange: mt/train/exchange.py's Flat or DDP; loss: the objective's loss(model,
+    """exchange: mt/train/update/exchange.py's Flat or DDP; loss: the objective's loss(model,
     batch), or its compiled form; scheduler and ema: what a skip found late is taken back
     from (ema None: no weight average)."""
 
@@ -127,7 +127,7 @@ class DeviceUpdate:
 
     def __call__(self, batches: list[Batch], state: TrainState) -> torch.Tensor | None:
         """One update from `batches` and the other ranks', normalised by all their target
-        tokens, so that accumulation and ranks equal one big batch (mt/train/exchange.py).
+        tokens, so that accumulation and ranks equal one big batch (mt/train/update/exchange.py).
         None, changing nothing, for an update known at once to be skipped (one process out
         of memory; fp16); one skipped on the device counts (its row zeros) until the host's
         next read takes it back (settle)."""
@@ -149,7 +149,7 @@ class DeviceUpdate:
         return row
 
     def _backward(self, batches: list[Batch], state: TrainState) -> bool:
-        """Every batch's loss and gradients added into the exchange's (mt/train/exchange.py).
+        """Every batch's loss and gradients added into the exchange's (mt/train/update/exchange.py).
         False when this rank ran out of memory (under DDP that ends the run)."""
         step_loss = self.exchange.wrap(self.loss)
         try:

@@ -1,8 +1,8 @@
 """Which optimizer update a run makes. `resolve_update` is the one reader of train.update,
 with every refusal, called before the data and the model are made; `build_update` makes the
 update it chose, with its Skips and its loss (compiled where train.compile says). The kinds:
-mt/train/step.py's PlainUpdate (one CPU process) and DeviceUpdate (a GPU, or ranks), and
-mt/train/graphed.py's GraphUpdate (the device update as one CUDA graph)."""
+mt/train/update/step.py's PlainUpdate (one CPU process) and DeviceUpdate (a GPU, or ranks), and
+mt/train/update/graphed.py's GraphUpdate (the device update as one CUDA graph)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ import torch
 from mt.data.batching import Batch
 from mt.errors import MTError
 from mt.runtime.distributed import Dist
-from mt.train.compiled import compiled_step
-from mt.train.exchange import build_exchange
-from mt.train.graphed import GraphUpdate
-from mt.train.skips import Skips
 from mt.train.state import TrainState
-from mt.train.step import DeviceUpdate, PlainUpdate
+from mt.train.update.compiled import compiled_step
+from mt.train.update.exchange import build_exchange
+from mt.train.update.graphed import GraphUpdate
+from mt.train.update.skips import Skips
+from mt.train.update.step import DeviceUpdate, PlainUpdate
 
 
 class Update(Protocol):

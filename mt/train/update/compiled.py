@@ -44,7 +44,7 @@ def compiled_step(
     as resolved for this device and objective (mt.train.parts.compile_applies; None: the
     config's true alone). Static shapes (shape buckets, packed blocks) compile once per
     shape, and on a GPU each is replayed as a CUDA graph (`compiled`) where `graphs` allows:
-    the plain update (mt/train/step.py) lets autograd add a micro-batch's gradients into the
+    the plain update (mt/train/update/step.py) lets autograd add a micro-batch's gradients into the
     previous one's, which a replay would have written over, so it compiles without them."""
     compile = cfg.compile is True if compile is None else compile
     if not compile:

@@ -1,0 +1,17 @@
+"""One optimizer update, all of it in this folder: which kind a run makes (build.py:
+`resolve_update`, the one reader of train.update, and `build_update`), the kinds (step.py's
+PlainUpdate and DeviceUpdate, graphed.py's GraphUpdate), the device update's exchange of
+gradients between ranks (exchange.py), the updates that did not happen (skips.py), the loss
+compiled with the model inside (compiled.py), the learning-rate schedule (schedule.py) and the
+optimizer (optim.py). The rest of mt sees `build_update`, the `Update` interface (a call and
+`settle`) and the schedule.
+
+The runtime paths, each with its tests (tests/test_step.py; tests/test_distributed.py and
+tests/test_exchange.py for the ranks):
+
+- plain: one CPU process, the update as a textbook writes it;
+- device: a GPU or ranks, gradients in flat buffers (one all-reduce, mt's own exchange) or
+  PyTorch's DDP (train.data_parallel), divided, clipped and skipped on the device; under
+  fp16 its GradScaler reads the host instead (the same update, skips found at once);
+- graph: the device update of one process recorded once as a CUDA graph and replayed.
+"""
