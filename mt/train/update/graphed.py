@@ -26,20 +26,22 @@ import torch
 
 from mt.data.batching import Batch
 from mt.errors import MTError, first_line
+from mt.runtime.distributed import Dist
 from mt.train.state import TrainState
-from mt.train.update.skips import OUT_OF_MEMORY, Skips
-from mt.train.update.step import forward
+from mt.train.update.skips import Skips
+from mt.train.update.step import DeviceUpdate, forward
 
 # updates run uncaptured before the capture: the compiles, autograd's and cuBLAS's first calls,
 # and Adam's state are made there, outside the graph
 WARMUP = 3
 
 
-class GraphUpdate:
-    """exchange: exchange.py's Flat (one process); optimizer: mt.train.update.optim.Adam;
-    scaler: the run's GradScaler (disabled: resolve_update refuses fp16); scheduler and ema:
-    what a skip found late is taken back from (ema None: no weight average); capture: record
-    and replay (a GPU), else every update runs as recorded would."""
+class GraphUpdate(DeviceUpdate):
+    """The device update of one process, recorded: exchange: exchange.py's Flat; optimizer:
+    mt.train.update.optim.Adam; scaler: the run's GradScaler (disabled: resolve_update refuses
+    fp16); scheduler and ema: what a skip found late is taken back from (DeviceUpdate.settle;
+    ema None: no weight average); capture: record and replay (a GPU), else every update runs
+    as recorded would."""
 
     copies_batches = True  # (into its static buffers: a batch of slices will do)
 
@@ -58,9 +60,8 @@ class GraphUpdate:
         amp_dtype,
         capture: bool,
     ):
-        self.model, self.loss, self.exchange, self.scaler = model, loss, exchange, scaler
-        self.optimizer, self.scheduler, self.ema, self.skips = optimizer, scheduler, ema, skips
-        self.clip_norm, self.device, self.amp_dtype = clip_norm, device, amp_dtype
+        common = (model, loss, exchange, optimizer, scheduler, scaler, ema, skips, clip_norm)
+        super().__init__(*common, Dist(), device, amp_dtype)  # (one process)
         self.capture = capture
         self.lr = torch.zeros((), dtype=torch.float32, device=device)  # what Adam reads
         self.static: Batch | None = None  # the batch buffers the graph reads
@@ -83,10 +84,7 @@ class GraphUpdate:
             try:
                 self.row = self._update()
             except torch.OutOfMemoryError:
-                if self.device.type == "cuda":
-                    torch.cuda.empty_cache()
-                self.skips.skip(state, OUT_OF_MEMORY, src_shape=list(batch.src.shape))
-                return None
+                return self._out_of_memory(state, batch)
             self.uncaptured += 1
         assert self.skips.deferred is not None and self.row is not None
         self.skips.deferred.updates += 1
@@ -140,8 +138,3 @@ class GraphUpdate:
                 f"of {list(batch.src.shape)} came: set train.update: device"
             )
         torch._foreach_copy_(self.static.tensors(), batch.tensors(), non_blocking=True)
-
-    def settle(self, state: TrainState) -> None:
-        """The updates skipped on the device since the host's last read taken back
-        (Skips.take_back)."""
-        self.skips.take_back(state, self.scheduler, self.ema)

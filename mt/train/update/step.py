@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -39,11 +40,44 @@ def forward(model, loss: Callable, batch: Batch, device: torch.device, amp_dtype
         return loss(model, batch)
 
 
-class PlainUpdate:
+class Kind:
+    """What the kinds share (mt/train/update/build.py's Update): the batches they are handed
+    are theirs alone, and a skip answers None once Skips has counted and logged it (and
+    stopped a run of non-finite ones; the next update writes over the gradients)."""
+
+    copies_batches = False
+    skips: Skips
+    device: torch.device
+    optimizer: Any
+    scaler: torch.amp.GradScaler
+
+    def _skipped(self, state: TrainState, reason: str, **details) -> torch.Tensor | None:
+        self.skips.skip(state, reason, **details)
+        return None
+
+    def _scaled_step(self, state: TrainState) -> bool:
+        """optimizer.step() through the GradScaler; False where fp16's scaler found inf/NaN
+        gradients, skipped the step and lowered its scale (counted: fairseq too counts no
+        step then)."""
+        scale = self.scaler.get_scale() if self.scaler.is_enabled() else None
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        if scale is not None and self.scaler.get_scale() < scale:
+            self._skipped(state, FP16_OVERFLOW, loss_scale=self.scaler.get_scale())
+            return False
+        return True
+
+    def _out_of_memory(self, state: TrainState, batch: Batch) -> torch.Tensor | None:
+        """The update skipped for running out of memory on `batch`, the allocator's cache
+        emptied first on a GPU."""
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return self._skipped(state, OUT_OF_MEMORY, src_shape=list(batch.src.shape))
+
+
+class PlainUpdate(Kind):
     """loss: the objective's loss(model, batch), summed over target tokens (or its compiled
     form); clip_norm: train.clip_norm (0: none); scaler: the GradScaler (on for fp16)."""
-
-    copies_batches = False  # (mt/train/update/build.py's Update)
 
     def __init__(
         self,
@@ -72,38 +106,25 @@ class PlainUpdate:
                 self.scaler.scale(loss / tokens).backward()  # (fp16: times its loss scale)
                 sums += torch.stack([loss.detach(), nll.detach()]).float()
         except torch.OutOfMemoryError:
-            if self.device.type == "cuda":
-                torch.cuda.empty_cache()
-            return self._skipped(state, OUT_OF_MEMORY, src_shape=list(batches[0].src.shape))
+            return self._out_of_memory(state, batches[0])
         if not math.isfinite(sums[0].item()):  # an update from it would poison the weights
             return self._skipped(state, NONFINITE)
         if self.clip_norm > 0:
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_norm)
-        scale = self.scaler.get_scale() if self.scaler.is_enabled() else None
-        self.scaler.step(self.optimizer)  # (optimizer.step(), unless fp16 overflowed)
-        self.scaler.update()
-        if scale is not None and self.scaler.get_scale() < scale:
-            return self._skipped(state, FP16_OVERFLOW, loss_scale=self.scaler.get_scale())
+        if not self._scaled_step(state):
+            return None
         state.nonfinite_in_a_row = 0
         return torch.cat([sums, sums.new_tensor([float(tokens)])])
-
-    def _skipped(self, state: TrainState, reason: str, **details) -> torch.Tensor | None:
-        """None, the update's answer, once the skip is counted and logged (Skips; the next
-        update zeroes the gradients)."""
-        self.skips.skip(state, reason, **details)
-        return None
 
     def settle(self, state: TrainState) -> None:
         """Nothing to take back: every skip is known at once."""
 
 
-class DeviceUpdate:
+class DeviceUpdate(Kind):
     """exchange: mt/train/update/exchange.py's Flat or DDP; loss: the objective's loss(model,
     batch), or its compiled form; scheduler and ema: what a skip found late is taken back
     from (ema None: no weight average)."""
-
-    copies_batches = False
 
     def __init__(
         self,
@@ -134,10 +155,10 @@ class DeviceUpdate:
         n_tokens = sum(b.n_tokens for b in batches)
         self.exchange.begin(n_tokens)
         out_of_memory = not self._backward(batches, state)
+        if out_of_memory and not self.dist.enabled:
+            return self._out_of_memory(state, batches[0])
         if out_of_memory and self.device.type == "cuda":  # (on the rank that ran out, at once)
             torch.cuda.empty_cache()
-        if out_of_memory and not self.dist.enabled:
-            return self._skipped(state, OUT_OF_MEMORY, src_shape=list(batches[0].src.shape))
         # every rank takes part, also one out of memory: the others skip the update with it
         self.exchange.reduce(out_of_memory)
         deferred = self.skips.deferred
@@ -185,20 +206,7 @@ class DeviceUpdate:
         if self.clip_norm > 0:
             self.scaler.unscale_(self.optimizer)
             self.exchange.clip_grad_norm_(self.clip_norm)
-        scale = self.scaler.get_scale() if self.scaler.is_enabled() else None
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        if scale is not None and self.scaler.get_scale() < scale:
-            # fp16: the GradScaler found inf/NaN gradients, skipped the update and lowered its
-            # scale (fairseq too counts no step then)
-            return self._skipped(state, FP16_OVERFLOW, loss_scale=self.scaler.get_scale())
-        return row
-
-    def _skipped(self, state: TrainState, reason: str, **details) -> torch.Tensor | None:
-        """None, the update's answer, once the skip is counted and logged (Skips, which stops
-        a run of non-finite ones; the gradients are written over by the next update)."""
-        self.skips.skip(state, reason, **details)
-        return None
+        return row if self._scaled_step(state) else None
 
     def settle(self, state: TrainState) -> None:
         """The updates skipped on the device since the host's last read taken back off the
