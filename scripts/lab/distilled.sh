@@ -4,7 +4,8 @@
 # (docs/multi30k_recipe.md, "Several models at once"):
 #   scripts/lab/distilled.sh TEACHER NAME [KEY=VALUE ...]
 # 1. mt distill: the teacher's beam translations of the training sources become the training
-#    targets of data/multi30k_kd_NAME (valid and test copied unchanged);
+#    targets of data/multi30k_kd_TEACHER (valid and test copied unchanged; made once, shared
+#    by the runs of one teacher);
 # 2. with BOTH=1 the original pairs join them as a second corpus of the same weight
 #    (data.corpora: train.orig.*), as Kim & Rush (2016) also tried;
 # 3. mt train CONFIG (default configs/multi30k_en_de.yaml) on it into runs/NAME, with the
@@ -15,7 +16,7 @@ name=$2
 shift 2
 config=${CONFIG:-configs/multi30k_en_de.yaml}
 data=${DATA:-data/multi30k}
-kd=${data}_kd_$name
+kd=${data}_kd_$(basename "$teacher")
 src=$(python3 -c "import yaml,sys; print(yaml.safe_load(open(sys.argv[1]))['data']['src_lang'])" "$config")
 tgt=$(python3 -c "import yaml,sys; print(yaml.safe_load(open(sys.argv[1]))['data']['tgt_lang'])" "$config")
 [ -f "$kd/train.$tgt" ] || mt distill "$teacher" --data "$data" --out "$kd"
