@@ -93,10 +93,9 @@ def build_update(t, compile: bool | None) -> tuple[Update, Skips, bool, Any]:
     exchange = build_exchange(
         cfg, t.model, t.optimizer, t.objective.loss, t.dist, masked_lm, compiled_loss is not None
     )
-    common = (t.model, loss, exchange, t.optimizer, t.scheduler, t.scaler, t.ema, skips)
+    parts: tuple[Any, ...] = (t.model, loss, exchange, t.optimizer, t.scheduler, t.scaler)
+    parts += (t.ema, skips, cfg.clip_norm, t.dist, t.device, t.amp_dtype)
     if kind == "graph":  # (on a CPU, every update runs as recorded)
-        capture = t.device.type == "cuda"
-        graphed = GraphUpdate(*common, cfg.clip_norm, t.device, t.amp_dtype, capture=capture)
+        graphed = GraphUpdate(*parts, capture=t.device.type == "cuda")
         return graphed, skips, cuda_graphs, compiled_loss
-    device = DeviceUpdate(*common, cfg.clip_norm, t.dist, t.device, t.amp_dtype)
-    return device, skips, cuda_graphs, compiled_loss
+    return DeviceUpdate(*parts), skips, cuda_graphs, compiled_loss

@@ -26,9 +26,7 @@ import torch
 
 from mt.data.batching import Batch
 from mt.errors import MTError, first_line
-from mt.runtime.distributed import Dist
 from mt.train.state import TrainState
-from mt.train.update.skips import Skips
 from mt.train.update.step import DeviceUpdate, forward
 
 # updates run uncaptured before the capture: the compiles, autograd's and cuBLAS's first calls,
@@ -45,25 +43,11 @@ class GraphUpdate(DeviceUpdate):
 
     copies_batches = True  # (into its static buffers: a batch of slices will do)
 
-    def __init__(
-        self,
-        model,
-        loss,
-        exchange,
-        optimizer,
-        scheduler,
-        scaler,
-        ema,
-        skips: Skips,
-        clip_norm: float,
-        device: torch.device,
-        amp_dtype,
-        capture: bool,
-    ):
-        common = (model, loss, exchange, optimizer, scheduler, scaler, ema, skips, clip_norm)
-        super().__init__(*common, Dist(), device, amp_dtype)  # (one process)
+    def __init__(self, *parts, capture: bool):
+        """parts: DeviceUpdate's (its dist one process: resolve_update refuses ranks)."""
+        super().__init__(*parts)
         self.capture = capture
-        self.lr = torch.zeros((), dtype=torch.float32, device=device)  # what Adam reads
+        self.lr = torch.zeros((), dtype=torch.float32, device=self.device)  # what Adam reads
         self.static: Batch | None = None  # the batch buffers the graph reads
         self.graph: torch.cuda.CUDAGraph | None = None
         self.row: torch.Tensor | None = None  # the graph's log row (written by each replay)
