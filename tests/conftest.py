@@ -134,20 +134,16 @@ V = 40
 def make_model(pre_norm=False, tie="all", seed=0, dropout=0.1, kind=None, **parts):
     """The tests' small Transformer (2+2 layers, d_model 32, vocabulary V), in eval mode;
     kind: another Transformer class (mt/fast's), parts: its `parts`."""
-    from mt.model import Transformer
+    from mt.model import LayerShape, Transformer
 
     torch.manual_seed(seed)
+    shape = LayerShape(32, 4, 64, dropout=dropout, attn_dropout=dropout, pre_norm=pre_norm)
     return (kind or Transformer)(
         src_vocab=V,
         tgt_vocab=V,
-        d_model=32,
-        n_heads=4,
+        shape=shape,
         enc_layers=2,
         dec_layers=2,
-        d_ff=64,
-        dropout=dropout,
-        attn_dropout=dropout,
-        pre_norm=pre_norm,
         tie_embeddings=tie,
         max_positions=64,
         **parts,

@@ -2,6 +2,7 @@
 tensors, bf16 autocast, fp16 with the GradScaler, and decoding on the GPU against the CPU.
 Skipped where no GPU is visible (CI); run on a GPU machine by scripts/gpu_check.sh."""
 
+import functools
 import json
 
 import pytest
@@ -265,7 +266,7 @@ def test_compiled_training_through_cuda_graphs_takes_the_eager_steps(tmp_path, a
         )
         return build_trainer(cfg, tmp_path / name, log=lambda *_: None)
 
-    from mt.fast.flex import FlexTransformer
+    from mt.fast.flex import FlexMultiHeadAttention, flex_layout
 
     torch._dynamo.reset()
     eager = trainer("e", "train.compile=false")
@@ -273,8 +274,9 @@ def test_compiled_training_through_cuda_graphs_takes_the_eager_steps(tmp_path, a
     graphed.model.load_state_dict(eager.model.state_dict())
     assert graphed.cuda_graphs and not eager.cuda_graphs
     # the compiled step's attention takes block masks, the eager reference dense ones
-    assert isinstance(graphed.model, FlexTransformer)
-    assert not isinstance(eager.model, FlexTransformer)
+    assert graphed.objective.loss.keywords["layout"] is flex_layout
+    assert eager.objective.loss.keywords["layout"] is None
+    assert type(graphed.model.encoder[0].self_attn) is FlexMultiHeadAttention
     walks = eager.batches(), graphed.batches()
     for _ in range(6):
         assert eager.train_step([next(walks[0]) for _ in range(accum)])
@@ -452,11 +454,12 @@ def test_flex_attention_gives_the_dense_masks_gradients_on_packed_blocks():
                       attn_dropout=0.0)  # fmt: skip
     torch.manual_seed(0)
     reference = build_model(cfg, 40, 40).to(CUDA).train()
-    parts = Parts(attention=flex.FlexMultiHeadAttention, transformer=flex.FlexTransformer)
+    parts = Parts(attention=flex.FlexMultiHeadAttention)
     flexed = build_model(cfg, 40, 40, parts).to(CUDA).train()
     flexed.load_state_dict(reference.state_dict())
     torch._dynamo.reset()
-    step = torch.compile(lambda m, b: reference_loss(m, b, eps=0.1), dynamic=False)
+    flexing = functools.partial(reference_loss, eps=0.1, layout=flex.flex_layout)
+    step = torch.compile(flexing, dynamic=False)
     got = step(flexed, batch)
     want = reference_loss(reference, batch, eps=0.1)
     (got[0] / batch.n_tokens).backward()

@@ -64,7 +64,7 @@ def test_set_translator():
     from mt.config import DecodeConfig
     from mt.data.tokenizer import Tokenizer, train_bpe
     from mt.decode.translator import Translator
-    from mt.model import Transformer
+    from mt.model import LayerShape, Transformer
     from tests.conftest import MULTI30K
 
     if not (MULTI30K / "test_2016_flickr.en.gz").is_file():
@@ -77,9 +77,16 @@ def test_set_translator():
     train = read("train.en.gz")[:4000] + read("train.de.gz")[:4000]
     tokenizer = Tokenizer(train_bpe(train, 1000))
     torch.manual_seed(0)
-    model = Transformer(src_vocab=1000, tgt_vocab=1000, d_model=16, n_heads=2, enc_layers=1,
-                        dec_layers=1, d_ff=32, dropout=0.0, attn_dropout=0.0, pre_norm=False,
-                        tie_embeddings="all", max_positions=256).eval()  # fmt: skip
+    shape = LayerShape(d_model=16, n_heads=2, d_ff=32, dropout=0.0)
+    model = Transformer(
+        src_vocab=1000,
+        tgt_vocab=1000,
+        shape=shape,
+        enc_layers=1,
+        dec_layers=1,
+        tie_embeddings="all",
+        max_positions=256,
+    ).eval()
     cfg = DecodeConfig(compile_step="always", device_search="always")
     return read("test_2016_flickr.en.gz"), Translator(model, tokenizer, cfg, CPU)
 

@@ -203,24 +203,18 @@ def test_tie_modes_and_separate_vocabularies_survive_save_and_load(
 
     from mt.hub.export import marian_config
     from mt.hub.marian import from_marian, tie_mode, to_marian
-    from mt.model import Transformer
+    from mt.model import LayerShape, Transformer
 
     src_v, tgt_v = (60, 60) if joint else (60, 45)
     torch.manual_seed(0)
     model = Transformer(
         src_vocab=src_v,
         tgt_vocab=tgt_v,
-        d_model=32,
-        n_heads=4,
+        shape=LayerShape(d_model=32, n_heads=4, d_ff=48, dropout=0.0, activation=activation),
         enc_layers=2,
         dec_layers=3,
-        d_ff=48,
-        dropout=0.0,
-        attn_dropout=0.0,
-        pre_norm=False,
         tie_embeddings=tie,
         max_positions=64,
-        activation=activation,
         output_bias=True,
     ).eval()
     with torch.no_grad():

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from mt.data.corpus import ParallelData
+from mt.model.layout import Layout
 from mt.tokens import BOS, EOS, PAD
 
 
@@ -38,6 +39,16 @@ class Packing:
     def to(self, device: torch.device) -> Packing:
         nb = device.type == "cuda"
         return Packing(*(t.to(device, non_blocking=nb) for t in vars(self).values()))
+
+    def layout(self) -> Layout:
+        """The masks and positions the model reads of this batch (Transformer.laid_out)."""
+        return Layout(
+            self.encoder_mask(),
+            self.decoder_mask(),
+            self.cross_mask(),
+            self.src_positions,
+            self.tgt_positions,
+        )
 
     def encoder_mask(self) -> torch.Tensor:
         """(R, 1, W, W) may-attend: the same pair's source tokens."""

@@ -12,9 +12,8 @@ mt.model.build_model builds a model from where they apply (mt.train.parts: on a 
               (not padding) rows alone;
 - loss.py:    the output projection fused with the label-smoothed loss, in chunks of rows,
               and with R-Drop's two losses and their symmetric KL;
-- optim.py:   Adam through PyTorch's fused kernel without torch.optim (the optimizer of
-              every run, on every device: torch.optim's first step imports torch._dynamo,
-              tens of MB of resident memory).
+- flex.py:    packed batches' attention through FlexAttention's block masks (a compiled step
+              on a GPU).
 
 Each fast class subclasses its reference module: the parameters, the state_dict and the
 checkpoints stay exactly those of the reference model, and each fast path equals the reference

@@ -9,9 +9,10 @@ query of a block may see are skipped, and the kernel that torch.compile generate
 rest inside its tiles, never reading a mask from memory.
 
 FlexAttention has no attention-weight dropout and no relative-position bias here, and no
-backward on a CPU: mt.train.parts picks these classes for a compiled step on a GPU, with
-model.attn_dropout 0 and absolute positions (tests/test_packing.py compares them with the
-dense masks on the CPU, tests/test_cuda.py their gradients and updates on a GPU).
+backward on a CPU: mt.train.parts picks flex_layout and FlexMultiHeadAttention for a compiled
+step on a GPU, with model.attn_dropout 0 and absolute positions (tests/test_packing.py
+compares them with the dense masks on the CPU, tests/test_cuda.py their gradients and updates
+on a GPU).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
 from mt.model.attention import MultiHeadAttention
-from mt.model.transformer import Packing, Transformer
+from mt.model.layout import Layout
 
 
 def encoder_mask_mod(src_segments):
@@ -64,16 +65,17 @@ def _block_mask(mask_mod, queries, keys) -> BlockMask:
     )
 
 
-class FlexTransformer(Transformer):
-    """The Transformer whose packed batches carry block masks instead of dense ones."""
-
-    def packed_encoder_mask(self, packing: Packing) -> BlockMask:
-        s = packing.src_segments
-        return _block_mask(encoder_mask_mod(s), s, s)
-
-    def packed_decoder_masks(self, packing: Packing) -> tuple[BlockMask, BlockMask]:
-        t, s = packing.tgt_segments, packing.src_segments
-        return _block_mask(decoder_mask_mod(t), t, t), _block_mask(cross_mask_mod(t, s), t, s)
+def flex_layout(packing) -> Layout:
+    """A packed batch's Layout (mt.data.packing.Packing.layout's) with block masks for its
+    attention, made from its pairs' segment numbers."""
+    s, t = packing.src_segments, packing.tgt_segments
+    return Layout(
+        _block_mask(encoder_mask_mod(s), s, s),
+        _block_mask(decoder_mask_mod(t), t, t),
+        _block_mask(cross_mask_mod(t, s), t, s),
+        packing.src_positions,
+        packing.tgt_positions,
+    )
 
 
 class FlexMultiHeadAttention(MultiHeadAttention):

@@ -171,14 +171,18 @@ class _CompiledLinearCrossEntropy(torch.autograd.Function):
 
 
 def compiled_chunked_loss(
-    model, batch, eps: float, chunk: int
+    model, batch, eps: float, chunk: int, layout=None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """mt.objectives.loss.reference_loss with the output projection fused into the loss, for a
-    compiled step (a packed batch's segments passed on): the decoder states of every target
-    position go into the chunked node `chunk` rows at a time (train.compiled_loss_chunk)."""
-    packing = batch.packing
-    memory = model.encode(batch.src, batch.src_pad_mask, packing=packing)
-    h = model.decode(batch.tgt_in, memory, batch.src_pad_mask, packing=packing)  # (B, T, D)
+    compiled step (a packed batch laid out by `layout`, else by its own dense masks): the
+    decoder states of every target position go into the chunked node `chunk` rows at a time
+    (train.compiled_loss_chunk)."""
+    if batch.packing is None:
+        memory = model.encode(batch.src, batch.src_pad_mask)
+        h = model.decode(batch.tgt_in, memory, batch.src_pad_mask)  # (B, T, D)
+    else:
+        laid = batch.packing.layout() if layout is None else layout(batch.packing)
+        h = model.laid_out(batch.src, batch.tgt_in, laid)
     return _CompiledLinearCrossEntropy.apply(
         h.reshape(-1, h.shape[-1]), model.output_weight, batch.tgt_out.reshape(-1), eps, chunk
     )

@@ -115,21 +115,21 @@ class FastTransformer(Transformer):
     """Teacher-forced encoding and decoding run the feed-forward sublayers on the real rows
     alone (see position_wise)."""
 
-    def encode(self, src, src_pad_mask, packing=None):
-        rows = real_rows(src_pad_mask) if packing is None else None
-        x, mask, positions = self.encoder_inputs(src, src_pad_mask, packing)
+    def encode(self, src, src_pad_mask):
+        rows = real_rows(src_pad_mask)
+        pos = torch.arange(src.shape[1], device=src.device)
+        x, mask = self._embed(self.src_embed, src), self.memory_mask(src_pad_mask)
         for layer in self.encoder:
-            x = position_wise(layer.mix(x, mask, positions=positions), rows, layer.feed_forward)
+            x = layer.mix(x, mask, positions=self._relative(pos, pos))
+            x = position_wise(x, rows, layer.feed_forward)
         return self.enc_norm(x)
 
-    def decode(self, tgt_in, memory, src_pad_mask, cache=None, start=0, weights=None, packing=None):
+    def decode(self, tgt_in, memory, src_pad_mask, cache=None, start=0, weights=None):
         # teacher forcing: target padding (right of each sentence) needs no feed-forward
-        rows = real_rows(tgt_in == PAD) if cache is None and packing is None else None
-        x, self_mask, cross_mask, positions = self.decoder_inputs(
-            tgt_in, src_pad_mask, cache, start, packing
-        )
+        rows = real_rows(tgt_in == PAD) if cache is None else None
+        x, self_mask, cross_mask, relative = self.decoder_inputs(tgt_in, src_pad_mask, cache, start)
         for i, layer in enumerate(self.decoder):
             part = None if cache is None else cache[i]
-            x = layer.mix(x, memory, cross_mask, self_mask, part, positions, weights)
+            x = layer.mix(x, memory, cross_mask, self_mask, part, relative, weights)
             x = position_wise(x, rows, layer.feed_forward)
         return self.dec_norm(x)

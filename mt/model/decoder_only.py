@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from mt.model.base import Seq2Seq, init_weights, make_embeddings
-from mt.model.layers import REFERENCE, EncoderLayer, Parts
+from mt.model.layers import REFERENCE, EncoderLayer, LayerShape, Parts, relative_positions
 from mt.model.positions import AbsolutePositions
 
 
@@ -27,47 +27,25 @@ class DecoderOnly(Seq2Seq):
         *,
         src_vocab: int,
         tgt_vocab: int,
-        d_model: int,
-        n_heads: int,
+        shape: LayerShape,
         layers: int,
-        d_ff: int,
-        dropout: float,
-        attn_dropout: float,
-        pre_norm: bool,
         tie_embeddings: str,
         max_positions: int,
         positional: str = "sinusoidal",
-        max_relative: int = 16,
-        act_dropout: float | None = None,
-        activation: str = "relu",
         output_bias: bool = False,
         parts: Parts = REFERENCE,
     ):
         super().__init__()
-        self.d_model = d_model
+        d_model = self.d_model = shape.d_model
         # Source and target share the position range: search and translation limit each side
         # to half of it; training only needs the sum to fit.
         self.max_positions = max_positions // 2
         make_embeddings(self, src_vocab, tgt_vocab, d_model, tie_embeddings, output_bias)
         self.positions = AbsolutePositions(positional, max_positions, d_model)
-        self.relative = positional == "relative"
-        self.dropout = parts.dropout(dropout)
-        self.layers = nn.ModuleList(
-            EncoderLayer(
-                d_model,
-                n_heads,
-                d_ff,
-                dropout,
-                attn_dropout,
-                pre_norm,
-                max_relative if self.relative else 0,
-                act_dropout=act_dropout,
-                parts=parts,
-                activation=activation,
-            )
-            for _ in range(layers)
-        )
-        self.final_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
+        self.relative = relative_positions(positional, shape)
+        self.dropout = parts.dropout(shape.dropout)
+        self.layers = nn.ModuleList(EncoderLayer(shape, parts) for _ in range(layers))
+        self.final_norm = nn.LayerNorm(d_model) if shape.pre_norm else nn.Identity()
         init_weights(self)
 
     def encode(self, src: torch.Tensor, src_pad_mask: torch.Tensor) -> torch.Tensor:

@@ -3,6 +3,7 @@ post-LN as in Vaswani et al. (2017) or pre-LN as in Xiong et al. (2020)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -54,44 +55,73 @@ class Residual(nn.Module):
 class Parts:
     """The module classes a model is built from: the reference ones (REFERENCE), or mt/fast's
     subclasses of them (same parameters, same state_dict), which the training factory picks
-    where they apply. transformer: the encoder-decoder's own class (None: Transformer)."""
+    where they apply. transformer: the encoder-decoder's own class (None: Transformer);
+    layout: what the loss makes of a packed batch for these attention modules (a function of
+    its Packing; None: its dense masks). The model itself never reads it."""
 
     attention: type = MultiHeadAttention
     feed_forward: type = FeedForward
     residual: type = Residual
     dropout: type = nn.Dropout
     transformer: type | None = None
+    layout: Callable | None = None
 
 
 REFERENCE = Parts()
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """What every block of a Transformer shares: its sizes, its dropouts (act_dropout: the
+    feed-forward's hidden activation, None: `dropout`), whether LayerNorm comes before each
+    sublayer (pre-LN), how far relative attention looks (0: none, the positions are absolute)
+    and the feed-forward's nonlinearity (ACTIVATIONS)."""
+
+    d_model: int
+    n_heads: int
+    d_ff: int
+    dropout: float
+    attn_dropout: float = 0.0
+    act_dropout: float | None = None
+    pre_norm: bool = False
+    relative: int = 0
+    activation: str = "relu"
+
+    def feed_forward(self, parts: Parts) -> nn.Module:
+        hidden = self.dropout if self.act_dropout is None else self.act_dropout
+        return parts.feed_forward(self.d_model, self.d_ff, hidden, self.activation)
+
+    def attention(self, parts: Parts, self_attention: bool) -> nn.Module:
+        relative = self.relative if self_attention else 0
+        return parts.attention(
+            self.d_model, self.n_heads, self.attn_dropout, self_attention, relative=relative
+        )
+
+    def residual(self, parts: Parts) -> nn.Module:
+        return parts.residual(self.d_model, self.dropout, self.pre_norm)
+
+
+def relative_positions(positional: str, shape: LayerShape) -> bool:
+    """Whether a model of `positional` positions attends by relative positions, checked
+    against its layers' shape (a relative distance exactly when the positions are relative)."""
+    relative = positional == "relative"
+    if relative != (shape.relative > 0):
+        raise ValueError(
+            f"positional {positional!r} with relative attention distance {shape.relative}: "
+            "a distance goes with relative positions alone"
+        )
+    return relative
 
 
 class EncoderLayer(nn.Module):
     """Self-attention + FFN. Also the block of the decoder-only model, which passes a causal
     mask and a cache."""
 
-    def __init__(
-        self,
-        d_model,
-        n_heads,
-        d_ff,
-        dropout,
-        attn_dropout,
-        pre_norm,
-        relative=0,
-        act_dropout=None,
-        parts: Parts = REFERENCE,
-        activation: str = "relu",
-    ):
+    def __init__(self, shape: LayerShape, parts: Parts = REFERENCE):
         super().__init__()
-        self.self_attn = parts.attention(
-            d_model, n_heads, attn_dropout, self_attention=True, relative=relative
-        )
-        self.ffn = parts.feed_forward(
-            d_model, d_ff, dropout if act_dropout is None else act_dropout, activation
-        )
-        self.res1 = parts.residual(d_model, dropout, pre_norm)
-        self.res2 = parts.residual(d_model, dropout, pre_norm)
+        self.self_attn = shape.attention(parts, self_attention=True)
+        self.ffn = shape.feed_forward(parts)
+        self.res1, self.res2 = shape.residual(parts), shape.residual(parts)
 
     def forward(self, x, mask: Mask, cache=None, positions=None, weights: list | None = None):
         return self.feed_forward(self.mix(x, mask, cache, positions, weights))
@@ -108,30 +138,12 @@ class EncoderLayer(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(
-        self,
-        d_model,
-        n_heads,
-        d_ff,
-        dropout,
-        attn_dropout,
-        pre_norm,
-        relative=0,
-        act_dropout=None,
-        parts: Parts = REFERENCE,
-        activation: str = "relu",
-    ):
+    def __init__(self, shape: LayerShape, parts: Parts = REFERENCE):
         super().__init__()
-        self.self_attn = parts.attention(
-            d_model, n_heads, attn_dropout, self_attention=True, relative=relative
-        )
-        self.cross_attn = parts.attention(d_model, n_heads, attn_dropout, self_attention=False)
-        self.ffn = parts.feed_forward(
-            d_model, d_ff, dropout if act_dropout is None else act_dropout, activation
-        )
-        self.res1 = parts.residual(d_model, dropout, pre_norm)
-        self.res2 = parts.residual(d_model, dropout, pre_norm)
-        self.res3 = parts.residual(d_model, dropout, pre_norm)
+        self.self_attn = shape.attention(parts, self_attention=True)
+        self.cross_attn = shape.attention(parts, self_attention=False)
+        self.ffn = shape.feed_forward(parts)
+        self.res1, self.res2, self.res3 = (shape.residual(parts) for _ in range(3))
 
     def forward(
         self,

@@ -38,7 +38,6 @@ class NATransformer(Transformer):
         cache=None,
         start: int | torch.Tensor = 0,
         weights: list | None = None,
-        packing=None,  # not for the NAT (the config refuses train.pack_width with it)
     ) -> torch.Tensor:
         """tgt_in: (B, T) the target with some (or all) tokens replaced by the mask token,
         padded with PAD; every position sees every other real one. Returns (B, T, D)."""

@@ -42,15 +42,17 @@ def logits_loss(
     return loss, nll
 
 
-def reference_loss(model, batch, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def reference_loss(model, batch, eps: float, layout=None) -> tuple[torch.Tensor, torch.Tensor]:
     """The training loss of a batch as the paper computes it: logits for every target
     position, log-softmax (in fp32, also under autocast), label-smoothed NLL over the tokens
     that are not padding. Returns (smoothed loss sum, NLL sum) over the batch's target tokens.
-    A packed batch (train.pack_width) passes its segments and positions to the model."""
-    if batch.packing is not None:
-        logits = model(batch.src, batch.tgt_in, batch.src_pad_mask, packing=batch.packing)
-    else:
+    A packed batch (train.pack_width) hands the model its own masks and positions, dense, or
+    those `layout` makes of its Packing (FlexAttention's block masks: mt/fast/flex.py)."""
+    if batch.packing is None:
         logits = model(batch.src, batch.tgt_in, batch.src_pad_mask)
+    else:
+        laid = batch.packing.layout() if layout is None else layout(batch.packing)
+        logits = model.project(model.laid_out(batch.src, batch.tgt_in, laid))
     return logits_loss(logits, batch.tgt_out, eps)
 
 

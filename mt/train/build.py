@@ -247,17 +247,17 @@ def _validation(cfg: Config, src, refs, data, pairs) -> Validation:
 
 def _model_and_objective(cfg: Config, tokenizer, run_dir: Path, device, dist, pretraining, log):
     """(the model on `device`, the objective it trains with), this rank's draws seeded."""
-    model, fused = _model(
-        cfg, tokenizer, run_dir, device, pretraining, log, bool(cfg.train.compile)
-    )
+    compiles = bool(cfg.train.compile)
+    model, parts = _model(cfg, tokenizer, run_dir, device, pretraining, log, compiles)
     seed = cfg.train.seed + dist.rank  # this rank's draws
     objective = build_objective(
         cfg,
-        fused=fused,
+        fused=parts is not REFERENCE and not compiles,  # (Flex: compiled)
         seed=seed,
         pretraining=pretraining,
         vocab_size=tokenizer.src_vocab_size,
-        compiled=bool(cfg.train.compile),
+        compiled=compiles,
+        layout=parts.layout,
     )
     torch.manual_seed(seed)  # same initial weights everywhere, own dropout masks
     return model, objective
@@ -323,8 +323,8 @@ def _optimization(cfg: Config, model, device, pretraining: bool):
 
 
 def _model(cfg: Config, tokenizer, run_dir: Path, device, pretraining: bool, log, compiles: bool):
-    """(the model on `device`, whether the loss is mt/fast's fused one): built from mt/fast's
-    modules where they apply (not under torch.compile: `compiles`), starting from a pretrained
+    """(the model on `device`, the Parts it was built from): built from mt/fast's modules
+    where they apply (not under torch.compile: `compiles`), starting from a pretrained
     encoder where the config names one."""
     parts = model_parts(cfg.train, device, pretraining, compiles, model=cfg.model)
     model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, parts)
@@ -336,7 +336,7 @@ def _model(cfg: Config, tokenizer, run_dir: Path, device, pretraining: bool, log
         from mt.hub.imports import init_from
 
         init_from(model, cfg.model.init_from, cfg.model.output_bias, log)
-    return model.to(device), parts is not REFERENCE and not compiles  # (Flex: compiled)
+    return model.to(device), parts
 
 
 def _set_aside_damaged_best(trainer: Trainer, best: Path, log) -> None:

@@ -120,9 +120,9 @@ def model_parts(
     rows would break its graph), except for packed attention's block masks (flex_applies;
     model: the ModelConfig)."""
     if flex_applies(t, model, device, pretraining, compile):
-        from mt.fast.flex import FlexMultiHeadAttention, FlexTransformer  # (imports dynamo)
+        from mt.fast.flex import FlexMultiHeadAttention, flex_layout  # (imports dynamo)
 
-        return Parts(attention=FlexMultiHeadAttention, transformer=FlexTransformer)
+        return Parts(attention=FlexMultiHeadAttention, layout=flex_layout)
     if pretraining or compile or packed(t) or not fast_paths_apply(t.fast_paths, device):
         return REFERENCE
     if model is not None and (model.activation != "relu" or model.output_bias):
@@ -160,12 +160,14 @@ def build_objective(
     pretraining: bool = False,
     vocab_size: int = 0,
     compiled: bool = False,
+    layout=None,
 ) -> Objective:
     """fused: mt/fast's chunked loss instead of the reference (where the model is built from
     fast.PARTS, except under torch.compile, which fuses on its own); compiled: the step is
     compiled (train.compile resolved), which train.compiled_loss_chunk's loss applies to;
     seed: scheduled sampling's draws (this rank's); pretraining: the masked-LM objective over
-    a source vocabulary of `vocab_size`."""
+    a source vocabulary of `vocab_size`; layout: what a packed batch's masks are made as
+    (the model's Parts.layout)."""
     t = cfg.train
     if pretraining:
         return masked_lm_objective(vocab_size)
@@ -176,9 +178,11 @@ def build_objective(
             valid_loss=functools.partial(nat_valid_loss, eps=eps),
             valid_loss_over="masked target tokens, the same masks at every validation",
         )
-    loss = fast.chunked_loss if fused else reference_loss
+    loss = fast.chunked_loss if fused else functools.partial(reference_loss, layout=layout)
     if compiled and t.compiled_loss_chunk:  # (a plain Transformer's: mt.config.schema)
-        loss = functools.partial(fast.compiled_chunked_loss, chunk=t.compiled_loss_chunk)
+        loss = functools.partial(
+            fast.compiled_chunked_loss, chunk=t.compiled_loss_chunk, layout=layout
+        )
     if t.rdrop_alpha > 0:  # fused like the plain loss where that is, else the reference
         loss = functools.partial(
             fast.chunked_rdrop_loss if fused else rdrop_loss, alpha=t.rdrop_alpha

@@ -32,7 +32,7 @@ from mt.data.tokenizer import Tokenizer
 from mt.decode.options import DecodeOptions
 from mt.decode.search import EVERY_STEP, ON_DEVICE, search
 from mt.decode.step import CompiledStep
-from mt.model import Transformer
+from mt.model import LayerShape, Transformer
 from mt.tokens import EOS, PAD
 
 # the model decoded: the 256-d model the measurements of docs/performance.md used, and the
@@ -182,14 +182,11 @@ def setup(args):
         Transformer(
             src_vocab=tok.src_vocab_size,
             tgt_vocab=tok.tgt_vocab_size,
-            d_model=z["d_model"],
-            n_heads=z["n_heads"],
+            shape=LayerShape(
+                d_model=z["d_model"], n_heads=z["n_heads"], d_ff=z["d_ff"], dropout=0.1
+            ),
             enc_layers=z["layers"],
             dec_layers=z["layers"],
-            d_ff=z["d_ff"],
-            dropout=0.1,
-            attn_dropout=0.0,
-            pre_norm=False,
             tie_embeddings="all",
             max_positions=256,
         )
