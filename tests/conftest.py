@@ -292,12 +292,18 @@ def trainer_for(tmp_path, *overrides):
 
 
 def poison(trainer, bad_calls):
-    """Make the model's output NaN on the given forward calls (1-based)."""
-    real, calls = trainer.model.decode, [0]
+    """Make the model's output NaN on the given forward calls (1-based): its decoder states,
+    by decode or, for a packed batch, laid_out."""
+    calls = [0]
 
-    def forward(*a, **k):
-        calls[0] += 1
-        out = real(*a, **k)
-        return out * float("nan") if calls[0] in bad_calls else out
+    def poisoned(real):
+        def forward(*a, **k):
+            calls[0] += 1
+            out = real(*a, **k)
+            return out * float("nan") if calls[0] in bad_calls else out
 
-    trainer.model.decode = forward
+        return forward
+
+    for name in ("decode", "laid_out"):
+        if hasattr(trainer.model, name):
+            setattr(trainer.model, name, poisoned(getattr(trainer.model, name)))

@@ -521,7 +521,8 @@ def _ddp_worker(rank, world, ports, data_dir, tmp, out):
             assert t.train_step([next(batches), next(batches)])
         t.settle_skips()
         seen[name] = {
-            "exchange": type(t.update.exchange).__name__,
+            "update": type(t.update).__name__,
+            "ddp": type(t.update.ddp).__name__,
             "step": t.state.step,
             "moved": [k for k, v in t.model.state_dict().items() if not torch.equal(v, before[k])],
             "model": t.model.state_dict(),
@@ -561,7 +562,8 @@ def test_every_objective_trains_under_ddp_and_out_of_memory_ends_the_run(tmp_pat
     )
     r0, r1 = (torch.load(tmp_path / "out" / f"rank{r}.pt") for r in (0, 1))
     for name in DDP_OBJECTIVES:
-        assert r0[name]["exchange"] == "DDP" and r0[name]["step"] == 2, name
+        assert r0[name]["update"] == "PlainUpdate" and r0[name]["step"] == 2, name
+        assert r0[name]["ddp"] == "DistributedDataParallel", name
         trained = [k for k in r0[name]["model"] if "decoder" not in k or name != "masked LM"]
         assert r0[name]["moved"] and set(r0[name]["moved"]) <= set(trained), name
         for k, v in r0[name]["model"].items():  # one model

@@ -195,24 +195,33 @@ def test_a_run_resumes_from_one_kind_into_the_other(tmp_path):
         assert abs(x - y) <= 1e-4 * abs(x), (x, y)
 
 
-def test_auto_takes_the_device_update_on_a_gpu_or_with_ranks():
+def test_auto_takes_the_device_update_on_a_gpu_or_with_ranks_but_for_fp16_and_ddp():
     from types import SimpleNamespace
 
     cpu, gpu, one, two = torch.device("cpu"), torch.device("cuda"), Dist(), Dist(rank=0, world=2)
 
     def kind(setting, device, dist, fp16=False, **more):
-        cfg = SimpleNamespace(**{"update": setting, "accum_steps": 1, "pack_width": 128, **more})
+        defaults = {"accum_steps": 1, "pack_width": 128, "data_parallel": "flat"}
+        cfg = SimpleNamespace(**{"update": setting, **defaults, **more})
         return resolve_update(cfg, device, dist, fp16)
 
     assert kind("auto", cpu, one) == "plain"
     assert kind("auto", gpu, one) == "device"
     assert kind("auto", cpu, two) == "device"
+    assert kind("auto", gpu, one, fp16=True) == "plain"  # (its GradScaler reads the host)
+    assert kind("auto", gpu, two, data_parallel="ddp") == "plain"  # (DDP rides in it)
+    assert kind("auto", gpu, one, data_parallel="ddp") == "device"  # (one process: no DDP)
     assert kind("device", cpu, one) == "device"
     assert kind("plain", gpu, one) == "plain"
+    assert kind("plain", cpu, two, data_parallel="ddp") == "plain"
     assert kind("graph", gpu, one) == "graph"
-    for one_process in ("plain", "graph"):
-        with pytest.raises(MTError, match=rf"train\.update: {one_process} trains one process"):
-            kind(one_process, cpu, two)
+    with pytest.raises(MTError, match=r"train\.update: graph trains one process"):
+        kind("graph", cpu, two)
+    with pytest.raises(MTError, match=r"plain exchanges the ranks' gradients through .* DDP"):
+        kind("plain", cpu, two)
+    for more, why in (({"fp16": True}, "GradScaler reads"), ({"data_parallel": "ddp"}, "DDP")):
+        with pytest.raises(MTError, match=rf"train\.update: device skips on the device.*{why}"):
+            kind("device", gpu, two, **more)
     for more, words in (
         ({"fp16": True}, "use bf16"),
         ({"accum_steps": 2}, "accum_steps: 1"),
@@ -262,15 +271,16 @@ def test_out_of_memory_batch_is_skipped_and_counted(tmp_path, kind):
     assert '"skipped": "out of memory"' in (tmp_path / "run/train_log.jsonl").read_text()
 
 
-@pytest.mark.parametrize("kind", ["plain", "device"])
-def test_fp16_overflow_skips_are_not_counted_as_steps(tmp_path, kind):
+def test_fp16_overflow_skips_are_not_counted_as_steps(tmp_path):
     from mt.data.download import download as dl
 
     dl("synthetic", tmp_path / "d")
     # (the GPU's GradScaler where there is one)
-    cfg = tiny_config(tmp_path / "d", "train.precision=fp16", "train.log_every=1",
-                      "train.device=auto", f"train.update={kind}")  # fmt: skip
+    cfg = tiny_config(
+        tmp_path / "d", "train.precision=fp16", "train.log_every=1", "train.device=auto"
+    )
     t = build_trainer(cfg, tmp_path / "run", log=lambda *_: None)
+    assert type(t.update).__name__ == "PlainUpdate"  # (fp16's GradScaler reads the host)
     batches = t.batches()
     assert t.train_step([next(batches)])
     assert t.state.step == 1 and t.scheduler.last_epoch == 1

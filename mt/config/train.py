@@ -314,12 +314,13 @@ class TrainConfig(Section):
         "auto",
         description="how one optimizer update is made (mt/train/update/step.py). plain: as a "
         "textbook writes it (loss.backward(), clip_grad_norm_, optimizer.step(), a "
-        "non-finite loss read and skipped on the host), one process; device: gradients in "
-        "flat buffers exchanged in one all-reduce, divided, clipped and skipped on the device "
-        "with no read by the host; graph: the device update of one process on packed blocks "
-        "recorded once as a CUDA graph and replayed (mt/train/update/graphed.py; on a CPU run as "
-        "recorded); auto: device on a GPU or under torchrun, plain in one CPU process. All "
-        "give the same weights; a run resumes across them",
+        "non-finite loss read and skipped on the host), one process or ranks under "
+        "data_parallel ddp, fp16 too; device: gradients in flat buffers exchanged in one "
+        "all-reduce, divided, clipped and skipped on the device with no read by the host; "
+        "graph: the device update of one process on packed blocks recorded once as a CUDA "
+        "graph and replayed (mt/train/update/graphed.py; on a CPU run as recorded); auto: "
+        "device on a GPU or under torchrun, plain in one CPU process, for fp16 and for "
+        "data_parallel ddp. All give the same weights; a run resumes across them",
     )
 
     @field_validator("pack_width", mode="before")

@@ -9,9 +9,10 @@ optimizer (optim.py). The rest of mt sees `build_update`, the `Update` interface
 The runtime paths, each with its tests (tests/test_step.py; tests/test_distributed.py and
 tests/test_exchange.py for the ranks):
 
-- plain: one CPU process, the update as a textbook writes it;
-- device: a GPU or ranks, gradients in flat buffers (one all-reduce, mt's own exchange) or
-  PyTorch's DDP (train.data_parallel), divided, clipped and skipped on the device; under
-  fp16 its GradScaler reads the host instead (the same update, skips found at once);
+- plain: the update as a textbook writes it, the host reading its loss: one CPU process,
+  fp16 (whose GradScaler reads the host anyway), and ranks under PyTorch's DDP
+  (train.data_parallel ddp, exchanging in the last micro-batch's backward pass);
+- device: a GPU or ranks on the flat exchange (one all-reduce of flat buffers), the gradients
+  divided, clipped and skipped on the device, nothing read by the host;
 - graph: the device update of one process recorded once as a CUDA graph and replayed.
 """

@@ -15,7 +15,7 @@ from mt.errors import MTError
 from mt.runtime.distributed import Dist
 from mt.train.state import TrainState
 from mt.train.update.compiled import compiled_step
-from mt.train.update.exchange import build_exchange
+from mt.train.update.exchange import build_exchange, ddp_objective
 from mt.train.update.graphed import GraphUpdate
 from mt.train.update.skips import Skips
 from mt.train.update.step import DeviceUpdate, PlainUpdate
@@ -43,18 +43,31 @@ class Update(Protocol):
 
 def resolve_update(cfg, device: torch.device, dist: Dist, fp16: bool) -> str:
     """train.update resolved: "plain", "device" or "graph" (auto: device on a GPU or with
-    ranks, else plain), every setting it cannot make refused in one line. cfg: the train
-    section as resolved for the device (parts.for_device); fp16: whether the run computes in
-    fp16 (a GradScaler)."""
-    setting = cfg.update
-    if setting in ("plain", "graph") and dist.enabled:
+    ranks, plain in one CPU process, for fp16, whose GradScaler reads the host, and for
+    train.data_parallel ddp, which rides in the plain update), every setting it cannot make
+    refused in one line. cfg: the train section as resolved for the device
+    (parts.for_device); fp16: whether the run computes in fp16 (a GradScaler)."""
+    setting, ddp = cfg.update, dist.enabled and cfg.data_parallel == "ddp"
+    if setting == "graph" and dist.enabled:
         raise MTError(
-            f"train.update: {setting} trains one process; under torchrun the ranks exchange "
-            f"their gradients in the device update: set train.update to auto or device"
+            "train.update: graph trains one process; under torchrun set train.update to auto "
+            "or device"
+        )
+    if setting == "plain" and dist.enabled and not ddp:
+        raise MTError(
+            "train.update: plain exchanges the ranks' gradients through PyTorch's DDP: set "
+            "train.data_parallel: ddp, or train.update: auto"
+        )
+    if setting == "device" and (fp16 or ddp):
+        why = "fp16's GradScaler reads the host" if fp16 else "DDP exchanges in its own hooks"
+        raise MTError(
+            f"train.update: device skips on the device, and {why}: set train.update to auto "
+            f"or plain"
         )
     kind = setting
     if setting == "auto":
-        kind = "device" if device.type == "cuda" or dist.enabled else "plain"
+        on_device = (device.type == "cuda" or dist.enabled) and not (fp16 or ddp)
+        kind = "device" if on_device else "plain"
     refusal = _graph_refusal(cfg, fp16) if kind == "graph" else None
     if refusal:
         raise MTError(refusal)
@@ -77,25 +90,29 @@ def build_update(t, compile: bool | None) -> tuple[Update, Skips, bool, Any]:
     scaler, weight average and ranks; its Skips; whether the compiled step replays CUDA
     graphs; the compiled loss or None). Each shape's step runs through CUDA graphs for the
     device update alone (compiled_step); the graph update records the whole update."""
-    fp16 = t.scaler.is_enabled()
-    kind = resolve_update(t.cfg, t.device, t.dist, fp16)
+    kind = resolve_update(t.cfg, t.device, t.dist, t.scaler.is_enabled())
     cuda_graphs, compiled_loss = compiled_step(
         t.objective, t.cfg, compile, t.device, graphs=kind == "device"
     )
     cfg, loss = t.cfg, compiled_loss or t.objective.loss
-    skips = Skips(t.device, kind != "plain" and not fp16, cfg.max_nonfinite, t.write_log)
+    skips = Skips(t.device, kind != "plain", cfg.max_nonfinite, t.write_log)
     if kind == "plain":
-        plain = PlainUpdate(
-            t.model, loss, t.optimizer, t.scaler, cfg.clip_norm, skips, t.device, t.amp_dtype
-        )
-        return plain, skips, cuda_graphs, compiled_loss
-    masked_lm = t.state.objective == "masked_lm"  # (leaves the decoder without gradients)
-    exchange = build_exchange(
-        cfg, t.model, t.optimizer, t.objective.loss, t.dist, masked_lm, compiled_loss is not None
-    )
+        return _plain(t, loss, skips), skips, cuda_graphs, compiled_loss
+    exchange = build_exchange(cfg, t.optimizer, t.dist, compiled_loss is not None)
     parts: tuple[Any, ...] = (t.model, loss, exchange, t.optimizer, t.scheduler, t.scaler)
     parts += (t.ema, skips, cfg.clip_norm, t.dist, t.device, t.amp_dtype)
     if kind == "graph":  # (on a CPU, every update runs as recorded)
         graphed = GraphUpdate(*parts, capture=t.device.type == "cuda")
         return graphed, skips, cuda_graphs, compiled_loss
     return DeviceUpdate(*parts), skips, cuda_graphs, compiled_loss
+
+
+def _plain(t, loss, skips: Skips) -> PlainUpdate:
+    """The plain update of the Trainer `t`, its objective under DDP where the ranks exchange
+    through it (train.data_parallel ddp)."""
+    ddp = None
+    if t.dist.enabled:
+        masked_lm = t.state.objective == "masked_lm"  # (leaves the decoder without gradients)
+        ddp = ddp_objective(t.model, loss, t.cfg.ddp_bucket_mb, find_unused=masked_lm)
+    parts = (t.model, loss, t.optimizer, t.scaler, t.cfg.clip_norm, skips, t.device)
+    return PlainUpdate(*parts, t.amp_dtype, t.dist, ddp)
