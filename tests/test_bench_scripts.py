@@ -35,15 +35,20 @@ def bench_train():
     return _load("bench_train")
 
 
+@pytest.fixture(scope="module")
+def contenders():
+    return _load("contenders")
+
+
 @pytest.mark.parametrize("name", ["ours", "torch", "hf"])
-def test_bench_train_contenders_take_a_step_on_the_same_batches(bench_train, name):
+def test_bench_train_contenders_take_a_step_on_the_same_batches(bench_train, contenders, name):
     if name == "hf" and importlib.util.find_spec("transformers") is None:
         pytest.skip("transformers not installed (pip install -e '.[bench]')")
     import torch
 
     r = bench_train.run_one(
         name,
-        bench_train.SIZES["small"],
+        contenders.SIZES["small"],
         steps=1,
         warmup=0,
         device=torch.device("cpu"),
@@ -113,16 +118,16 @@ def test_bench_decode_and_data_import():
         _load(name)
 
 
-def test_bench_train_batches_count_their_tokens_and_come_in_few_shapes(bench_train):
+def test_bench_train_batches_count_their_tokens_and_come_in_few_shapes(contenders):
     """Each batch carries its target-token count, counted on the host (equal to the non-padding
     target positions); with --shape-buckets 8 the widths are multiples of 8, each width pair
     has one row count within the token budget, and 30 batches come in a few shapes."""
-    plain = bench_train.make_batches(bench_train.size_of("tiny", 2048, vocab=500), 30)
-    size = bench_train.size_of("tiny", 2048, vocab=500, shape_buckets=8)
-    assert size["vocab"] == 500 and bench_train.SIZES["tiny"]["vocab"] == 5000
-    bucketed = bench_train.make_batches(size, 30)
+    plain = contenders.make_batches(contenders.size_of("tiny", 2048, vocab=500), 30)
+    size = contenders.size_of("tiny", 2048, vocab=500, shape_buckets=8)
+    assert size["vocab"] == 500 and contenders.SIZES["tiny"]["vocab"] == 5000
+    bucketed = contenders.make_batches(size, 30)
     for src, tgt_in, tgt_out, n in plain + bucketed:
-        assert n == int((tgt_out != bench_train.PAD).sum()) > 0
+        assert n == int((tgt_out != contenders.PAD).sum()) > 0
         assert tgt_in.shape == tgt_out.shape and int(src.max()) < 500
     shapes = {(b[0].shape, b[2].shape[1]) for b in bucketed}
     assert len(shapes) < len({(b[0].shape, b[2].shape[1]) for b in plain}) and len(shapes) <= 8
@@ -132,7 +137,7 @@ def test_bench_train_batches_count_their_tokens_and_come_in_few_shapes(bench_tra
         assert rows_of.setdefault((s_w, t_w), rows) == rows
 
 
-def test_bench_train_step_reads_nothing_the_trainer_does_not(bench_train, monkeypatch):
+def test_bench_train_step_reads_nothing_the_trainer_does_not(contenders, monkeypatch):
     """mt's contender adds no host read of its own to Trainer.train_step's (the references pay
     none): the reads during a bench step equal those inside train_step."""
     import torch
@@ -149,29 +154,30 @@ def test_bench_train_step_reads_nothing_the_trainer_does_not(bench_train, monkey
         return done
 
     monkeypatch.setattr(Trainer, "train_step", counted)
-    monkeypatch.setattr(bench_train, "FAST_PATHS", False)
-    size = bench_train.size_of("tiny", 1024, vocab=500)
-    batch = bench_train.device_batches(size, 1, torch.device("cpu"))[0]
-    _, step = bench_train.ours(size, torch.device("cpu"))
+    monkeypatch.setattr(contenders, "FAST_PATHS", False)
+    size = contenders.size_of("tiny", 1024, vocab=500)
+    batch = contenders.device_batches(size, 1, torch.device("cpu"))[0]
+    _, step = contenders.ours(size, torch.device("cpu"))
     with HostSyncs() as outside:
         step(batch)
     assert inside and outside.count == sum(inside)
 
 
-def test_bench_train_turns_give_every_contender_its_own_rate(bench_train):
+def test_bench_train_turns_give_every_contender_its_own_rate(contenders):
     if importlib.util.find_spec("transformers") is None:
         pytest.skip("transformers not installed (pip install -e '.[bench]')")
     import torch
 
-    rates = bench_train.run_interleaved(
-        bench_train.SIZES["small"], steps=1, warmup=0, device=torch.device("cpu"), precision="fp32"
+    rates = contenders.run_interleaved(
+        contenders.SIZES["small"], steps=1, warmup=0, device=torch.device("cpu"), precision="fp32"
     )
     assert set(rates) == {"ours", "torch", "hf"} and all(r > 0 for r in rates.values())
 
 
-def test_bench_rdrop_times_the_trainer_step_with_each_loss(bench_train):
-    """scripts/bench/bench_rdrop.py's contenders are bench_train's `ours` (Trainer.train_step) with
-    the loss swapped: every loss it names is the one the trainer calls, and the script runs."""
+def test_bench_rdrop_times_the_trainer_step_with_each_loss(contenders):
+    """scripts/bench/bench_rdrop.py's contenders are contenders.py's `ours` (Trainer.train_step)
+    with the loss swapped: every loss it names is the one the trainer calls, and the script
+    runs."""
     import torch
 
     from mt.objectives.loss import reference_loss
@@ -182,12 +188,12 @@ def test_bench_rdrop_times_the_trainer_step_with_each_loss(bench_train):
         called.append(batch.n_tokens)
         return reference_loss(model, batch, eps)
 
-    size = dict(bench_train.SIZES["tiny"], max_tokens=512)
-    batches = bench_train.device_batches(size, 2, torch.device("cpu"))
-    _, step = bench_train.ours(size, torch.device("cpu"), loss_fn=loss, dropout=0.3)
+    size = dict(contenders.SIZES["tiny"], max_tokens=512)
+    batches = contenders.device_batches(size, 2, torch.device("cpu"))
+    _, step = contenders.ours(size, torch.device("cpu"), loss_fn=loss, dropout=0.3)
     for b in batches:
         step(b)
-    assert called == [int((b[2] != bench_train.PAD).sum()) for b in batches]
+    assert called == [int((b[2] != contenders.PAD).sum()) for b in batches]
     proc = subprocess.run(
         [sys.executable, str(BENCH / "bench_rdrop.py"), "--steps", "1", "--warmup", "0"],
         capture_output=True,
@@ -230,12 +236,12 @@ def test_bench_decode_turns_rotate_who_goes_first():
 
 
 @pytest.fixture(scope="module")
-def ab_train():
-    return _load("ab_train")
+def race():
+    return _load("race")
 
 
-def test_ab_train_patch_is_in_place_for_b_only_and_undone(ab_train):
-    """B's steps run with the patched attribute and A's without; after the run the module
+def test_race_patch_is_in_place_for_b_only_and_undone(race):
+    """B's steps run with the patched attribute and A's without; after the race the module
     has its own object back. The patches change no arithmetic here (these batches have fewer
     rows than either chunk size), and each side draws its own dropout masks: equal weights."""
     import torch
@@ -251,17 +257,18 @@ def test_ab_train_patch_is_in_place_for_b_only_and_undone(ab_train):
         return original(*args)
 
     patches = [(layers, "feed_forward", counting), (fused, "FFN_CHUNK_ROWS", 2048)]
-    size = dict(ab_train.bt.SIZES["small"], max_tokens=600)
-    r = ab_train.run_ab(size, steps=1, warmup=1, patches=patches, device=torch.device("cpu"))
+    size = dict(race.bt.SIZES["small"], max_tokens=600)
+    makers = {"A": race.patched_mt([]), "B": race.patched_mt(patches)}
+    r = race.run_race(size, makers, steps=1, warmup=1, device=torch.device("cpu"))
     assert layers.feed_forward is original and fused.FFN_CHUNK_ROWS == 1024
     # two rounds (B built second, then first) of B's two batches, encoder and decoder layers
     assert calls["patched"] == 2 * 2 * 2 * size["layers"]
-    assert len(r["round_ratios"]) == 2
-    assert r["a_tok_s"] > 0 and r["b_tok_s"] > 0 and r["ratio"] > 0
+    assert len(r["round_ratios"]["B"]) == 2 and r["round_ratios"]["A"] == [1.0, 1.0]
+    assert r["tok_s"]["A"] > 0 and r["tok_s"]["B"] > 0 and r["vs_a"]["B"] > 0
     assert r["max_param_diff"] == 0.0
 
 
-def test_ab_train_sees_different_arithmetic(ab_train):
+def test_race_sees_different_arithmetic(race):
     """A patch that changes what is computed (no dropout in B's feed-forwards) shows in the
     weights after one step."""
     import torch
@@ -273,19 +280,14 @@ def test_ab_train_sees_different_arithmetic(ab_train):
     def without_dropout(x, w1, b1, w2, b2, p):
         return original(x, w1, b1, w2, b2, 0.0)
 
-    size = dict(ab_train.bt.SIZES["small"], max_tokens=600)
-    r = ab_train.run_ab(
-        size,
-        steps=1,
-        warmup=0,
-        patches=[(layers, "feed_forward", without_dropout)],
-        device=torch.device("cpu"),
-        rounds=1,
-    )
+    size = dict(race.bt.SIZES["small"], max_tokens=600)
+    patches = [(layers, "feed_forward", without_dropout)]
+    makers = {"A": race.patched_mt([]), "B": race.patched_mt(patches)}
+    r = race.run_race(size, makers, steps=1, warmup=0, device=torch.device("cpu"), rounds=1)
     assert r["max_param_diff"] > 0
 
 
-def test_ab_train_b_precision_trains_b_alone_under_bf16_autocast(ab_train, monkeypatch):
+def test_race_b_precision_trains_b_alone_under_bf16_autocast(race, monkeypatch):
     """--b-precision bf16: B's forward runs under bf16 autocast and A's in fp32, so with no
     patch at all (an A/A otherwise, 0.0 apart) the weights differ after one step."""
     import torch
@@ -300,18 +302,11 @@ def test_ab_train_b_precision_trains_b_alone_under_bf16_autocast(ab_train, monke
         return original(model, loss, batch, device, amp_dtype)
 
     monkeypatch.setattr(step_module, "forward", recording)
-    size = dict(ab_train.bt.SIZES["tiny"], max_tokens=600)
-    r = ab_train.run_ab(
-        size,
-        steps=1,
-        warmup=0,
-        patches=[],
-        device=torch.device("cpu"),
-        rounds=1,
-        b_precision="bf16",
-    )
+    size = dict(race.bt.SIZES["tiny"], max_tokens=600)
+    makers = {"A": race.patched_mt([]), "B": race.patched_mt([], "bf16")}
+    r = race.run_race(size, makers, steps=1, warmup=0, device=torch.device("cpu"), rounds=1)
     assert sorted(map(str, seen)) == ["None", "torch.bfloat16"]  # one step each side
-    assert r["max_param_diff"] > 0 and r["a_tok_s"] > 0 and r["b_tok_s"] > 0
+    assert r["max_param_diff"] > 0 and r["tok_s"]["A"] > 0 and r["tok_s"]["B"] > 0
 
 
 @pytest.mark.parametrize(
@@ -324,25 +319,41 @@ def test_ab_train_b_precision_trains_b_alone_under_bf16_autocast(ab_train, monke
         ("mt.fast.nodes:FFN_CHUNK_ROWS=mt.fast.nodes:no_such", "cannot load"),
     ],
 )
-def test_ab_train_bad_patch_is_one_clear_line(ab_train, spec, says):
-    with pytest.raises(ab_train.PatchError, match=says):
-        ab_train.resolve_patch(spec)
+def test_race_bad_patch_is_one_clear_line(race, spec, says):
+    with pytest.raises(race.PatchError, match=says):
+        race.resolve_patch(spec)
 
 
-def test_ab_train_patch_values(ab_train, tmp_path):
+def test_race_patch_values(race, tmp_path):
     import mt.fast.nodes as fused
 
-    assert ab_train.resolve_patch("mt.fast.nodes:FFN_CHUNK_ROWS=512") == (
+    assert race.resolve_patch("mt.fast.nodes:FFN_CHUNK_ROWS=512") == (
         fused,
         "FFN_CHUNK_ROWS",
         512,
     )
     assert (
-        ab_train.resolve_patch("mt.fast.nodes:feed_forward=mt.fast.nodes:add_norm")[2]
-        is fused.add_norm
+        race.resolve_patch("mt.fast.nodes:feed_forward=mt.fast.nodes:add_norm")[2] is fused.add_norm
     )
     (tmp_path / "mine.py").write_text("def f(*a):\n    return 'mine'\n")
-    assert ab_train.resolve_patch(f"mt.fast.nodes:feed_forward={tmp_path}/mine.py:f")[2]() == "mine"
+    assert race.resolve_patch(f"mt.fast.nodes:feed_forward={tmp_path}/mine.py:f")[2]() == "mine"
+
+
+def test_race_runs_every_kind_of_contender_from_its_command_line(tmp_path):
+    """`race.py --patch ... --commit HEAD --shape ...`: A, B, the commit, the shape and A
+    again each take their steps and get a line; a bad shape is one line (no timing is
+    asserted)."""
+    flags = "--size tiny --max-tokens 600 --steps 1 --warmup 0 --rounds 1 --json --commit HEAD"
+    more = ["--patch", "mt.fast.nodes:FFN_CHUNK_ROWS=2048", "--shape", "2+1:d_ff=128,vocab=400"]
+    command = [sys.executable, str(BENCH / "race.py"), *flags.split(), *more]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout.splitlines()[-1])
+    assert list(r["tok_s"]) == ["A", "B", "HEAD", "2+1:d_ff=128,vocab=400", "A again"]
+    assert r["max_param_diff"] == 0.0 and r["vs_a"]["A"] == 1.0
+    bad = subprocess.run([*command[:2], "--shape", "7:heads=2"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--shape '7:heads=2': write ENC+DEC" in bad.stderr
 
 
 # -- scripts/mkl_amd_shim.sh ----------------------------------------------------------------
@@ -431,21 +442,20 @@ def test_recipe_summary_reads_a_run_log(tmp_path):
     )
 
 
-def test_bench_shape_builds_the_shapes_it_is_given():
-    """scripts/bench/bench_shape.py compares layer splits and widths against the shipped 4+4: each
-    shape it times must be the model it names, or its ratios are about the wrong models."""
+def test_race_builds_the_shapes_it_is_given(race):
+    """scripts/bench/race.py --shape compares layer splits and widths against A's: each shape
+    it times must be the model it names, or its ratios are about the wrong models."""
     import torch
 
-    bench = _load("bench_shape")
-    size = bench.parse_shape("7+2:heads=2,d_ff=512")
+    size = race.parse_shape("7+2:heads=2,d_ff=512", race.bt.SIZES["tiny"])
     assert (size["enc_layers"], size["dec_layers"], size["heads"], size["d_ff"]) == (7, 2, 2, 512)
-    assert size["d_model"] == bench.SIZES["tiny"]["d_model"]  # the rest is the shipped shape
-    model, _ = bench.ours(dict(size, max_tokens=512), torch.device("cpu"))
+    assert size["d_model"] == race.bt.SIZES["tiny"]["d_model"]  # the rest is the base shape
+    model, _ = race.shaped_mt(dict(size, max_tokens=512))(size, torch.device("cpu"))
     assert (len(model.encoder), len(model.decoder)) == (7, 2)
     assert model.encoder[0].self_attn.n_heads == model.decoder[1].cross_attn.n_heads == 2
     assert model.encoder[0].ffn.net[0].out_features == 512
     with pytest.raises(ValueError):
-        bench.parse_shape("7:heads=2")
+        race.parse_shape("7:heads=2", race.bt.SIZES["tiny"])
 
 
 def test_bench_serve_loads_both_modes_and_loses_nothing(tiny_run):
@@ -609,14 +619,14 @@ def test_gpu_check_dry_run_ablates_each_variant_compiled_afresh(tmp_path):
 def test_gpu_figures_count_the_flops_of_each_packed_pair():
     """The FLOPs of a packed block are the sum over its pairs of what that pair costs alone:
     the pair lengths come back from the segments as the data holds them, and a block's count
-    equals bench_train's count of the same pairs each in a padded row of its own."""
+    equals contenders.py's count of the same pairs each in a padded row of its own."""
     import numpy as np
     import torch
 
     from mt.data.batching import collate_packed
     from mt.data.packing import pack_blocks, rows_of
 
-    figures, bench_train = _load("gpu_figures"), _load("bench_train")
+    figures, contenders = _load("gpu_figures"), _load("contenders")
     data = figures.synthetic_pairs(vocab=50, n=60, longest=20, seed=3)
     (block, *_) = pack_blocks(data.src.lengths, data.tgt.lengths, 64, 8, seed=1)
     batch = collate_packed(data, block, 64, 8)
@@ -634,24 +644,22 @@ def test_gpu_figures_count_the_flops_of_each_packed_pair():
     for i in pairs:  # each pair in a padded batch of one row: source + EOS, target + EOS
         src = torch.full((1, data.src.lengths[i] + 1), 5)
         tgt_out = torch.full((1, data.tgt.lengths[i] + 1), 5)
-        alone += bench_train.useful_flops((src, None, tgt_out, 0), size)
+        alone += contenders.useful_flops((src, None, tgt_out, 0), size)
     assert figures.packed_flops(batch, size) == pytest.approx(alone, rel=1e-9)
 
 
-def test_ab_commits_trains_another_commits_mt_beside_the_working_trees(tmp_path):
-    """scripts/bench/ab_commits.py: a commit's mt, extracted under another package name,
+def test_race_trains_another_commits_mt_beside_the_working_trees(race, tmp_path):
+    """scripts/bench/race.py --commit: a commit's mt, extracted under another package name,
     imports beside the working tree's and takes a step on the same batch (HEAD here; no
     timing is asserted)."""
     import torch
 
-    ab = _load("ab_commits")
-    bench, name = ab.extract("HEAD", tmp_path)
+    bench, name = race.extract("HEAD", tmp_path)
     assert name == "mt_HEAD" and bench.__name__ == "bench_mt_HEAD"
-    here = _load("bench_train")
-    size = here.size_of("tiny", 600)
-    batch = here.device_batches(size, 1, torch.device("cpu"))[0]
+    size = race.bt.size_of("tiny", 600)
+    batch = race.bt.device_batches(size, 1, torch.device("cpu"))[0]
     torch.manual_seed(0)
-    theirs = ab.step_of(bench, size, torch.device("cpu"))
+    _, theirs = race.commit_mt(bench)(size, torch.device("cpu"))
     assert sys.modules[f"{name}.train.trainer"].__file__.startswith(str(tmp_path))
     theirs(batch)  # one update of HEAD's trainer
 

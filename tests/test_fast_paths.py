@@ -45,8 +45,9 @@ def test_fused_projection_and_loss_equal_the_reference_in_value_and_gradient(eps
 
 
 def test_fused_loss_chunk_defaults_to_the_module_constant(monkeypatch):
-    """chunk=None takes mt.fast.loss.LOSS_CHUNK_ROWS when called (what ab_train.py patches): the
-    same sums, bit for bit, as that chunk given explicitly, and not those of another chunk."""
+    """chunk=None takes mt.fast.loss.LOSS_CHUNK_ROWS when called (what race.py --patch replaces):
+    the same sums, bit for bit, as that chunk given explicitly, and not those of another
+    chunk."""
     from mt.fast import loss as loss_mod
 
     g = torch.Generator().manual_seed(3)

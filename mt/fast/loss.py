@@ -11,7 +11,7 @@ from mt.tokens import PAD
 # Rows of logits computed at a time by linear_smoothed_cross_entropy (chosen by measurement,
 # docs/performance.md). On a GPU every chunk also reads and writes the whole (V, D) gradient
 # of the output matrix, so larger chunks may pay there: measure with
-# `ab_train.py --device cuda --patch mt.fast.loss:LOSS_CHUNK_ROWS=4096`.
+# `race.py --device cuda --patch mt.fast.loss:LOSS_CHUNK_ROWS=4096`.
 LOSS_CHUNK_ROWS = 512
 
 

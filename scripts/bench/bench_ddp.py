@@ -4,7 +4,7 @@
     python scripts/bench/bench_ddp.py --device cuda --ranks 8 --size base   # NCCL, one GPU each
 
 Contenders, each the step `mt train` runs (Trainer.train_step) on every rank with its own
-Multi30k-like batches (bench_train's shapes, fast paths as `mt train` chooses them):
+Multi30k-like batches (contenders.py's shapes, fast paths as `mt train` chooses them):
 
   flat     the default: gradients as views into flat buffers, one all-reduce after the
            backward pass with the out-of-memory flag and the sums riding in it
@@ -31,7 +31,7 @@ import time
 import torch
 import torch.distributed as tdist
 import torch.multiprocessing as mp
-from bench_train import SIZES, make_batches, mt_trainer
+from contenders import SIZES, make_batches, mt_trainer
 
 CONTENDERS = ("flat", "ddp", "copy")
 

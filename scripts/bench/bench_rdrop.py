@@ -1,14 +1,14 @@
 """The cost of an R-Drop training step (train.rdrop_alpha > 0) against the plain step, on the
-shipped Multi30k shape (bench_train.py's "tiny" size: 4+4 layers, d_model 128, FFN 256, 5k
+shipped Multi30k shape (contenders.py's "tiny" size: 4+4 layers, d_model 128, FFN 256, 5k
 vocabulary, dropout 0.3 as in configs/multi30k_*.yaml) and its Multi30k-like 8,192-token batches:
 
     python scripts/bench/bench_rdrop.py [--steps 30] [--alpha 2.5]
 
-Every contender is bench_train's `ours`, the step `mt train` runs (Trainer.train_step), with one
+Every contender is contenders.py's `ours`, the step `mt train` runs (Trainer.train_step), with one
 of three losses: the plain fused loss (mt.fast.chunked_loss), R-Drop as the paper writes it (two
 passes, full logits and their KL: mt.objectives.loss.rdrop_loss) and the fused R-Drop
 (mt.fast.chunked_rdrop_loss, what `mt train` uses with the fast paths). They take turns batch by
-batch in one process (bench_train.interleaved_seconds), so a drift in the machine's speed hits all
+batch in one process (contenders.interleaved_seconds), so a drift in the machine's speed hits all
 alike. Prints seconds per step and each one's ratio to the plain step; R-Drop's floor is 2x
 (every batch goes through the model twice)."""
 
@@ -18,7 +18,7 @@ import argparse
 import functools
 
 import torch
-from bench_train import SIZES, interleaved_seconds, ours
+from contenders import SIZES, interleaved_seconds, ours
 
 from mt import fast
 from mt.objectives.loss import rdrop_loss

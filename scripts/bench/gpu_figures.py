@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from bench_train import mt_trainer
+from contenders import mt_trainer
 from harness import CompileEvents, datasheet_peak, matmul_peak
 
 BASE = {"layers": 6, "d_model": 512, "heads": 8, "d_ff": 2048, "vocab": 32000}

@@ -1,4 +1,4 @@
-"""Why a GPU's first training steps are slow: each step of mt's training (bench_train's `ours`,
+"""Why a GPU's first training steps are slow: each step of mt's training (contenders.py's `ours`,
 bf16) on batches of new shapes, then again on the same batches, under three choices of
 attention kernels, each in a fresh process (kernel and plan caches live per process).
 
@@ -19,7 +19,7 @@ import sys
 import time
 
 import torch
-from bench_train import device_batches, ours, size_of
+from contenders import device_batches, ours, size_of
 from harness import sync
 
 SETTINGS = {
