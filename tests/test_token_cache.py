@@ -154,3 +154,48 @@ def test_several_cached_corpora_stay_mapped_and_batch_as_one_copy_would(tmp_path
         assert all(torch.equal(getattr(a, k), getattr(b, k)) for k in ("src", "tgt_in", "tgt_out"))
     with pytest.raises(IndexError):
         joined.src.data[np.array([len(joined.src.data)])]
+
+
+def test_a_corpus_of_data_corpora_is_cached_and_read_back_as_encoded(tmp_path, monkeypatch):
+    """data.corpora's corpora go into the token cache beside the main split, each under its
+    own key: a second run memory-maps both, and its ids equal those encoded in memory, the
+    tagged corpus's sources led by <BT>."""
+    import shutil
+
+    from mt.data.download import download
+    from tests.conftest import trainer_for
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("MT_CACHE_DIR", str(cache))
+    data = tmp_path / "d"
+    download("synthetic", data)
+    for side in ("src", "tgt"):
+        lines = (data / f"train.{side}").read_text().splitlines()[:300]
+        (data / f"train.bt.{side}").write_text("\n".join(lines) + "\n")
+    corpora = "data.corpora=[{name: bt, weight: 2, tagged: true}]"
+    runs = {}
+    for name, cached in (("memory", "false"), ("first", "true"), ("second", "true")):
+        if name != "memory":  # (the same BPE model: the same ids)
+            (tmp_path / name / "run").mkdir(parents=True)
+            shutil.copy(tmp_path / "memory/run/spm.model", tmp_path / name / "run/spm.model")
+        t = trainer_for(tmp_path / name, f"data.dir={data}", f"data.token_cache={cached}", corpora)
+        runs[name] = t.train_data, t.tokenizer.never_written()
+        t.lock.release()
+    (memory, bt), (second, _) = runs["memory"], runs["second"]
+    assert len(list((cache / "tokens").iterdir())) == 2  # the main split and the corpus
+    assert [type(p) for p in second.src.data.parts] == [np.memmap, np.memmap]
+    assert second.weights == memory.weights == (1.0, 2.0)
+    assert np.array_equal(second.pair_of, memory.pair_of)
+    for i in range(len(memory.src)):
+        assert np.array_equal(second.src[i], memory.src[i])
+        assert np.array_equal(second.tgt[i], memory.tgt[i])
+    assert all(second.src[i][0] == bt for i in np.flatnonzero(second.pair_of == 1))
+    # the same files untagged, with the same BPE model: a key of their own, no <BT>
+    (tmp_path / "untagged/run").mkdir(parents=True)
+    shutil.copy(tmp_path / "memory/run/spm.model", tmp_path / "untagged/run/spm.model")
+    plain = "data.corpora=[{name: bt, weight: 2}]"
+    t = trainer_for(tmp_path / "untagged", f"data.dir={data}", "data.token_cache=true", plain)
+    untagged = t.train_data
+    t.lock.release()
+    assert len(list((cache / "tokens").iterdir())) == 3
+    assert not any(bt in untagged.src[i] for i in range(len(untagged.src)))

@@ -125,9 +125,9 @@ class DataConfig(Section):
     _dir_is_a_path = field_validator("dir", mode="before")(user_path)
     token_cache: Literal["auto", True, False] = Field(
         "auto",
-        description="keep the training split's token ids in a memory-mapped cache "
-        "(MT_CACHE_DIR, else ~/.cache/mt) that later runs and every rank of a machine share; "
-        "auto: for training files of 100 MB or more",
+        description="keep the training split's token ids (each pair's, each corpus's of "
+        "data.corpora) in a memory-mapped cache (MT_CACHE_DIR, else ~/.cache/mt) that later "
+        "runs and every rank of a machine share; auto: for training files of 100 MB or more",
     )
 
     @model_validator(mode="before")

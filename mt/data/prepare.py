@@ -18,13 +18,11 @@ from mt.data.corpus import (
     drop_empty,
     encode_pairs,
     encode_stream,
-    has_split,
     iter_parallel,
-    pair_paths,
     read_parallel,
     split_paths,
 )
-from mt.data.download import download, downloaded_into, is_empty_folder
+from mt.data.fetch import ensure_data
 from mt.data.pairs import Languages, Pair, tagged
 from mt.data.selection import (
     check_tag,
@@ -36,7 +34,7 @@ from mt.data.selection import (
 )
 from mt.data.textform import text_form
 from mt.data.tokenizer import Tokenizer
-from mt.errors import MTError, shorten
+from mt.errors import MTError
 
 
 def prepare_data(
@@ -106,12 +104,12 @@ def train_split(cfg: Config, tokenizer: Tokenizer, dist, log, bpe_dropout: float
     d, langs = cfg.data, Languages.of(cfg.data)
     parts = []
     for pair, corpus in train_parts(cfg):
-        paths = split_paths(d.dir, "train", pair.src, pair.tgt)
+        paths = part_paths(d, pair, corpus)
         tag = langs.tag_of(pair)
         check_tag(corpus, tokenizer)
-        if corpus is None and bpe_dropout == 0 and token_cache.wanted(d.token_cache, paths):
-            data = cached_train(cfg, tokenizer, pair, tag, dist, log)
-        else:  # (data.corpora's: in memory)
+        if bpe_dropout == 0 and token_cache.wanted(d.token_cache, paths):
+            data = cached_train(cfg, tokenizer, pair, tag, dist, log, corpus)
+        else:
             data = encode_train(cfg, tokenizer, Stats(), bpe_dropout, 0, pair, tag, corpus)
         name = f"train.{corpus.name}" if corpus else "train"
         log(data.stats.describe(name if len(langs.pairs) == 1 else f"{name} {pair}"))
@@ -134,15 +132,7 @@ def encode_train(
     every source; bpe_dropout > 0: the segmentation of `epoch`, seeded by train.seed and the
     epoch alone, so every rank and a resumed run get the same one."""
     d = cfg.data
-    paths = split_paths(d.dir, "train", pair.src, pair.tgt)
-    if corpus is not None:
-        paths = corpus_paths(d.dir, corpus.name, pair.src, pair.tgt)
-        for path in paths:
-            if not path.is_file():
-                raise MTError(
-                    f"data.corpora {corpus.name}: {path} not found; put train.{corpus.name}."
-                    f"{pair.src} and train.{corpus.name}.{pair.tgt} in {d.dir}, or remove it"
-                )
+    paths = part_paths(d, pair, corpus)
     if bpe_dropout > 0:
         tokenizer.seed_dropout(epoch_seed(cfg.train.seed, epoch))
     text = text_form(d, pair.src, pair.tgt).pairs(iter_parallel(*paths))
@@ -168,6 +158,21 @@ def encode_train(
     return data
 
 
+def part_paths(d, pair: Pair, corpus: CorpusConfig | None) -> tuple[Path, Path]:
+    """The (source, target) training files of a pair, or of its corpus of data.corpora
+    (which must be there: one line otherwise)."""
+    if corpus is None:
+        return split_paths(d.dir, "train", pair.src, pair.tgt)
+    paths = corpus_paths(d.dir, corpus.name, pair.src, pair.tgt)
+    for path in paths:
+        if not path.is_file():
+            raise MTError(
+                f"data.corpora {corpus.name}: {path} not found; put train.{corpus.name}."
+                f"{pair.src} and train.{corpus.name}.{pair.tgt} in {d.dir}, or remove it"
+            )
+    return paths
+
+
 def encode_epoch(cfg: Config, tokenizer: Tokenizer, bpe_dropout: float, epoch: int) -> ParallelData:
     """Every pair's training split in `epoch`'s BPE-dropout segmentation."""
     langs = Languages.of(cfg.data)
@@ -179,14 +184,22 @@ def encode_epoch(cfg: Config, tokenizer: Tokenizer, bpe_dropout: float, epoch: i
 
 
 def cached_train(
-    cfg: Config, tokenizer: Tokenizer, pair: Pair, tag: str | None, dist, log
+    cfg: Config,
+    tokenizer: Tokenizer,
+    pair: Pair,
+    tag: str | None,
+    dist,
+    log,
+    corpus: CorpusConfig | None = None,
 ) -> ParallelData:
-    """One pair's training ids from the token cache (mt.data.token_cache): the first rank of
-    each machine (local rank 0) encodes and writes them into that machine's cache folder the
-    first time (into a shared MT_CACHE_DIR, a second machine's copy of the same key loses the
-    race harmlessly), then every rank memory-maps its machine's files."""
-    paths = split_paths(cfg.data.dir, "train", pair.src, pair.tgt)
+    """One pair's training ids (or its corpus's of data.corpora) from the token cache
+    (mt.data.token_cache): the first rank of each machine (local rank 0) encodes and writes
+    them into that machine's cache folder the first time (into a shared MT_CACHE_DIR, a second
+    machine's copy of the same key loses the race harmlessly), then every rank memory-maps its
+    machine's files."""
+    paths = part_paths(cfg.data, pair, corpus)
     models = [tokenizer.src_model] + ([] if tokenizer.joint else [tokenizer.tgt_model])
+    models += [b"sources led by <BT>"] if corpus is not None and corpus.tagged else []
     models += [] if tokenizer.vocab is None else [tokenizer.vocab.to_json()]
     models += [] if tag is None else [f"sources led by {tag}".encode()]
     models += [] if cfg.data.text == "raw" else [f"text {cfg.data.text}".encode()]
@@ -195,7 +208,7 @@ def cached_train(
     folder = token_cache.folder_for(token_cache.cache_key(paths, models, cfg.data.max_len))
 
     def encode() -> ParallelData:
-        return encode_train(cfg, tokenizer, Stats(), 0.0, 0, pair, tag)
+        return encode_train(cfg, tokenizer, Stats(), 0.0, 0, pair, tag, corpus)
 
     encoded = None
     if dist.local_rank == 0 and token_cache.load(folder) is None:
@@ -234,94 +247,6 @@ def bpe_dropout_epochs(cfg: Config, tokenizer: Tokenizer, first: ParallelData):
         )
 
     return epoch_data
-
-
-def ensure_data(cfg: Config, log) -> None:
-    """data.dir's train and valid splits of every pair exist, or data.dataset is fetched into
-    data.dir (_fetch; never among a user's files)."""
-    d, langs = cfg.data, Languages.of(cfg.data)
-    missing = [
-        (split, pair)
-        for pair in langs.pairs
-        for split in ("train", "valid")
-        if not has_split(d.dir, split, pair.src, pair.tgt)
-    ]
-    if not missing:
-        return
-    for split, pair in missing:  # (a download would write into it, or wait on a FIFO for ever)
-        for path in split_paths(d.dir, split, pair.src, pair.tgt):
-            if path.exists() and not path.is_file():
-                kind = "a folder" if path.is_dir() else "not a regular file (a FIFO, socket...)"
-                raise MTError(
-                    f"{path} is {kind}: the {split} split is read from text files; put the "
-                    f"{split}.{pair.src} and {split}.{pair.tgt} files in {d.dir}"
-                )
-    _fetch(cfg, missing, log)
-
-
-def _fetch(cfg: Config, missing: list[tuple[str, Pair]], log) -> None:
-    """data.dataset downloaded into data.dir, which lacks the `missing` splits, when that
-    folder is absent, empty or an earlier download's; else what is missing is said."""
-    d, langs = cfg.data, Languages.of(cfg.data)
-    folder = Path(d.dir)
-    own = downloaded_into(folder)
-    if d.dataset is None or not (is_empty_folder(folder) or own == d.dataset):
-        raise MTError(_no_split_message(cfg, *missing[0], own))
-    split, pair = missing[0]
-    strange = [lang for lang in langs.every if lang not in ("src", "tgt")]
-    if d.dataset == "synthetic" and strange:
-        raise MTError(
-            f"the synthetic corpus (data.dataset) has the languages src and tgt, not "
-            f"{shorten(repr(strange[0]))}: set data.src_lang=src and data.tgt_lang=tgt, or "
-            f"data.dir and data.dataset to your corpus's folder and name"
-        )
-    names = ", ".join(Path(f).name for f in split_paths(d.dir, split, pair.src, pair.tgt))
-    log(
-        f"data.dir {folder.resolve()} has no {split} split ({names}): downloading the "
-        f"{d.dataset} corpus (data.dataset) into it; to train on your own files, set data.dir "
-        f"to their folder ..."
-    )
-    every = (pair.src, pair.tgt) if len(langs.pairs) == 1 else tuple(langs.every)
-    try:
-        download(
-            d.dataset,
-            folder,
-            config=d.dataset_config,
-            langs=every if d.dataset != "synthetic" else None,
-            force=own is not None,
-        )
-    except MTError as e:
-        if folder.is_absolute():
-            raise
-        raise MTError(
-            f"{e} (data.dir {d.dir} is relative to the current folder, {Path.cwd()}: run from "
-            f"the folder the config's paths start from, or make data.dir absolute)"
-        ) from None
-    for split, pair in missing:
-        if not has_split(d.dir, split, pair.src, pair.tgt):
-            raise MTError(_no_split_message(cfg, split, pair, d.dataset))
-
-
-def _no_split_message(cfg: Config, split: str, pair: Pair, downloaded: str | None) -> str:
-    """Which files a split needs, which the folder has, and what to change."""
-    d = cfg.data
-    src, tgt = split_paths(d.dir, split, pair.src, pair.tgt)
-    folder = Path(d.dir)
-    if not folder.is_dir():
-        return (
-            f"data.dir {d.dir} does not exist: fetch a corpus with `mt download` or set "
-            f"data.dir to the folder of {split}.{pair.src} and {split}.{pair.tgt}"
-        )
-    there = sorted(p.name for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
-    found = ", ".join(there[:8]) + (", ..." if len(there) > 8 else "") if there else "no files"
-    fix = "check data.pairs" if d.pairs else "check data.src_lang and data.tgt_lang"
-    fix += ", or name the files so"
-    own = pair_paths(d.dir, split, pair.src, pair.tgt)
-    if d.pairs and (src, tgt) != own:
-        fix += f" (a pair's own files: {own[0].name} and {own[1].name})"
-    if d.dataset is not None and downloaded != d.dataset:
-        fix += f" (mt downloads {d.dataset} only into an absent or empty folder)"
-    return f"no {split} data: {src} and {tgt} must exist ({d.dir} has {found}); {fix}"
 
 
 def load_tokenizer(
