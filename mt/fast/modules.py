@@ -117,11 +117,9 @@ class FastTransformer(Transformer):
 
     def encode(self, src, src_pad_mask):
         rows = real_rows(src_pad_mask)
-        pos = torch.arange(src.shape[1], device=src.device)
-        x, mask = self._embed(self.src_embed, src), self.memory_mask(src_pad_mask)
+        x, mask, relative = self.encoder_inputs(src, src_pad_mask)
         for layer in self.encoder:
-            x = layer.mix(x, mask, positions=self._relative(pos, pos))
-            x = position_wise(x, rows, layer.feed_forward)
+            x = position_wise(layer.mix(x, mask, positions=relative), rows, layer.feed_forward)
         return self.enc_norm(x)
 
     def decode(self, tgt_in, memory, src_pad_mask, cache=None, start=0, weights=None):

@@ -79,9 +79,13 @@ class Transformer(Seq2Seq):
 
     def encode(self, src: torch.Tensor, src_pad_mask: torch.Tensor) -> torch.Tensor:
         """src: (B, S) ids; src_pad_mask: (B, S) True = padding. Returns (B, S, D)."""
+        return self.encoder_stack(*self.encoder_inputs(src, src_pad_mask))
+
+    def encoder_inputs(self, src, src_pad_mask):
+        """(the embedded source (B, S, D), its attention mask, relative positions or None)."""
         pos = torch.arange(src.shape[1], device=src.device)
         x = self._embed(self.src_embed, src)
-        return self.encoder_stack(x, self.memory_mask(src_pad_mask), self._relative(pos, pos))
+        return x, self.memory_mask(src_pad_mask), self._relative(pos, pos)
 
     def encoder_stack(self, x: torch.Tensor, mask, relative) -> torch.Tensor:
         """The encoder's layers over the embedded source x (B, S, D) with its attention mask;
